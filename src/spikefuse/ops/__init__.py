@@ -1,0 +1,58 @@
+"""Backends. One module per backend, each with the entry points ``forward`` and ``backward`` documented in
+:mod:`spikefuse.ops.reference`; :mod:`spikefuse.ops.autograd` wraps the fused ones once as custom ops.
+
+Backends are imported lazily: numba and Triton are only loaded by the first call that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+BACKENDS = ("auto", "reference", "cpu", "triton")
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Turn ``backend`` into a concrete one that can run on ``device``, or raise an error that says what to do."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(repr(b) for b in BACKENDS)}")
+    if backend == "auto":
+        if device.type == "cpu":
+            return "cpu"
+        if device.type == "cuda":
+            return "triton"
+        raise ValueError(
+            f"no fused backend for device type {device.type!r}: use backend='reference' (plain PyTorch) on it"
+        )
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(
+            f"backend='cpu' needs CPU tensors, got a tensor on {device}: move it with .cpu() or use backend='triton'"
+        )
+    if backend == "triton":
+        if device.type == "cpu" and not triton_interpreted():
+            raise ValueError(
+                "backend='triton' needs CUDA tensors; to run the Triton kernels on the CPU (slowly, for testing) "
+                "set TRITON_INTERPRET=1 before importing triton, or use backend='cpu'"
+            )
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"backend='triton' runs on CUDA devices, not {device}")
+    return backend
+
+
+def module(backend: str):
+    """The module implementing a concrete backend; raises with an install hint when its compiler is missing."""
+    name = {"reference": "reference", "cpu": "cpu", "triton": "triton"}[backend]
+    try:
+        return importlib.import_module(f"spikefuse.ops.{name}")
+    except ImportError as err:
+        package = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
+        raise RuntimeError(
+            f"backend={backend!r} cannot run: {err}. Install it with `pip install {package}`"
+            + (" or pick backend='reference'" if backend != "reference" else "")
+        ) from err

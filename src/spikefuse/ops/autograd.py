@@ -1,0 +1,107 @@
+"""The fused backends wrapped once as ``torch.library`` custom ops with fake kernels and registered autograd,
+so that ``torch.compile(fullgraph=True)`` traces through them without graph breaks.
+
+``spikefuse::neuron_forward`` returns ``(spikes, state, saved)``: ``saved`` is the pre-reset potential ``h``
+(memory mode ``potential``) or an empty tensor (mode ``recompute``, where backward recomputes ``h`` from ``x``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import params as P
+from . import module
+from .common import compute_dtype
+
+
+def _spec(ints: list[int], floats: list[float]) -> tuple:
+    return (*ints, *floats)
+
+
+@torch.library.custom_op("spikefuse::neuron_forward", mutates_args=())
+def neuron_forward(
+    x2: Tensor, leak: Tensor, v_init: Tensor, inner: int, ints: list[int], floats: list[float], backend: str, save: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    spikes, state, saved = module(backend).forward(x2, leak, inner, v_init, _spec(ints, floats), save)
+    if saved is None:
+        saved = x2.new_empty(0, dtype=compute_dtype(x2.dtype))
+    return spikes, state, saved
+
+
+@neuron_forward.register_fake
+def _(x2, leak, v_init, inner, ints, floats, backend, save):
+    cdt = compute_dtype(x2.dtype)
+    saved = x2.new_empty(x2.shape, dtype=cdt) if save == P.SAVE_POTENTIAL else x2.new_empty(0, dtype=cdt)
+    return torch.empty_like(x2), v_init.new_empty(v_init.shape, dtype=cdt), saved
+
+
+@torch.library.custom_op("spikefuse::neuron_backward", mutates_args=())
+def neuron_backward(
+    grad_spikes: Tensor,
+    grad_state: Tensor,
+    x2: Tensor,
+    leak: Tensor,
+    v_init: Tensor,
+    saved: Tensor,
+    inner: int,
+    ints: list[int],
+    floats: list[float],
+    backend: str,
+    save: int,
+    need_leak_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    grad_x, grad_v, grad_leak = module(backend).backward(
+        grad_spikes,
+        grad_state,
+        x2 if x2.numel() else None,
+        leak,
+        inner,
+        v_init,
+        saved if saved.numel() else None,
+        _spec(ints, floats),
+        save,
+        need_leak_grad,
+    )
+    if grad_leak is None:
+        grad_leak = leak.new_empty(0)
+    return grad_x, grad_v, grad_leak
+
+
+@neuron_backward.register_fake
+def _(grad_spikes, grad_state, x2, leak, v_init, saved, inner, ints, floats, backend, save, need_leak_grad):
+    grad_leak = torch.empty_like(leak) if need_leak_grad else leak.new_empty(0)
+    return torch.empty_like(grad_spikes), torch.empty_like(v_init), grad_leak
+
+
+def _setup_context(ctx, inputs, output):
+    x2, leak, v_init, inner, ints, floats, backend, save = inputs
+    ctx.args = (inner, ints, floats, backend, save)
+    ctx.set_materialize_grads(True)
+    # Backward needs x only to recompute h, or for the leak gradient of a decay-input PLIF charge.
+    need_x = save == P.SAVE_INPUT or ints[2] == P.CHARGE_MUL_INPUT
+    ctx.save_for_backward(x2 if need_x else x2.new_empty(0), leak, v_init, output[2])
+
+
+def _backward(ctx, grad_spikes, grad_state, _grad_saved):
+    x2, leak, v_init, saved = ctx.saved_tensors
+    inner, ints, floats, backend, save = ctx.args
+    need_leak_grad = ctx.needs_input_grad[1]
+    grad_x, grad_v, grad_leak = neuron_backward(
+        grad_spikes.contiguous(),
+        grad_state.contiguous(),
+        x2,
+        leak,
+        v_init,
+        saved,
+        inner,
+        ints,
+        floats,
+        backend,
+        save,
+        need_leak_grad,
+    )
+    return grad_x, grad_v if ctx.needs_input_grad[2] else None, grad_leak if need_leak_grad else None, None, None, None, None, None
+
+
+torch.library.register_autograd("spikefuse::neuron_forward", _backward, setup_context=_setup_context)

@@ -1,0 +1,51 @@
+"""What every backend shares: the flat spec tuple, compute dtypes, and the leak-per-neuron layout."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, Triangle
+
+
+class SpecArgs(NamedTuple):
+    """:meth:`spikefuse.params.NeuronSpec.kernel_args` with names; the order is the kernels' argument order."""
+
+    dynamics: int
+    reset: int
+    charge: int
+    state_post_reset: int
+    fire_strict: int
+    detach_reset: int
+    surrogate_code: int
+    sg_p1: float
+    sg_p2: float
+    threshold: float
+    v_reset: float
+
+
+def surrogate_from_args(spec: SpecArgs) -> Surrogate:
+    """Rebuild the surrogate object from its code and parameters (the inverse of ``Surrogate.params``)."""
+    code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
+    if code == Sigmoid.code:
+        return Sigmoid(p1)
+    if code == ATan.code:
+        return ATan(p1)
+    if code == Rectangle.code:
+        return Rectangle(width=2 * p1, height=p2)
+    if code == Triangle.code:
+        return Triangle(p1)
+    if code == FastSigmoid.code:
+        return FastSigmoid(p1)
+    raise ValueError(f"unknown surrogate code {code}")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Membrane potentials are kept in float32 for half-precision inputs, in the input's dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def reduce_leak_grad(per_neuron: torch.Tensor, channels: int, inner: int) -> torch.Tensor:
+    """Sum a per-neuron leak gradient ``[N]`` into the leak's ``[C]`` (neuron n uses ``(n // inner) % C``)."""
+    return per_neuron.reshape(-1, channels, inner).sum(dim=(0, 2))

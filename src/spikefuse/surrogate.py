@@ -1,0 +1,127 @@
+"""Surrogate gradients of the Heaviside spike function.
+
+Each surrogate is defined once here: its parameters, the integer code the fused kernels switch on, and its
+derivative written in PyTorch (used by the reference backend). The numba and Triton backends evaluate the same
+formula for the same code; ``tests/test_surrogate.py`` checks every backend against :meth:`Surrogate.derivative`
+on a grid, so a formula that drifts in one backend fails there.
+
+All derivatives are functions of ``u = h - threshold`` (the membrane potential relative to the threshold).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid", "resolve", "SURROGATES"]
+
+
+@dataclass(frozen=True)
+class Surrogate:
+    """Base class. ``code`` selects the formula inside the fused kernels; ``p`` are its two float parameters."""
+
+    code = -1
+
+    def params(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def derivative(self, u: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Sigmoid(Surrogate):
+    """``d/du sigmoid(alpha*u) = alpha * s * (1 - s)``; the temporal-fusion paper's Eq. (6) with alpha = 4."""
+
+    alpha: float = 4.0
+    code = 0
+
+    def params(self):
+        return float(self.alpha), 0.0
+
+    def derivative(self, u):
+        s = torch.sigmoid(self.alpha * u)
+        return (1 - s) * s * self.alpha
+
+
+@dataclass(frozen=True)
+class ATan(Surrogate):
+    """``(alpha/2) / (1 + (pi/2 * alpha * u)^2)``: SpikingJelly's ``ATan`` and snnTorch's ``atan`` (default alpha 2)."""
+
+    alpha: float = 2.0
+    code = 1
+
+    def params(self):
+        return float(self.alpha), 0.0
+
+    def derivative(self, u):
+        z = u * (math.pi / 2 * self.alpha)
+        return (self.alpha / 2) / (1 + z * z)
+
+
+@dataclass(frozen=True)
+class Rectangle(Surrogate):
+    """``height`` inside the open window ``|u| < width/2``, else 0.
+
+    The memory-lean BPTT paper's Eq. (7): with th_f = 0.25 and (th_l, th_r) = (-0.25, 0.75) the window is
+    ``width = 1`` around the threshold, and ``height = eta = 1``.
+    """
+
+    width: float = 1.0
+    height: float = 1.0
+    code = 2
+
+    def params(self):
+        return float(self.width) / 2, float(self.height)
+
+    def derivative(self, u):
+        return torch.where(u.abs() < self.width / 2, self.height, 0.0).to(u.dtype)
+
+
+@dataclass(frozen=True)
+class Triangle(Surrogate):
+    """``max(0, alpha - alpha^2 |u|)``: a triangle of area 1 and half-width 1/alpha.
+
+    The same function as SpikingJelly's ``PiecewiseQuadratic`` surrogate (whose primitive is piecewise quadratic).
+    """
+
+    alpha: float = 1.0
+    code = 3
+
+    def params(self):
+        return float(self.alpha), 0.0
+
+    def derivative(self, u):
+        return (self.alpha - self.alpha * self.alpha * u.abs()).clamp_min(0)
+
+
+@dataclass(frozen=True)
+class FastSigmoid(Surrogate):
+    """SuperSpike: ``1 / (slope*|u| + 1)^2``; snnTorch's ``fast_sigmoid`` (default slope 25)."""
+
+    slope: float = 25.0
+    code = 4
+
+    def params(self):
+        return float(self.slope), 0.0
+
+    def derivative(self, u):
+        z = self.slope * u.abs() + 1.0
+        return 1.0 / (z * z)
+
+
+SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "rectangle": Rectangle, "triangle": Triangle, "fast_sigmoid": FastSigmoid}
+
+
+def resolve(surrogate) -> Surrogate:
+    """Accept a :class:`Surrogate` instance or a name from :data:`SURROGATES` (default parameters)."""
+    if isinstance(surrogate, Surrogate) and type(surrogate) is not Surrogate:
+        return surrogate
+    if isinstance(surrogate, str) and surrogate.lower() in SURROGATES:
+        return SURROGATES[surrogate.lower()]()
+    raise ValueError(
+        f"unknown surrogate {surrogate!r}: use one of {sorted(SURROGATES)} or an instance of "
+        + ", ".join(f"spikefuse.surrogate.{cls.__name__}" for cls in SURROGATES.values())
+    )
