@@ -1,0 +1,99 @@
+"""Multi-step spiking neuron modules on ``[T, ...]`` inputs, backed by the fused kernels."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as F
+from ..surrogate import Sigmoid, resolve
+
+__all__ = ["LIF", "IF"]
+
+
+class LIF(nn.Module):
+    """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
+
+    Args:
+        decay: the paper's ``k_tau`` (``1 - 1/tau``); ``decay=1`` integrates without leak.
+        threshold, v_reset, surrogate, detach_reset: as in :func:`spikefuse.lif` (``v_reset=None``: soft reset).
+        learnable_decay: make ``decay`` an ``nn.Parameter`` (PLIF-style), one value, or one per channel when
+            ``channels`` is given (channel = dim 2 of ``[T, B, C, ...]``, dim 1 of ``[T, C]``).
+        stateful: keep the final membrane state between calls (streaming, time chunks); clear it with
+            :meth:`reset_state`. The state is detached between calls, like truncated BPTT.
+        backend: ``"auto"`` (cpu for CPU tensors, triton for CUDA), ``"cpu"``, ``"triton"`` or ``"reference"``.
+        memory: ``"potential"`` saves the pre-reset potential for backward (fastest); ``"recompute"`` saves only
+            the input and recomputes it (least memory). Same results either way.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.5,
+        threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        surrogate=Sigmoid(4.0),
+        detach_reset: bool = False,
+        learnable_decay: bool = False,
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "potential",
+    ):
+        super().__init__()
+        self.threshold = float(threshold)
+        self.v_reset = None if v_reset is None else float(v_reset)
+        self.surrogate = resolve(surrogate)
+        self.detach_reset = bool(detach_reset)
+        self.stateful = bool(stateful)
+        self.backend = backend
+        self.memory = memory
+        if channels is not None and not learnable_decay:
+            raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
+        if learnable_decay:
+            shape = () if channels is None else (int(channels),)
+            self.decay = nn.Parameter(torch.full(shape, float(decay)))
+        else:
+            self.decay = float(decay)
+        self.state: torch.Tensor | None = None
+
+    def reset_state(self) -> None:
+        self.state = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v_init = self.state if self.stateful else None
+        if v_init is not None and v_init.shape != x.shape[1:]:
+            raise ValueError(
+                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
+                "call reset_state() before feeding inputs of another shape"
+            )
+        spikes, state = F.lif(
+            x,
+            decay=self.decay,
+            threshold=self.threshold,
+            v_reset=self.v_reset,
+            surrogate=self.surrogate,
+            detach_reset=self.detach_reset,
+            v_init=v_init,
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+        )
+        if self.stateful:
+            self.state = state.detach()
+        return spikes
+
+    def extra_repr(self) -> str:
+        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
+        return (
+            f"decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, surrogate={self.surrogate}, "
+            f"detach_reset={self.detach_reset}, stateful={self.stateful}, backend={self.backend!r}, memory={self.memory!r}"
+        )
+
+
+class IF(LIF):
+    """Integrate-and-fire neurons: :class:`LIF` without leak (``decay=1``)."""
+
+    def __init__(self, threshold: float = 1.0, v_reset: float | None = 0.0, **kwargs):
+        if "decay" in kwargs or kwargs.get("learnable_decay"):
+            raise ValueError("IF has no decay; use LIF for a leaky or learnable decay")
+        super().__init__(decay=1.0, threshold=threshold, v_reset=v_reset, **kwargs)
