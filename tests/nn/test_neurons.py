@@ -1,0 +1,75 @@
+"""Modules: LIF/IF options, stateful streaming, the [T, B, ...] helpers, torch.compile."""
+
+import pytest
+import torch
+from torch import nn
+
+import spikefuse
+import spikefuse.nn as snn
+
+
+def test_lif_module_equals_functional():
+    torch.manual_seed(0)
+    x = torch.rand(6, 3, 5)
+    m = snn.LIF(decay=0.3, threshold=0.4, v_reset=None, backend="reference")
+    assert torch.equal(m(x), spikefuse.lif(x, decay=0.3, threshold=0.4, v_reset=None, backend="reference"))
+
+
+def test_if_is_lif_without_leak():
+    x = torch.rand(6, 7)
+    assert torch.equal(snn.IF(threshold=0.5, backend="reference")(x), snn.LIF(1.0, 0.5, backend="reference")(x))
+    with pytest.raises(ValueError, match="IF has no decay"):
+        snn.IF(decay=0.5)
+
+
+def test_stateful_streaming_equals_one_long_sequence():
+    torch.manual_seed(0)
+    x = torch.rand(10, 2, 4)
+    whole = snn.LIF(0.5, 0.6, backend="reference")(x)
+    m = snn.LIF(0.5, 0.6, stateful=True, backend="reference")
+    chunks = [m(x[:3]), m(x[3:4]), m(x[4:])]
+    assert torch.equal(torch.cat(chunks), whole)
+    with pytest.raises(ValueError, match="call reset_state"):
+        m(torch.rand(2, 3, 4))
+    m.reset_state()
+    assert torch.equal(m(x), whole)
+
+
+def test_learnable_per_channel_decay_is_a_parameter():
+    m = snn.LIF(0.2, 0.3, learnable_decay=True, channels=4, backend="reference")
+    assert [p.shape for p in m.parameters()] == [torch.Size([4])]
+    with pytest.raises(ValueError, match="learnable_decay=True"):
+        snn.LIF(0.2, 0.3, channels=4)
+
+
+def test_seq_to_batch_and_flatten():
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    x = torch.rand(4, 5, 2, 6, 6)
+    y = snn.SeqToBatch(conv)(x)
+    assert y.shape == (4, 5, 3, 6, 6)
+    torch.testing.assert_close(y[2, 1], conv(x[2, 1:2])[0], rtol=1e-5, atol=1e-6)
+    assert snn.Flatten()(y).shape == (4, 5, 108)
+
+
+def two_layer_model(backend):
+    torch.manual_seed(0)
+    return nn.Sequential(
+        snn.SeqToBatch(nn.Linear(8, 16)),
+        snn.LIF(0.2, 0.3, backend=backend, learnable_decay=True, channels=16),
+        snn.SeqToBatch(nn.Linear(16, 4)),
+        snn.LIF(0.5, 0.3, v_reset=None, backend=backend),
+    )
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch.manual_seed(1)
+    x = torch.rand(5, 3, 8)
+    eager = two_layer_model("cpu")
+    compiled_model = two_layer_model("cpu")
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="inductor")
+    y_eager, y_comp = eager(x), compiled(x)
+    assert torch.equal(y_eager, y_comp)
+    y_eager.sum().backward()
+    y_comp.sum().backward()
+    for p_e, p_c in zip(eager.parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
