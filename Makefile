@@ -1,0 +1,28 @@
+# `make test` and `make demo` work on a fresh clone: they create .venv and install everything first.
+# torch is pinned through constraints.txt to the CPU build that lies on this machine's disk; spikingjelly and
+# norse are installed without their declared dependencies (they would pull a CUDA torch and torchvision).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+PIPQ   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIPQ) torch==2.13.0
+	$(PIPQ) -e '.[test,train,bench]'
+	$(PIPQ) --no-deps spikingjelly==2.0.0 norse==1.1.0
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+demo: install
+	$(VENV)/bin/spikefuse train --out runs/demo
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
