@@ -1,0 +1,315 @@
+"""SpikingJelly 2.0 neurons (``spikingjelly.activation_based.neuron``) on spikefuse's fused kernels.
+
+Replace ``from spikingjelly.activation_based import neuron`` by ``from spikefuse.compat import spikingjelly as
+neuron`` and ``neuron.LIFNode(...)``, ``neuron.ParametricLIFNode(...)``, ``neuron.IFNode(...)`` keep their
+constructor arguments, step modes and state: ``self.v`` is SpikingJelly's post-reset potential, the same value
+bit for bit (float32 and float64 inputs), carried between calls until :meth:`reset`.
+
+- ``step_mode='m'``: ``forward(x_seq)`` on ``[T, N, *]`` runs all T steps in one fused call.
+- ``step_mode='s'``: ``forward(x)`` on ``[N, *]`` runs one step (a ``T=1`` call from the stored ``self.v``).
+- ``spikingjelly.activation_based.functional.reset_net`` / ``detach_net`` / ``set_step_mode`` work on these
+  modules (they call ``reset()`` / ``detach()`` / set ``step_mode``). SpikingJelly logs a warning for each module
+  that is not its own ``MemoryModule``; the modules here are plain ``torch.nn.Module`` so that spikefuse does not
+  import SpikingJelly.
+- ``surrogate_function`` takes SpikingJelly surrogate objects (``Sigmoid``, ``ATan``, ``PiecewiseQuadratic``,
+  ``Rect``, with ``spiking=True``) or spikefuse surrogates (:mod:`spikefuse.surrogate`).
+- Extra keyword arguments of ours: ``backend`` (``"auto"``, ``"cpu"``, ``"triton"``, ``"reference"``; the legacy
+  SpikingJelly values ``"torch"`` and ``"cupy"`` mean ``"auto"``) and ``memory`` (``"potential"``/``"recompute"``).
+
+Not supported (clear errors): surrogates other than the four above, ``spiking=False`` surrogates, surrogates with
+tensor parameters. ``store_v_seq=True`` is supported but runs T single-step calls in multi-step mode (it is a
+monitoring option, as in SpikingJelly). Half-precision inputs are computed with a float32 state here, while
+SpikingJelly keeps the state in the input dtype, so results differ there by rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from .. import params as P
+from ..functional import spiking_neuron
+from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
+
+__all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate"]
+
+_SJ_MODULE = "spikingjelly.activation_based.surrogate"
+_SJ_SURROGATES = {
+    "Sigmoid": lambda a: Sigmoid(a),
+    "ATan": lambda a: ATan(a),
+    "PiecewiseQuadratic": lambda a: Triangle(a),
+    # SpikingJelly's Rect: alpha inside |x| < 0.5/alpha.
+    "Rect": lambda a: Rectangle(width=1.0 / a, height=a),
+}
+_SUPPORTED = (
+    "spikingjelly.activation_based.surrogate.Sigmoid/ATan/PiecewiseQuadratic/Rect (spiking=True, float alpha) "
+    "or a spikefuse.surrogate instance (Sigmoid, ATan, Triangle, Rectangle, FastSigmoid)"
+)
+
+
+def to_surrogate(surrogate_function) -> Surrogate:
+    """The spikefuse surrogate with the same derivative as a SpikingJelly (or spikefuse) surrogate object."""
+    if isinstance(surrogate_function, (Surrogate, str)):
+        return resolve(surrogate_function)
+    cls = type(surrogate_function)
+    if cls.__module__ == _SJ_MODULE and cls.__name__ in _SJ_SURROGATES:
+        if not getattr(surrogate_function, "spiking", True):
+            raise ValueError(
+                f"surrogate_function {surrogate_function!r} has spiking=False (a smooth activation, no spikes): "
+                "spikefuse neurons always emit Heaviside spikes; use spiking=True"
+            )
+        alpha = getattr(surrogate_function, "alpha", None)
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(
+                f"surrogate_function {surrogate_function!r} has alpha={alpha!r}: only a finite positive number is "
+                "supported (no tensor / learnable alpha)"
+            )
+        return _SJ_SURROGATES[cls.__name__](float(alpha))
+    raise ValueError(f"unsupported surrogate_function {surrogate_function!r}: use {_SUPPORTED}")
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+class _BaseNode(nn.Module):
+    """What SpikingJelly's ``BaseNode`` does for the three neurons: state ``v``, step modes, reset, detach."""
+
+    _charge: int
+
+    def __init__(
+        self,
+        v_threshold: float,
+        v_reset: float | None,
+        surrogate_function,
+        detach_reset: bool,
+        step_mode: str,
+        store_v_seq: bool,
+        backend: str,
+        memory: str,
+    ):
+        super().__init__()
+        self.v_threshold = _number(v_threshold, "v_threshold")
+        self.v_reset = None if v_reset is None else _number(v_reset, "v_reset (None = soft reset)")
+        if not isinstance(detach_reset, bool):
+            raise TypeError(f"detach_reset must be a bool, got {detach_reset!r}")
+        self.detach_reset = detach_reset
+        surrogate_function = Sigmoid(4.0) if surrogate_function is None else surrogate_function
+        to_surrogate(surrogate_function)  # fail early on an unsupported surrogate
+        # A SpikingJelly surrogate is an nn.Module and becomes a child module, as in SpikingJelly.
+        self.surrogate_function = surrogate_function
+        self.step_mode = step_mode
+        self.store_v_seq = bool(store_v_seq)
+        if backend in ("torch", "cupy"):  # SpikingJelly < 2.0 names: same results, pick the fused kernel
+            backend = "auto"
+        self.backend = backend
+        self.memory = memory
+        self.v = self._reset_value
+        self.v_seq = None
+
+    # -- SpikingJelly's attributes ------------------------------------------------------------------------------
+
+    @property
+    def step_mode(self) -> str:
+        return self._step_mode
+
+    @step_mode.setter
+    def step_mode(self, value: str):
+        if value not in ("s", "m"):
+            raise ValueError(f"step_mode can only be ('s', 'm'), but got {value!r}")
+        self._step_mode = value
+
+    def supported_step_mode(self):
+        return ("s", "m")
+
+    @property
+    def _reset_value(self) -> float:
+        return 0.0 if self.v_reset is None else self.v_reset
+
+    def reset(self):
+        """Forget the state: ``v`` back to ``v_reset`` (0 for soft reset), as ``functional.reset_net`` expects."""
+        self.v = self._reset_value
+        self.v_seq = None
+
+    def detach(self):
+        """Cut the state from the graph of earlier steps (``functional.detach_net``; truncated BPTT)."""
+        if isinstance(self.v, torch.Tensor):
+            self.v = self.v.detach()
+        if isinstance(self.v_seq, torch.Tensor):
+            self.v_seq = self.v_seq.detach()
+
+    def extra_repr(self):
+        return (
+            f"v_threshold={self.v_threshold}, v_reset={self.v_reset}, detach_reset={self.detach_reset}, "
+            f"step_mode={self.step_mode}, backend={self.backend!r}"
+        )
+
+    # -- computation --------------------------------------------------------------------------------------------
+
+    def _leak(self):
+        raise NotImplementedError
+
+    def spec(self) -> P.NeuronSpec:
+        return P.NeuronSpec(
+            threshold=float(self.v_threshold),
+            v_reset=self._reset_value,
+            reset=P.SOFT if self.v_reset is None else P.HARD,
+            surrogate=to_surrogate(self.surrogate_function),
+            detach_reset=bool(self.detach_reset),
+            dynamics=P.SPIKINGJELLY,
+            charge=self._charge,
+            state_post_reset=True,
+        )
+
+    def _state_for(self, x_ref: torch.Tensor) -> torch.Tensor:
+        """SpikingJelly's ``materialize_states``: a float fills a new tensor; a tensor of another shape restarts."""
+        v = self.v
+        if isinstance(v, torch.Tensor):
+            if v.shape != x_ref.shape:
+                return torch.full_like(x_ref, self._reset_value)
+            if v.device != x_ref.device:
+                v = v.to(device=x_ref.device)
+            return v
+        return torch.full_like(x_ref, float(v))
+
+    def _run(self, x_seq: torch.Tensor, v: torch.Tensor):
+        return spiking_neuron(x_seq, self._leak(), self.spec(), v_init=v, backend=self.backend, memory=self.memory)
+
+    def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
+        spikes, v = self._run(x.unsqueeze(0), self._state_for(x))
+        self.v = v
+        if self.store_v_seq:
+            step = v.unsqueeze(0)
+            seq = self.v_seq
+            if seq is None or seq.shape[1:] != step.shape[1:] or seq.device != step.device or seq.dtype != step.dtype:
+                self.v_seq = step.clone()
+            else:
+                self.v_seq = torch.cat((seq, step))
+        return spikes[0]
+
+    def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        if x_seq.ndim == 0:
+            raise ValueError("step_mode='m' needs an input of shape [T, N, *], got a 0-dim tensor")
+        v = self._state_for(x_seq[0])
+        if not self.store_v_seq:
+            spikes, self.v = self._run(x_seq, v)
+            return spikes
+        # Every post-reset potential is wanted: one fused call per step (monitoring only, like SpikingJelly).
+        spikes, voltages = [], []
+        for x_t in x_seq.unbind(0):
+            s, v = self._run(x_t.unsqueeze(0), v)
+            spikes.append(s[0])
+            voltages.append(v)
+        self.v = v
+        self.v_seq = torch.stack(voltages)
+        return torch.stack(spikes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.step_mode == "s":
+            return self.single_step_forward(x)
+        return self.multi_step_forward(x)
+
+
+class LIFNode(_BaseNode):
+    """SpikingJelly's ``LIFNode``: ``H = V + (X - (V - V_reset)) / tau`` (``decay_input=True``) or
+    ``H = V - (V - V_reset) / tau + X``; spikes ``H >= v_threshold``; hard reset to ``v_reset`` or soft reset
+    (``v_reset=None``). ``tau`` is a plain number (SpikingJelly asserts ``tau > 1``)."""
+
+    def __init__(
+        self,
+        tau: float = 2.0,
+        decay_input: bool = True,
+        v_threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        surrogate_function=None,
+        detach_reset: bool = False,
+        step_mode: str = "s",
+        store_v_seq: bool = False,
+        *,
+        backend: str = "auto",
+        memory: str = "potential",
+    ):
+        tau = _number(tau, "tau")
+        if tau <= 1.0:
+            raise ValueError(f"tau must be > 1 (as in SpikingJelly), got {tau}")
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+        self.tau = tau
+        self.decay_input = bool(decay_input)
+
+    @property
+    def _charge(self) -> int:
+        return P.CHARGE_DIV_INPUT if self.decay_input else P.CHARGE_DIV
+
+    def _leak(self):
+        return float(self.tau)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", tau={self.tau}, decay_input={self.decay_input}"
+
+
+class ParametricLIFNode(_BaseNode):
+    """SpikingJelly's ``ParametricLIFNode`` (PLIF): ``LIFNode`` with ``1/tau = sigmoid(w)``, ``w`` a learnable
+    scalar ``nn.Parameter`` initialised to ``-log(init_tau - 1)``."""
+
+    def __init__(
+        self,
+        init_tau: float = 2.0,
+        decay_input: bool = True,
+        v_threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        surrogate_function=None,
+        detach_reset: bool = False,
+        step_mode: str = "s",
+        store_v_seq: bool = False,
+        *,
+        backend: str = "auto",
+        memory: str = "potential",
+    ):
+        init_tau = _number(init_tau, "init_tau")
+        if init_tau <= 1.0:
+            raise ValueError(f"init_tau must be > 1 (as in SpikingJelly), got {init_tau}")
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+        self.decay_input = bool(decay_input)
+        self.w = nn.Parameter(torch.as_tensor(-math.log(init_tau - 1.0)))
+
+    @property
+    def _charge(self) -> int:
+        return P.CHARGE_MUL_INPUT if self.decay_input else P.CHARGE_MUL
+
+    def _leak(self):
+        if self.w.ndim != 0:
+            raise ValueError(f"w must be a scalar parameter (as in SpikingJelly), got shape {tuple(self.w.shape)}")
+        return torch.sigmoid(self.w)
+
+    def extra_repr(self):
+        with torch.no_grad():
+            tau = 1.0 / self.w.sigmoid()
+        return super().extra_repr() + f", tau={tau}, decay_input={self.decay_input}"
+
+
+class IFNode(_BaseNode):
+    """SpikingJelly's ``IFNode``: ``H = V + X``."""
+
+    _charge = P.CHARGE_IF
+
+    def __init__(
+        self,
+        v_threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        surrogate_function=None,
+        detach_reset: bool = False,
+        step_mode: str = "s",
+        store_v_seq: bool = False,
+        *,
+        backend: str = "auto",
+        memory: str = "potential",
+    ):
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+
+    def _leak(self):
+        return 1.0
