@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIPQ) torch==2.13.0
 	$(PIPQ) -e '.[test,train,bench]'
-	$(PIPQ) --no-deps spikingjelly==2.0.0 norse==1.1.0
+	$(PIPQ) --no-deps spikingjelly==2.0.0 norse==1.1.0 nirtorch
 	touch $(STAMP)
 
 test: install
