@@ -1,0 +1,247 @@
+"""snnTorch 1.0's ``Leaky`` neuron on spikefuse's fused kernels, over whole sequences.
+
+``Leaky(beta, threshold, spike_grad, reset_mechanism, learn_beta, ...)`` takes snnTorch's constructor arguments,
+but **its call convention is multi-step**: ``forward(x_seq, mem=None)`` takes ``[T, ...]`` input and returns
+``(spk_seq, mem_last)``, all T steps fused in one call. It gives exactly what this loop over snnTorch's
+single-step ``Leaky`` gives::
+
+    lif = snntorch.Leaky(beta=0.9)
+    spk = []
+    for t in range(T):
+        s, mem = lif(x_seq[t], mem)
+        spk.append(s)
+    spk_seq, mem_last = torch.stack(spk), mem
+
+(spikes and membrane potentials bit for bit in float32/float64, gradients up to rounding). snnTorch's own
+single-step call is :meth:`Leaky.step` ``(x, mem) -> (spk, mem)``. As in snnTorch, ``mem`` is the pre-reset
+membrane potential (``mem > threshold`` spikes, and the reset is applied at the next step); when ``mem`` is not
+given, the state kept from the previous call is used (zeros at first, or when the input shape changes), and
+:meth:`reset_mem` zeros it. With ``init_hidden=True`` ``forward(x_seq)`` returns only ``spk_seq`` (and
+``(spk_seq, mem)`` with ``output=True``), like snnTorch.
+
+``beta`` is clamped to ``[0, 1]`` in every call (a learnable ``beta`` gets its gradient through the clamp). A
+per-neuron ``beta`` must broadcast against the neuron shape ``x_seq.shape[2:]`` (or ``x_seq.shape[1:]`` for
+``[T, N]`` input), i.e. it may not vary along the batch dimension.
+
+Surrogates (``spike_grad``): snnTorch's ``surrogate.atan(alpha)`` (the default), ``fast_sigmoid(slope)`` and
+``sigmoid(slope)`` are recognised by inspecting their closures; spikefuse surrogates are accepted as well.
+``surrogate_disable=True`` is supported (zero gradient through the spikes, as snnTorch's bypass).
+
+Not supported (clear errors): ``reset_delay=False``, ``learn_threshold``, a per-neuron ``threshold``,
+``inhibition``, ``state_quant``, other snnTorch surrogates (``triangular``, ``heaviside``,
+``straight_through_estimator``, ``spike_rate_escape``, ``SFS``, ``SSO``, ``LSO``, custom functions).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from .. import params as P
+from ..functional import spiking_neuron
+from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
+
+__all__ = ["Leaky", "to_surrogate"]
+
+_RESETS = {"subtract": P.SOFT, "zero": P.HARD, "none": P.NONE}
+# snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
+_SNNTORCH_SURROGATES = {
+    "atan": ("alpha", ATan),
+    "fast_sigmoid": ("slope", FastSigmoid),
+    # snnTorch: slope * exp(-slope*u) / (exp(-slope*u) + 1)^2, the derivative of sigmoid(slope*u) (which
+    # snnTorch evaluates as inf/inf = NaN once slope*u < -88 in float32; spikefuse returns 0 there).
+    "sigmoid": ("slope", Sigmoid),
+}
+_SUPPORTED = (
+    "snntorch.surrogate.atan(alpha), fast_sigmoid(slope) or sigmoid(slope), or a spikefuse.surrogate instance "
+    "(ATan, FastSigmoid, Sigmoid, Triangle, Rectangle)"
+)
+
+
+def to_surrogate(spike_grad) -> Surrogate:
+    """The spikefuse surrogate with the derivative of an snnTorch ``spike_grad`` (``None``: snnTorch's atan())."""
+    if spike_grad is None:
+        return ATan(2.0)
+    if isinstance(spike_grad, (Surrogate, str)):
+        return resolve(spike_grad)
+    qualname = getattr(spike_grad, "__qualname__", "")
+    module = getattr(spike_grad, "__module__", "") or ""
+    factory, _, rest = qualname.partition(".<locals>.")
+    code = getattr(spike_grad, "__code__", None)
+    if module.startswith("snntorch") and rest == "inner" and factory in _SNNTORCH_SURROGATES and code is not None:
+        name, cls = _SNNTORCH_SURROGATES[factory]
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in (spike_grad.__closure__ or ()))))
+        value = cells.get(name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"spike_grad snntorch.surrogate.{factory}({name}={value!r}): only a finite positive number is supported"
+            )
+        return cls(float(value))
+    raise ValueError(f"unsupported spike_grad {spike_grad!r}: use {_SUPPORTED}")
+
+
+class Leaky(nn.Module):
+    """snnTorch's first-order leaky integrate-and-fire neuron, multi-step (see the module docstring).
+
+    ``mem[t] = beta.clamp(0, 1) * mem[t-1] + x[t] - R[t] * threshold`` with the detached reset
+    ``R[t] = (mem[t-1] > threshold)`` for ``reset_mechanism="subtract"``; ``"zero"`` zeroes ``mem[t-1]`` where
+    ``R[t]`` instead, ``"none"`` never resets. ``spk[t] = (mem[t] > threshold) * graded_spikes_factor``.
+
+    Extra keyword arguments of ours: ``backend`` (``"auto"``, ``"cpu"``, ``"triton"``, ``"reference"``) and
+    ``memory`` (``"potential"`` or ``"recompute"``).
+    """
+
+    def __init__(
+        self,
+        beta,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable: bool = False,
+        init_hidden: bool = False,
+        inhibition: bool = False,
+        learn_beta: bool = False,
+        learn_threshold: bool = False,
+        reset_mechanism: str = "subtract",
+        state_quant=False,
+        output: bool = False,
+        graded_spikes_factor=1.0,
+        learn_graded_spikes_factor: bool = False,
+        reset_delay: bool = True,
+        *,
+        backend: str = "auto",
+        memory: str = "potential",
+    ):
+        super().__init__()
+        if not reset_delay:
+            raise NotImplementedError(
+                "reset_delay=False (snnTorch resets in the same step, through the undetached spike) is not "
+                "supported: use the default reset_delay=True"
+            )
+        if learn_threshold:
+            raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
+        if inhibition:
+            raise NotImplementedError("inhibition=True is not supported")
+        if state_quant:
+            raise NotImplementedError("state_quant is not supported")
+        if reset_mechanism not in _RESETS:
+            raise ValueError(f"reset_mechanism must be one of {sorted(_RESETS)}, got {reset_mechanism!r}")
+        threshold_t = torch.as_tensor(threshold)
+        if threshold_t.numel() != 1 or threshold_t.dtype == torch.bool:
+            raise ValueError(f"threshold must be a single number, got {threshold!r}")
+        self.surrogate_disable = bool(surrogate_disable)
+        # Validate now; snnTorch replaces spike_grad by a bypass without gradient when surrogate_disable.
+        self._surrogate = Rectangle(width=1.0, height=0.0) if self.surrogate_disable else to_surrogate(spike_grad)
+        self.spike_grad = spike_grad
+        self.init_hidden = bool(init_hidden)
+        self.output = bool(output)
+        self.reset_mechanism = reset_mechanism
+        self.reset_delay = True
+        self.learn_beta = bool(learn_beta)
+        beta = torch.as_tensor(beta)
+        if not beta.is_floating_point():
+            beta = beta.to(torch.get_default_dtype())
+        if learn_beta:
+            self.beta = nn.Parameter(beta)
+        else:
+            self.register_buffer("beta", beta)
+        self.register_buffer("threshold", threshold_t.to(torch.get_default_dtype()).reshape(()))
+        factor = torch.as_tensor(graded_spikes_factor)
+        if not factor.is_floating_point():
+            factor = factor.to(torch.get_default_dtype())
+        if learn_graded_spikes_factor:
+            self.graded_spikes_factor = nn.Parameter(factor)
+        else:
+            self.register_buffer("graded_spikes_factor", factor)
+        self.learn_graded_spikes_factor = bool(learn_graded_spikes_factor)
+        self.backend = backend
+        self.memory = memory
+        self.register_buffer("mem", torch.zeros(0), False)
+
+    # -- snnTorch's state API -----------------------------------------------------------------------------------
+
+    def reset_mem(self):
+        """Zero the stored membrane potential (snnTorch's ``reset_mem``)."""
+        self.mem = torch.zeros_like(self.mem, device=self.mem.device)
+        return self.mem
+
+    init_leaky = reset_mem
+
+    def detach_hidden(self):
+        """Cut the stored state from the graph of earlier calls (truncated BPTT)."""
+        self.mem = self.mem.detach()
+
+    # -- computation --------------------------------------------------------------------------------------------
+
+    def spec(self) -> P.NeuronSpec:
+        return P.NeuronSpec(
+            threshold=float(self.threshold),
+            v_reset=0.0,
+            reset=_RESETS[self.reset_mechanism],
+            surrogate=self._surrogate,
+            detach_reset=True,  # snnTorch always detaches the reset (mem_reset(...).detach())
+            dynamics=P.SNNTORCH,
+        )
+
+    def _leak_and_view(self, x_seq: torch.Tensor):
+        """``beta.clamp(0, 1)`` as a scalar or per-neuron leak, and the view of ``x_seq`` it applies to."""
+        leak = self.beta.clamp(0, 1)
+        if leak.numel() == 1:
+            return leak.reshape(()), x_seq
+        neuron_shape = x_seq.shape[2:] if x_seq.ndim >= 3 else x_seq.shape[1:]
+        extra = leak.ndim - len(neuron_shape)  # leading dims of beta beyond the neuron shape: must all be 1
+        try:
+            fits = torch.broadcast_shapes(leak.shape[max(0, extra) :], neuron_shape) == neuron_shape
+        except RuntimeError:
+            fits = False
+        if not fits or (extra > 0 and any(d != 1 for d in leak.shape[:extra])):
+            raise ValueError(
+                f"a per-neuron beta of shape {tuple(leak.shape)} must broadcast against the neuron shape "
+                f"{tuple(neuron_shape)} of the input {tuple(x_seq.shape)} (it may not vary along time or batch)"
+            )
+        leak = leak.reshape(leak.shape[max(0, extra) :])
+        leak = leak.expand(neuron_shape).reshape(-1)
+        view = x_seq.reshape(*x_seq.shape[:2], -1) if x_seq.ndim >= 3 else x_seq
+        return leak, view
+
+    def _initial_mem(self, x0: torch.Tensor, mem):
+        if mem is not None:
+            self.mem = mem
+        if self.mem.shape != x0.shape:
+            self.mem = torch.zeros_like(x0, device=self.mem.device)
+        return self.mem
+
+    def _run(self, x_seq: torch.Tensor, mem):
+        if self.init_hidden and mem is not None:
+            raise TypeError("`mem` should not be passed as an argument while `init_hidden=True`")
+        if x_seq.ndim == 0:
+            raise ValueError("x_seq must have a time dimension first: shape [T, ...]")
+        mem0 = self._initial_mem(x_seq[0], mem)
+        leak, view = self._leak_and_view(x_seq)
+        v_init = mem0.reshape(view.shape[1:])
+        spikes, state = spiking_neuron(view, leak, self.spec(), v_init=v_init, backend=self.backend, memory=self.memory)
+        spikes = spikes.reshape(x_seq.shape)
+        if self.learn_graded_spikes_factor or not bool(self.graded_spikes_factor == 1):
+            spikes = spikes * self.graded_spikes_factor
+        self.mem = state.reshape(x_seq.shape[1:])
+        return spikes, self.mem
+
+    def forward(self, x_seq: torch.Tensor, mem: torch.Tensor | None = None):
+        """All T steps of ``x_seq`` (``[T, ...]``) from ``mem`` (pre-reset, ``x_seq.shape[1:]``); returns
+        ``(spk_seq, mem_last)`` (``spk_seq`` alone with ``init_hidden=True`` unless ``output=True``)."""
+        spikes, mem = self._run(x_seq, mem)
+        if self.init_hidden and not self.output:
+            return spikes
+        return spikes, mem
+
+    def step(self, x: torch.Tensor, mem: torch.Tensor | None = None):
+        """One time step, snnTorch's ``Leaky.forward(input_, mem) -> (spk, mem)``."""
+        spikes, mem = self._run(x.unsqueeze(0), mem)
+        if self.init_hidden and not self.output:
+            return spikes[0]
+        return spikes[0], mem
+
+    def extra_repr(self):
+        return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}"
