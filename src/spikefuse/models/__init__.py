@@ -1,0 +1,159 @@
+"""Ready-made spiking networks for ``[T, B, C, H, W]`` inputs, returning ``[T, B, num_classes]``.
+
+Every model is built from ordinary layers wrapped in :class:`spikefuse.nn.SeqToBatch` (conv, BatchNorm over the
+T*B samples, pooling, linear) and multi-step :class:`spikefuse.nn.LIF` neurons. The last layer is a plain linear
+readout (no neuron), so the output is a real-valued score per time step; the training loop averages it over T.
+
+The neuron of every layer is described by one :class:`NeuronOptions` record. ``build_model(..., neuron_backend=
+"reference")`` builds the same network on the serial PyTorch reference (for A/B checks against the fused kernels);
+:func:`set_neuron_backend` switches an existing model, keeping its weights.
+
+Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
+``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``liang-small``, ``liang-medium``,
+``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+from torch import nn
+
+from ..nn import LIF
+from ..surrogate import Rectangle, Sigmoid, Surrogate, resolve
+
+__all__ = [
+    "NeuronOptions",
+    "PAPER_NEURON",
+    "LIANG_NEURON",
+    "MODELS",
+    "build_model",
+    "model_names",
+    "set_neuron_backend",
+    "replace_neurons",
+    "spiking_neurons",
+]
+
+
+@dataclass(frozen=True)
+class NeuronOptions:
+    """The LIF neuron of every layer of a model (see :class:`spikefuse.nn.LIF` for the meaning of each field).
+
+    The defaults are the temporal-fusion paper's (Table 1): decay ``k = 0.2``, threshold 0.3, ``V_rest = 0``,
+    sigmoid surrogate with alpha 4.
+    """
+
+    decay: float = 0.2
+    threshold: float = 0.3
+    v_reset: float | None = 0.0
+    surrogate: Surrogate = field(default_factory=lambda: Sigmoid(4.0))
+    detach_reset: bool = False
+    backend: str = "auto"
+    memory: str = "potential"
+
+    def __post_init__(self):
+        object.__setattr__(self, "surrogate", resolve(self.surrogate))
+
+    def make(self) -> LIF:
+        """A new :class:`~spikefuse.nn.LIF` module with these options."""
+        return LIF(
+            decay=self.decay,
+            threshold=self.threshold,
+            v_reset=self.v_reset,
+            surrogate=self.surrogate,
+            detach_reset=self.detach_reset,
+            backend=self.backend,
+            memory=self.memory,
+        )
+
+    def with_backend(self, backend: str | None) -> "NeuronOptions":
+        return self if backend is None else replace(self, backend=backend)
+
+    def to_dict(self) -> dict:
+        """Plain values (the surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
+        d = asdict(self)
+        d["surrogate"] = {"name": type(self.surrogate).__name__, **asdict(self.surrogate)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NeuronOptions":
+        from .. import surrogate as S
+
+        d = dict(d)
+        sg = dict(d.pop("surrogate"))
+        d["surrogate"] = getattr(S, sg.pop("name"))(**sg)
+        return cls(**d)
+
+
+#: The temporal-fusion paper's neuron (Table 1): k = 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4.
+PAPER_NEURON = NeuronOptions()
+#: The memory-lean BPTT paper's neuron (Table I): alpha = 0.25 decay, th_f = 0.25, rectangle window (-0.25, 0.75).
+LIANG_NEURON = NeuronOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
+
+
+def spiking_neurons(model: nn.Module) -> list[tuple[str, LIF]]:
+    """All spikefuse neuron modules of ``model`` with their qualified names."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LIF)]
+
+
+def set_neuron_backend(model: nn.Module, backend: str) -> nn.Module:
+    """Switch every spikefuse neuron of ``model`` to ``backend`` in place (weights unchanged); returns ``model``."""
+    for _, m in spiking_neurons(model):
+        m.backend = backend
+    return model
+
+
+def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> int:
+    """Replace every spikefuse neuron module by ``factory(old_module)`` in place; returns how many were replaced.
+
+    Used to run the same network with another library's neurons (e.g. SpikingJelly's ``LIFNode``).
+    """
+    count = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, LIF):
+                setattr(module, child_name, factory(child))
+                count += 1
+    return count
+
+
+# Registry -------------------------------------------------------------------------------------------------------
+
+from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
+from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
+
+#: name -> builder(in_channels, num_classes, neuron=..., neuron_backend=None, **kw)
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet-tiny": resnet_tiny,
+    "resnet18": spiking_resnet18,
+    "resnet34": spiking_resnet34,
+    "resnet50": spiking_resnet50,
+    "liang-small": liang_small,
+    "liang-medium": liang_medium,
+    "liang-large": liang_large,
+}
+
+
+def model_names() -> list[str]:
+    return list(MODELS)
+
+
+def build_model(
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    neuron: NeuronOptions | None = None,
+    neuron_backend: str | None = None,
+    **kw,
+) -> nn.Module:
+    """Build the registered model ``name``. ``neuron=None`` uses the model's paper defaults
+    (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets); ``neuron_backend``
+    overrides ``neuron.backend``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the ResNets)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
+    return MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
+
+
+__all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50"]
+__all__ += ["liang_small", "liang_medium", "liang_large"]
