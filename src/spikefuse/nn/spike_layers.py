@@ -1,0 +1,280 @@
+"""Linear and convolution layers fed by spikes that save their input for backward as bits.
+
+In BPTT training a linear or convolution layer saves its input to compute the weight gradient
+``grad_W = grad_y^T x``. When the input is the spike output of a neuron layer it holds only 0 and 1, so saving
+it as float32 spends 32 bits on one bit of information (Liang et al., Sec. III). The layers here compute the
+forward pass exactly as :class:`torch.nn.Linear` / :class:`torch.nn.Conv2d` do, but save the input packed
+8 spikes to a byte (:func:`spikefuse.ops.bitpack.pack`, 32x less than float32, 16x less than float16); backward
+unpacks it to the exact original 0/1 tensor and calls the same torch ops that torch's own backward calls
+(``mm`` / ``aten.convolution_backward``), so outputs and all gradients are bit-identical to the torch layer
+applied to the same float input. The input is saved only when the weight needs a gradient; the gradient of
+the input needs only the weight (and the input's shape).
+
+Contract: **the input must be binary, every element 0 or 1 in the layer's dtype**. Without debug mode
+nothing checks this (a check costs a full pass over the input): a non-binary input gives the correct output and
+input gradient but a **wrong weight gradient**, because backward sees every nonzero element as 1. Turn checking
+on with :func:`set_debug` ``(True)`` or the environment variable ``SPIKEFUSE_DEBUG=1`` (read when this module is
+imported); the layers then raise :class:`ValueError` naming the layer and the first offending value and its index.
+
+The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
+batch, as :class:`spikefuse.nn.SeqToBatch` does. They subclass the torch layers, with the same constructor
+arguments, parameters and ``state_dict``, so weights of a ``nn.Conv2d`` / ``nn.Linear`` load unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from ..ops.bitpack import pack, unpack
+
+__all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled"]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+_debug = _env_flag("SPIKEFUSE_DEBUG")
+
+
+def set_debug(enabled: bool = True) -> bool:
+    """Turn the binary-input check of the spike layers on or off (overrides ``SPIKEFUSE_DEBUG``); returns the
+    previous setting, so ``prev = set_debug(True); ...; set_debug(prev)`` restores it."""
+    global _debug
+    previous, _debug = _debug, bool(enabled)
+    return previous
+
+
+def debug_enabled() -> bool:
+    """Whether the spike layers check that their input is binary."""
+    return _debug
+
+
+def _check_binary(module: nn.Module, x: torch.Tensor) -> None:
+    ok = (x == 0) | (x == 1)
+    if bool(ok.all()):
+        return
+    first = int((~ok).reshape(-1).nonzero()[0, 0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape))
+    value = x.reshape(-1)[first].item()
+    raise ValueError(
+        f"{module._get_name()}({module.extra_repr()}) expects binary spikes (0 or 1) as input, because it saves "
+        f"its input as bits for the weight gradient; got {value!r} at index {index} of the input of shape "
+        f"{tuple(x.shape)}. Feed it spikes, or use the torch layer for non-binary input."
+    )
+
+
+# ----------------------------------------------------------------------------------------- packing with layout
+def _pack_saved(x: torch.Tensor):
+    """Pack ``x`` in its memory order: ``(packed, shape, dtype, perm)``; ``perm`` undoes a channels-last layout."""
+    perm = None
+    if not x.is_contiguous():
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+            perm = (0, 2, 3, 1)
+        elif x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+            perm = (0, 2, 3, 4, 1)
+    src = x.permute(perm) if perm else x
+    packed, shape = pack(src)
+    return packed, shape, x.dtype, perm
+
+
+def _unpack_saved(packed, shape, dtype, perm) -> torch.Tensor:
+    x = unpack(packed, shape, dtype)
+    if perm:
+        inverse = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        x = x.permute(inverse)
+    return x
+
+
+def _shape_like(shape, dtype, device, perm) -> torch.Tensor:
+    """An uninitialized tensor with the saved input's shape and layout (backward reads only its metadata)."""
+    if perm:
+        fmt = torch.channels_last if len(perm) == 4 else torch.channels_last_3d
+        return torch.empty([shape[0], shape[-1], *shape[1:-1]], dtype=dtype, device=device, memory_format=fmt)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------------------------------- linear
+class _SpikeLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        y = F.linear(x, weight, bias)
+        need_x, need_w, _ = ctx.needs_input_grad
+        ctx.x_shape = x.shape
+        ctx.packed_meta = None
+        saved = [None, None]
+        if need_w:
+            packed, shape, dtype, _ = _pack_saved(x.reshape(-1, x.shape[-1]))
+            saved[0] = packed
+            ctx.packed_meta = (shape, dtype)
+        if need_x:
+            saved[1] = weight
+        ctx.save_for_backward(*saved)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        packed, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        g2 = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_x = grad_w = grad_b = None
+        # The same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
+        if need_x:
+            grad_x = g2.mm(weight).view(ctx.x_shape)
+        if need_w:
+            x2 = unpack(packed, *ctx.packed_meta)
+            grad_w = g2.t().mm(x2)
+        if need_b:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+class SpikeLinear(nn.Linear):
+    """:class:`torch.nn.Linear` on multi-step spikes ``[T, B, ..., in_features] -> [T, B, ..., out_features]``
+    that saves its input for backward as bits (32x less memory than float32).
+
+    Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Linear`; output and gradients are
+    bit-identical to it. **The input must be binary (0/1) in the layer's dtype**: it is checked only in debug
+    mode (:func:`set_debug`, ``SPIKEFUSE_DEBUG=1``); without it a non-binary input silently gives a wrong weight
+    gradient (every nonzero element counts as 1). See :mod:`spikefuse.nn.spike_layers`.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 3:
+            raise ValueError(
+                f"{self._get_name()} expects multi-step input [T, B, ..., {self.in_features}], "
+                f"got shape {tuple(x.shape)}"
+            )
+        if _debug:
+            _check_binary(self, x)
+        return _SpikeLinearFn.apply(x, self.weight, self.bias)
+
+
+# ----------------------------------------------------------------------------------------------- convolution
+class _SpikeConvFn(torch.autograd.Function):
+    """Convolution of a batch ``[N, C, ...]``; ``pre_pad``/``pre_mode``: an ``F.pad`` applied first (non-zeros
+    padding modes, asymmetric ``padding='same'``), done here so that the unpadded input is what gets saved."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, pre_pad, pre_mode):
+        xp = F.pad(x, pre_pad, mode=pre_mode) if pre_pad is not None else x
+        zeros = [0] * len(stride)
+        y = torch.convolution(xp, weight, bias, stride, padding, dilation, False, zeros, groups)
+        need_x, need_w = ctx.needs_input_grad[:2]
+        ctx.conv = (stride, padding, dilation, groups, pre_pad, pre_mode, bias is not None)
+        saved = [None, None]
+        if need_w:
+            packed, shape, dtype, perm = _pack_saved(x)
+            saved[0] = packed
+        else:
+            x_cl = not x.is_contiguous() and x.dim() in (4, 5) and x.is_contiguous(
+                memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            )
+            perm = ((0, 2, 3, 1) if x.dim() == 4 else (0, 2, 3, 4, 1)) if x_cl else None
+            shape = x.permute(perm).shape if perm else x.shape
+            dtype = x.dtype
+        ctx.meta = (shape, dtype, perm)
+        saved[1] = weight  # convolution_backward reads the weight (its shape and layout only, for grad_weight)
+        ctx.save_for_backward(*saved)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        packed, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        stride, padding, dilation, groups, pre_pad, pre_mode, has_bias = ctx.conv
+        shape, dtype, perm = ctx.meta
+        if need_w:
+            x = _unpack_saved(packed, shape, dtype, perm)
+        else:
+            x = _shape_like(shape, dtype, grad_y.device, perm)
+        xp = F.pad(x, pre_pad, mode=pre_mode) if pre_pad is not None else x
+        bias_sizes = [weight.shape[0]] if has_bias else None
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad_y, xp, weight, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups,
+            [need_x, need_w, need_b],
+        )
+        if need_x and pre_pad is not None:
+            # The pad's backward (linear, reads no input values), taken from torch's own autograd of F.pad.
+            with torch.enable_grad():
+                probe = torch.empty(x.shape, dtype=dtype, device=grad_y.device, requires_grad=True)
+                (grad_x,) = torch.autograd.grad(F.pad(probe, pre_pad, mode=pre_mode), probe, grad_x)
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+
+
+class _SpikeConvNd:
+    """Mixin over ``nn.ConvNd``: multi-step forward through :class:`_SpikeConvFn`."""
+
+    def _conv_args(self):
+        d = len(self.kernel_size)
+        stride, dilation = list(self.stride), list(self.dilation)
+        pre_pad, pre_mode = None, "constant"
+        if self.padding_mode != "zeros":
+            # As nn.ConvNd: pad with the mode (this also resolves padding='same'/'valid'), then convolve unpadded.
+            return stride, [0] * d, dilation, self.groups, list(self._reversed_padding_repeated_twice), self.padding_mode
+        if self.padding == "valid":
+            padding = [0] * d
+        elif self.padding == "same":
+            # As torch's _convolution_same: symmetric padding plus a zero pad of the remainder on the right.
+            padding, pre_pad = [], [0] * (2 * d)
+            for i in range(d):
+                total = dilation[i] * (self.kernel_size[i] - 1)
+                left = total // 2
+                padding.append(left)
+                pre_pad[2 * (d - 1 - i) + 1] = total - 2 * left
+            if not any(pre_pad):
+                pre_pad = None
+        else:
+            padding = list(self.padding)
+        return stride, padding, dilation, self.groups, pre_pad, pre_mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = len(self.kernel_size)
+        if x.dim() != d + 3:
+            raise ValueError(
+                f"{self._get_name()} expects multi-step input [T, B, C, {_SPATIAL[d]}] "
+                f"with {d + 3} dims, got shape {tuple(x.shape)}"
+            )
+        if _debug:
+            _check_binary(self, x)
+        y = _SpikeConvFn.apply(x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
+        return y.unflatten(0, x.shape[:2])
+
+
+_CONV_DOC = """:class:`torch.nn.Conv{d}d` on multi-step spikes ``[T, B, C, {dims}]`` (time merged into the batch) that
+    saves its input for backward as bits (32x less memory than float32).
+
+    Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Conv{d}d` (a pretrained state dict loads);
+    output and gradients are bit-identical to it on the same input. **The input must be binary (0/1) in the
+    layer's dtype**: it is checked only in debug mode (:func:`set_debug`, ``SPIKEFUSE_DEBUG=1``); without it a
+    non-binary input silently gives a wrong weight gradient (every nonzero element counts as 1).
+    With ``padding_mode`` other than ``'zeros'`` the padded input is made again in backward from the bits.
+    See :mod:`spikefuse.nn.spike_layers`.
+    """
+
+
+class SpikeConv1d(_SpikeConvNd, nn.Conv1d):
+    __doc__ = _CONV_DOC.format(d=1, dims="L")
+    forward = _SpikeConvNd.forward
+
+
+class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
+    __doc__ = _CONV_DOC.format(d=2, dims="H, W")
+    forward = _SpikeConvNd.forward
+
+
+class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
+    __doc__ = _CONV_DOC.format(d=3, dims="D, H, W")
+    forward = _SpikeConvNd.forward
