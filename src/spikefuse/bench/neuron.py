@@ -1,0 +1,303 @@
+"""``spikefuse bench neuron``: the temporal-fusion paper's Fig. 5 on this machine.
+
+One LIF layer of N neurons over growing T, forward alone and forward+backward (``y.backward(g)`` with a fixed
+random upstream gradient, so no loss is timed), every implementation run as its users run it and configured to
+the paper's dynamics (decay 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4), in one process, round-robin,
+medians. Each implementation's spikes are compared with spikefuse's reference and the mismatch is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import functional
+from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, set_threads, timed, write_csv
+
+DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
+
+
+class _SigmoidSpike(torch.autograd.Function):
+    """The spike function as a PyTorch user writes it: Heaviside forward, sigmoid surrogate backward."""
+
+    @staticmethod
+    def forward(ctx, u):
+        ctx.save_for_backward(u)
+        return (u >= 0).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (u,) = ctx.saved_tensors
+        s = torch.sigmoid(ALPHA * u)
+        return grad * ALPHA * s * (1 - s)
+
+
+def eager_lif(x: torch.Tensor) -> torch.Tensor:
+    """Eq. (1)-(2) as a serial loop; ``unbind`` rather than ``x[t]``, which makes backward quadratic in T."""
+    v = torch.zeros_like(x[0])
+    y = torch.zeros_like(x[0])
+    out = []
+    for x_t in x.unbind(0):
+        v = DECAY * v * (1 - y) + x_t
+        y = _SigmoidSpike.apply(v - THRESHOLD)
+        out.append(y)
+    return torch.stack(out)
+
+
+@dataclass
+class Implementation:
+    name: str
+    run: Callable[[torch.Tensor], torch.Tensor]
+    note: str = ""
+
+
+def _spikefuse(backend: str) -> Callable:
+    return lambda x: functional.lif(x, decay=DECAY, threshold=THRESHOLD, backend=backend)
+
+
+def _spikefuse_per_step(x: torch.Tensor) -> torch.Tensor:
+    """Our fused kernel called once per time step: the paper's "Serial (CUDA)" baseline."""
+    state, out = None, []
+    for x_t in x.unbind(0):
+        y, state = functional.lif(
+            x_t.unsqueeze(0), decay=DECAY, threshold=THRESHOLD, v_init=state, return_state=True, backend="cpu"
+        )
+        out.append(y)
+    return torch.cat(out)
+
+
+def _spikingjelly() -> Implementation:
+    from spikingjelly.activation_based import functional as sj_functional
+    from spikingjelly.activation_based import neuron, surrogate
+
+    node = neuron.LIFNode(
+        tau=1.0 / (1.0 - DECAY),
+        decay_input=False,
+        v_threshold=THRESHOLD,
+        v_reset=0.0,
+        surrogate_function=surrogate.Sigmoid(alpha=ALPHA),
+        step_mode="m",
+    )
+
+    def run(x):
+        sj_functional.reset_net(node)
+        return node(x)
+
+    return Implementation("SpikingJelly 2.0 LIFNode(step_mode='m')", run, "leaks as v - v/tau: 1-ulp differences")
+
+
+def _snntorch() -> Implementation:
+    import snntorch
+    from snntorch import surrogate
+
+    leaky = snntorch.Leaky(
+        beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero", spike_grad=surrogate.sigmoid(slope=ALPHA)
+    )
+
+    def run(x):
+        mem = leaky.init_leaky()
+        out = []
+        for x_t in x.unbind(0):
+            spk, mem = leaky(x_t, mem)
+            out.append(spk)
+        return torch.stack(out)
+
+    return Implementation("snnTorch Leaky loop", run, "fires on >, reset always detached (other gradients)")
+
+
+def _norse() -> Implementation:
+    from norse.torch import LIFBoxCell, LIFBoxParameters
+
+    dt = 1e-3
+    params = LIFBoxParameters(
+        tau_mem_inv=torch.tensor((1.0 - DECAY) / dt),
+        v_th=torch.tensor(THRESHOLD),
+        v_reset=torch.tensor(0.0),
+        v_leak=torch.tensor(0.0),
+        method="tanh",
+        alpha=torch.tensor(ALPHA / 2),
+    )
+    cell = LIFBoxCell(params, dt=dt)
+
+    def run(x):
+        state, out = None, []
+        for x_t in (x / (1.0 - DECAY)).unbind(0):
+            z, state = cell(x_t, state)
+            out.append(z)
+        return torch.stack(out)
+
+    return Implementation("Norse LIFBoxCell loop", run, "v + dt/tau*(x - v) and fires on >: rounding differs")
+
+
+def implementations(include_peers: bool, include_compile: bool) -> tuple[list[Implementation], list[str]]:
+    impls = [Implementation("PyTorch eager (unbind loop)", eager_lif)]
+    if include_compile:
+        impls.append(Implementation("PyTorch torch.compile (unbind loop)", torch.compile(eager_lif, dynamic=False)))
+    impls += [
+        Implementation("spikefuse reference", _spikefuse("reference")),
+        Implementation("spikefuse cpu kernel per step", _spikefuse_per_step),
+        Implementation("spikefuse cpu (fused)", _spikefuse("cpu")),
+    ]
+    missing = [] if include_compile else ["torch.compile: skipped (--no-compile; it compiles ~10 s per T)"]
+    if include_peers:
+        for module, build in (("spikingjelly", _spikingjelly), ("snntorch", _snntorch), ("norse", _norse)):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{module}: not installed (pip install -e .[bench])")
+                continue
+            try:
+                impls.append(build())
+            except Exception as err:  # a broken peer install is reported, not fatal
+                missing.append(f"{module}: {type(err).__name__}: {err}")
+    return impls, missing
+
+
+def copy_bandwidth(t_steps: int, n: int, repeats: int) -> float:
+    """Bytes per second of ``dst.copy_(src)`` between reused [T, N] fp32 buffers (reads 4 B, writes 4 B)."""
+    src = torch.rand(t_steps, n)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = round_robin({"copy": lambda: dst.copy_(src)}, repeats)["copy"]
+    return 8 * t_steps * n / seconds
+
+
+def run(args: argparse.Namespace) -> None:
+    set_threads(args.threads)
+    torch.manual_seed(0)
+    impls, missing = implementations(not args.no_peers, not args.no_compile)
+    rows, compile_seconds = [], {}
+    for t_steps in args.T:
+        x = torch.rand(t_steps, args.neurons) * 0.6 - 0.1
+        g = torch.randn(t_steps, args.neurons)
+        reference = functional.lif(x, decay=DECAY, threshold=THRESHOLD, backend="reference")
+        for compiled in (i for i in impls if "torch.compile" in i.name):
+            compile_seconds[t_steps] = timed(lambda: compiled.run(x.clone().requires_grad_(True)).backward(g))
+        mismatch = {impl.name: (impl.run(x) != reference).float().mean().item() for impl in impls}
+
+        def forward(impl):
+            return lambda: impl.run(x)
+
+        def forward_backward(impl):
+            return lambda: impl.run(x.clone().requires_grad_(True)).backward(g)
+
+        fwd = round_robin({i.name: forward(i) for i in impls}, args.repeats)
+        both = round_robin({i.name: forward_backward(i) for i in impls}, args.repeats)
+        bandwidth = copy_bandwidth(t_steps, args.neurons, args.repeats)
+        floor = 12 * t_steps * args.neurons / bandwidth  # read x, write y, write h: 12 B per neuron-step
+        for impl in impls:
+            rows.append(
+                {
+                    "T": t_steps,
+                    "N": args.neurons,
+                    "implementation": impl.name,
+                    "forward_ms": round(1e3 * fwd[impl.name], 3),
+                    "forward_backward_ms": round(1e3 * both[impl.name], 3),
+                    "spike_mismatch": mismatch[impl.name],
+                    "copy_GBps": round(bandwidth / 1e9, 2),
+                    "floor_12B_ms": round(1e3 * floor, 3),
+                    "note": impl.note,
+                }
+            )
+        print(f"T={t_steps}: " + ", ".join(f"{i.name} {1e3 * both[i.name]:.1f} ms" for i in impls), flush=True)
+    write_results(args, rows, compile_seconds, missing)
+
+
+def write_results(args, rows, compile_seconds, missing) -> None:
+    out = Path(args.out)
+    stem = out / f"neuron_{args.tag}"
+    write_csv(stem.with_suffix(".csv"), rows)
+    by_t: dict[int, dict[str, dict]] = {}
+    for row in rows:
+        by_t.setdefault(row["T"], {})[row["implementation"]] = row
+    names = list(dict.fromkeys(row["implementation"] for row in rows))
+    ours = "spikefuse cpu (fused)"
+    table = markdown_table(
+        ["implementation"] + [f"T={t} fwd / fwd+bwd ms (x ours)" for t in by_t],
+        [
+            [name]
+            + [
+                f"{r[name]['forward_ms']:.1f} / {r[name]['forward_backward_ms']:.1f} "
+                f"({r[name]['forward_backward_ms'] / r[ours]['forward_backward_ms']:.1f}x)"
+                for r in by_t.values()
+            ]
+            for name in names
+        ],
+    )
+    mismatch = markdown_table(
+        ["implementation"] + [f"T={t}" for t in by_t],
+        [[name] + [f"{r[name]['spike_mismatch']:.2e}" for r in by_t.values()] for name in names],
+    )
+    text = [
+        f"# One LIF layer, N = {args.neurons:,}, fp32 (Fig. 5 of the temporal-fusion paper, on this CPU)",
+        "",
+        f"Machine: {machine_info()}",
+        f"Command: `{command_line()}`",
+        "",
+        f"Medians of {args.repeats} round-robin runs after one warm-up; forward+backward is `y.backward(g)`.",
+        "",
+        table,
+        "",
+        "torch.compile time of the first call (compiles again for every T): "
+        + (", ".join(f"T={t}: {s:.1f} s" for t, s in compile_seconds.items()) or "not measured"),
+        "",
+        "Fraction of spikes that differ from spikefuse's reference (Eq. 1-2 exactly):",
+        "",
+        mismatch,
+        "",
+        "Floor: 12 bytes per neuron-step over the copy bandwidth measured in the same run: "
+        + ", ".join(f"T={t}: {r[ours]['floor_12B_ms']:.1f} ms ({r[ours]['copy_GBps']} GB/s)" for t, r in by_t.items()),
+    ]
+    if missing:
+        text += ["", "Not measured: " + "; ".join(missing)]
+    stem.with_suffix(".md").write_text("\n".join(text) + "\n")
+    plot(stem.with_suffix(".png"), by_t, names, args.neurons)
+    print(f"wrote {stem}.md/.csv/.png")
+
+
+def plot(path: Path, by_t, names, neurons: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ts = list(by_t)
+    for name in names:
+        ax.plot(ts, [by_t[t][name]["forward_backward_ms"] for t in ts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("time steps T")
+    ax.set_ylabel("forward + backward (ms)")
+    ax.set_title(f"One LIF layer, {neurons:,} neurons, fp32, CPU")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("neuron", help="one LIF layer vs the peers over T (the paper's Fig. 5)")
+    p.add_argument("--neurons", type=int, default=1_000_000)
+    p.add_argument("--T", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-peers", action="store_true", help="skip SpikingJelly, snnTorch and Norse")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> None:
+    if args.quick:
+        args.neurons, args.T, args.repeats, args.no_compile = min(args.neurons, 20_000), [4, 8], 2, True
+    args.tag = args.tag or ("quick" if args.quick else "full")
+    if args.neurons <= 0 or min(args.T) <= 0:
+        raise SystemExit("--neurons and --T must be positive")
+    run(args)
