@@ -1,0 +1,575 @@
+"""The fused Triton backend (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1`` for testing).
+
+One forward and one backward ``@triton.jit`` kernel per layer, as in the temporal-fusion paper: each program owns
+``BLOCK`` neurons and loops over all ``T`` time steps inside the kernel with the membrane potential in registers.
+Every mode switch of :class:`spikefuse.ops.common.SpecArgs` (dynamics, reset, charge, state_post_reset, fire_strict,
+detach_reset, surrogate) and of the call (memory mode, leak gradient, per-channel leak) is a ``tl.constexpr``, so
+each specialization compiles to straight-line code; threshold, v_reset and the surrogate parameters are runtime
+floats.
+
+Numerics. The forward recursion performs exactly the floating-point operations of :mod:`spikefuse.params` in the
+same order, so spikes and states are bit-identical to :mod:`spikefuse.ops.reference`: kernels are launched with
+``enable_fp_fusion=False`` (no mul+add contraction into FMA) and divide with ``div_rn`` (Triton's plain fp32 ``/``
+may be approximate on NVIDIA GPUs). Float16 / bfloat16 inputs are upcast to float32 per step (state, ``h`` and all
+arithmetic in float32), spikes are written in the input's dtype. Float64 is computed in float64; since Triton
+passes Python floats to kernels as float32, every runtime constant travels as three float32 parts whose float64
+sum is exact (:func:`_split3`).
+
+Entry points: ``forward`` and ``backward`` as documented in :mod:`spikefuse.ops.reference`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import params as P
+from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
+from .common import SpecArgs, compute_dtype, reduce_leak_grad
+
+__all__ = ["forward", "backward", "SUPPORTED_DTYPES", "BLOCK_SIZES", "block_size"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+BLOCK_SIZES = (128, 256, 512, 1024)
+NUM_WARPS = 4  # 128 threads: with BLOCK >= 128 every neuron is owned by exactly one thread (see backward)
+
+# Codes as constexprs (Triton kernels may only read constexpr globals).
+_PAPER = tl.constexpr(P.PAPER)
+_SNNTORCH = tl.constexpr(P.SNNTORCH)
+_SPIKINGJELLY = tl.constexpr(P.SPIKINGJELLY)
+_HARD = tl.constexpr(P.HARD)
+_SOFT = tl.constexpr(P.SOFT)
+_MUL = tl.constexpr(P.CHARGE_MUL)
+_IF = tl.constexpr(P.CHARGE_IF)
+_DIV_INPUT = tl.constexpr(P.CHARGE_DIV_INPUT)
+_DIV = tl.constexpr(P.CHARGE_DIV)
+_MUL_INPUT = tl.constexpr(P.CHARGE_MUL_INPUT)
+_SG_SIGMOID = tl.constexpr(Sigmoid.code)
+_SG_ATAN = tl.constexpr(ATan.code)
+_SG_RECT = tl.constexpr(Rectangle.code)
+_SG_TRI = tl.constexpr(Triangle.code)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Device helpers (inlined into the kernels)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _const(hi, mid, lo, F64: tl.constexpr):
+    """A runtime constant in the compute dtype: the float32 ``hi`` itself, or the exact float64 ``hi + mid + lo``."""
+    if F64:
+        return (tl.cast(hi, tl.float64) + tl.cast(mid, tl.float64)) + tl.cast(lo, tl.float64)
+    else:
+        return tl.cast(hi, tl.float32)
+
+
+@triton.jit
+def _div(a, b, F64: tl.constexpr):
+    """IEEE round-to-nearest division (``div_rn`` is float32-only; float64 ``/`` is already ``div.rn.f64``)."""
+    if F64:
+        return a / b
+    else:
+        return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def _fire(u, STRICT: tl.constexpr):
+    """The spike of ``u = h - threshold`` as a boolean block."""
+    if STRICT:
+        return u > 0
+    else:
+        return u >= 0
+
+
+@triton.jit
+def _post_reset(h, f, th, vr, RESET: tl.constexpr):
+    """SpikingJelly's post-reset potential ``u`` (``v_reset`` if fired / ``h - threshold`` if fired / ``h``)."""
+    if RESET == _HARD:
+        return tl.where(f, vr, h)
+    elif RESET == _SOFT:
+        return tl.where(f, h - th, h)
+    else:
+        return h
+
+
+@triton.jit
+def _step(h, f, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, F64: tl.constexpr):
+    """``h[t] = step(h[t-1], s[t-1], x[t])``: the formulas of :mod:`spikefuse.params`, in their operation order."""
+    if DYN == _PAPER:
+        if RESET == _HARD:
+            return tl.where(f, vr, k * h) + x
+        elif RESET == _SOFT:
+            return k * tl.where(f, h - th, h) + x
+        else:
+            return k * h + x
+    elif DYN == _SNNTORCH:
+        if RESET == _SOFT:
+            q = k * h + x
+            return tl.where(f, q - th, q)
+        elif RESET == _HARD:
+            return tl.where(f, x, k * h + x)
+        else:
+            return k * h + x
+    else:
+        u = _post_reset(h, f, th, vr, RESET)
+        if CHARGE == _IF:
+            return u + x
+        elif CHARGE == _DIV_INPUT:
+            return u + _div(x - (u - vr), k, F64)
+        elif CHARGE == _DIV:
+            return u - _div(u - vr, k, F64) + x
+        elif CHARGE == _MUL_INPUT:
+            return u + (x - (u - vr)) * k
+        else:
+            return u - (u - vr) * k + x
+
+
+@triton.jit
+def _surrogate_grad(u, c1, c2, SG: tl.constexpr):
+    """``surrogate'(u)`` with the launcher's derived constants ``c1, c2`` (see :func:`_surrogate_consts`)."""
+    if SG == _SG_SIGMOID:  # c1 = alpha
+        sg = 1.0 / (1.0 + tl.exp(-(c1 * u)))
+        return (1.0 - sg) * sg * c1
+    elif SG == _SG_ATAN:  # c1 = pi/2 * alpha, c2 = alpha / 2
+        z = u * c1
+        return c2 / (1.0 + z * z)
+    elif SG == _SG_RECT:  # c1 = width / 2, c2 = height
+        return tl.where(tl.abs(u) < c1, c2, 0.0 * c2)
+    elif SG == _SG_TRI:  # c1 = alpha, c2 = alpha^2
+        return tl.maximum(c1 - c2 * tl.abs(u), 0.0 * c2)
+    else:  # fast sigmoid: c1 = slope
+        z = c1 * tl.abs(u) + 1.0
+        return 1.0 / (z * z)
+
+
+@triton.jit
+def _dpost(h, f, d, th, vr, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """``d post_reset(h, s(h)) / dh`` (through the spike too unless ``detach_reset``)."""
+    if RESET == _HARD:
+        g = tl.where(f, 0.0 * h, 1.0 + 0.0 * h)
+        if not DETACH:
+            g = g + (vr - h) * d
+        return g
+    elif RESET == _SOFT:
+        if DETACH:
+            return 1.0 + 0.0 * h
+        else:
+            return 1.0 - th * d
+    else:
+        return 1.0 + 0.0 * h
+
+
+@triton.jit
+def _dstep(h, f, d, k, dcharge, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """``A = dh[t+1]/dh[t]`` at ``h = h[t]`` with spike ``f`` and surrogate derivative ``d``.
+
+    ``dcharge`` is SpikingJelly's ``dC/du`` (1, 1 - 1/k or 1 - k), computed once per neuron by the caller.
+    """
+    if DYN == _PAPER:
+        if RESET == _HARD:
+            a = tl.where(f, 0.0 * h, k + 0.0 * h)
+            if not DETACH:
+                a = a + (vr - k * h) * d
+            return a
+        elif RESET == _SOFT:
+            if DETACH:
+                return k + 0.0 * h
+            else:
+                return k * (1.0 - th * d)
+        else:
+            return k + 0.0 * h
+    elif DYN == _SNNTORCH:
+        if RESET == _SOFT:
+            if DETACH:
+                return k + 0.0 * h
+            else:
+                return k - th * d
+        elif RESET == _HARD:
+            a = tl.where(f, 0.0 * h, k + 0.0 * h)
+            if not DETACH:
+                a = a - k * h * d
+            return a
+        else:
+            return k + 0.0 * h
+    else:
+        return _dpost(h, f, d, th, vr, RESET, DETACH) * dcharge
+
+
+@triton.jit
+def _dleak(hp, fp, x, h, k, inv_k2, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr,
+           USE_X: tl.constexpr, F64: tl.constexpr):
+    """``dh[t]/dk`` from the previous potential ``hp`` (spike ``fp``), the input ``x[t]`` and the new ``h[t]``.
+
+    Without ``x`` (potential mode, decay-input charges) ``x - (u - r)`` is recovered from ``h[t] - u``.
+    """
+    if DYN == _PAPER:
+        if RESET == _HARD:
+            return tl.where(fp, 0.0 * hp, hp)
+        elif RESET == _SOFT:
+            return tl.where(fp, hp - th, hp)
+        else:
+            return hp
+    elif DYN == _SNNTORCH:
+        if RESET == _HARD:
+            return tl.where(fp, 0.0 * hp, hp)
+        else:
+            return hp
+    else:
+        u = _post_reset(hp, fp, th, vr, RESET)
+        if CHARGE == _IF:
+            return 0.0 * hp
+        elif CHARGE == _DIV_INPUT:
+            if USE_X:
+                return -(x - (u - vr)) * inv_k2
+            else:
+                return -_div(h - u, k, F64)
+        elif CHARGE == _DIV:
+            return (u - vr) * inv_k2
+        elif CHARGE == _MUL_INPUT:
+            if USE_X:
+                return x - (u - vr)
+            else:
+                return _div(h - u, k, F64)
+        else:
+            return -(u - vr)
+
+
+@triton.jit
+def _load_leak(leak_ptr, offs, mask, inner, C, CDT: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    if PER_CHANNEL:
+        return tl.load(leak_ptr + (offs // inner) % C, mask=mask, other=1.0).to(CDT)
+    else:
+        return tl.load(leak_ptr).to(CDT)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _forward_kernel(
+    x_ptr, leak_ptr, v0_ptr, spikes_ptr, state_ptr, saved_ptr,
+    T, N, inner, C,
+    th_hi, th_mid, th_lo, vr_hi, vr_mid, vr_lo,
+    DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, SPR: tl.constexpr, STRICT: tl.constexpr,
+    SAVE_H: tl.constexpr, PER_CHANNEL: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    CDT: tl.constexpr = tl.float64 if F64 else tl.float32
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    th = _const(th_hi, th_mid, th_lo, F64)
+    vr = _const(vr_hi, vr_mid, vr_lo, F64)
+    k = _load_leak(leak_ptr, offs, mask, inner, C, CDT, PER_CHANNEL)
+
+    h = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
+    if SPR:
+        f = offs < 0  # no spike before the first step: the state is already post-reset
+    else:
+        f = _fire(h - th, STRICT)
+    for t in range(0, T):
+        row = tl.cast(t, tl.int64) * N + offs
+        x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
+        h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
+        f = _fire(h - th, STRICT)
+        tl.store(spikes_ptr + row, tl.where(f, 1.0, 0.0).to(spikes_ptr.dtype.element_ty), mask=mask)
+        if SAVE_H:
+            tl.store(saved_ptr + row, h, mask=mask)
+    if SPR:
+        h = _post_reset(h, f, th, vr, RESET)
+    tl.store(state_ptr + offs, h, mask=mask)
+
+
+@triton.jit
+def _backward_kernel(
+    gs_ptr, gstate_ptr, x_ptr, h_ptr, gx_ptr, leak_ptr, v0_ptr, gv_ptr, gleak_ptr,
+    T, N, inner, C,
+    th_hi, th_mid, th_lo, vr_hi, vr_mid, vr_lo, c1_hi, c1_mid, c1_lo, c2_hi, c2_mid, c2_lo,
+    DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, SPR: tl.constexpr, STRICT: tl.constexpr,
+    DETACH: tl.constexpr, SG: tl.constexpr, RECOMPUTE: tl.constexpr, GX_IN_H: tl.constexpr, USE_X: tl.constexpr,
+    NEED_LEAK: tl.constexpr, PER_CHANNEL: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """BPTT over all T steps of BLOCK neurons.
+
+    ``h_ptr`` holds the pre-reset potentials ``h [T, N]``: the forward's saved tensor, or (``RECOMPUTE``) a buffer
+    this kernel first fills by re-running the forward recursion, which is the ``grad_x`` buffer itself when
+    ``GX_IN_H`` (then ``grad_x[t]`` overwrites ``h[t]`` once ``h[t]`` has been consumed).
+    """
+    CDT: tl.constexpr = tl.float64 if F64 else tl.float32
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    th = _const(th_hi, th_mid, th_lo, F64)
+    vr = _const(vr_hi, vr_mid, vr_lo, F64)
+    c1 = _const(c1_hi, c1_mid, c1_lo, F64)
+    c2 = _const(c2_hi, c2_mid, c2_lo, F64)
+    k = _load_leak(leak_ptr, offs, mask, inner, C, CDT, PER_CHANNEL)
+    # Per-neuron constants of SpikingJelly's charge: dC/du, dh/dx and 1/k^2.
+    if CHARGE == _DIV_INPUT or CHARGE == _DIV:
+        inv_k = _div(1.0 + 0.0 * k, k, F64)
+        dcharge = 1.0 - inv_k
+        inv_k2 = _div(1.0 + 0.0 * k, k * k, F64)
+    elif CHARGE == _MUL_INPUT or CHARGE == _MUL:
+        inv_k = 1.0 + 0.0 * k
+        dcharge = 1.0 - k
+        inv_k2 = inv_k
+    else:
+        inv_k = 1.0 + 0.0 * k
+        dcharge = inv_k
+        inv_k2 = inv_k
+    if DYN == _SPIKINGJELLY and CHARGE == _DIV_INPUT:
+        dxfac = inv_k
+    elif DYN == _SPIKINGJELLY and CHARGE == _MUL_INPUT:
+        dxfac = k + 0.0 * k
+    else:
+        dxfac = 1.0 + 0.0 * k
+
+    v0 = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
+    if RECOMPUTE:
+        # Re-run the forward recursion, writing h[t] into this program's own columns of h_ptr.
+        h = v0
+        if SPR:
+            f = offs < 0
+        else:
+            f = _fire(h - th, STRICT)
+        for t in range(0, T):
+            row = tl.cast(t, tl.int64) * N + offs
+            x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
+            h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
+            f = _fire(h - th, STRICT)
+            tl.store(h_ptr + row, h, mask=mask)
+        # Each neuron's column is written and read by the one thread owning it (BLOCK >= 32 * num_warps), so
+        # program order suffices; the barrier only makes the write-before-read explicit for the whole block.
+        tl.debug_barrier()
+    else:
+        h = tl.load(h_ptr + tl.cast(T - 1, tl.int64) * N + offs, mask=mask, other=0.0).to(CDT)
+
+    # Reverse loop. Invariant at step t: h = h[t], f = s[t], d = surrogate'(h[t] - th), carry = the part of
+    # dL/dh[t] that flows back from later steps and from the final state.
+    u = h - th
+    f = _fire(u, STRICT)
+    d = _surrogate_grad(u, c1, c2, SG)
+    gst = tl.load(gstate_ptr + offs, mask=mask, other=0.0).to(CDT)
+    if SPR:
+        carry = gst * _dpost(h, f, d, th, vr, RESET, DETACH)
+    else:
+        carry = gst
+    acc = 0.0 * v0
+    for i in range(0, T):
+        t = T - 1 - i
+        tp = tl.cast(t, tl.int64)
+        row = tp * N + offs
+        g = tl.load(gs_ptr + row, mask=mask, other=0.0).to(CDT) * d + carry
+        # Previous potential h[t-1] (v_init at t = 0), its spike and surrogate derivative.
+        first = t == 0
+        prev_row = tl.maximum(tp - 1, 0) * N + offs
+        hp = tl.where(first, v0, tl.load(h_ptr + prev_row, mask=mask, other=0.0).to(CDT))
+        up = hp - th
+        fp = _fire(up, STRICT)
+        dp = _surrogate_grad(up, c1, c2, SG)
+        if SPR:  # before the first step the state is post-reset: no spike, no surrogate path
+            fp = fp & (t > 0)
+            dp = tl.where(first, 0.0 * dp, dp)
+        if NEED_LEAK:
+            if USE_X:
+                x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
+            else:
+                x = h
+            acc += g * _dleak(hp, fp, x, h, k, inv_k2, th, vr, DYN, RESET, CHARGE, USE_X, F64)
+        gx = g * dxfac
+        if GX_IN_H:
+            tl.store(h_ptr + row, gx, mask=mask)
+        else:
+            tl.store(gx_ptr + row, gx.to(gx_ptr.dtype.element_ty), mask=mask)
+        carry = g * _dstep(hp, fp, dp, k, dcharge, th, vr, DYN, RESET, DETACH)
+        h = hp
+        d = dp
+    tl.store(gv_ptr + offs, carry, mask=mask)
+    if NEED_LEAK:
+        tl.store(gleak_ptr + offs, acc, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def block_size(n: int) -> int:
+    """Neurons per program: large blocks when there are enough of them to fill a GPU, else smaller ones.
+
+    Never below ``32 * NUM_WARPS``: then every neuron is owned by exactly one thread, which the in-place
+    recompute of ``backward`` relies on.
+    """
+    for block in (1024, 512, 256):
+        if triton.cdiv(n, block) >= 512:
+            return block
+    return 128
+
+
+def _split3(value: float, name: str, f64: bool) -> tuple[float, float, float]:
+    """Three float32-representable parts whose float64 sum is exactly ``value``.
+
+    Triton passes Python floats to kernels as float32. Float32 / half kernels use the first part, which is
+    ``value`` rounded to float32 exactly as PyTorch rounds a Python scalar in float32 arithmetic; float64 kernels
+    add the three parts back up in float64.
+    """
+    value = float(value)
+    parts = []
+    rest = value
+    for _ in range(3):
+        part = float(torch.tensor(rest, dtype=torch.float32)) if math.isfinite(rest) else rest
+        parts.append(part)
+        rest = rest - part if math.isfinite(part) else 0.0
+    if f64 and not (math.isfinite(value) and (parts[0] + parts[1]) + parts[2] == value):
+        raise ValueError(
+            f"{name}={value!r} cannot be passed exactly to the Triton kernels in float64 (outside the float32 range)"
+        )
+    return parts[0], parts[1], parts[2]
+
+
+def _surrogate_consts(spec: SpecArgs) -> tuple[float, float]:
+    """The surrogate's derived constants, computed in double as :mod:`spikefuse.surrogate` does."""
+    code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
+    if code == Sigmoid.code:
+        return p1, 0.0
+    if code == ATan.code:
+        return p1 * (math.pi / 2), p1 / 2  # u * (pi/2 * alpha) in surrogate.py: same double product
+    if code == Rectangle.code:
+        return p1, p2
+    if code == Triangle.code:
+        return p1, p1 * p1
+    if code == FastSigmoid.code:
+        return p1, 0.0
+    raise ValueError(f"unknown surrogate code {code}")
+
+
+def _check_dtype(x2: torch.Tensor) -> None:
+    if x2.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"the Triton backend supports float32, float16, bfloat16 and float64 inputs, got {x2.dtype}"
+        )
+
+
+def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    assert t.is_contiguous(), f"spikefuse Triton backend: {name} must be contiguous (the API makes it so)"
+    assert tuple(t.shape) == tuple(shape), f"spikefuse Triton backend: {name} has shape {tuple(t.shape)}, expected {shape}"
+    assert t.dtype == dtype, f"spikefuse Triton backend: {name} has dtype {t.dtype}, expected {dtype}"
+    assert t.device == device, f"spikefuse Triton backend: {name} is on {t.device}, expected {device}"
+
+
+def _layout(leak: torch.Tensor, inner: int, n: int) -> tuple[bool, int, int]:
+    channels = leak.numel()
+    assert channels >= 1, "spikefuse Triton backend: leak must have at least one entry"
+    if channels == 1:
+        return False, 1, 1
+    assert inner >= 1 and n % (channels * inner) == 0, (
+        f"spikefuse Triton backend: {n} neurons do not tile a per-channel leak of {channels} entries x inner {inner}"
+    )
+    return True, int(inner), channels
+
+
+def _dynamics_args(spec: SpecArgs) -> tuple[int, int, int]:
+    """(DYN, RESET, CHARGE) with the charge normalized for dynamics that ignore it (fewer specializations)."""
+    charge = spec.charge if spec.dynamics == P.SPIKINGJELLY else P.CHARGE_MUL
+    return int(spec.dynamics), int(spec.reset), int(charge)
+
+
+def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
+    """Run the neuron over ``x2 [T, N]``; returns ``(spikes, state, saved)`` (see :mod:`spikefuse.ops.reference`).
+
+    ``block`` overrides the neurons per program (a power of two >= 128; for tests).
+    """
+    spec = SpecArgs(*spec_args)
+    _check_dtype(x2)
+    t_steps, n = x2.shape
+    cdt = compute_dtype(x2.dtype)
+    device = x2.device
+    _check_tensor(x2, "x", (t_steps, n), x2.dtype, device)
+    _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
+    _check_tensor(v_init, "v_init", (n,), cdt, device)
+    per_channel, inner, channels = _layout(leak, inner, n)
+    spikes = torch.empty_like(x2)
+    state = torch.empty(n, dtype=cdt, device=device)
+    saved = torch.empty((t_steps, n), dtype=cdt, device=device) if save == P.SAVE_POTENTIAL else None
+    if t_steps == 0 or n == 0:
+        state.copy_(v_init)
+        return spikes, state, saved
+    block = block or block_size(n)
+    dyn, reset, charge = _dynamics_args(spec)
+    f64 = cdt == torch.float64
+    _forward_kernel[(triton.cdiv(n, block),)](
+        x2, leak, v_init, spikes, state, saved if saved is not None else state,
+        t_steps, n, inner, channels,
+        *_split3(spec.threshold, "threshold", f64), *_split3(spec.v_reset, "v_reset", f64),
+        DYN=dyn, RESET=reset, CHARGE=charge, SPR=bool(spec.state_post_reset), STRICT=bool(spec.fire_strict),
+        SAVE_H=saved is not None, PER_CHANNEL=per_channel, F64=f64, BLOCK=block,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return spikes, state, saved
+
+
+def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *, block=None):
+    """Gradients ``(grad_x, grad_v_init, grad_leak)`` of one fused BPTT pass (see :mod:`spikefuse.ops.reference`)."""
+    spec = SpecArgs(*spec_args)
+    _check_dtype(grad_spikes)
+    t_steps, n = grad_spikes.shape
+    xdt = grad_spikes.dtype
+    cdt = compute_dtype(xdt)
+    device = grad_spikes.device
+    _check_tensor(grad_spikes, "grad_spikes", (t_steps, n), xdt, device)
+    _check_tensor(grad_state, "grad_state", (n,), cdt, device)
+    _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
+    _check_tensor(v_init, "v_init", (n,), cdt, device)
+    if x2 is not None:
+        _check_tensor(x2, "x", (t_steps, n), xdt, device)
+    recompute = save == P.SAVE_INPUT
+    if recompute:
+        assert x2 is not None, "spikefuse Triton backend: memory mode 'recompute' needs x in backward"
+    else:
+        assert saved is not None, "spikefuse Triton backend: memory mode 'potential' needs the saved potentials"
+        _check_tensor(saved, "saved", (t_steps, n), cdt, device)
+    per_channel, inner, channels = _layout(leak, inner, n)
+    dyn, reset, charge = _dynamics_args(spec)
+
+    grad_x = torch.empty((t_steps, n), dtype=xdt, device=device)
+    grad_v = torch.empty(n, dtype=cdt, device=device)
+    leak_partial = torch.empty(n, dtype=cdt, device=device) if need_leak_grad else None
+    if t_steps == 0 or n == 0:
+        grad_x.zero_()
+        grad_v.copy_(grad_state)
+        return grad_x, grad_v, torch.zeros_like(leak) if need_leak_grad else None
+
+    if recompute:
+        gx_in_h = xdt == cdt
+        h_buf = grad_x if gx_in_h else torch.empty((t_steps, n), dtype=cdt, device=device)
+    else:
+        gx_in_h = False
+        h_buf = saved
+    use_x = bool(
+        need_leak_grad
+        and x2 is not None
+        and spec.dynamics == P.SPIKINGJELLY
+        and spec.charge in (P.CHARGE_DIV_INPUT, P.CHARGE_MUL_INPUT)
+    )
+    detach = bool(spec.detach_reset) or spec.reset == P.NONE  # no reset: nothing to detach (one specialization)
+    c1, c2 = _surrogate_consts(spec)
+    f64 = cdt == torch.float64
+    block = block or block_size(n)
+    _backward_kernel[(triton.cdiv(n, block),)](
+        grad_spikes, grad_state, x2 if x2 is not None else grad_spikes, h_buf, grad_x, leak, v_init, grad_v,
+        leak_partial if leak_partial is not None else grad_v,
+        t_steps, n, inner, channels,
+        *_split3(spec.threshold, "threshold", f64), *_split3(spec.v_reset, "v_reset", f64),
+        *_split3(c1, "surrogate parameter", f64), *_split3(c2, "surrogate parameter", f64),
+        DYN=dyn, RESET=reset, CHARGE=charge, SPR=bool(spec.state_post_reset), STRICT=bool(spec.fire_strict),
+        DETACH=detach, SG=int(spec.surrogate_code), RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x,
+        NEED_LEAK=bool(need_leak_grad), PER_CHANNEL=per_channel, F64=f64, BLOCK=block,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    grad_leak = reduce_leak_grad(leak_partial, channels, inner) if need_leak_grad else None
+    return grad_x, grad_v, grad_leak
