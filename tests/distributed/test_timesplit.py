@@ -1,0 +1,253 @@
+"""Time split over 2 and 3 gloo ranks equals the single-process run: spikes bit for bit, gradients to 1e-5.
+
+One spawned group of 3 ranks runs every check (process start-up dominates the cost): the world of 3 ranks and a
+subgroup of ranks {0, 1}. Each rank computes the single-process reference itself on the full sequence (same seed)
+and compares its time-split result with it; the test collects the per-rank reports.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import spikefuse
+import spikefuse.nn as snn
+from spikefuse.distributed import (
+    TimeSplitBatchNorm,
+    TimeSplitLIF,
+    allreduce_gradients,
+    convert_timesplit,
+    gather_time,
+    launch,
+    split_time,
+    time_partition,
+    time_reduce,
+    timesplit_lif,
+)
+
+BACKEND = "reference"  # the fused CPU kernel (backend "cpu") is not written yet; every path takes `backend`
+RTOL = 1e-5
+
+
+def _close(a, b, what, failures, rtol=RTOL):
+    """Max error within ``rtol`` of the reference's largest entry (1e-9 absolute for an all-zero reference,
+    e.g. the gradient of a conv bias followed by BatchNorm)."""
+    a, b = a.detach().double(), b.detach().double()
+    err = (a - b).abs().max().item() if a.numel() else 0.0
+    scale = max(b.abs().max().item() if b.numel() else 0.0, 1e-4)
+    if a.shape != b.shape or err > rtol * scale:
+        failures.append(f"{what}: max abs err {err:.3g} (scale {scale:.3g}), shapes {tuple(a.shape)} {tuple(b.shape)}")
+
+
+def _equal(a, b, what, failures):
+    if a.shape != b.shape or not torch.equal(a, b):
+        diff = (a != b).sum().item() if a.shape == b.shape else "shape"
+        failures.append(f"{what}: not equal ({diff} entries differ)")
+
+
+# ------------------------------------------------------------------------------------------- single LIF layer
+
+LIF_CASES = [
+    # name, x shape, lif kwargs, chunks, learnable decay shape, dtype
+    ("hard-[T,B,N]", (9, 3, 5), dict(decay=0.5, threshold=0.6), 2, None, torch.float32),
+    ("soft-chunks1", (7, 4, 6), dict(decay=0.8, threshold=0.5, v_reset=None), 1, None, torch.float32),
+    ("more-chunks-than-dim1", (8, 2, 6), dict(decay=0.3, threshold=0.4), 4, None, torch.float32),
+    ("per-channel-[T,B,C,H]", (6, 2, 3, 4), dict(threshold=0.5), 3, (3,), torch.float32),
+    ("per-channel-split-[T,C]", (10, 6), dict(threshold=0.5, v_reset=None), 4, (6,), torch.float64),
+    ("scalar-learnable", (5, 4, 3), dict(threshold=0.7, detach_reset=True), 2, (), torch.float32),
+]
+
+
+def _check_lif_layer(group, failures):
+    for case, (name, shape, kw, chunks, leak_shape, dtype) in enumerate(LIF_CASES):
+        g = torch.Generator().manual_seed(100 + case)  # the same data on every rank
+        x = (torch.rand(shape, generator=g, dtype=dtype) * 0.9)
+        grad_spk = torch.rand(shape, generator=g, dtype=dtype)
+        grad_state = torch.rand(shape[1:], generator=g, dtype=dtype)
+        v0 = (torch.rand(shape[1:], generator=g, dtype=dtype) * 0.5).requires_grad_()
+        kw = dict(kw)
+        leak = None
+        if leak_shape is not None:
+            leak = (torch.rand(leak_shape, generator=g, dtype=dtype) * 0.5 + 0.25).requires_grad_()
+            kw["decay"] = leak
+        # single process, whole sequence
+        xr = x.clone().requires_grad_()
+        spikes, state = spikefuse.lif(xr, v_init=v0, return_state=True, backend=BACKEND, **kw)
+        ((spikes * grad_spk).sum() + (state * grad_state).sum()).backward()
+        ref = dict(x=xr.grad, v0=v0.grad.clone(), leak=None if leak is None else leak.grad.clone())
+        v0.grad = None
+        if leak is not None:
+            leak.grad = None
+        # time split
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        xl = split_time(x, group).clone().requires_grad_()
+        s_l, st_l = timesplit_lif(xl, v_init=v0, return_state=True, backend=BACKEND, group=group, chunks=chunks, **kw)
+        loss = (s_l * split_time(grad_spk, group)).sum()
+        if rank == size - 1:
+            loss = loss + (st_l * grad_state).sum()
+            _equal(st_l, state.detach(), f"{name}: final state", failures)
+        loss.backward()
+        _equal(gather_time(s_l, group), spikes.detach(), f"{name}: spikes", failures)
+        _close(gather_time(xl.grad, group), ref["x"], f"{name}: grad x", failures)
+        if rank == 0:
+            _close(v0.grad, ref["v0"], f"{name}: grad v_init", failures)
+        if leak is not None:
+            allreduce_gradients([leak], group)
+            _close(leak.grad, ref["leak"], f"{name}: grad decay", failures)
+
+
+def _check_module_stateful(group, failures):
+    """TimeSplitLIF(stateful=True) over two calls equals one LIF over the two sequences back to back."""
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.rand(6, 2, 4, generator=g), torch.rand(5, 2, 4, generator=g)
+    whole = snn.LIF(0.5, 0.6, backend=BACKEND)(torch.cat([a, b]))
+    m = TimeSplitLIF(0.5, 0.6, backend=BACKEND, stateful=True, group=group, chunks=2)
+    with torch.no_grad():
+        out = torch.cat([gather_time(m(split_time(a, group)), group), gather_time(m(split_time(b, group)), group)])
+    _equal(out, whole, "stateful TimeSplitLIF", failures)
+
+
+# --------------------------------------------------------------------------------------- conv-BN-LIF network
+
+
+def _network():
+    torch.manual_seed(11)
+    return nn.Sequential(
+        snn.SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
+        snn.SeqToBatch(nn.BatchNorm2d(4)),
+        snn.LIF(0.5, 0.5, backend=BACKEND, learnable_decay=True, channels=4),
+        snn.SeqToBatch(nn.Conv2d(4, 4, 3, padding=1)),
+        snn.SeqToBatch(nn.BatchNorm2d(4)),
+        snn.LIF(0.6, 0.4, v_reset=None, backend=BACKEND),
+    ).double()
+
+
+def _check_network(group, failures):
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(7, 2, 2, 5, 5, generator=g, dtype=torch.float64) * 2
+    w = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64)
+    ref_net = _network()
+    xr = x.clone().requires_grad_()
+    ref_out = ref_net(xr)
+    (ref_out.mean(0) * w).sum().backward()
+
+    net = convert_timesplit(_network(), group, chunks=2)
+    kinds = [type(m).__name__ for m in net]
+    if kinds.count("TimeSplitLIF") != 2 or kinds.count("TimeSplitBatchNorm") != 2:
+        failures.append(f"convert_timesplit gave {kinds}")
+    xl = split_time(x, group).clone().requires_grad_()
+    out_l = net(xl)
+    (time_reduce(out_l, group, op="mean") * w).sum().backward()
+    allreduce_gradients(net, group)
+
+    _equal(gather_time(out_l, group), ref_out.detach(), "network: output spikes", failures)
+    _close(gather_time(xl.grad, group), xr.grad, "network: grad input", failures)
+    for (name, p), (_, q) in zip(ref_net.named_parameters(), net.named_parameters()):
+        _close(q.grad, p.grad, f"network: grad {name}", failures)
+    for (name, b), (_, c) in zip(ref_net.named_buffers(), net.named_buffers()):
+        _close(c.double(), b.double(), f"network: buffer {name}", failures, rtol=1e-12)
+    # eval mode: running statistics, no communication in BN
+    ref_net.eval(), net.eval()
+    with torch.no_grad():
+        _equal(gather_time(net(split_time(x, group)), group), ref_net(x), "network eval: spikes", failures)
+
+
+def _check_batchnorm_float32(group, failures):
+    """TimeSplitBatchNorm in float32 (no spikes after it) against nn.BatchNorm on all T*B samples."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 3, 4, 2, 2, generator=g) * 3 + 1
+    gy = torch.randn(6, 3, 4, 2, 2, generator=g)
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-0.5, 0.5)
+    tbn = TimeSplitBatchNorm(4, group=group)
+    tbn.load_state_dict(bn.state_dict())
+    xr = x.clone().requires_grad_()
+    y = snn.SeqToBatch(bn)(xr)
+    (y * gy).sum().backward()
+    xl = split_time(x, group).clone().requires_grad_()
+    yl = tbn(xl)
+    (yl * split_time(gy, group)).sum().backward()
+    allreduce_gradients(tbn, group)
+    _close(gather_time(yl, group), y, "bn fp32: output", failures)
+    _close(gather_time(xl.grad, group), xr.grad, "bn fp32: grad input", failures, rtol=1e-4)
+    _close(tbn.weight.grad, bn.weight.grad, "bn fp32: grad weight", failures)
+    _close(tbn.bias.grad, bn.bias.grad, "bn fp32: grad bias", failures)
+    _close(tbn.running_var, bn.running_var, "bn fp32: running_var", failures)
+
+
+def _check_timeout(failures):
+    """A rank waiting on a peer that never sends fails with a timeout error, on a group with a short timeout."""
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    if dist.get_rank() == 0:
+        start = time.monotonic()
+        try:
+            dist.recv(torch.empty(3), src=1, group=group)
+            failures.append("recv from a silent peer returned")
+        except RuntimeError as err:
+            elapsed = time.monotonic() - start
+            if elapsed > 15:
+                failures.append(f"timeout took {elapsed:.1f} s")
+            return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    return None
+
+
+def _worker(rank, world):
+    reports = {}
+    pair = dist.new_group([0, 1])  # every rank must take part in new_group
+    for label, group, members in (("world", None, range(world)), ("pair", pair, (0, 1))):
+        failures = []
+        if rank in members:
+            try:
+                _check_lif_layer(group, failures)
+                _check_module_stateful(group, failures)
+                _check_network(group, failures)
+                _check_batchnorm_float32(group, failures)
+            except Exception:  # report instead of raising: a raise would kill the other checks' ranks
+                failures.append(traceback.format_exc())
+                raise
+            reports[label] = failures
+        dist.barrier()
+    reports["timeout"] = _check_timeout(failures := [])
+    reports["timeout-failures"] = failures
+    return reports
+
+
+@pytest.fixture(scope="module")
+def reports():
+    start = time.monotonic()
+    out = launch(_worker, 3, timeout=150, pg_timeout=timedelta(seconds=30), threads=1)
+    print(f"time-split group of 3 ranks: {time.monotonic() - start:.1f} s")
+    return out
+
+
+@pytest.mark.parametrize("label,ranks", [("world", 3), ("pair", 2)])
+def test_timesplit_equals_single_process(reports, label, ranks):
+    for rank in range(ranks):
+        assert reports[rank][label] == [], f"rank {rank} of {ranks}: " + "\n".join(reports[rank][label])
+
+
+def test_silent_peer_times_out_instead_of_hanging(reports):
+    assert reports[0]["timeout-failures"] == []
+    assert reports[0]["timeout"] and "imeout" in reports[0]["timeout"] or "timed out" in reports[0]["timeout"].lower()
+
+
+def test_time_partition():
+    assert time_partition(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert time_partition(2, 2) == [(0, 1), (1, 2)]
+    with pytest.raises(ValueError):
+        time_partition(4, 0)
+
+
+def test_single_process_without_process_group_is_plain_lif():
+    x = torch.rand(6, 3, 4, requires_grad=True)
+    s = timesplit_lif(x, decay=0.5, threshold=0.6, backend=BACKEND, chunks=3)
+    assert torch.equal(s, spikefuse.lif(x, decay=0.5, threshold=0.6, backend=BACKEND))
+    s.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
