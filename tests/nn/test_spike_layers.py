@@ -1,0 +1,249 @@
+"""SpikeLinear / SpikeConv{1,2,3}d: bit-identical to the torch layers, input saved as bits, debug-mode check."""
+
+import pytest
+import torch
+from torch import nn
+
+from spikefuse.nn import SeqToBatch
+from spikefuse.nn import spike_layers as sl
+from spikefuse.nn.spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
+
+
+def spikes(shape, seed=0, p=0.3, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < p).to(dtype)
+
+
+def pair(ref: nn.Module, mine: nn.Module, dtype=torch.float32):
+    ref = ref.to(dtype)
+    mine = mine.to(dtype)
+    mine.load_state_dict(ref.state_dict())
+    return ref, mine
+
+
+def run_both(ref, mine, x, input_grad=True):
+    """Forward + backward of the torch layer (on [T*B, ...] via SeqToBatch) and the spike layer, same grad_y."""
+    xa = x.clone().requires_grad_(input_grad)
+    xb = x.clone().requires_grad_(input_grad)
+    ya = (ref if isinstance(ref, nn.Linear) else SeqToBatch(ref))(xa)
+    yb = mine(xb)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(1)).to(ya.dtype)
+    ya.backward(g)
+    yb.backward(g)
+    return (ya, xa.grad, ref.weight.grad, None if ref.bias is None else ref.bias.grad), (
+        yb,
+        xb.grad,
+        mine.weight.grad,
+        None if mine.bias is None else mine.bias.grad,
+    )
+
+
+def assert_identical(a, b):
+    for name, u, v in zip(("output", "grad_input", "grad_weight", "grad_bias"), a, b):
+        assert (u is None) == (v is None), name
+        if u is not None:
+            assert u.shape == v.shape, name
+            assert torch.equal(u, v), f"{name} differs: max abs diff {(u - v).abs().max().item()}"
+
+
+CONV2D_CASES = [
+    dict(kernel_size=3),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(3, 2), stride=(1, 2), padding=(2, 0), bias=False),
+    dict(kernel_size=3, padding=2, dilation=2),
+    dict(kernel_size=3, padding="same", dilation=(1, 2)),
+    dict(kernel_size=4, padding="same"),  # asymmetric 'same': torch pads the remainder on the right
+    dict(kernel_size=1, padding="valid"),
+    dict(kernel_size=3, padding=1, groups=2),
+    dict(kernel_size=3, padding=1, groups=4, bias=False),  # depthwise-like (out = 2 * in / groups)
+    dict(kernel_size=3, padding=2, padding_mode="reflect"),
+    dict(kernel_size=2, padding="same", padding_mode="replicate"),
+    dict(kernel_size=3, padding=1, stride=2, padding_mode="circular"),
+]
+
+
+@pytest.mark.parametrize("kw", CONV2D_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize("T", [1, 3])
+def test_conv2d_equals_torch(kw, T):
+    torch.manual_seed(0)
+    ref, mine = pair(nn.Conv2d(4, 8, **kw), SpikeConv2d(4, 8, **kw))
+    x = spikes((T, 2, 4, 9, 7), seed=T)
+    a, b = run_both(ref, mine, x)
+    assert b[0].shape == (T, 2, *a[0].shape[2:])
+    assert_identical(a, b)
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+@pytest.mark.parametrize("weight_grad", [False, True])
+def test_conv2d_partial_requires_grad(input_grad, weight_grad):
+    ref, mine = pair(nn.Conv2d(3, 5, 3, padding=1), SpikeConv2d(3, 5, 3, padding=1))
+    for m in (ref, mine):
+        m.weight.requires_grad_(weight_grad)
+    if not (input_grad or weight_grad):
+        x = spikes((2, 2, 3, 6, 6))
+        assert torch.equal(SeqToBatch(ref)(x), mine(x))
+        return
+    a, b = run_both(ref, mine, spikes((2, 2, 3, 6, 6)), input_grad=input_grad)
+    assert_identical(a, b)
+
+
+def test_conv2d_channels_last_input():
+    ref, mine = pair(nn.Conv2d(4, 6, 3, padding=1), SpikeConv2d(4, 6, 3, padding=1))
+    x = spikes((6, 4, 5, 7)).contiguous(memory_format=torch.channels_last).unflatten(0, (3, 2))
+    assert x.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+    a, b = run_both(ref, mine, x)
+    assert_identical(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_conv2d_other_dtypes(dtype):
+    ref, mine = pair(nn.Conv2d(3, 4, 3, padding=1), SpikeConv2d(3, 4, 3, padding=1), dtype)
+    a, b = run_both(ref, mine, spikes((2, 2, 3, 5, 5), dtype=dtype))
+    assert_identical(a, b)
+
+
+def test_conv1d_and_conv3d_equal_torch():
+    ref, mine = pair(nn.Conv1d(3, 5, 3, stride=2, padding=1), SpikeConv1d(3, 5, 3, stride=2, padding=1))
+    assert_identical(*run_both(ref, mine, spikes((3, 2, 3, 11))))
+    ref, mine = pair(nn.Conv3d(2, 3, 2, padding="same"), SpikeConv3d(2, 3, 2, padding="same"))
+    assert_identical(*run_both(ref, mine, spikes((2, 2, 2, 3, 4, 5))))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 3, 13), (4, 5, 13), (3, 2, 5, 13)])
+def test_linear_equals_torch(bias, shape):
+    torch.manual_seed(0)
+    ref, mine = pair(nn.Linear(13, 7, bias=bias), SpikeLinear(13, 7, bias=bias))
+    a, b = run_both(ref, mine, spikes(shape))
+    if len(shape) == 3:
+        assert_identical(a, b)
+    else:  # torch's own path for >3-d input (matmul, then add) may round the sums differently
+        for u, v in zip(a, b):
+            if u is not None:
+                torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_linear_other_dtypes(dtype):
+    ref, mine = pair(nn.Linear(10, 4), SpikeLinear(10, 4), dtype)
+    assert_identical(*run_both(ref, mine, spikes((3, 2, 10), dtype=dtype)))
+
+
+def test_linear_weight_frozen_or_input_constant():
+    ref, mine = pair(nn.Linear(9, 4), SpikeLinear(9, 4))
+    assert_identical(*run_both(ref, mine, spikes((2, 3, 9)), input_grad=False))
+    for m in (ref, mine):
+        m.weight.requires_grad_(False)
+        m.bias.grad = None
+    assert_identical(*run_both(ref, mine, spikes((2, 3, 9))))
+
+
+# --------------------------------------------------------------------------------------- saved-tensor memory
+def saved_bytes(module, x, exclude=()):
+    """Bytes of the distinct storages autograd saves during the forward of ``module(x)``, minus ``exclude``'s."""
+    storages = {}
+    skip = {p.untyped_storage().data_ptr() for p in exclude}
+
+    def pack_hook(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        module(x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype,ratio", [(torch.float32, 32), (torch.bfloat16, 16)])
+def test_saved_input_is_bits(dtype, ratio):
+    ref, mine = pair(nn.Conv2d(8, 16, 3, padding=1), SpikeConv2d(8, 16, 3, padding=1), dtype)
+    x = spikes((4, 2, 8, 16, 16), dtype=dtype).requires_grad_()  # as the output of a neuron layer
+    params = list(ref.parameters()) + list(mine.parameters())
+    ref_bytes = saved_bytes(SeqToBatch(ref), x, params)
+    mine_bytes = saved_bytes(mine, x, params)
+    assert ref_bytes == x.numel() * x.element_size()
+    assert mine_bytes == x.numel() // 8
+    assert ref_bytes == ratio * mine_bytes
+
+    ref, mine = pair(nn.Linear(24, 10), SpikeLinear(24, 10), dtype)
+    x = spikes((5, 3, 24), dtype=dtype).requires_grad_()
+    params = list(ref.parameters()) + list(mine.parameters())
+    assert saved_bytes(ref, x, params) == ratio * saved_bytes(mine, x, params)
+
+
+def test_nothing_of_the_input_saved_without_weight_grad():
+    for mine, x in ((SpikeConv2d(3, 4, 3), spikes((2, 2, 3, 8, 8))), (SpikeLinear(8, 4), spikes((2, 2, 8)))):
+        mine.weight.requires_grad_(False)
+        assert saved_bytes(mine, x.requires_grad_(), list(mine.parameters())) == 0
+        mine.weight.requires_grad_(True)
+        assert saved_bytes(mine, x.detach(), list(mine.parameters())) == x.numel() // 8  # first layer
+        with torch.no_grad():
+            assert saved_bytes(mine, x, list(mine.parameters())) == 0
+
+
+# ------------------------------------------------------------------------------------------------ contract
+@pytest.fixture
+def debug_on():
+    previous = sl.set_debug(True)
+    yield
+    sl.set_debug(previous)
+
+
+def test_debug_mode_rejects_non_binary_input(debug_on):
+    assert sl.debug_enabled()
+    conv = SpikeConv2d(2, 3, 3, padding=1)
+    x = spikes((2, 2, 2, 5, 5))
+    conv(x)  # binary: fine
+    x[1, 0, 1, 2, 3] = 0.5
+    x[1, 1, 0, 0, 0] = 2.0
+    with pytest.raises(ValueError, match=r"SpikeConv2d\(2, 3, kernel_size=\(3, 3\).*binary.*0\.5 at index \(1, 0, 1, 2, 3\)"):
+        conv(x)
+    lin = SpikeLinear(4, 2)
+    x = torch.tensor([[[0.0, 1.0, float("nan"), 1.0]]])
+    with pytest.raises(ValueError, match=r"SpikeLinear\(in_features=4, out_features=2.*nan at index \(0, 0, 2\)"):
+        lin(x)
+
+
+def test_without_debug_mode_nothing_is_checked():
+    previous = sl.set_debug(False)
+    try:
+        lin = SpikeLinear(4, 2)
+        x = torch.tensor([[[0.0, 1.0, 0.5, 1.0]]], requires_grad=True)
+        lin(x).sum().backward()  # no error: the documented consequence is a weight gradient that treats 0.5 as 1
+        assert torch.equal(lin.weight.grad, torch.tensor([[0.0, 1, 1, 1]] * 2))
+    finally:
+        sl.set_debug(previous)
+
+
+def test_debug_env_variable(monkeypatch):
+    for value, expected in (("1", True), ("true", True), ("0", False), ("", False)):
+        monkeypatch.setenv("SPIKEFUSE_DEBUG", value)
+        assert sl._env_flag("SPIKEFUSE_DEBUG") is expected
+
+
+def test_wrong_number_of_dims():
+    with pytest.raises(ValueError, match=r"SpikeConv2d expects multi-step input \[T, B, C, H, W\]"):
+        SpikeConv2d(2, 3, 3)(torch.zeros(2, 2, 5, 5))
+    with pytest.raises(ValueError, match=r"SpikeLinear expects multi-step input"):
+        SpikeLinear(4, 2)(torch.zeros(3, 4))
+
+
+def test_state_dict_compatible_with_torch_layers():
+    ref = nn.Conv2d(3, 6, 3, stride=2, padding=1, groups=3)
+    mine = SpikeConv2d(3, 6, 3, stride=2, padding=1, groups=3)
+    assert isinstance(mine, nn.Conv2d)
+    assert mine.state_dict().keys() == ref.state_dict().keys()
+    mine.load_state_dict(ref.state_dict(), strict=True)
+    assert torch.equal(mine.weight, ref.weight) and torch.equal(mine.bias, ref.bias)
+    nn.Conv2d(3, 6, 3, stride=2, padding=1, groups=3).load_state_dict(mine.state_dict(), strict=True)
+    lin = SpikeLinear(5, 3, bias=False)
+    assert isinstance(lin, nn.Linear) and list(lin.state_dict()) == ["weight"]
+    lin.load_state_dict(nn.Linear(5, 3, bias=False).state_dict())
+    # inside a model: a Sequential of torch layers loads into the same Sequential of spike layers
+    seq = nn.Sequential(nn.Conv2d(2, 4, 3), nn.Flatten(), nn.Linear(4, 2))
+    spk = nn.Sequential(SpikeConv2d(2, 4, 3), nn.Flatten(), SpikeLinear(4, 2))
+    spk.load_state_dict(seq.state_dict(), strict=True)

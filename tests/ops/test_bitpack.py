@@ -1,0 +1,85 @@
+"""spikefuse.ops.bitpack: pack/unpack round trips (CPU numba path and the plain-torch path), layout, errors."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spikefuse.ops.bitpack import pack, pack_torch, packed_numel, unpack, unpack_torch
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+shapes = st.lists(st.integers(0, 13), min_size=0, max_size=4).map(tuple)
+
+
+def spikes(shape, dtype, seed, p=0.4):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < p).to(dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16), p=st.sampled_from([0.0, 0.3, 1.0]))
+def test_round_trip(shape, dtype, seed, p):
+    x = spikes(shape, dtype, seed, p)
+    packed, s = pack(x)
+    assert s == x.shape
+    assert packed.dtype == torch.uint8 and packed.dim() == 1 and packed.numel() == packed_numel(x.numel())
+    y = unpack(packed, s, dtype)
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    assert torch.equal(y, x)
+    # the plain-torch path (used for CUDA tensors) makes the same bytes and reads them back the same
+    assert torch.equal(pack_torch(x), packed)
+    assert torch.equal(unpack_torch(packed, s, dtype), x)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 1000, 70001])
+def test_sizes_not_multiple_of_8_and_bit_order(n):
+    x = spikes((n,), torch.float32, n)
+    packed, _ = pack(x)
+    assert packed.numel() == (n + 7) // 8
+    # element 8*j + k is bit k of byte j; padding bits are 0
+    bits = torch.zeros(packed.numel() * 8)
+    bits[:n] = x
+    expected = (bits.view(-1, 8) * (2 ** torch.arange(8))).sum(1).to(torch.uint8)
+    assert torch.equal(packed, expected)
+    assert torch.equal(unpack(packed, (n,), torch.float32), x)
+
+
+def test_one_element_and_empty():
+    for v in (0.0, 1.0):
+        x = torch.tensor([v])
+        packed, s = pack(x)
+        assert packed.tolist() == [int(v)]
+        assert torch.equal(unpack(packed, s, torch.float32), x)
+    x = torch.ones(())
+    assert torch.equal(unpack(*pack(x), torch.float32), x)
+    x = torch.empty(0, 5)
+    packed, s = pack(x)
+    assert packed.numel() == 0 and unpack(packed, s, torch.float16).shape == (0, 5)
+
+
+def test_non_contiguous_input_packs_in_logical_order():
+    x = spikes((6, 10), torch.float32, 1).t()
+    assert not x.is_contiguous()
+    assert torch.equal(unpack(*pack(x), torch.float32), x)
+
+
+def test_negative_zero_is_zero_and_other_dtypes():
+    x = torch.tensor([-0.0, 1.0, 0.0, 1.0, -0.0])
+    assert torch.equal(unpack(*pack(x), torch.float32), torch.tensor([0.0, 1, 0, 1, 0]))
+    b = torch.tensor([True, False, True] * 5)
+    assert torch.equal(unpack(*pack(b), torch.bool), b)
+    i = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 1], dtype=torch.int64)
+    assert torch.equal(unpack(*pack(i), torch.int64), i)
+    # unpacking to another dtype than packed
+    assert torch.equal(unpack(*pack(b), torch.float64), b.double())
+
+
+def test_bad_arguments():
+    packed, s = pack(torch.ones(10))
+    with pytest.raises(ValueError, match="needs 2"):
+        unpack(packed[:1], s, torch.float32)
+    with pytest.raises(ValueError, match="1-D uint8"):
+        unpack(packed.float(), s, torch.float32)
+    with pytest.raises(TypeError, match="does not support dtype"):
+        pack(torch.ones(3, dtype=torch.complex64))
