@@ -1,0 +1,65 @@
+"""Shared helpers of the compatibility tests: backends to run, and inputs kept away from threshold ties."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from spikefuse import params as P
+from spikefuse.ops import reference
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# Every test runs on the oracle and on the fused CPU kernels; "cpu" is skipped only while its module is missing.
+BACKENDS = [
+    pytest.param("reference", id="reference"),
+    pytest.param(
+        "cpu",
+        id="cpu",
+        marks=pytest.mark.skipif(not _has_module("spikefuse.ops.cpu"), reason="spikefuse.ops.cpu is not written yet"),
+    ),
+]
+
+# Gradients: same formulas, summed in a different order than the peers' (autograd or hand-written) backward.
+GRAD_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def away_from_threshold(
+    x: torch.Tensor,
+    leak,
+    spec: P.NeuronSpec,
+    v_init: torch.Tensor | None = None,
+    margin: float = 1e-3,
+    nudge: float = 1e-2,
+) -> torch.Tensor:
+    """A copy of ``x`` ([T, *]) nudged until every pre-reset potential is more than ``margin`` from the threshold.
+
+    Near a tie a spike flips under a rounding difference, and the hard reset's gradient (and the kinks of some
+    surrogates) jump there, so gradients would not be comparable with a tight tolerance. ``leak`` is a number, a
+    scalar tensor, or one value per neuron of ``x[0]`` (broadcast along leading dims as the flat index allows).
+    """
+    x = x.detach().clone().contiguous()
+    t_steps, n = x.shape[0], x[0].numel()
+    k = torch.as_tensor(leak, dtype=x.dtype).detach().reshape(-1)
+    if v_init is None:
+        v0 = torch.full((n,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=x.dtype)
+    else:
+        v0 = v_init.detach().reshape(n).to(x.dtype)
+    x2 = x.view(t_steps, n)
+    for _ in range(200):
+        with torch.no_grad():
+            _, _, h = reference.run(x2, k, 1, v0, spec.kernel_args())
+        close = (h - spec.threshold).abs() <= margin
+        if not close.any():
+            return x
+        t = int(close.any(dim=1).nonzero()[0, 0])
+        x2[t, close[t]] += nudge
+    raise AssertionError("could not draw inputs away from the threshold")
