@@ -200,7 +200,8 @@ def test_debug_mode_rejects_non_binary_input(debug_on):
     conv(x)  # binary: fine
     x[1, 0, 1, 2, 3] = 0.5
     x[1, 1, 0, 0, 0] = 2.0
-    with pytest.raises(ValueError, match=r"SpikeConv2d\(2, 3, kernel_size=\(3, 3\).*binary.*0\.5 at index \(1, 0, 1, 2, 3\)"):
+    message = r"SpikeConv2d\(2, 3, kernel_size=\(3, 3\).*binary.*0\.5 at index \(1, 0, 1, 2, 3\)"
+    with pytest.raises(ValueError, match=message):
         conv(x)
     lin = SpikeLinear(4, 2)
     x = torch.tensor([[[0.0, 1.0, float("nan"), 1.0]]])

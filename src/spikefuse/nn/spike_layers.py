@@ -223,7 +223,8 @@ class _SpikeConvNd:
         pre_pad, pre_mode = None, "constant"
         if self.padding_mode != "zeros":
             # As nn.ConvNd: pad with the mode (this also resolves padding='same'/'valid'), then convolve unpadded.
-            return stride, [0] * d, dilation, self.groups, list(self._reversed_padding_repeated_twice), self.padding_mode
+            pre_pad = list(self._reversed_padding_repeated_twice)
+            return stride, [0] * d, dilation, self.groups, pre_pad, self.padding_mode
         if self.padding == "valid":
             padding = [0] * d
         elif self.padding == "same":

@@ -109,7 +109,8 @@ def _int_view(dtype: torch.dtype):
     try:
         return _INT_VIEW[dtype]
     except KeyError:
-        raise TypeError(f"bitpack does not support dtype {dtype}; supported: {', '.join(map(str, _INT_VIEW))}") from None
+        supported = ", ".join(map(str, _INT_VIEW))
+        raise TypeError(f"bitpack does not support dtype {dtype}; supported: {supported}") from None
 
 
 def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
