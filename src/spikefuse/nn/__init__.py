@@ -1,6 +1,7 @@
-"""Modules: multi-step neurons and helpers for ``[T, B, ...]`` tensors."""
+"""Modules: multi-step neurons, layers fed by spikes, and helpers for ``[T, B, ...]`` tensors."""
 
 from .containers import Flatten, SeqToBatch
 from .neurons import IF, LIF
+from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
 
-__all__ = ["LIF", "IF", "SeqToBatch", "Flatten"]
+__all__ = ["LIF", "IF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d"]
