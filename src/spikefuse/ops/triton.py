@@ -54,196 +54,220 @@ _SG_TRI = tl.constexpr(Triangle.code)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Device helpers (inlined into the kernels)
+# Device helpers (inlined when compiled). They are few and coarse on purpose: every call of a device function
+# costs milliseconds under TRITON_INTERPRET=1, so each time step calls at most one of them.
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _const(hi, mid, lo, F64: tl.constexpr):
-    """A runtime constant in the compute dtype: the float32 ``hi`` itself, or the exact float64 ``hi + mid + lo``."""
+def _consts(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo, F64: tl.constexpr):
+    """Two runtime constants in the compute dtype: the float32 ``hi`` parts, or the exact float64 sums."""
     if F64:
-        return (tl.cast(hi, tl.float64) + tl.cast(mid, tl.float64)) + tl.cast(lo, tl.float64)
+        a = (tl.cast(a_hi, tl.float64) + tl.cast(a_mid, tl.float64)) + tl.cast(a_lo, tl.float64)
+        b = (tl.cast(b_hi, tl.float64) + tl.cast(b_mid, tl.float64)) + tl.cast(b_lo, tl.float64)
     else:
-        return tl.cast(hi, tl.float32)
-
-
-@triton.jit
-def _div(a, b, F64: tl.constexpr):
-    """IEEE round-to-nearest division (``div_rn`` is float32-only; float64 ``/`` is already ``div.rn.f64``)."""
-    if F64:
-        return a / b
-    else:
-        return tl.math.div_rn(a, b)
-
-
-@triton.jit
-def _fire(u, STRICT: tl.constexpr):
-    """The spike of ``u = h - threshold`` as a boolean block."""
-    if STRICT:
-        return u > 0
-    else:
-        return u >= 0
-
-
-@triton.jit
-def _post_reset(h, f, th, vr, RESET: tl.constexpr):
-    """SpikingJelly's post-reset potential ``u`` (``v_reset`` if fired / ``h - threshold`` if fired / ``h``)."""
-    if RESET == _HARD:
-        return tl.where(f, vr, h)
-    elif RESET == _SOFT:
-        return tl.where(f, h - th, h)
-    else:
-        return h
+        a = tl.cast(a_hi, tl.float32)
+        b = tl.cast(b_hi, tl.float32)
+    return a, b
 
 
 @triton.jit
 def _step(h, f, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, F64: tl.constexpr):
-    """``h[t] = step(h[t-1], s[t-1], x[t])``: the formulas of :mod:`spikefuse.params`, in their operation order."""
+    """``h[t] = step(h[t-1], s[t-1], x[t])`` (``f`` = the boolean spike ``s[t-1]``): the formulas of
+    :mod:`spikefuse.params`, in their operation order. Divisions are IEEE round-to-nearest (``div_rn``; float64
+    ``/`` already is)."""
     if DYN == _PAPER:
         if RESET == _HARD:
-            return tl.where(f, vr, k * h) + x
+            hn = tl.where(f, vr, k * h) + x
         elif RESET == _SOFT:
-            return k * tl.where(f, h - th, h) + x
+            hn = k * tl.where(f, h - th, h) + x
         else:
-            return k * h + x
+            hn = k * h + x
     elif DYN == _SNNTORCH:
         if RESET == _SOFT:
             q = k * h + x
-            return tl.where(f, q - th, q)
+            hn = tl.where(f, q - th, q)
         elif RESET == _HARD:
-            return tl.where(f, x, k * h + x)
+            hn = tl.where(f, x, k * h + x)
         else:
-            return k * h + x
+            hn = k * h + x
     else:
-        u = _post_reset(h, f, th, vr, RESET)
-        if CHARGE == _IF:
-            return u + x
-        elif CHARGE == _DIV_INPUT:
-            return u + _div(x - (u - vr), k, F64)
-        elif CHARGE == _DIV:
-            return u - _div(u - vr, k, F64) + x
-        elif CHARGE == _MUL_INPUT:
-            return u + (x - (u - vr)) * k
+        if RESET == _HARD:
+            u = tl.where(f, vr, h)
+        elif RESET == _SOFT:
+            u = tl.where(f, h - th, h)
         else:
-            return u - (u - vr) * k + x
+            u = h
+        if CHARGE == _IF:
+            hn = u + x
+        elif CHARGE == _DIV_INPUT:
+            if F64:
+                hn = u + (x - (u - vr)) / k
+            else:
+                hn = u + tl.math.div_rn(x - (u - vr), k)
+        elif CHARGE == _DIV:
+            if F64:
+                hn = u - (u - vr) / k + x
+            else:
+                hn = u - tl.math.div_rn(u - vr, k) + x
+        elif CHARGE == _MUL_INPUT:
+            hn = u + (x - (u - vr)) * k
+        else:
+            hn = u - (u - vr) * k + x
+    return hn
 
 
 @triton.jit
-def _surrogate_grad(u, c1, c2, SG: tl.constexpr):
-    """``surrogate'(u)`` with the launcher's derived constants ``c1, c2`` (see :func:`_surrogate_consts`)."""
+def _surrogate_and_dpost(h, th, vr, c1, c2, STRICT: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr,
+                         SG: tl.constexpr):
+    """At potential ``h``: ``surrogate'(h - th)`` and ``d post_reset(h, s(h)) / dh`` (the last step's state path)."""
+    u = h - th
+    if STRICT:
+        f = u > 0
+    else:
+        f = u >= 0
     if SG == _SG_SIGMOID:  # c1 = alpha
         sg = 1.0 / (1.0 + tl.exp(-(c1 * u)))
-        return (1.0 - sg) * sg * c1
+        d = (1.0 - sg) * sg * c1
     elif SG == _SG_ATAN:  # c1 = pi/2 * alpha, c2 = alpha / 2
         z = u * c1
-        return c2 / (1.0 + z * z)
+        d = c2 / (1.0 + z * z)
     elif SG == _SG_RECT:  # c1 = width / 2, c2 = height
-        return tl.where(tl.abs(u) < c1, c2, 0.0 * c2)
+        d = tl.where(tl.abs(u) < c1, c2, 0.0 * c2)
     elif SG == _SG_TRI:  # c1 = alpha, c2 = alpha^2
-        return tl.maximum(c1 - c2 * tl.abs(u), 0.0 * c2)
+        d = tl.maximum(c1 - c2 * tl.abs(u), 0.0 * c2)
     else:  # fast sigmoid: c1 = slope
         z = c1 * tl.abs(u) + 1.0
-        return 1.0 / (z * z)
-
-
-@triton.jit
-def _dpost(h, f, d, th, vr, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """``d post_reset(h, s(h)) / dh`` (through the spike too unless ``detach_reset``)."""
+        d = 1.0 / (z * z)
     if RESET == _HARD:
         g = tl.where(f, 0.0 * h, 1.0 + 0.0 * h)
         if not DETACH:
             g = g + (vr - h) * d
-        return g
     elif RESET == _SOFT:
         if DETACH:
-            return 1.0 + 0.0 * h
+            g = 1.0 + 0.0 * h
         else:
-            return 1.0 - th * d
+            g = 1.0 - th * d
     else:
-        return 1.0 + 0.0 * h
+        g = 1.0 + 0.0 * h
+    return d, g
 
 
 @triton.jit
-def _dstep(h, f, d, k, dcharge, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """``A = dh[t+1]/dh[t]`` at ``h = h[t]`` with spike ``f`` and surrogate derivative ``d``.
+def _local_grads(hp, t, x, h, k, inv_k2, dcharge, th, vr, c1, c2,
+                 DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, SPR: tl.constexpr,
+                 STRICT: tl.constexpr, DETACH: tl.constexpr, SG: tl.constexpr, USE_X: tl.constexpr,
+                 NEED_LEAK: tl.constexpr, F64: tl.constexpr):
+    """The local derivatives of step ``t``, ``h = h[t] = step(hp, s(hp), x)`` with ``hp = h[t-1]``
+    (``v_init`` at t = 0): returns ``(d, a, c)`` with ``d = surrogate'(hp - th)``, ``a = dh[t]/dhp`` (through the
+    spike of ``hp`` too unless ``detach_reset``) and ``c = dh[t]/dk`` (0 unless ``NEED_LEAK``).
 
-    ``dcharge`` is SpikingJelly's ``dC/du`` (1, 1 - 1/k or 1 - k), computed once per neuron by the caller.
+    ``dcharge`` is SpikingJelly's ``dC/du`` (1, 1 - 1/k or 1 - k), ``inv_k2 = 1/k^2``; without ``x`` (potential
+    mode of a decay-input charge) ``x - (u - r)`` is recovered from ``h - u``. With ``state_post_reset`` the
+    potential before the first step is already post-reset: no spike and no surrogate path at t = 0.
     """
+    up = hp - th
+    if STRICT:
+        fp = up > 0
+    else:
+        fp = up >= 0
+    if SG == _SG_SIGMOID:
+        sg = 1.0 / (1.0 + tl.exp(-(c1 * up)))
+        d = (1.0 - sg) * sg * c1
+    elif SG == _SG_ATAN:
+        z = up * c1
+        d = c2 / (1.0 + z * z)
+    elif SG == _SG_RECT:
+        d = tl.where(tl.abs(up) < c1, c2, 0.0 * c2)
+    elif SG == _SG_TRI:
+        d = tl.maximum(c1 - c2 * tl.abs(up), 0.0 * c2)
+    else:
+        z = c1 * tl.abs(up) + 1.0
+        d = 1.0 / (z * z)
+    if SPR:
+        fp = fp & (t > 0)
+        d = tl.where(t > 0, d, 0.0 * d)
+
+    # a = dh[t] / dh[t-1]
     if DYN == _PAPER:
         if RESET == _HARD:
-            a = tl.where(f, 0.0 * h, k + 0.0 * h)
+            a = tl.where(fp, 0.0 * hp, k + 0.0 * hp)
             if not DETACH:
-                a = a + (vr - k * h) * d
-            return a
+                a = a + (vr - k * hp) * d
         elif RESET == _SOFT:
             if DETACH:
-                return k + 0.0 * h
+                a = k + 0.0 * hp
             else:
-                return k * (1.0 - th * d)
+                a = k * (1.0 - th * d)
         else:
-            return k + 0.0 * h
+            a = k + 0.0 * hp
     elif DYN == _SNNTORCH:
         if RESET == _SOFT:
             if DETACH:
-                return k + 0.0 * h
+                a = k + 0.0 * hp
             else:
-                return k - th * d
+                a = k - th * d
         elif RESET == _HARD:
-            a = tl.where(f, 0.0 * h, k + 0.0 * h)
+            a = tl.where(fp, 0.0 * hp, k + 0.0 * hp)
             if not DETACH:
-                a = a - k * h * d
-            return a
+                a = a - k * hp * d
         else:
-            return k + 0.0 * h
+            a = k + 0.0 * hp
     else:
-        return _dpost(h, f, d, th, vr, RESET, DETACH) * dcharge
-
-
-@triton.jit
-def _dleak(hp, fp, x, h, k, inv_k2, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr,
-           USE_X: tl.constexpr, F64: tl.constexpr):
-    """``dh[t]/dk`` from the previous potential ``hp`` (spike ``fp``), the input ``x[t]`` and the new ``h[t]``.
-
-    Without ``x`` (potential mode, decay-input charges) ``x - (u - r)`` is recovered from ``h[t] - u``.
-    """
-    if DYN == _PAPER:
         if RESET == _HARD:
-            return tl.where(fp, 0.0 * hp, hp)
+            a = tl.where(fp, 0.0 * hp, 1.0 + 0.0 * hp)
+            if not DETACH:
+                a = a + (vr - hp) * d
         elif RESET == _SOFT:
-            return tl.where(fp, hp - th, hp)
-        else:
-            return hp
-    elif DYN == _SNNTORCH:
-        if RESET == _HARD:
-            return tl.where(fp, 0.0 * hp, hp)
-        else:
-            return hp
-    else:
-        u = _post_reset(hp, fp, th, vr, RESET)
-        if CHARGE == _IF:
-            return 0.0 * hp
-        elif CHARGE == _DIV_INPUT:
-            if USE_X:
-                return -(x - (u - vr)) * inv_k2
+            if DETACH:
+                a = 1.0 + 0.0 * hp
             else:
-                return -_div(h - u, k, F64)
-        elif CHARGE == _DIV:
-            return (u - vr) * inv_k2
-        elif CHARGE == _MUL_INPUT:
-            if USE_X:
-                return x - (u - vr)
-            else:
-                return _div(h - u, k, F64)
+                a = 1.0 - th * d
         else:
-            return -(u - vr)
+            a = 1.0 + 0.0 * hp
+        a = a * dcharge
 
-
-@triton.jit
-def _load_leak(leak_ptr, offs, mask, inner, C, CDT: tl.constexpr, PER_CHANNEL: tl.constexpr):
-    if PER_CHANNEL:
-        return tl.load(leak_ptr + (offs // inner) % C, mask=mask, other=1.0).to(CDT)
-    else:
-        return tl.load(leak_ptr).to(CDT)
+    # c = dh[t] / dk
+    c = 0.0 * hp
+    if NEED_LEAK:
+        if DYN == _PAPER:
+            if RESET == _HARD:
+                c = tl.where(fp, 0.0 * hp, hp)
+            elif RESET == _SOFT:
+                c = tl.where(fp, hp - th, hp)
+            else:
+                c = hp
+        elif DYN == _SNNTORCH:
+            if RESET == _HARD:
+                c = tl.where(fp, 0.0 * hp, hp)
+            else:
+                c = hp
+        else:
+            if RESET == _HARD:
+                u = tl.where(fp, vr, hp)
+            elif RESET == _SOFT:
+                u = tl.where(fp, hp - th, hp)
+            else:
+                u = hp
+            if CHARGE == _DIV_INPUT:
+                if USE_X:
+                    c = -(x - (u - vr)) * inv_k2
+                elif F64:
+                    c = -((h - u) / k)
+                else:
+                    c = -tl.math.div_rn(h - u, k)
+            elif CHARGE == _DIV:
+                c = (u - vr) * inv_k2
+            elif CHARGE == _MUL_INPUT:
+                if USE_X:
+                    c = x - (u - vr)
+                elif F64:
+                    c = (h - u) / k
+                else:
+                    c = tl.math.div_rn(h - u, k)
+            elif CHARGE == _MUL:
+                c = -(u - vr)
+    return d, a, c
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -263,25 +287,35 @@ def _forward_kernel(
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    th = _const(th_hi, th_mid, th_lo, F64)
-    vr = _const(vr_hi, vr_mid, vr_lo, F64)
-    k = _load_leak(leak_ptr, offs, mask, inner, C, CDT, PER_CHANNEL)
+    th, vr = _consts(th_hi, th_mid, th_lo, vr_hi, vr_mid, vr_lo, F64)
+    if PER_CHANNEL:
+        k = tl.load(leak_ptr + (offs // inner) % C, mask=mask, other=1.0).to(CDT)
+    else:
+        k = tl.load(leak_ptr).to(CDT)
 
     h = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
     if SPR:
         f = offs < 0  # no spike before the first step: the state is already post-reset
+    elif STRICT:
+        f = h - th > 0
     else:
-        f = _fire(h - th, STRICT)
+        f = h - th >= 0
     for t in range(0, T):
         row = tl.cast(t, tl.int64) * N + offs
         x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
         h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
-        f = _fire(h - th, STRICT)
+        if STRICT:
+            f = h - th > 0
+        else:
+            f = h - th >= 0
         tl.store(spikes_ptr + row, tl.where(f, 1.0, 0.0).to(spikes_ptr.dtype.element_ty), mask=mask)
         if SAVE_H:
             tl.store(saved_ptr + row, h, mask=mask)
     if SPR:
-        h = _post_reset(h, f, th, vr, RESET)
+        if RESET == _HARD:
+            h = tl.where(f, vr, h)
+        elif RESET == _SOFT:
+            h = tl.where(f, h - th, h)
     tl.store(state_ptr + offs, h, mask=mask)
 
 
@@ -298,36 +332,38 @@ def _backward_kernel(
 
     ``h_ptr`` holds the pre-reset potentials ``h [T, N]``: the forward's saved tensor, or (``RECOMPUTE``) a buffer
     this kernel first fills by re-running the forward recursion, which is the ``grad_x`` buffer itself when
-    ``GX_IN_H`` (then ``grad_x[t]`` overwrites ``h[t]`` once ``h[t]`` has been consumed).
+    ``GX_IN_H`` (then ``grad_x[t]`` overwrites ``h[t]`` after ``h[t]`` and ``h[t+1]`` have been read).
     """
     CDT: tl.constexpr = tl.float64 if F64 else tl.float32
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    th = _const(th_hi, th_mid, th_lo, F64)
-    vr = _const(vr_hi, vr_mid, vr_lo, F64)
-    c1 = _const(c1_hi, c1_mid, c1_lo, F64)
-    c2 = _const(c2_hi, c2_mid, c2_lo, F64)
-    k = _load_leak(leak_ptr, offs, mask, inner, C, CDT, PER_CHANNEL)
-    # Per-neuron constants of SpikingJelly's charge: dC/du, dh/dx and 1/k^2.
-    if CHARGE == _DIV_INPUT or CHARGE == _DIV:
-        inv_k = _div(1.0 + 0.0 * k, k, F64)
-        dcharge = 1.0 - inv_k
-        inv_k2 = _div(1.0 + 0.0 * k, k * k, F64)
-    elif CHARGE == _MUL_INPUT or CHARGE == _MUL:
-        inv_k = 1.0 + 0.0 * k
-        dcharge = 1.0 - k
-        inv_k2 = inv_k
+    th, vr = _consts(th_hi, th_mid, th_lo, vr_hi, vr_mid, vr_lo, F64)
+    c1, c2 = _consts(c1_hi, c1_mid, c1_lo, c2_hi, c2_mid, c2_lo, F64)
+    if PER_CHANNEL:
+        k = tl.load(leak_ptr + (offs // inner) % C, mask=mask, other=1.0).to(CDT)
     else:
-        inv_k = 1.0 + 0.0 * k
-        dcharge = inv_k
-        inv_k2 = inv_k
-    if DYN == _SPIKINGJELLY and CHARGE == _DIV_INPUT:
-        dxfac = inv_k
-    elif DYN == _SPIKINGJELLY and CHARGE == _MUL_INPUT:
-        dxfac = k + 0.0 * k
-    else:
-        dxfac = 1.0 + 0.0 * k
+        k = tl.load(leak_ptr).to(CDT)
+    # Per-neuron constants of SpikingJelly's charge: dC/du, dh/dx (dxfac) and 1/k^2.
+    one = 1.0 + 0.0 * k
+    dcharge = one
+    dxfac = one
+    inv_k2 = one
+    if DYN == _SPIKINGJELLY:
+        if CHARGE == _DIV_INPUT or CHARGE == _DIV:
+            if F64:
+                inv_k = one / k
+                inv_k2 = one / (k * k)
+            else:
+                inv_k = tl.math.div_rn(one, k)
+                inv_k2 = tl.math.div_rn(one, k * k)
+            dcharge = 1.0 - inv_k
+            if CHARGE == _DIV_INPUT:
+                dxfac = inv_k
+        elif CHARGE == _MUL_INPUT or CHARGE == _MUL:
+            dcharge = 1.0 - k
+            if CHARGE == _MUL_INPUT:
+                dxfac = k + 0.0 * k
 
     v0 = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
     if RECOMPUTE:
@@ -335,60 +371,56 @@ def _backward_kernel(
         h = v0
         if SPR:
             f = offs < 0
+        elif STRICT:
+            f = h - th > 0
         else:
-            f = _fire(h - th, STRICT)
+            f = h - th >= 0
         for t in range(0, T):
             row = tl.cast(t, tl.int64) * N + offs
             x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
             h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
-            f = _fire(h - th, STRICT)
+            if STRICT:
+                f = h - th > 0
+            else:
+                f = h - th >= 0
             tl.store(h_ptr + row, h, mask=mask)
-        # Each neuron's column is written and read by the one thread owning it (BLOCK >= 32 * num_warps), so
-        # program order suffices; the barrier only makes the write-before-read explicit for the whole block.
+        # Each neuron's column is written and read back by the one thread that owns it (BLOCK >= 32 * num_warps
+        # gives every neuron exactly one owner), so program order suffices; the barrier makes the
+        # write-before-read explicit for the whole block.
         tl.debug_barrier()
     else:
         h = tl.load(h_ptr + tl.cast(T - 1, tl.int64) * N + offs, mask=mask, other=0.0).to(CDT)
 
-    # Reverse loop. Invariant at step t: h = h[t], f = s[t], d = surrogate'(h[t] - th), carry = the part of
-    # dL/dh[t] that flows back from later steps and from the final state.
-    u = h - th
-    f = _fire(u, STRICT)
-    d = _surrogate_grad(u, c1, c2, SG)
-    gst = tl.load(gstate_ptr + offs, mask=mask, other=0.0).to(CDT)
+    # Reverse loop. Invariant at step t: h = h[t], d = surrogate'(h[t] - th), carry = the part of dL/dh[t] that
+    # flows back from later steps and from the final state.
+    d, dpost = _surrogate_and_dpost(h, th, vr, c1, c2, STRICT, RESET, DETACH, SG)
+    carry = tl.load(gstate_ptr + offs, mask=mask, other=0.0).to(CDT)
     if SPR:
-        carry = gst * _dpost(h, f, d, th, vr, RESET, DETACH)
-    else:
-        carry = gst
+        carry = carry * dpost
     acc = 0.0 * v0
     for i in range(0, T):
         t = T - 1 - i
         tp = tl.cast(t, tl.int64)
         row = tp * N + offs
         g = tl.load(gs_ptr + row, mask=mask, other=0.0).to(CDT) * d + carry
-        # Previous potential h[t-1] (v_init at t = 0), its spike and surrogate derivative.
-        first = t == 0
+        # h[t-1], or v_init at t = 0 (row 0 is then loaded and discarded: no out-of-range address).
         prev_row = tl.maximum(tp - 1, 0) * N + offs
-        hp = tl.where(first, v0, tl.load(h_ptr + prev_row, mask=mask, other=0.0).to(CDT))
-        up = hp - th
-        fp = _fire(up, STRICT)
-        dp = _surrogate_grad(up, c1, c2, SG)
-        if SPR:  # before the first step the state is post-reset: no spike, no surrogate path
-            fp = fp & (t > 0)
-            dp = tl.where(first, 0.0 * dp, dp)
+        hp = tl.where(t == 0, v0, tl.load(h_ptr + prev_row, mask=mask, other=0.0).to(CDT))
+        if USE_X:
+            x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
+        else:
+            x = h
+        d, a, c = _local_grads(hp, t, x, h, k, inv_k2, dcharge, th, vr, c1, c2, DYN, RESET, CHARGE, SPR, STRICT,
+                               DETACH, SG, USE_X, NEED_LEAK, F64)
         if NEED_LEAK:
-            if USE_X:
-                x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
-            else:
-                x = h
-            acc += g * _dleak(hp, fp, x, h, k, inv_k2, th, vr, DYN, RESET, CHARGE, USE_X, F64)
+            acc += g * c
         gx = g * dxfac
         if GX_IN_H:
             tl.store(h_ptr + row, gx, mask=mask)
         else:
             tl.store(gx_ptr + row, gx.to(gx_ptr.dtype.element_ty), mask=mask)
-        carry = g * _dstep(hp, fp, dp, k, dcharge, th, vr, DYN, RESET, DETACH)
+        carry = g * a
         h = hp
-        d = dp
     tl.store(gv_ptr + offs, carry, mask=mask)
     if NEED_LEAK:
         tl.store(gleak_ptr + offs, acc, mask=mask)
