@@ -50,3 +50,13 @@ def test_unknown_name_and_bad_args():
         load_dataset("imagenet", None, train=True, T=4)
     with pytest.raises(ValueError, match="framing"):
         load_dataset("digits-events", None, train=True, T=4, framing="space")
+
+
+def test_bundled_file_matches_sklearn_loader():
+    sk = pytest.importorskip("sklearn.datasets")
+    from spikefuse.data.digits import load_digits_arrays
+
+    images, labels = load_digits_arrays()
+    bunch = sk.load_digits()
+    assert np.array_equal(images, bunch.images.astype(np.float32) / 16.0)
+    assert np.array_equal(labels, bunch.target)

@@ -160,3 +160,14 @@ def test_dvsgesture_missing_and_corrupt(tmp_path):
     np.save(bad, np.zeros((5, 3)))
     with pytest.raises(DataError, match=r"expected an \[N, 4\] array"):
         ds[2]
+
+
+def test_pickles_for_dataloader_workers(tmp_path):
+    import pickle
+
+    write_nmnist(tmp_path, classes=(2,), per_class=2)
+    write_dvsgesture(tmp_path, users=("user01_fluorescent",), labels=(4,))
+    for name in ("nmnist", "dvsgesture"):
+        ds, _ = load_dataset(name, tmp_path, train=True, T=3, size=None)
+        clone = pickle.loads(pickle.dumps(ds))
+        assert len(clone) == len(ds) and torch.equal(clone[0][0], ds[0][0]) and clone[0][1] == ds[0][1]

@@ -22,23 +22,55 @@ TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 
 
+def _bundled_digits_file():
+    """scikit-learn's bundled ``datasets/data/digits.csv.gz``, found without importing scikit-learn (slow)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sklearn")
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(loc) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def _read_digits_csv(path) -> tuple[np.ndarray, np.ndarray]:
+    import gzip
+
+    try:
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",", dtype=np.float64)
+    except (OSError, EOFError, ValueError) as exc:
+        raise DataError(f"scikit-learn's bundled digits file {path} is unreadable: {exc}") from exc
+    if data.ndim != 2 or data.shape[1] != 65:
+        raise DataError(f"scikit-learn's bundled digits file {path}: expected 65 columns, got shape {data.shape}")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
 @lru_cache(maxsize=1)
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """All 1797 digits as float32 ``[N, 8, 8]`` in [0, 1] and int64 labels ``[N]`` (read-only arrays)."""
-    try:
-        from sklearn.datasets import load_digits as _sk_load_digits
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise DataError(
-            "data set 'digits' needs scikit-learn (its bundled digits file): pip install scikit-learn"
-        ) from exc
-    try:
+    """All 1797 digits as float32 ``[N, 8, 8]`` in [0, 1] and int64 labels ``[N]`` (read-only arrays).
+
+    Reads scikit-learn's bundled file directly (what ``sklearn.datasets.load_digits`` reads), falling back to
+    ``load_digits`` itself.
+    """
+    path = _bundled_digits_file()
+    if path is not None:
+        raw_images, raw_labels = _read_digits_csv(path)
+    else:
+        try:
+            from sklearn.datasets import load_digits as _sk_load_digits
+        except ImportError as exc:
+            raise DataError(
+                "data set 'digits' needs scikit-learn (its bundled digits file): pip install scikit-learn"
+            ) from exc
         bunch = _sk_load_digits()
-    except Exception as exc:  # pragma: no cover - a broken scikit-learn install
-        raise DataError(f"could not read scikit-learn's bundled digits file: {exc}") from exc
-    images = np.asarray(bunch.images, dtype=np.float32) / 16.0
-    labels = np.asarray(bunch.target, dtype=np.int64)
-    if images.shape[1:] != (8, 8) or images.shape[0] != labels.shape[0]:
-        raise DataError(f"scikit-learn's digits have an unexpected shape {images.shape}")
+        raw_images, raw_labels = bunch.images, bunch.target
+    images = np.asarray(raw_images, dtype=np.float32) / 16.0
+    labels = np.asarray(raw_labels, dtype=np.int64)
+    if images.shape != (1797, 8, 8) or labels.shape != (1797,) or labels.min() < 0 or labels.max() > 9:
+        raise DataError(f"scikit-learn's digits have an unexpected shape {images.shape} / labels {labels.shape}")
     images.setflags(write=False)
     labels.setflags(write=False)
     return images, labels

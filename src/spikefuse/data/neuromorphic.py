@@ -103,6 +103,14 @@ class TonicFramesDataset(Dataset):
     def __len__(self) -> int:
         return len(self.tonic_ds)
 
+    def __reduce__(self):
+        # the tonic data set is an instance of a class made at run time: rebuild it (DataLoader workers, spawn)
+        rebuild = getattr(self, "_rebuild", None)
+        if rebuild is None:
+            raise TypeError(f"{type(self).__name__} made outside load_dataset cannot be pickled")
+        fn, root, kwargs = rebuild
+        return _rebuilt, (fn.__name__, root, kwargs)
+
     @property
     def files(self) -> list[str]:
         return list(self.tonic_ds.data)
@@ -151,6 +159,10 @@ class TonicFramesDataset(Dataset):
         if self.downsample is not None and len(events):
             events = self.downsample(events)
         return frame_events(events, self.out_sensor_size, self.T, self.framing), target
+
+
+def _rebuilt(fn_name: str, root, kwargs):
+    return globals()[fn_name](root, **kwargs)[0]
 
 
 def _check_nmnist_file(path: str) -> None:
@@ -207,6 +219,7 @@ def load_nmnist(root, *, train: bool, T: int, framing: str = "events", size: int
     down, s = _downsample(34, size, "nmnist")
     frames = TonicFramesDataset(ds, name="N-MNIST", sensor_size=(34, 34, 2), T=T, framing=framing, num_classes=10,
                                 downsample=down, out_size=(s, s, 2), validate=_check_nmnist_file)
+    frames._rebuild = (load_nmnist, root, dict(train=train, T=T, framing=framing, size=size))
     return frames, DatasetInfo("nmnist", in_channels=2, num_classes=10, height=s, width=s, kind="event")
 
 
@@ -216,4 +229,5 @@ def load_dvsgesture(root, *, train: bool, T: int, framing: str = "events", size:
     down, s = _downsample(128, size, "dvsgesture")
     frames = TonicFramesDataset(ds, name="DVS Gesture", sensor_size=(128, 128, 2), T=T, framing=framing,
                                 num_classes=11, downsample=down, out_size=(s, s, 2), validate=_check_npy_file)
+    frames._rebuild = (load_dvsgesture, root, dict(train=train, T=T, framing=framing, size=size))
     return frames, DatasetInfo("dvsgesture", in_channels=2, num_classes=11, height=s, width=s, kind="event")
