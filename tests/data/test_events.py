@@ -97,23 +97,22 @@ def test_digits_events_dataset():
 
 
 def test_digits_events_deterministic_and_seeded():
-    a, _ = load_dataset("digits-events", None, train=False, T=4, seed=0)
-    digits_events_cache_clear()
-    b, _ = load_dataset("digits-events", None, train=False, T=4, seed=0)
-    c, _ = load_dataset("digits-events", None, train=False, T=4, seed=1)
-    assert torch.equal(a.data, b.data)
-    assert not torch.equal(a.data, c.data)
+    from spikefuse.data.digits_events import digits_event_streams
+
+    a, _ = load_dataset("digits-events", None, train=True, T=4, seed=0, size=8)
+    ev, bounds, labels = digits_event_streams.__wrapped__(True, 0, 8)  # simulated again, bypassing the cache
+    assert np.array_equal(ev, a.events) and np.array_equal(bounds, a.bounds)
+    c, _ = load_dataset("digits-events", None, train=True, T=4, seed=1, size=8)
+    assert not torch.equal(a.data, c.data)  # the seed changes the training recordings...
+    t0, _ = load_dataset("digits-events", None, train=False, T=4, seed=0)
+    t1, _ = load_dataset("digits-events", None, train=False, T=4, seed=1)
+    assert torch.equal(t0.data, t1.data)  # ...not the test recordings
     t, _ = load_dataset("digits-events", None, train=False, T=5, framing="time")
-    assert t.data.shape == (len(a), 5, 2, 16, 16)
-    assert 0.9 < t.data.sum() / a.data.sum() < 1.1
+    assert t.data.shape == (len(t0), 5, 2, 16, 16)
+    assert 0.9 < t.data.sum() / t0.data.sum() < 1.1
 
 
 def test_digits_events_size():
     ds, info = load_dataset("digits-events", None, train=False, T=4, size=24)
     assert (info.height, info.width) == (24, 24) and ds[0][0].shape == (4, 2, 24, 24)
 
-
-def digits_events_cache_clear():
-    from spikefuse.data.digits_events import digits_event_streams
-
-    digits_event_streams.cache_clear()

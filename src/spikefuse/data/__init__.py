@@ -48,7 +48,8 @@ def load_dataset(
         train: the training split, else the test split.
         T: number of time steps; event data sets are framed into exactly ``T`` frames (static data sets
             ignore it: encode them per batch with :func:`encode`).
-        seed: seed of the random parts of synthetic data (``digits-events``); the train/test splits are fixed.
+        seed: seed of the random parts of synthetic data (``digits-events``' training recordings); the
+            train/test splits and the test recordings are fixed, so runs with different seeds share a test set.
         framing: ``"events"`` (equal event counts per frame) or ``"time"`` (equal time bins), event data only.
         size: optional spatial size: ``digits`` upsampled to ``size x size`` (default 8);
             ``digits-events`` sensor ``size x size`` (default 16); ``dvsgesture`` downsampled from 128 to
