@@ -1,6 +1,9 @@
 """Data parallel: DDP over 2 gloo ranks gives the same update as one process on the joint batch; failures of a
 rank surface as errors within a timeout instead of hangs.
 
+The DDP ranks are ranks {0, 1} of the group that test_timesplit.py spawns once per session (``ddp_check`` runs
+there on that pair's process group), to save a process start-up.
+
 BatchNorm in the DDP check: the model's ``SeqToBatch(nn.BatchNorm2d)`` is swapped for the CPU/gloo-capable
 synchronized BatchNorm (``convert_sync_batchnorm``, statistics over the global batch), so the DDP run and the
 joint-batch run normalize with the same statistics in training mode; its running buffers are compared too.
@@ -8,6 +11,7 @@ joint-batch run normalize with the same statistics in training mode; its running
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -20,7 +24,7 @@ from torch.multiprocessing import ProcessRaisedException
 import spikefuse.nn as snn
 from spikefuse.distributed import ddp, launch, run_data_parallel, timesplit_lif
 
-BACKEND = "reference"
+BACKEND = os.environ.get("SPIKEFUSE_TEST_DIST_BACKEND", "reference")  # see test_timesplit.py
 STEPS = 2
 LR = 0.5
 
@@ -57,21 +61,21 @@ def _train(model, x, labels):
     return losses
 
 
-def _ddp_worker(rank, world):
+def ddp_check(group):
+    """One rank's DDP run over ``group`` (2 ranks), each on its half of the batch."""
     x, labels = _data()
-    model = ddp.wrap_model(ddp.convert_sync_batchnorm(_model()))
+    model = ddp.wrap_model(ddp.convert_sync_batchnorm(_model(), group), group)
     assert isinstance(model, nn.parallel.DistributedDataParallel)
-    losses = _train(model, ddp.shard(x, dim=1), ddp.shard(labels))
+    losses = _train(model, ddp.shard(x, dim=1, group=group), ddp.shard(labels, group=group))
     state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-    return dict(losses=losses, state=state, rank=ddp.rank(), world=ddp.world_size())
+    return dict(losses=losses, state=state, rank=ddp.rank(group), world=ddp.world_size(group))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ddp_runs():
-    start = time.monotonic()
-    out = launch(_ddp_worker, 2, timeout=120, pg_timeout=timedelta(seconds=30), threads=1)
-    print(f"DDP group of 2 ranks: {time.monotonic() - start:.1f} s")
-    return out
+    from .test_timesplit import shared_reports
+
+    return [shared_reports()[r]["ddp"] for r in (0, 1)]
 
 
 def test_ddp_equals_one_process_on_joint_batch(ddp_runs):

@@ -1,12 +1,17 @@
 """Time split over 2 and 3 gloo ranks equals the single-process run: spikes bit for bit, gradients to 1e-5.
 
 One spawned group of 3 ranks runs every check (process start-up dominates the cost): the world of 3 ranks and a
-subgroup of ranks {0, 1}. Each rank computes the single-process reference itself on the full sequence (same seed)
-and compares its time-split result with it; the test collects the per-rank reports.
+subgroup of ranks {0, 1} (which also runs the DDP check of test_ddp.py: ``shared_reports`` is cached per session). Each rank computes the single-process reference itself on the full sequence (same seed)
+and compares its time-split result with it; the test collects the per-rank reports. The same group also runs the
+ranks' part of a tiny ``spikefuse bench timesplit --quick`` (the bench test then drives ``run`` with those rows).
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import functools
+import os
 import time
 import traceback
 from datetime import timedelta
@@ -18,6 +23,7 @@ from torch import nn
 
 import spikefuse
 import spikefuse.nn as snn
+from spikefuse.bench import timesplit as bench_timesplit
 from spikefuse.distributed import (
     TimeSplitBatchNorm,
     TimeSplitLIF,
@@ -31,8 +37,17 @@ from spikefuse.distributed import (
     timesplit_lif,
 )
 
-BACKEND = "reference"  # the fused CPU kernel (backend "cpu") is not written yet; every path takes `backend`
+# plain PyTorch by default: no numba compile in every spawned rank. SPIKEFUSE_TEST_DIST_BACKEND=cpu runs the fused kernel.
+BACKEND = os.environ.get("SPIKEFUSE_TEST_DIST_BACKEND", "reference")
 RTOL = 1e-5
+BENCH_ARGV = ["timesplit", "--quick", "--neurons", "600", "--T", "3", "6", "--ranks", "2", "3", "--repeats", "1",
+              "--backend", BACKEND]
+
+
+def _bench_args(out) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_timesplit.add_parser(parser.add_subparsers())
+    return parser.parse_args(BENCH_ARGV + ["--out", str(out)])
 
 
 def _close(a, b, what, failures, rtol=RTOL):
@@ -199,6 +214,8 @@ def _check_timeout(failures):
 
 
 def _worker(rank, world):
+    from .test_ddp import ddp_check
+
     reports = {}
     pair = dist.new_group([0, 1])  # every rank must take part in new_group
     for label, group, members in (("world", None, range(world)), ("pair", pair, (0, 1))):
@@ -214,17 +231,26 @@ def _worker(rank, world):
                 raise
             reports[label] = failures
         dist.barrier()
-    reports["timeout"] = _check_timeout(failures := [])
+    reports["ddp"] = ddp_check(pair) if rank in (0, 1) else None
+    dist.barrier()
+    reports["bench"] = bench_timesplit._worker(rank, world, bench_timesplit.config(bench_timesplit.prepare(_bench_args("-"))))
+    reports["timeout"] = _check_timeout(failures := [])  # last: leaves a group with an abandoned receive
     reports["timeout-failures"] = failures
     return reports
 
 
-@pytest.fixture(scope="module")
-def reports():
+@functools.cache
+def shared_reports() -> list:
+    """Every rank's reports of :func:`_worker`, from one spawned group of 3 ranks per test session."""
     start = time.monotonic()
-    out = launch(_worker, 3, timeout=150, pg_timeout=timedelta(seconds=30), threads=1)
-    print(f"time-split group of 3 ranks: {time.monotonic() - start:.1f} s")
+    out = launch(_worker, 3, timeout=180, pg_timeout=timedelta(seconds=30), threads=1)
+    print(f"shared group of 3 ranks: {time.monotonic() - start:.1f} s")
     return out
+
+
+@pytest.fixture
+def reports():
+    return shared_reports()
 
 
 @pytest.mark.parametrize("label,ranks", [("world", 3), ("pair", 2)])
@@ -236,6 +262,43 @@ def test_timesplit_equals_single_process(reports, label, ranks):
 def test_silent_peer_times_out_instead_of_hanging(reports):
     assert reports[0]["timeout-failures"] == []
     assert reports[0]["timeout"] and "imeout" in reports[0]["timeout"] or "timed out" in reports[0]["timeout"].lower()
+
+
+def test_bench_quick_writes_markdown_csv_png(reports, tmp_path, monkeypatch):
+    """``spikefuse bench timesplit --quick`` end to end, with the ranks' work taken from the shared group."""
+    from spikefuse.distributed import ddp
+
+    args = _bench_args(tmp_path)
+    want_cfg = bench_timesplit.config(bench_timesplit.prepare(_bench_args(tmp_path)))
+
+    def fake_launch(fn, nproc, cfg, **kwargs):
+        assert fn is bench_timesplit._worker and nproc == 3 and cfg == want_cfg
+        return [reports[0]["bench"], None, None]
+
+    monkeypatch.setattr(ddp, "launch", fake_launch)
+    args.func(args)
+    stem = tmp_path / "timesplit_quick"
+    with open(stem.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == [
+        "T", "N", "ranks", "chunks", "backend", "threads_per_rank", "t_single_ms", "t_split_ms", "t_comm_ms",
+        "speedup_measured", "speedup_eq5", "best_k_eq5",
+    ]
+    assert [(r["T"], r["ranks"]) for r in rows] == [(t, k) for t in ("3", "6") for k in ("1", "2", "3")]
+    assert all(float(r["t_split_ms"]) > 0 and float(r["t_comm_ms"]) > 0 for r in rows)
+    for r in rows:  # the Eq. (5) column is Eq. (5) of the measured T_s and T_c
+        k, ts, tc = int(r["ranks"]), float(r["t_single_ms"]), float(r["t_comm_ms"])
+        assert float(r["speedup_eq5"]) == pytest.approx(k * ts / (k * (k - 1) * tc + ts), abs=1e-3)
+    md = stem.with_suffix(".md").read_text()
+    assert "Machine: " in md and "Command: `spikefuse bench timesplit --neurons 600 --T 3 6 --ranks 1 2 3" in md
+    assert "| T | ranks k |" in md
+    assert stem.with_suffix(".png").stat().st_size > 1000
+
+
+def test_eq5():
+    assert bench_timesplit.eq5_speedup(1, 10.0, 1.0) == 1.0
+    assert bench_timesplit.eq5_speedup(2, 10.0, 1.0) == pytest.approx(20 / 12)
+    assert bench_timesplit.eq5_best_k(16.0, 1.0) == 4.0
 
 
 def test_time_partition():

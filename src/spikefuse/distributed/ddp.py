@@ -220,12 +220,14 @@ def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def rank() -> int:
-    return dist.get_rank() if _initialized() else 0
+def rank(group=None) -> int:
+    """This process's rank in ``group`` (default: the world); 0 without a process group."""
+    return dist.get_rank(group) if _initialized() else 0
 
 
-def world_size() -> int:
-    return dist.get_world_size() if _initialized() else 1
+def world_size(group=None) -> int:
+    """Size of ``group`` (default: the world); 1 without a process group."""
+    return dist.get_world_size(group) if _initialized() else 1
 
 
 def local_rank() -> int:
@@ -248,9 +250,10 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shard(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """This rank's contiguous share of ``x`` along ``dim`` (the global batch, split like ``tensor_split``)."""
-    return torch.tensor_split(x, world_size(), dim=dim)[rank()]
+def shard(x: torch.Tensor, dim: int = 0, group=None) -> torch.Tensor:
+    """This rank's contiguous share of ``x`` along ``dim`` (the global batch split like ``tensor_split`` over the
+    ranks of ``group``, default the world). The batch of ``[T, B, ...]`` tensors is ``dim=1``."""
+    return torch.tensor_split(x, world_size(group), dim=dim)[rank(group)]
 
 
 def convert_sync_batchnorm(module: nn.Module, group=None) -> nn.Module:
@@ -261,11 +264,14 @@ def convert_sync_batchnorm(module: nn.Module, group=None) -> nn.Module:
     return convert_batchnorm(module, group)
 
 
-def wrap_model(model: nn.Module, **ddp_kwargs) -> nn.Module:
-    """``DistributedDataParallel(model)`` on this rank's device when the world has more than one rank, else
-    ``model`` unchanged."""
-    if world_size() <= 1:
+def wrap_model(model: nn.Module, group=None, **ddp_kwargs) -> nn.Module:
+    """``DistributedDataParallel(model, process_group=group)`` on this rank's device when ``group`` (default: the
+    world) has more than one rank, else ``model`` unchanged. A subgroup gives data parallelism along one axis of
+    a grid, e.g. data x time with time-split layers over the other axis."""
+    if world_size(group) <= 1:
         return model
+    if group is not None:
+        ddp_kwargs.setdefault("process_group", group)
     dev = device()
     model = model.to(dev)
     if dev.type == "cuda":
