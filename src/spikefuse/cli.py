@@ -1,0 +1,249 @@
+"""The ``spikefuse`` command: ``spikefuse train``, ``spikefuse eval`` and ``spikefuse bench <name>``.
+
+Adding a subcommand: write a module with two functions and list it in :data:`COMMANDS` (top level) or
+:data:`BENCH_COMMANDS` (under ``spikefuse bench``)::
+
+    def add_parser(subparsers) -> argparse.ArgumentParser:
+        p = subparsers.add_parser("neuron", help="...", description="...")
+        p.add_argument(...)
+        return p
+
+    def run(args) -> int | None:   # exit code (None = 0)
+        ...
+
+(``add_parser`` may instead ``p.set_defaults(func=...)``; that function is then run instead of ``run``.)
+
+Keep the module's top-level imports light (import torch and friends inside ``run``): every module is imported to
+build the parser. A listed module that does not exist (yet) is skipped. Errors the user can fix are reported without
+a traceback and exit code 2: :class:`spikefuse.data.DataError`, :class:`spikefuse.train.ConfigError`, and any
+exception class listed in :data:`USER_ERRORS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+__all__ = ["main", "build_parser", "COMMANDS", "BENCH_COMMANDS"]
+
+#: Modules (or ``"module:object"``) providing ``add_parser(subparsers)`` and ``run(args)``: top-level subcommands.
+COMMANDS: tuple[str, ...] = ("spikefuse.cli:TrainCommand", "spikefuse.cli:EvalCommand")
+#: Modules providing ``add_parser(subparsers)`` and ``run(args)`` for ``spikefuse bench <name>``.
+BENCH_COMMANDS: tuple[str, ...] = (
+    "spikefuse.bench.train",
+    "spikefuse.bench.neuron",
+    "spikefuse.bench.memory",
+    "spikefuse.bench.timesplit",
+    "spikefuse.bench.gpu_static",
+)
+#: ``"module:ClassName"`` of further exceptions that mean a user error (message, exit code 2).
+USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError"]
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _register(subparsers, module_names) -> None:
+    for name in module_names:
+        mod_name, _, attr = name.partition(":")
+        if not _module_exists(mod_name):
+            continue  # not written yet
+        mod = importlib.import_module(mod_name)
+        if attr:
+            mod = getattr(mod, attr)
+        before = set(subparsers.choices)
+        mod.add_parser(subparsers)
+        for cmd in set(subparsers.choices) - before:
+            parser = subparsers.choices[cmd]
+            # a parser that set its own ``func`` default runs that; otherwise the module's ``run(args)``
+            parser.set_defaults(_run=parser.get_default("func") or mod.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="spikefuse",
+        description="Fast, memory-lean training of spiking neural networks (time-fused LIF kernels).",
+    )
+    parser.add_argument("--version", action="version", version=f"spikefuse {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="<command>")
+    _register(sub, COMMANDS)
+    bench = sub.add_parser("bench", help="benchmarks (train, and the ones other modules add)",
+                           description="Benchmarks. Each writes its results under benchmarks/results/.")
+    bench_sub = bench.add_subparsers(title="benchmarks", metavar="<benchmark>")
+    _register(bench_sub, BENCH_COMMANDS)
+    bench.set_defaults(_run=lambda args: _missing(bench, "a benchmark"))
+    parser.set_defaults(_run=lambda args: _missing(parser, "a command"))
+    return parser
+
+
+def _missing(parser: argparse.ArgumentParser, what: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: choose {what}", file=sys.stderr)
+    return 2
+
+
+def _user_error_types() -> tuple[type, ...]:
+    types = []
+    for spec in USER_ERRORS:
+        mod_name, cls_name = spec.split(":")
+        mod = sys.modules.get(mod_name)  # only modules the command loaded can have raised it
+        cls = getattr(mod, cls_name, None) if mod is not None else None
+        if isinstance(cls, type):
+            types.append(cls)
+    return tuple(types)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``spikefuse`` console script; returns the exit code (2 for usage and data errors)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    try:
+        code = args._run(args)
+    except KeyboardInterrupt:
+        print("spikefuse: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if isinstance(err, _user_error_types()):
+            print(f"spikefuse: error: {err}", file=sys.stderr)
+            return 2
+        raise
+    return int(code or 0)
+
+
+# train / eval ----------------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
+def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
+    """The options shared by ``spikefuse train`` and ``spikefuse bench train`` (defaults from ``TrainConfig``)."""
+    from .data import DATASETS
+    from .models import MODELS
+
+    d = defaults or {}
+    p.add_argument("--model", default=d.get("model", "resnet-tiny"), choices=list(MODELS),
+                   help="network (default: %(default)s)")
+    p.add_argument("--dataset", default=d.get("dataset", "digits"), choices=DATASETS,
+                   help="data set; digits and digits-events are embedded, the others read --data-dir (default: %(default)s)")
+    p.add_argument("--data-dir", default=None, help="folder holding the data set files (default: $SPIKEFUSE_DATA)")
+    p.add_argument("--T", type=_positive_int, default=d.get("T", 4), help="time steps (default: %(default)s)")
+    p.add_argument("--epochs", type=_positive_int, default=d.get("epochs", 6), help="epochs in total (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=d.get("batch_size", 32), help="(default: %(default)s)")
+    p.add_argument("--lr", type=_positive_float, default=d.get("lr", 1e-3), help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument("--threads", type=_positive_int, default=2, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--encoding", choices=("direct", "poisson"), default=d.get("encoding", "direct"),
+                   help="input coding of static images: the analog image every step, or Bernoulli rate coding (default: %(default)s)")
+    p.add_argument("--neuron-backend", choices=("auto", "cpu", "triton", "reference"), default="auto",
+                   help="spikefuse neuron backend; 'reference' is the serial PyTorch loop (default: %(default)s)")
+    p.add_argument("--stem", choices=("auto", "cifar", "imagenet"), default="auto",
+                   help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)")
+    p.add_argument("--image-size", type=_positive_int, default=None,
+                   help="resize static images to this size (digits: upsample from 8) (default: native)")
+    p.add_argument("--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples")
+    p.add_argument("--test-subset", type=_positive_int, default=None, help="test on a seeded random subset of this many samples")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+
+
+def config_from_args(args, **overrides):
+    from .train import TrainConfig
+
+    cfg = TrainConfig(
+        model=args.model, dataset=args.dataset, data_dir=args.data_dir, T=args.T, epochs=args.epochs,
+        batch_size=args.batch_size, lr=args.lr, device=args.device, threads=args.threads, seed=args.seed,
+        encoding=args.encoding, neuron_backend=args.neuron_backend, stem=args.stem, image_size=args.image_size,
+        train_subset=args.train_subset, test_subset=args.test_subset, progress=not args.no_progress,
+        neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"),
+    )
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+class TrainCommand:
+    @staticmethod
+    def add_parser(subparsers) -> argparse.ArgumentParser:
+        p = subparsers.add_parser(
+            "train", help="train a spiking network",
+            description="Train a spiking network with Adam and cross-entropy on the time-averaged output. Writes "
+            "<out>/metrics.csv, <out>/checkpoint.pt (every epoch) and <out>/curves.png. The defaults train a small "
+            "Spiking-ResNet on the embedded 8x8 digits in about a minute on 2 CPU threads.",
+        )
+        add_train_arguments(p)
+        p.add_argument("--out", default="runs/spikefuse", help="output folder (default: %(default)s)")
+        p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                       help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total")
+        p.add_argument("--neurons", choices=("spikefuse", "spikingjelly"), default="spikefuse",
+                       help="neuron implementation: spikefuse LIF, or SpikingJelly 2.0 LIFNode with the same dynamics")
+        return p
+
+    @staticmethod
+    def run(args) -> int:
+        from .train import fit
+
+        history = fit(config_from_args(args), resume=args.resume)
+        if history:
+            last = history[-1]
+            print(f"final test accuracy {100 * last['test_acc']:.2f}% after {last['epoch']} epochs; "
+                  f"files in {args.out}: metrics.csv, checkpoint.pt, curves.png")
+        return 0
+
+
+class EvalCommand:
+    @staticmethod
+    def add_parser(subparsers) -> argparse.ArgumentParser:
+        p = subparsers.add_parser("eval", help="evaluate a checkpoint on the test split",
+                                  description="Evaluate a checkpoint written by `spikefuse train` on its data set's test split.")
+        p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt")
+        p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--threads", type=_positive_int, default=2)
+        p.add_argument("--batch-size", type=_positive_int, default=None, help="(default: the run's)")
+        p.add_argument("--neuron-backend", choices=("auto", "cpu", "triton", "reference"), default=None,
+                       help="(default: the run's)")
+        p.add_argument("--no-progress", action="store_true")
+        return p
+
+    @staticmethod
+    def run(args) -> int:
+        from .train import evaluate_checkpoint
+
+        r = evaluate_checkpoint(args.checkpoint, data_dir=args.data_dir, device=args.device, threads=args.threads,
+                                neuron_backend=args.neuron_backend, batch_size=args.batch_size, progress=not args.no_progress)
+        print(f"{r['model']} on {r['dataset']} (epoch {r['epoch']}): test loss {r['test_loss']:.4f}, "
+              f"test accuracy {100 * r['test_acc']:.2f}% on {r['samples']} samples in {r['test_time_s']:.1f}s")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Models: shapes, structure (parameter counts of SpikingJelly's / torchvision's ResNets), forward/backward on tiny
+inputs, and the fused CPU backend agreeing with the serial reference on whole networks."""
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+from spikefuse.models import (
+    LIANG_NEURON,
+    MODELS,
+    PAPER_NEURON,
+    NeuronOptions,
+    build_model,
+    replace_neurons,
+    set_neuron_backend,
+    spiking_neurons,
+)
+from spikefuse.nn import LIF
+from spikefuse.surrogate import Rectangle, Sigmoid
+
+
+def _cpu_backend_available() -> bool:
+    if importlib.util.find_spec("spikefuse.ops.cpu") is None:
+        return False
+    try:
+        import spikefuse
+
+        spikefuse.lif(torch.rand(2, 3), decay=0.2, threshold=0.3, backend="cpu")
+        return True
+    except Exception:
+        return False
+
+
+CPU = _cpu_backend_available()
+BACKENDS = ["reference"] + (["cpu"] if CPU else [])
+
+# Tiny versions of every registered model (same code paths, small widths).
+TINY = {
+    "resnet-tiny": dict(width=4),
+    "resnet18": dict(width=4),
+    "resnet34": dict(width=2),
+    "resnet50": dict(width=2),
+    "liang-small": dict(hidden=(16, 8)),
+    "liang-medium": dict(hidden=(16, 8)),
+    "liang-large": dict(hidden=(16, 8)),
+}
+
+
+def tiny(name, backend, in_channels=2, num_classes=5, size=8, **extra):
+    kw = dict(TINY[name], image_size=size, **extra)
+    if name.startswith("resnet"):
+        kw.setdefault("stem", "cifar")
+    torch.manual_seed(0)
+    return build_model(name, in_channels, num_classes, neuron_backend=backend, **kw)
+
+
+def test_registry_names():
+    assert set(MODELS) == {"resnet-tiny", "resnet18", "resnet34", "resnet50", "liang-small", "liang-medium", "liang-large"}
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("resnet19", 3, 10)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet50", 25_557_032)],
+)
+def test_resnet_structure_matches_torchvision_parameter_count(name, params):
+    # SpikingJelly's Spiking-ResNets have torchvision's layers (neurons have no parameters): same count
+    m = build_model(name, 3, 1000, stem="imagenet")
+    assert sum(p.numel() for p in m.parameters()) == params
+    neurons = len(spiking_neurons(m))
+    blocks = {"resnet18": 8, "resnet34": 16, "resnet50": 16}[name]
+    per_block = 3 if name == "resnet50" else 2
+    assert neurons == 1 + blocks * per_block
+
+
+def test_neuron_defaults_follow_the_papers():
+    r = build_model("resnet-tiny", 1, 10)
+    lif = spiking_neurons(r)[0][1]
+    assert (lif.decay, lif.threshold, lif.v_reset, lif.surrogate, lif.backend) == (0.2, 0.3, 0.0, Sigmoid(4.0), "auto")
+    l = build_model("liang-small", 3, 10)
+    lif = spiking_neurons(l)[0][1]
+    assert (lif.decay, lif.threshold, lif.surrogate) == (0.25, 0.25, Rectangle(1.0, 1.0))
+    assert l.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
+    assert PAPER_NEURON.backend == LIANG_NEURON.backend == "auto"
+    # explicit options and the backend override
+    opts = NeuronOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
+    m = build_model("resnet-tiny", 1, 10, neuron=opts, neuron_backend="reference")
+    assert all(n.decay == 0.5 and n.detach_reset and n.backend == "reference" for _, n in spiking_neurons(m))
+    assert NeuronOptions.from_dict(opts.to_dict()) == opts
+
+
+def test_imagenet_stem_and_odd_sizes():
+    m = build_model("resnet-tiny", 3, 7, stem="imagenet", width=4, neuron_backend="reference")
+    assert m(torch.rand(2, 1, 3, 40, 40)).shape == (2, 1, 7)
+    l = build_model("liang-small", 1, 3, image_size=(28, 20), hidden=(8,), neuron_backend="reference")
+    assert l(torch.rand(2, 2, 1, 28, 20)).shape == (2, 2, 3)
+    with pytest.raises(ValueError, match=r"\[T, B, C, H, W\]"):
+        m(torch.rand(2, 3, 8, 8))
+
+
+def test_replace_and_switch_neurons():
+    m = build_model("resnet-tiny", 1, 10, width=4)
+    n = len(spiking_neurons(m))
+    set_neuron_backend(m, "reference")
+    assert all(x.backend == "reference" for _, x in spiking_neurons(m))
+    assert replace_neurons(m, lambda lif: torch.nn.ReLU()) == n
+    assert not spiking_neurons(m)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_forward_backward_tiny(name):
+    m = tiny(name, "reference")
+    x = torch.rand(3, 2, 2, 8, 8)
+    y = m(x)
+    assert y.shape == (3, 2, 5) and torch.isfinite(y).all()
+    y.mean(0).logsumexp(1).sum().backward()
+    grads = [p.grad for p in m.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.skipif(not CPU, reason="spikefuse.ops.cpu (fused CPU backend) not available")
+@pytest.mark.parametrize("name", list(TINY))
+def test_cpu_backend_agrees_with_reference(name):
+    ref = tiny(name, "reference", size=8)
+    fused = set_neuron_backend(copy.deepcopy(ref), "cpu")
+    torch.manual_seed(1)
+    x = torch.rand(4, 3, 2, 8, 8)
+    target = torch.randn(3, 5)
+    outs, grads = [], []
+    for m in (ref, fused):
+        y = m(x)
+        (y.mean(0) * target).sum().backward()
+        outs.append(y.detach())
+        grads.append([p.grad.detach().clone() for p in m.parameters()])
+    assert _rel(outs[1], outs[0]) <= 1e-5
+    for g_fused, g_ref in zip(grads[1], grads[0]):
+        assert _rel(g_fused, g_ref) <= 1e-5
