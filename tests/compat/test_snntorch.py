@@ -79,7 +79,11 @@ def test_leaky(backend, learn_beta, beta, reset_mechanism):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "spike_grad",
-    [lambda: snn_surrogate.atan(alpha=3.0), lambda: snn_surrogate.fast_sigmoid(slope=10), lambda: snn_surrogate.sigmoid(slope=5)],
+    [
+        lambda: snn_surrogate.atan(alpha=3.0),
+        lambda: snn_surrogate.fast_sigmoid(slope=10),
+        lambda: snn_surrogate.sigmoid(slope=5),
+    ],
     ids=["atan3", "fast_sigmoid10", "sigmoid5"],
 )
 def test_surrogates(backend, spike_grad):
@@ -133,7 +137,8 @@ def test_init_hidden_output_and_graded_spikes(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_surrogate_disable_gives_no_spike_gradient(backend):
-    peer, ours = snntorch.Leaky(beta=0.5, surrogate_disable=True), C.Leaky(beta=0.5, surrogate_disable=True, backend=backend)
+    peer = snntorch.Leaky(beta=0.5, surrogate_disable=True)
+    ours = C.Leaky(beta=0.5, surrogate_disable=True, backend=backend)
     x = _inputs(ours, seed=9, mem0=torch.zeros(SHAPE))
     xs = x.clone().requires_grad_(True)
     s1, m1 = _peer_loop(peer, xs, None)
@@ -148,7 +153,13 @@ def test_surrogate_mapping_and_errors():
     assert C.to_surrogate(snn_surrogate.fast_sigmoid()) == sf_surrogate.FastSigmoid(25.0)
     assert C.to_surrogate(snn_surrogate.sigmoid(slope=7)) == sf_surrogate.Sigmoid(7.0)
     assert C.to_surrogate(sf_surrogate.Triangle(2.0)) == sf_surrogate.Triangle(2.0)
-    for unsupported in (snn_surrogate.triangular(), snn_surrogate.heaviside(), snn_surrogate.straight_through_estimator(), lambda u: u):
+    unsupported_grads = (
+        snn_surrogate.triangular(),
+        snn_surrogate.heaviside(),
+        snn_surrogate.straight_through_estimator(),
+        lambda u: u,
+    )
+    for unsupported in unsupported_grads:
         with pytest.raises(ValueError, match="unsupported spike_grad.*atan"):
             C.Leaky(beta=0.5, spike_grad=unsupported)
     with pytest.raises(NotImplementedError, match="reset_delay=False"):

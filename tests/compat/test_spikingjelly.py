@@ -80,7 +80,8 @@ def test_lif_node(backend, surrogate, tau, detach_reset, v_reset, decay_input):
     kwargs = dict(tau=tau, decay_input=decay_input, v_reset=v_reset, detach_reset=detach_reset)
     peer, ours = _pair("LIFNode", backend, surrogate_function=SURROGATES[surrogate](), **kwargs)
     v0 = torch.rand(SHAPE, generator=torch.Generator().manual_seed(1)) * 0.8
-    x = _inputs(ours, seed=zlib.crc32(repr((tau, v_reset, decay_input)).encode()), v0=v0, scale=1.5 if decay_input else 0.8)
+    seed = zlib.crc32(repr((tau, v_reset, decay_input)).encode())
+    x = _inputs(ours, seed=seed, v0=v0, scale=1.5 if decay_input else 0.8)
     _check_two_calls(peer, ours, x, v0)
 
 
@@ -103,7 +104,12 @@ def test_parametric_lif_node(backend, surrogate, detach_reset, v_reset, decay_in
 @pytest.mark.parametrize("v_reset", [0.0, 0.3, None], ids=["hard0", "hard0.3", "soft"])
 def test_if_node(backend, detach_reset, v_reset):
     peer, ours = _pair(
-        "IFNode", backend, v_threshold=0.9, v_reset=v_reset, detach_reset=detach_reset, surrogate_function=sj_surrogate.ATan()
+        "IFNode",
+        backend,
+        v_threshold=0.9,
+        v_reset=v_reset,
+        detach_reset=detach_reset,
+        surrogate_function=sj_surrogate.ATan(),
     )
     v0 = torch.rand(SHAPE, generator=torch.Generator().manual_seed(3)) * 0.5
     x = _inputs(ours, seed=5, v0=v0, scale=0.6, shift=0.1)
@@ -113,7 +119,11 @@ def test_if_node(backend, detach_reset, v_reset):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "make",
-    [lambda: sj_surrogate.PiecewiseQuadratic(alpha=1.5), lambda: sj_surrogate.Rect(alpha=0.8), lambda: sj_surrogate.Sigmoid(alpha=2.5)],
+    [
+        lambda: sj_surrogate.PiecewiseQuadratic(alpha=1.5),
+        lambda: sj_surrogate.Rect(alpha=0.8),
+        lambda: sj_surrogate.Sigmoid(alpha=2.5),
+    ],
     ids=["PiecewiseQuadratic", "Rect", "Sigmoid2.5"],
 )
 def test_other_surrogates(backend, make):
@@ -192,7 +202,10 @@ def test_defaults_and_attributes_match_spikingjelly():
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda: C.LIFNode(surrogate_function=sj_surrogate.SuperSpike()), "unsupported surrogate_function.*Sigmoid/ATan"),
+        (
+            lambda: C.LIFNode(surrogate_function=sj_surrogate.SuperSpike()),
+            "unsupported surrogate_function.*Sigmoid/ATan",
+        ),
         (lambda: C.LIFNode(surrogate_function=sj_surrogate.Sigmoid(spiking=False)), "spiking=False"),
         (lambda: C.LIFNode(surrogate_function=torch.sigmoid), "unsupported surrogate_function"),
         (lambda: C.LIFNode(tau=1.0), "tau must be > 1"),

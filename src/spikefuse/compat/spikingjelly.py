@@ -237,7 +237,9 @@ class LIFNode(_BaseNode):
         tau = _number(tau, "tau")
         if tau <= 1.0:
             raise ValueError(f"tau must be > 1 (as in SpikingJelly), got {tau}")
-        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+        super().__init__(
+            v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory
+        )
         self.tau = tau
         self.decay_input = bool(decay_input)
 
@@ -273,7 +275,9 @@ class ParametricLIFNode(_BaseNode):
         init_tau = _number(init_tau, "init_tau")
         if init_tau <= 1.0:
             raise ValueError(f"init_tau must be > 1 (as in SpikingJelly), got {init_tau}")
-        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+        super().__init__(
+            v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory
+        )
         self.decay_input = bool(decay_input)
         self.w = nn.Parameter(torch.as_tensor(-math.log(init_tau - 1.0)))
 
@@ -309,7 +313,9 @@ class IFNode(_BaseNode):
         backend: str = "auto",
         memory: str = "potential",
     ):
-        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory)
+        super().__init__(
+            v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, backend, memory
+        )
 
     def _leak(self):
         return 1.0
