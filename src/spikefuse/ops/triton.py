@@ -20,7 +20,10 @@ Entry points: ``forward`` and ``backward`` as documented in :mod:`spikefuse.ops.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import struct
 
 import torch
 import triton
@@ -443,25 +446,39 @@ def block_size(n: int) -> int:
     return 128
 
 
+def _check_block(block: int | None, n: int) -> int:
+    if block is None:
+        return block_size(n)
+    assert block in BLOCK_SIZES, f"spikefuse Triton backend: block must be one of {BLOCK_SIZES}, got {block}"
+    return block
+
+
+def _to_f32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (to +-inf on overflow), as PyTorch rounds a scalar."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def _split3(value: float, name: str, f64: bool) -> tuple[float, float, float]:
     """Three float32-representable parts whose float64 sum is exactly ``value``.
 
     Triton passes Python floats to kernels as float32. Float32 / half kernels use the first part, which is
     ``value`` rounded to float32 exactly as PyTorch rounds a Python scalar in float32 arithmetic; float64 kernels
-    add the three parts back up in float64.
+    add the three parts back up in float64 (24 + 24 + 24 bits cover the 53 of a double).
     """
     value = float(value)
-    parts = []
-    rest = value
-    for _ in range(3):
-        part = float(torch.tensor(rest, dtype=torch.float32)) if math.isfinite(rest) else rest
-        parts.append(part)
-        rest = rest - part if math.isfinite(part) else 0.0
-    if f64 and not (math.isfinite(value) and (parts[0] + parts[1]) + parts[2] == value):
-        raise ValueError(
-            f"{name}={value!r} cannot be passed exactly to the Triton kernels in float64 (outside the float32 range)"
-        )
-    return parts[0], parts[1], parts[2]
+    hi = _to_f32(value)
+    if not math.isfinite(hi) or not math.isfinite(value):
+        if f64 and hi != value:
+            raise ValueError(f"{name}={value!r} cannot be passed to the Triton kernels in float64 (beyond float32 range)")
+        return hi, 0.0, 0.0
+    mid = _to_f32(value - hi)
+    lo = _to_f32(value - hi - mid)
+    if f64 and (hi + mid) + lo != value:
+        raise ValueError(f"{name}={value!r} cannot be passed exactly to the Triton kernels in float64 (float32 underflow)")
+    return hi, mid, lo
 
 
 def _surrogate_consts(spec: SpecArgs) -> tuple[float, float]:
@@ -470,7 +487,7 @@ def _surrogate_consts(spec: SpecArgs) -> tuple[float, float]:
     if code == Sigmoid.code:
         return p1, 0.0
     if code == ATan.code:
-        return p1 * (math.pi / 2), p1 / 2  # u * (pi/2 * alpha) in surrogate.py: same double product
+        return p1 * (math.pi / 2), p1 / 2  # u * (pi/2 * alpha) in surrogate.py: the same double product
     if code == Rectangle.code:
         return p1, p2
     if code == Triangle.code:
@@ -480,11 +497,33 @@ def _surrogate_consts(spec: SpecArgs) -> tuple[float, float]:
     raise ValueError(f"unknown surrogate code {code}")
 
 
+@functools.lru_cache(maxsize=256)
+def _launch_args(spec_args: tuple, f64: bool) -> tuple[tuple, dict, dict]:
+    """Runtime floats and constexprs of one spec: ``(floats, forward constexprs, backward constexprs)``.
+
+    Constexprs that cannot change the computation are normalized (the charge of non-SpikingJelly dynamics,
+    detach_reset without a reset) so they do not multiply the compiled specializations.
+    """
+    spec = SpecArgs(*spec_args)
+    charge = spec.charge if spec.dynamics == P.SPIKINGJELLY else P.CHARGE_MUL
+    c1, c2 = _surrogate_consts(spec)
+    floats = (
+        *_split3(spec.threshold, "threshold", f64),
+        *_split3(spec.v_reset, "v_reset", f64),
+        *_split3(c1, "surrogate parameter", f64),
+        *_split3(c2, "surrogate parameter", f64),
+    )
+    common = dict(
+        DYN=int(spec.dynamics), RESET=int(spec.reset), CHARGE=int(charge), SPR=bool(spec.state_post_reset),
+        STRICT=bool(spec.fire_strict), F64=f64,
+    )  # fmt: skip
+    backward_only = dict(DETACH=bool(spec.detach_reset) or spec.reset == P.NONE, SG=int(spec.surrogate_code))
+    return floats, common, {**common, **backward_only}
+
+
 def _check_dtype(x2: torch.Tensor) -> None:
     if x2.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"the Triton backend supports float32, float16, bfloat16 and float64 inputs, got {x2.dtype}"
-        )
+        raise TypeError(f"the Triton backend supports float32, float16, bfloat16 and float64 inputs, got {x2.dtype}")
 
 
 def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
@@ -494,54 +533,52 @@ def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, 
     assert t.device == device, f"spikefuse Triton backend: {name} is on {t.device}, expected {device}"
 
 
-def _layout(leak: torch.Tensor, inner: int, n: int) -> tuple[bool, int, int]:
+def _leak_layout(leak: torch.Tensor, inner: int, n: int, cdt: torch.dtype, device) -> tuple[torch.Tensor, bool, int, int]:
+    """The leak (made contiguous: it has only C entries) and ``(PER_CHANNEL, inner, C)``."""
+    leak = leak.reshape(-1).contiguous()
+    _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
     channels = leak.numel()
     assert channels >= 1, "spikefuse Triton backend: leak must have at least one entry"
     if channels == 1:
-        return False, 1, 1
+        return leak, False, 1, 1
     assert inner >= 1 and n % (channels * inner) == 0, (
         f"spikefuse Triton backend: {n} neurons do not tile a per-channel leak of {channels} entries x inner {inner}"
     )
-    return True, int(inner), channels
+    return leak, True, int(inner), channels
 
 
-def _dynamics_args(spec: SpecArgs) -> tuple[int, int, int]:
-    """(DYN, RESET, CHARGE) with the charge normalized for dynamics that ignore it (fewer specializations)."""
-    charge = spec.charge if spec.dynamics == P.SPIKINGJELLY else P.CHARGE_MUL
-    return int(spec.dynamics), int(spec.reset), int(charge)
+def _on_device(device: torch.device):
+    """Launch on the tensors' GPU (Triton launches on the current device, on its current stream)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
     """Run the neuron over ``x2 [T, N]``; returns ``(spikes, state, saved)`` (see :mod:`spikefuse.ops.reference`).
 
-    ``block`` overrides the neurons per program (a power of two >= 128; for tests).
+    ``block`` overrides the neurons per program (one of :data:`BLOCK_SIZES`; for tests).
     """
-    spec = SpecArgs(*spec_args)
     _check_dtype(x2)
     t_steps, n = x2.shape
     cdt = compute_dtype(x2.dtype)
     device = x2.device
     _check_tensor(x2, "x", (t_steps, n), x2.dtype, device)
-    _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
     _check_tensor(v_init, "v_init", (n,), cdt, device)
-    per_channel, inner, channels = _layout(leak, inner, n)
+    leak, per_channel, inner, channels = _leak_layout(leak, inner, n, cdt, device)
     spikes = torch.empty_like(x2)
     state = torch.empty(n, dtype=cdt, device=device)
     saved = torch.empty((t_steps, n), dtype=cdt, device=device) if save == P.SAVE_POTENTIAL else None
     if t_steps == 0 or n == 0:
         state.copy_(v_init)
         return spikes, state, saved
-    block = block or block_size(n)
-    dyn, reset, charge = _dynamics_args(spec)
-    f64 = cdt == torch.float64
-    _forward_kernel[(triton.cdiv(n, block),)](
-        x2, leak, v_init, spikes, state, saved if saved is not None else state,
-        t_steps, n, inner, channels,
-        *_split3(spec.threshold, "threshold", f64), *_split3(spec.v_reset, "v_reset", f64),
-        DYN=dyn, RESET=reset, CHARGE=charge, SPR=bool(spec.state_post_reset), STRICT=bool(spec.fire_strict),
-        SAVE_H=saved is not None, PER_CHANNEL=per_channel, F64=f64, BLOCK=block,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
+    block = _check_block(block, n)
+    floats, constexprs, _ = _launch_args(tuple(spec_args), cdt == torch.float64)
+    with _on_device(device):
+        _forward_kernel[(triton.cdiv(n, block),)](
+            x2, leak, v_init, spikes, state, saved if saved is not None else state,
+            t_steps, n, inner, channels, *floats[:6],
+            **constexprs, SAVE_H=saved is not None, PER_CHANNEL=per_channel, BLOCK=block,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
     return spikes, state, saved
 
 
@@ -555,7 +592,6 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     device = grad_spikes.device
     _check_tensor(grad_spikes, "grad_spikes", (t_steps, n), xdt, device)
     _check_tensor(grad_state, "grad_state", (n,), cdt, device)
-    _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
     _check_tensor(v_init, "v_init", (n,), cdt, device)
     if x2 is not None:
         _check_tensor(x2, "x", (t_steps, n), xdt, device)
@@ -565,8 +601,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     else:
         assert saved is not None, "spikefuse Triton backend: memory mode 'potential' needs the saved potentials"
         _check_tensor(saved, "saved", (t_steps, n), cdt, device)
-    per_channel, inner, channels = _layout(leak, inner, n)
-    dyn, reset, charge = _dynamics_args(spec)
+    leak, per_channel, inner, channels = _leak_layout(leak, inner, n, cdt, device)
+    need_leak_grad = bool(need_leak_grad)
 
     grad_x = torch.empty((t_steps, n), dtype=xdt, device=device)
     grad_v = torch.empty(n, dtype=cdt, device=device)
@@ -576,32 +612,28 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         grad_v.copy_(grad_state)
         return grad_x, grad_v, torch.zeros_like(leak) if need_leak_grad else None
 
-    if recompute:
+    if recompute:  # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch
         gx_in_h = xdt == cdt
         h_buf = grad_x if gx_in_h else torch.empty((t_steps, n), dtype=cdt, device=device)
     else:
         gx_in_h = False
         h_buf = saved
-    use_x = bool(
+    # x enters backward only through dh/dk of the decay-input charges (recovered from h when x is absent).
+    use_x = (
         need_leak_grad
         and x2 is not None
         and spec.dynamics == P.SPIKINGJELLY
         and spec.charge in (P.CHARGE_DIV_INPUT, P.CHARGE_MUL_INPUT)
     )
-    detach = bool(spec.detach_reset) or spec.reset == P.NONE  # no reset: nothing to detach (one specialization)
-    c1, c2 = _surrogate_consts(spec)
-    f64 = cdt == torch.float64
-    block = block or block_size(n)
-    _backward_kernel[(triton.cdiv(n, block),)](
-        grad_spikes, grad_state, x2 if x2 is not None else grad_spikes, h_buf, grad_x, leak, v_init, grad_v,
-        leak_partial if leak_partial is not None else grad_v,
-        t_steps, n, inner, channels,
-        *_split3(spec.threshold, "threshold", f64), *_split3(spec.v_reset, "v_reset", f64),
-        *_split3(c1, "surrogate parameter", f64), *_split3(c2, "surrogate parameter", f64),
-        DYN=dyn, RESET=reset, CHARGE=charge, SPR=bool(spec.state_post_reset), STRICT=bool(spec.fire_strict),
-        DETACH=detach, SG=int(spec.surrogate_code), RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x,
-        NEED_LEAK=bool(need_leak_grad), PER_CHANNEL=per_channel, F64=f64, BLOCK=block,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
+    block = _check_block(block, n)
+    floats, _, constexprs = _launch_args(tuple(spec_args), cdt == torch.float64)
+    with _on_device(device):
+        _backward_kernel[(triton.cdiv(n, block),)](
+            grad_spikes, grad_state, x2 if x2 is not None else grad_spikes, h_buf, grad_x, leak, v_init, grad_v,
+            leak_partial if leak_partial is not None else grad_v,
+            t_steps, n, inner, channels, *floats,
+            **constexprs, RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=need_leak_grad,
+            PER_CHANNEL=per_channel, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
     grad_leak = reduce_leak_grad(leak_partial, channels, inner) if need_leak_grad else None
     return grad_x, grad_v, grad_leak
