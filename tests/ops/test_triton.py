@@ -11,7 +11,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
 
-import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import zlib  # noqa: E402
@@ -136,6 +135,22 @@ def test_decay_input_leak_gradient_with_and_without_x(charge, with_x):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("surrogate", cases.SURROGATES, ids=lambda sg: type(sg).__name__)
+def test_surrogate_derivative_on_a_grid(surrogate):
+    """The kernel's surrogate'(u) against Surrogate.derivative: with T=1, no reset, k=1, v_init=0 and threshold 0,
+    h = u exactly and grad_x = 1 * surrogate'(u) + 0."""
+    u = torch.linspace(-3, 3, 601)
+    p1, _ = surrogate.params()
+    u = u[((u.abs() - p1).abs() > 1e-4) | (surrogate.code != Rectangle.code)]  # not on the Rectangle's edges
+    spec = P.NeuronSpec(threshold=0.0, reset=P.NONE, surrogate=surrogate)
+    n = u.numel()
+    grad_x, _, _ = triton_ops.backward(
+        torch.ones(1, n), torch.zeros(n), u[None].contiguous(), torch.ones(1), 1, torch.zeros(n), None,
+        spec.kernel_args(), P.SAVE_INPUT, False,
+    )  # fmt: skip
+    torch.testing.assert_close(grad_x[0], surrogate.derivative(u), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Dtypes
 # ---------------------------------------------------------------------------------------------------------------
@@ -241,7 +256,8 @@ ODD_SHAPES = [(1, 1), (1, 7), (5, 1), (3, 1, 1, 1), (2, 3, 1, 5, 2), (6, 2, 4, 1
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes(shape, memory):
     """T=1, N=1, unit and trailing dims; a per-channel leak wherever the rank allows more than one channel."""
-    for i, combo in enumerate([(P.SNNTORCH, P.SOFT, P.CHARGE_MUL, False), (P.SPIKINGJELLY, P.HARD, P.CHARGE_MUL_INPUT, True)]):
+    combos = [(P.SNNTORCH, P.SOFT, P.CHARGE_MUL, False), (P.SPIKINGJELLY, P.HARD, P.CHARGE_MUL_INPUT, True)]
+    for i, combo in enumerate(combos):
         spec = _spec_for(combo, i + len(shape))
         _check_case(spec, shape, per_channel=len(shape) >= 2, save=MEMORY[memory], seed=_seed(shape, i))
 
@@ -258,7 +274,9 @@ API_SPECS = [
         id="snntorch",
     ),
     pytest.param(
-        P.NeuronSpec(dynamics=P.SPIKINGJELLY, charge=P.CHARGE_DIV_INPUT, state_post_reset=True, surrogate=Rectangle(0.8, 1.25)),
+        P.NeuronSpec(
+            dynamics=P.SPIKINGJELLY, charge=P.CHARGE_DIV_INPUT, state_post_reset=True, surrogate=Rectangle(0.8, 1.25)
+        ),
         id="sj-divin",
     ),
 ]
@@ -369,18 +387,30 @@ def _fwd(dyn, reset, charge, spr, f64=False, save=True, pc=True, block=1024):
 
 def _bwd(dyn, reset, charge, spr, sg, rec, gx_in_h, use_x, leak=True, f64=False, pc=True, block=1024, detach=False):
     return dict(DYN=dyn, RESET=reset, CHARGE=charge, SPR=spr, STRICT=dyn == P.SNNTORCH, DETACH=detach, SG=sg,
-                RECOMPUTE=rec, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=leak, PER_CHANNEL=pc, F64=f64, BLOCK=block)  # fmt: skip
+                RECOMPUTE=rec, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=leak, PER_CHANNEL=pc, F64=f64,
+                BLOCK=block)  # fmt: skip
 
 
 _SJ, _PA, _SN = P.SPIKINGJELLY, P.PAPER, P.SNNTORCH
 _ONES = {"T": 1, "N": 1, "inner": 1}  # the launcher's ints are specialized when equal to 1
+
+
+def _case(id, kernel, xdt, const, ints=None):
+    return dict(id=id, kernel=kernel, xdt=xdt, const=const, ints=ints or {})
+
+
 COMPILE_CASES = [
-    dict(id="fwd-sj-divin-f32", kernel="_forward_kernel", xdt="fp32", const=_fwd(_SJ, P.HARD, P.CHARGE_DIV_INPUT, True), ints={}),
-    dict(id="fwd-paper-f16-T1", kernel="_forward_kernel", xdt="fp16", const=_fwd(_PA, P.HARD, 0, False, save=False, pc=False, block=128), ints=_ONES),
-    dict(id="fwd-snn-f64", kernel="_forward_kernel", xdt="fp64", const=_fwd(_SN, P.SOFT, 0, False, f64=True, block=256), ints={}),
-    dict(id="bwd-sj-divin-recompute", kernel="_backward_kernel", xdt="fp32", const=_bwd(_SJ, P.SOFT, P.CHARGE_DIV_INPUT, True, 0, True, True, True), ints={}),
-    dict(id="bwd-paper-bf16-scratch-T1", kernel="_backward_kernel", xdt="bf16", const=_bwd(_PA, P.HARD, 0, False, 2, True, False, False, pc=False, block=128), ints=_ONES),
-    dict(id="bwd-sj-mulin-f64-potential", kernel="_backward_kernel", xdt="fp64", const=_bwd(_SJ, P.HARD, P.CHARGE_MUL_INPUT, True, 3, False, False, False, f64=True, block=512, detach=True), ints={}),
+    _case("fwd-sj-divin-f32", "_forward_kernel", "fp32", _fwd(_SJ, P.HARD, P.CHARGE_DIV_INPUT, True)),
+    _case("fwd-paper-f16-T1", "_forward_kernel", "fp16", _fwd(_PA, P.HARD, 0, False, save=False, pc=False, block=128),
+          _ONES),
+    _case("fwd-snn-f64", "_forward_kernel", "fp64", _fwd(_SN, P.SOFT, 0, False, f64=True, block=256)),
+    _case("bwd-sj-divin-recompute", "_backward_kernel", "fp32",
+          _bwd(_SJ, P.SOFT, P.CHARGE_DIV_INPUT, True, sg=0, rec=True, gx_in_h=True, use_x=True)),
+    _case("bwd-paper-bf16-scratch-T1", "_backward_kernel", "bf16",
+          _bwd(_PA, P.HARD, 0, False, sg=2, rec=True, gx_in_h=False, use_x=False, pc=False, block=128), _ONES),
+    _case("bwd-sj-mulin-f64-potential", "_backward_kernel", "fp64",
+          _bwd(_SJ, P.HARD, P.CHARGE_MUL_INPUT, True, sg=3, rec=False, gx_in_h=False, use_x=False, f64=True, block=512,
+               detach=True)),
 ]  # fmt: skip
 
 

@@ -10,10 +10,16 @@ floats.
 Numerics. The forward recursion performs exactly the floating-point operations of :mod:`spikefuse.params` in the
 same order, so spikes and states are bit-identical to :mod:`spikefuse.ops.reference`: kernels are launched with
 ``enable_fp_fusion=False`` (no mul+add contraction into FMA) and divide with ``div_rn`` (Triton's plain fp32 ``/``
-may be approximate on NVIDIA GPUs). Float16 / bfloat16 inputs are upcast to float32 per step (state, ``h`` and all
+may be approximate on NVIDIA GPUs). A reset is a select (``tl.where``) as :mod:`spikefuse.params` writes it; the
+reference multiplies by the 0/1 spike instead, which gives the same bits for finite values. Float16 / bfloat16 inputs are upcast to float32 per step (state, ``h`` and all
 arithmetic in float32), spikes are written in the input's dtype. Float64 is computed in float64; since Triton
 passes Python floats to kernels as float32, every runtime constant travels as three float32 parts whose float64
 sum is exact (:func:`_split3`).
+
+Backward is one reverse loop over T with ``dL/dh`` carried in registers (the derivation in the kernel contract):
+in memory mode ``potential`` it reads the saved ``h``; in ``recompute`` it first re-runs the forward recursion for
+its own neurons, writing ``h`` into the ``grad_x`` buffer (or a float32 scratch for half inputs), then overwrites it
+with ``grad_x`` as the reverse loop consumes it.
 
 Entry points: ``forward`` and ``backward`` as documented in :mod:`spikefuse.ops.reference`.
 """
@@ -472,12 +478,12 @@ def _split3(value: float, name: str, f64: bool) -> tuple[float, float, float]:
     hi = _to_f32(value)
     if not math.isfinite(hi) or not math.isfinite(value):
         if f64 and hi != value:
-            raise ValueError(f"{name}={value!r} cannot be passed to the Triton kernels in float64 (beyond float32 range)")
+            raise ValueError(f"{name}={value!r} cannot be passed to the Triton kernels in float64 (beyond float32)")
         return hi, 0.0, 0.0
     mid = _to_f32(value - hi)
     lo = _to_f32(value - hi - mid)
     if f64 and (hi + mid) + lo != value:
-        raise ValueError(f"{name}={value!r} cannot be passed exactly to the Triton kernels in float64 (float32 underflow)")
+        raise ValueError(f"{name}={value!r} cannot be passed exactly to the Triton kernels in float64 (underflow)")
     return hi, mid, lo
 
 
@@ -528,12 +534,14 @@ def _check_dtype(x2: torch.Tensor) -> None:
 
 def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
     assert t.is_contiguous(), f"spikefuse Triton backend: {name} must be contiguous (the API makes it so)"
-    assert tuple(t.shape) == tuple(shape), f"spikefuse Triton backend: {name} has shape {tuple(t.shape)}, expected {shape}"
+    assert tuple(t.shape) == tuple(shape), (
+        f"spikefuse Triton backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}"
+    )
     assert t.dtype == dtype, f"spikefuse Triton backend: {name} has dtype {t.dtype}, expected {dtype}"
     assert t.device == device, f"spikefuse Triton backend: {name} is on {t.device}, expected {device}"
 
 
-def _leak_layout(leak: torch.Tensor, inner: int, n: int, cdt: torch.dtype, device) -> tuple[torch.Tensor, bool, int, int]:
+def _leak_layout(leak: torch.Tensor, inner: int, n: int, cdt: torch.dtype, device) -> tuple:
     """The leak (made contiguous: it has only C entries) and ``(PER_CHANNEL, inner, C)``."""
     leak = leak.reshape(-1).contiguous()
     _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
