@@ -170,3 +170,14 @@ def test_surrogate_mapping_and_errors():
         C.Leaky(beta=0.5, reset_mechanism="hard")
     with pytest.raises(ValueError, match="per-neuron beta"):
         C.Leaky(beta=torch.rand(3, 8))(torch.rand(T, 3, 8))  # varies along the batch dim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_input_float32_spikes(backend):
+    peer = snntorch.Leaky(beta=0.7, reset_mechanism="zero")
+    ours = C.Leaky(beta=0.7, reset_mechanism="zero", backend=backend)
+    x = _inputs(ours, seed=12, mem0=torch.zeros(SHAPE)).double()
+    s1, m1 = _peer_loop(peer, x, None)
+    s2, m2 = ours(x)
+    assert s1.dtype == s2.dtype == torch.float32 and m1.dtype == m2.dtype == torch.float64
+    assert torch.equal(s1, s2) and torch.equal(m1, m2)

@@ -12,7 +12,8 @@ single-step ``Leaky`` gives::
         spk.append(s)
     spk_seq, mem_last = torch.stack(spk), mem
 
-(spikes and membrane potentials bit for bit in float32/float64, gradients up to rounding). snnTorch's own
+(spikes and membrane potentials bit for bit in float32/float64, gradients up to rounding; the spikes are
+float32 whatever the input dtype, as in snnTorch). snnTorch's own
 single-step call is :meth:`Leaky.step` ``(x, mem) -> (spk, mem)``. As in snnTorch, ``mem`` is the pre-reset
 membrane potential (``mem > threshold`` spikes, and the reset is applied at the next step); when ``mem`` is not
 given, the state kept from the previous call is used (zeros at first, or when the input shape changes), and
@@ -222,7 +223,8 @@ class Leaky(nn.Module):
         leak, view = self._leak_and_view(x_seq)
         v_init = mem0.reshape(view.shape[1:])
         spikes, state = spiking_neuron(view, leak, self.spec(), v_init=v_init, backend=self.backend, memory=self.memory)
-        spikes = spikes.reshape(x_seq.shape)
+        # snnTorch's surrogates return ``(u > 0).float()``: float32 spikes whatever the input dtype.
+        spikes = spikes.reshape(x_seq.shape).float()
         if self.learn_graded_spikes_factor or not bool(self.graded_spikes_factor == 1):
             spikes = spikes * self.graded_spikes_factor
         self.mem = state.reshape(x_seq.shape[1:])
