@@ -56,7 +56,7 @@ def _leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
             raise ValueError(f"{name} is on {leak.device} but x is on {x.device}: put both on the same device")
         if leak.ndim > 1:
             raise ValueError(f"{name} must be a scalar or a 1-D per-channel tensor, got shape {tuple(leak.shape)}")
-        return leak.reshape(-1).to(cdt)
+        return leak.reshape(-1).to(cdt).contiguous()
     if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not math.isfinite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
     return torch.full((1,), float(leak), dtype=cdt, device=x.device)

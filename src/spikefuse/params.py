@@ -65,6 +65,11 @@ class NeuronSpec:
     charge: int = CHARGE_MUL
     state_post_reset: bool = False
 
+    def __post_init__(self):
+        if self.reset != HARD and self.v_reset != 0.0:
+            # The SpikingJelly charge uses v_reset as its leak target r, which is 0 without a hard reset.
+            raise ValueError(f"v_reset must be 0.0 unless reset is HARD, got {self.v_reset}")
+
     @property
     def fire_strict(self) -> bool:
         """snnTorch fires on ``h > threshold``; the paper and SpikingJelly on ``h >= threshold``."""

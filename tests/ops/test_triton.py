@@ -318,11 +318,6 @@ def test_api_custom_op_autograd(spec, memory):
     _run_api(spec, memory, x, leak, v, chained=False)
 
 
-@pytest.mark.xfail(
-    reason="ops/autograd.py returns the v_init and leak gradients in each other's positions "
-    "(its inputs are x2, leak, v_init), which also cuts the gradient through a chained state; reported",
-    strict=False,
-)
 @pytest.mark.parametrize("memory", list(MEMORY))
 @pytest.mark.parametrize("spec", API_SPECS[:1])
 def test_api_learnable_leak_v_init_and_continuation(spec, memory):

@@ -101,7 +101,10 @@ def _backward(ctx, grad_spikes, grad_state, _grad_saved):
         save,
         need_leak_grad,
     )
-    return grad_x, grad_v if ctx.needs_input_grad[2] else None, grad_leak if need_leak_grad else None, None, None, None, None, None
+    # One gradient per input of neuron_forward, in its order: (x2, leak, v_init, ...).
+    grad_leak = grad_leak if need_leak_grad else None
+    grad_v = grad_v if ctx.needs_input_grad[2] else None
+    return grad_x, grad_leak, grad_v, None, None, None, None, None
 
 
 torch.library.register_autograd("spikefuse::neuron_forward", _backward, setup_context=_setup_context)

@@ -117,5 +117,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         grads = torch.autograd.grad((spikes, state), inputs, (grad_spikes.to(spikes.dtype), grad_state), allow_unused=True)
     grad_x = grads[0] if grads[0] is not None else torch.zeros_like(x2)
     grad_v = grads[1] if grads[1] is not None else torch.zeros_like(v_init)
-    grad_leak = grads[2] if need_leak_grad else None
+    grad_leak = None
+    if need_leak_grad:  # an IF charge does not use the leak: its gradient is zero, not missing
+        grad_leak = grads[2] if grads[2] is not None else torch.zeros_like(leak)
     return grad_x, grad_v, grad_leak
