@@ -367,6 +367,12 @@ class _TimeSplitFunction(torch.autograd.Function):
             gx = got.get(id(xj))
             gv = got.get(id(vj)) if vj is not None else None
             gl = got.get(id(leak_leaf)) if leak_leaf is not None else None
+            for name, t, gt in (("x", xj, gx), ("v_init", vj, gv), ("decay", leak_leaf, gl)):
+                if t is not None and t.requires_grad and gt is None:  # the state always feeds the outputs
+                    raise RuntimeError(
+                        f"time split: the neuron returned no gradient for its {name} (rank {chain.rank}, chunk {j}); "
+                        "its backend does not differentiate the state/decay, so the chain's gradient would be wrong"
+                    )
             if not first:
                 out = (gv if gv is not None else torch.zeros_like(stj)).contiguous()
                 sends.append((out, dist.isend(out, dst=chain.peer(chain.rank - 1), group=chain.group, tag=_BWD_TAG + j)))
