@@ -169,6 +169,16 @@ def peak_memory_mb(device: torch.device | str = "cpu") -> tuple[float, float | N
     return rss_mb, cuda
 
 
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads in torch and (when the fused CPU backend's numba is installed) numba."""
+    torch.set_num_threads(threads)
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -511,7 +521,7 @@ def fit(cfg: TrainConfig, resume: str | os.PathLike | bool | None = None, log: C
     cfg.validate()
     device = torch.device(cfg.device)
     if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+        set_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = None
@@ -612,7 +622,7 @@ def evaluate_checkpoint(
         cfg.batch_size = batch_size
     cfg.validate()
     if threads is not None:
-        torch.set_num_threads(threads)
+        set_threads(threads)
     dev = torch.device(device)
     _, test_ds, info = _load_data(cfg)
     info = _info_dict(info)
