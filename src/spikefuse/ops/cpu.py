@@ -1,0 +1,567 @@
+"""The fused CPU backend: numba kernels that run all T time steps of a block of neurons in one pass.
+
+Layout of the work: the ``N`` neurons are cut into blocks; blocks run in parallel (``prange``), and each block
+loops over time with its membrane potentials in a small local array (L1-resident), the inner loop running over
+the block's neurons contiguously so that LLVM vectorizes it. Every mode switch (dynamics, reset, charge, surrogate,
+detach, ...) is an integer argument that is constant inside the loops, so LLVM unswitches those branches out of
+the vectorized loop and one compiled function serves every spec.
+
+Floating point: the step formulas follow :mod:`spikefuse.params` operation by operation, with every constant in
+the compute dtype (the constants travel in a small array of that dtype, never as Python floats, which numba
+would treat as float64 and silently promote float32 arithmetic with). No ``fastmath``: LLVM neither contracts
+``a*b + c`` into an FMA nor reassociates, so spikes and states are bit-identical with :mod:`.reference`.
+
+Memory traffic per neuron and step (float32): forward 12 bytes with ``SAVE_POTENTIAL`` (read x, write spikes and
+h), 8 without; backward 12 bytes (read grad_spikes and h, write grad_x). In recompute mode (``SAVE_INPUT``) the
+backward first recomputes ``h`` of a block into the block's columns of the ``grad_x`` buffer (small blocks, so the
+``T x block`` tile stays in L2), then runs the reverse loop over it, overwriting it with ``grad_x``.
+
+Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
+half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .. import params as P
+from .common import SpecArgs, compute_dtype, reduce_leak_grad
+
+__all__ = ["forward", "backward"]
+
+# Loop families. Forward: one branch-free formula for the paper / snnTorch neurons (flags select the reset), and
+# one per SpikingJelly charge form (IF runs as MUL with k = 0, which is exact). Each family's loops are inlined
+# with a literal family code, so LLVM folds the family switch away and vectorizes a loop that holds only that
+# family's arithmetic plus a few loop-invariant selects.
+_FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
+
+# Layout of the constants array ``fp`` (compute dtype).
+_F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL = range(7)
+_NF = 7
+
+# Layout of the integer flags array ``fl`` (int64).
+(_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_STRICT, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
+ _I_RESET) = range(13)
+_NI = 13
+
+# Bit patterns of 1.0 for spikes written through a 16-bit integer view of a half-precision output.
+_ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}
+
+_FORWARD_BLOCK = 4096
+_BACKWARD_BLOCK = 2048
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scalar building blocks (inlined by numba into the loops below).
+
+
+@njit(inline="always")
+def _fire(u, strict, zero):
+    """``u > 0`` (strict, snnTorch) or ``u >= 0``, branch-free."""
+    return (u > zero) | ((strict == 0) & (u == zero))
+
+
+@njit(inline="always")
+def _step(fam, hp, s, xv, k, th, vr, rval, hard, psoft, ssoft, ron, rhard, zero):
+    """One step ``h = step(h_prev, s_prev, x)`` with the exact operation order of :mod:`spikefuse.params`.
+
+    LIF family: ``((R if s&hard else k*((h-th) if s&psoft else h)) + x) - (th if s&ssoft else 0)``, which is
+    PAPER hard (R = v_reset), snnTorch zero-reset (R = 0), PAPER soft (psoft), snnTorch subtract (ssoft) and the
+    no-reset ``k*h + x`` (no flag) bit for bit (``+ 0`` / ``- 0`` are exact). SpikingJelly: post-reset ``u``, then
+    the charge of the family.
+    """
+    if fam == _FAM_LIF:
+        y = (rval if s & hard else k * ((hp - th) if s & psoft else hp)) + xv
+        return y - (th if s & ssoft else zero)
+    u = ((vr if rhard else hp - th) if s & ron else hp)
+    if fam == _FAM_DIV_INPUT:
+        return u + (xv - (u - vr)) / k
+    elif fam == _FAM_MUL_INPUT:
+        return u + (xv - (u - vr)) * k
+    elif fam == _FAM_DIV:
+        return u - (u - vr) / k + xv
+    return u - (u - vr) * k + xv
+
+
+@njit(inline="always")
+def _surrogate(code, u, a, b, zero, one):
+    """The surrogate derivative of :mod:`spikefuse.surrogate` for ``u = h - threshold``.
+
+    Sigmoid (``a = alpha``): ``alpha*s*(1-s)`` evaluated as ``alpha*e/(1+e)^2`` with ``e = exp(-alpha*|u|)``, the
+    same function (it is even in u) with one exp, one division and no cancellation or overflow.
+    ATan: ``b / (1 + (u*a)^2)`` with ``a = pi/2*alpha``, ``b = alpha/2``. Rectangle: ``b if |u| < a``.
+    Triangle: ``max(a - b*|u|, 0)`` with ``b = alpha^2``. FastSigmoid: ``1 / (a*|u| + 1)^2``.
+    """
+    if code == 0:
+        e = np.exp(-(a * abs(u)))
+        q = one + e
+        return a * e / (q * q)
+    elif code == 1:
+        z = u * a
+        return b / (one + z * z)
+    elif code == 2:
+        return b if abs(u) < a else zero
+    elif code == 3:
+        return max(a - b * abs(u), zero)
+    z = a * abs(u) + one
+    return one / (z * z)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Block loops. Called with literal family / surrogate / flag arguments: numba compiles one specialization per
+# literal value, in which the switches are constants, so every loop holds only its own arithmetic.
+
+
+@njit
+def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit.
+
+    Spikes / potentials not wanted (``write_s`` / ``write_h`` false) go to a block-sized scratch row that stays
+    in L1, so a single loop per family serves the forward with and without saving h and the backward's recompute.
+    """
+    th, vr, rval, zero = fp[_F_TH], fp[_F_VR], fp[_F_RVAL], fp[_F_ZERO]
+    hard, psoft, ssoft = fl[_I_HARD] != 0, fl[_I_PSOFT] != 0, fl[_I_SSOFT] != 0
+    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    s0, s1 = sv[0], sv[1]
+    s_scratch = np.empty(m if not write_s else 0, sv.dtype)
+    h_scratch = np.empty(m if not write_h else 0, fp.dtype)
+    for t in range(x.shape[0]):
+        live = (fl[_I_SPR] == 0) | (t > 0)  # state_post_reset: v_init is already post-reset, s[-1] = 0
+        xr = x[t, n0 : n0 + m]
+        sr = spk[t, n0 : n0 + m] if write_s else s_scratch
+        hr = hs[t, n0 : n0 + m] if write_h else h_scratch
+        for i in range(m):
+            hp = hb[i]
+            sp = live & _fire(hp - th, strict, zero)
+            hn = _step(fam, hp, sp, xr[i], kk[i], th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
+            sr[i] = s1 if _fire(hn - th, strict, zero) else s0
+            hr[i] = hn
+            hb[i] = hn
+
+
+@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    fam = fl[_I_FAM]
+    if fam == _FAM_LIF:
+        _fwd_block(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_DIV_INPUT:
+        _fwd_block(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_MUL_INPUT:
+        _fwd_block(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_DIV:
+        _fwd_block(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    else:
+        _fwd_block(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+
+
+@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+def _fill_leak(kk, leak, n0, inner, fl, zero):
+    c = leak.shape[0]
+    if fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_IF:
+        for i in range(kk.shape[0]):
+            kk[i] = zero  # IF runs as the MUL form with k = 0
+    else:
+        for i in range(kk.shape[0]):
+            kk[i] = leak[((n0 + i) // inner) % c]
+
+
+@njit(inline="always")
+def _post_reset(h, s, th, vr, ron, rhard):
+    return ((vr if rhard else h - th) if s & ron else h)
+
+
+@njit
+def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+    n = x.shape[1]
+    th, vr, zero = fp[_F_TH], fp[_F_VR], fp[_F_ZERO]
+    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    n0 = b * block
+    m = min(block, n - n0)
+    kk = np.empty(m, fp.dtype)
+    hb = np.empty(m, fp.dtype)
+    _fill_leak(kk, leak, n0, inner, fl, zero)
+    for i in range(m):
+        hb[i] = v_init[n0 + i]
+    write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
+    _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    for i in range(m):
+        h = hb[i]
+        if fl[_I_SPR] != 0:
+            state[n0 + i] = _post_reset(h, _fire(h - th, strict, zero), th, vr, ron, rhard)
+        else:
+            state[n0 + i] = h
+
+
+@njit(parallel=True, cache=True)
+def _forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+    nblocks = (x.shape[1] + block - 1) // block
+    for b in prange(nblocks):
+        _forward_block(np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+
+
+@njit
+def _sg_row(code, hrow, dd, m, fp):
+    th, a, b, zero, one = fp[_F_TH], fp[_F_SG_A], fp[_F_SG_B], fp[_F_ZERO], fp[_F_ONE]
+    for i in range(m):
+        dd[i] = _surrogate(code, hrow[i] - th, a, b, zero, one)
+
+
+@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+def _sg_dispatch(code, hrow, dd, m, fp):
+    if code == 0:
+        _sg_row(0, hrow, dd, m, fp)
+    elif code == 1:
+        _sg_row(1, hrow, dd, m, fp)
+    elif code == 2:
+        _sg_row(2, hrow, dd, m, fp)
+    elif code == 3:
+        _sg_row(3, hrow, dd, m, fp)
+    else:
+        _sg_row(4, hrow, dd, m, fp)
+
+
+@njit
+def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire,
+             fl, fp, c3):
+    """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
+
+    ``A = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the reset is detached) covers every dynamics
+    (see :func:`_coefficients`); ``Cleak = c1*(u - r) + c2*(h - u) + c3*x`` with ``u`` the post-reset previous
+    potential. ``inplace`` (recompute mode): grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a
+    same-index read-then-write it can vectorize instead of two arrays that overlap at run time.
+    """
+    th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    rp = vr if fl[_I_SJ] != 0 else zero
+    nd = zero if fl[_I_DETACH] != 0 else one
+    out = hrow if inplace else gxrow
+    for i in range(m):
+        h = hrow[i]
+        s = _fire(h - th, strict, zero)
+        d = dd[i]
+        a = (zero if s & zos else k1[i]) + (al[i] * h + be[i]) * (d * nd)
+        gt = gsrow[i] * d + g[i] * a
+        if need_leak:
+            hp = prow[i]
+            sp = pfire & _fire(hp - th, strict, zero)
+            u = ((rp if rhard else hp - th) if sp & ron else hp)  # Cleak's reset value: 0, or v_reset (sj)
+            la[i] += gt * (c1[i] * (u - rp) + c2[i] * (h - u) + c3 * xrow[i])
+        out[i] = gt * bb[i]
+        g[i] = gt
+
+
+@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+def _bwd_row_dispatch(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos,
+                      pfire, fl, fp, c3):
+    if inplace:
+        if need_leak:
+            _bwd_row(True, True, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+        else:
+            _bwd_row(False, True, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+    else:
+        if need_leak:
+            _bwd_row(True, False, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+        else:
+            _bwd_row(False, False, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+
+
+@njit
+def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
+    """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos."""
+    th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    fam, sj, charge, reset = fl[_I_FAM], fl[_I_SJ] != 0, fl[_I_CHARGE], fl[_I_RESET]
+    hard = reset == P.HARD
+    soft = reset == P.SOFT
+    spr = fl[_I_SPR] != 0
+    if last:
+        # dL/dh[T-1] gets grad_state * (1, or d(post-reset u)/dh for state_post_reset).
+        for i in range(kk.shape[0]):
+            k1[i] = one
+            al[i] = -one if (spr and hard) else zero
+            be[i] = (vr if hard else (-th if soft else zero)) if spr else zero
+        return spr and hard
+    for i in range(kk.shape[0]):
+        k = kk[i]
+        if sj:
+            if charge == P.CHARGE_IF:
+                dc = one
+            elif charge == P.CHARGE_DIV_INPUT or charge == P.CHARGE_DIV:
+                dc = one - one / k
+            else:
+                dc = one - k
+            k1[i] = dc
+            al[i] = -dc if hard else zero
+            be[i] = dc * vr if hard else (-(dc * th) if soft else zero)
+            bb[i] = one / k if charge == P.CHARGE_DIV_INPUT else (k if charge == P.CHARGE_MUL_INPUT else one)
+            c2[i] = -(one / k) if charge == P.CHARGE_DIV_INPUT else zero
+            if charge == P.CHARGE_DIV:
+                c1[i] = one / (k * k)
+            elif charge == P.CHARGE_MUL_INPUT or charge == P.CHARGE_MUL:
+                c1[i] = -one
+            else:
+                c1[i] = zero
+        else:
+            k1[i] = k
+            if fl[_I_HARD] != 0:  # paper hard (R = v_reset) / snnTorch zero-reset (R = 0)
+                al[i] = -k
+                be[i] = fp[_F_RVAL]
+            elif fl[_I_PSOFT] != 0:
+                al[i] = zero
+                be[i] = -(k * th)
+            elif fl[_I_SSOFT] != 0:
+                al[i] = zero
+                be[i] = -th
+            else:
+                al[i] = zero
+                be[i] = zero
+            bb[i] = one
+            c1[i] = one
+            c2[i] = zero
+    if sj:
+        return hard
+    return fl[_I_HARD] != 0
+
+
+@njit
+def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
+    t_steps, n = gx.shape
+    th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
+    a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
+    strict, spr, code = fl[_I_STRICT], fl[_I_SPR] != 0, fl[_I_CODE]
+    nd = zero if fl[_I_DETACH] != 0 else one
+    c3 = one if (has_x and fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_MUL_INPUT) else zero
+    n0 = blk * block
+    m = min(block, n - n0)
+    kk = np.empty(m, fp.dtype)
+    k1 = np.empty(m, fp.dtype)
+    al = np.empty(m, fp.dtype)
+    be = np.empty(m, fp.dtype)
+    bb = np.empty(m, fp.dtype)
+    c1 = np.empty(m, fp.dtype)
+    c2 = np.empty(m, fp.dtype)
+    dd = np.empty(m, fp.dtype)
+    g = np.empty(m, fp.dtype)  # dL/dh[t+1]
+    la = np.zeros(m, fp.dtype)  # leak-gradient partial sum
+    c = leak.shape[0]
+    for i in range(m):
+        kk[i] = leak[((n0 + i) // inner) % c]
+    if recompute:
+        hb = g  # scratch for the running potential
+        for i in range(m):
+            hb[i] = v_init[n0 + i]
+        kf = c1  # scratch for the forward's k (zero for IF)
+        _fill_leak(kf, leak, n0, inner, fl, zero)
+        # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
+        _fwd_dispatch(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
+        hh = gx
+    else:
+        hh = hsaved
+    for i in range(m):
+        g[i] = gst[n0 + i]
+    zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
+    zos = _coefficients(True, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
+    for t in range(t_steps - 1, -1, -1):
+        if t == t_steps - 2:
+            zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+        hrow = hh[t, n0 : n0 + m]
+        _sg_dispatch(code, hrow, dd, m, fp)
+        prow = hh[t - 1, n0 : n0 + m] if t > 0 else v_init[n0 : n0 + m]
+        pfire = (t > 0) | (not spr)
+        xrow = x[t, n0 : n0 + m] if c3 != zero else dd
+        _bwd_row_dispatch(need_leak, recompute, hrow, gs[t, n0 : n0 + m], dd, gx[t, n0 : n0 + m], prow, xrow,
+                          g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+    if t_steps == 1:
+        zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+    for i in range(m):
+        if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
+            gv[n0 + i] = g[i] * k1[i]
+        else:
+            v = v_init[n0 + i]
+            u = v - th
+            s = _fire(u, strict, zero)
+            d = _surrogate(code, u, a_sg, b_sg, zero, one)
+            gv[n0 + i] = g[i] * ((zero if s & zos_a else k1[i]) + (al[i] * v + be[i]) * (d * nd))
+        if need_leak:
+            gl[n0 + i] = la[i]
+
+
+@njit(parallel=True, cache=True)
+def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
+    nblocks = (gx.shape[1] + block - 1) // block
+    for blk in prange(nblocks):
+        _backward_block(np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv,
+                        gl, block)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Wrappers.
+
+
+# Below this many neuron-steps a call runs on one thread: waking the thread pool costs more than it saves.
+_SERIAL_WORK = 1 << 15
+
+
+def _set_threads(work: int) -> int:
+    """Use as many numba threads as torch does, so users set the thread count in one place."""
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if work < _SERIAL_WORK:
+        threads = 1
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return threads
+
+
+def _check(name: str, t: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
+    if t is None:
+        return
+    if t.device.type != "cpu":
+        raise ValueError(f"cpu backend: {name} is on {t.device}; move it to the CPU or use backend='triton'")
+    if not t.is_contiguous():
+        raise ValueError(f"cpu backend: {name} must be contiguous (call .contiguous())")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"cpu backend: {name} has dtype {t.dtype}, expected {dtype}")
+
+
+def _check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"cpu backend supports float32, float64, float16 and bfloat16 inputs, got {dtype}; "
+            "convert x with .float()"
+        )
+
+
+def _flags(spec: SpecArgs) -> np.ndarray:
+    """The integer flags ``fl`` of the kernels (family, reset selectors, ...)."""
+    fl = [0] * _NI
+    dyn, reset, charge = spec.dynamics, spec.reset, spec.charge
+    if dyn in (P.PAPER, P.SNNTORCH):
+        fl[_I_FAM] = _FAM_LIF
+        fl[_I_HARD] = int(reset == P.HARD)
+        fl[_I_PSOFT] = int(dyn == P.PAPER and reset == P.SOFT)
+        fl[_I_SSOFT] = int(dyn == P.SNNTORCH and reset == P.SOFT)
+        # In the LIF family ron only shapes dh/dk (u = reset(h_prev) inside k*u): not for snnTorch's subtraction.
+        fl[_I_RON] = int(reset == P.HARD or fl[_I_PSOFT])
+        fl[_I_RHARD] = int(reset == P.HARD)
+    elif dyn == P.SPIKINGJELLY:
+        fams = {
+            P.CHARGE_IF: _FAM_MUL,  # with k = 0
+            P.CHARGE_DIV_INPUT: _FAM_DIV_INPUT,
+            P.CHARGE_DIV: _FAM_DIV,
+            P.CHARGE_MUL_INPUT: _FAM_MUL_INPUT,
+            P.CHARGE_MUL: _FAM_MUL,
+        }
+        if charge not in fams:
+            raise ValueError(f"unknown charge code {charge}")
+        fl[_I_FAM] = fams[charge]
+        fl[_I_SJ] = 1
+        fl[_I_RON], fl[_I_RHARD] = int(reset != P.NONE), int(reset == P.HARD)
+    else:
+        raise ValueError(f"unknown dynamics code {dyn}")
+    if reset not in (P.HARD, P.SOFT, P.NONE):
+        raise ValueError(f"unknown reset code {reset}")
+    if spec.surrogate_code not in range(5):
+        raise ValueError(f"unknown surrogate code {spec.surrogate_code}")
+    fl[_I_SPR], fl[_I_STRICT], fl[_I_DETACH] = int(spec.state_post_reset), int(spec.fire_strict), int(spec.detach_reset)
+    fl[_I_CODE], fl[_I_CHARGE], fl[_I_RESET] = int(spec.surrogate_code), int(charge), int(reset)
+    return np.array(fl, dtype=np.int64)
+
+
+def _constants(spec: SpecArgs, cdt: torch.dtype) -> np.ndarray:
+    """Threshold, v_reset and surrogate constants in the compute dtype, computed in double exactly like
+    :mod:`spikefuse.surrogate` computes them before PyTorch casts them to the tensor's dtype."""
+    code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
+    if code == 1:  # ATan(alpha)
+        a, b = math.pi / 2 * p1, p1 / 2
+    elif code == 2:  # Rectangle: half width, height
+        a, b = p1, p2
+    elif code == 3:  # Triangle(alpha)
+        a, b = p1, p1 * p1
+    else:  # Sigmoid(alpha), FastSigmoid(slope)
+        a, b = p1, 0.0
+    vals = [0.0] * _NF
+    vals[_F_TH], vals[_F_VR] = spec.threshold, spec.v_reset
+    vals[_F_SG_A], vals[_F_SG_B] = a, b
+    vals[_F_ZERO], vals[_F_ONE] = 0.0, 1.0
+    # The reset value of the LIF family's hard reset: v_reset (paper), 0 (snnTorch's reset-to-zero).
+    vals[_F_RVAL] = 0.0 if spec.dynamics == P.SNNTORCH else spec.v_reset
+    return np.array(vals, dtype=np.float32 if cdt == torch.float32 else np.float64)
+
+
+def _block_for(n: int, threads: int, block: int) -> int:
+    """``block`` neurons per task, smaller when N is small so that every thread gets work."""
+    per_thread = -(-n // threads)
+    b = min(block, max(64, -(-per_thread // 64) * 64))
+    return max(1, b)
+
+
+def _as_compute(t: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == cdt else t.to(cdt)
+
+
+def forward(x2, leak, inner, v_init, spec_args, save):
+    spec = SpecArgs(*spec_args)
+    _check_dtype(x2.dtype)
+    _check("x", x2)
+    cdt = compute_dtype(x2.dtype)
+    _check("leak", leak, cdt)
+    _check("v_init", v_init, cdt)
+    t_steps, n = x2.shape
+    threads = _set_threads(t_steps * n)
+    xc = _as_compute(x2, cdt)
+    spikes = torch.empty_like(x2)
+    if x2.dtype in _ONE_BITS:
+        spk_np = spikes.view(torch.int16).numpy()
+        sv = np.array([0, _ONE_BITS[x2.dtype]], dtype=np.int16)
+    else:
+        spk_np = spikes.numpy()
+        sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
+    state = torch.empty(n, dtype=cdt)
+    save_h = save == P.SAVE_POTENTIAL
+    hs = torch.empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
+    _forward_kernel(
+        xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
+        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
+    )
+    return spikes, state, (hs if save_h else None)
+
+
+def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad):
+    spec = SpecArgs(*spec_args)
+    cdt = compute_dtype(grad_spikes.dtype)
+    _check_dtype(grad_spikes.dtype)
+    for name, t in (("grad_spikes", grad_spikes), ("x", x2), ("saved", saved)):
+        _check(name, t)
+    _check("grad_state", grad_state, cdt)
+    _check("leak", leak, cdt)
+    _check("v_init", v_init, cdt)
+    t_steps, n = grad_spikes.shape
+    threads = _set_threads(t_steps * n)
+    recompute = save == P.SAVE_INPUT
+    if recompute and x2 is None:
+        raise ValueError("cpu backend: recompute mode (SAVE_INPUT) needs x in backward")
+    if not recompute and saved is None:
+        raise ValueError("cpu backend: memory mode 'potential' needs the saved potentials in backward")
+    if spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_MUL_INPUT and need_leak_grad and x2 is None:
+        raise ValueError("cpu backend: the leak gradient of the MUL_INPUT charge needs x in backward")
+    gs = _as_compute(grad_spikes, cdt)
+    xc = _as_compute(x2, cdt) if x2 is not None else torch.empty((0, 0), dtype=cdt)
+    hsaved = _as_compute(saved, cdt) if saved is not None else torch.empty((0, 0), dtype=cdt)
+    gx = torch.empty((t_steps, n), dtype=cdt)
+    gv = torch.empty(n, dtype=cdt)
+    gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
+    if recompute:  # the T x block tile of recomputed h stays in L2
+        block = min(4096, max(256, 65536 // t_steps))
+    else:
+        block = _BACKWARD_BLOCK
+    _backward_kernel(
+        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(),
+        _flags(spec), _constants(spec, cdt), bool(recompute), bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+    )
+    grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
+    grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
+    return grad_x, gv, grad_leak
