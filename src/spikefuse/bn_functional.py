@@ -1,0 +1,93 @@
+"""``batchnorm_lif``: BatchNorm fused with the LIF neuron, saving only the BN input for backward.
+
+Re-exported as :func:`spikefuse.functional.batchnorm_lif`; the op itself is :mod:`spikefuse.ops.bn_lif`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import ops
+from .functional import _check_input, _leak_tensor, _paper_spec, channel_layout
+from .ops import bn_lif as _bn_lif
+from .surrogate import Sigmoid
+
+__all__ = ["batchnorm_lif"]
+
+
+def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor or None")
+    if t.shape != (channels,):
+        raise ValueError(f"{name} must have shape ({channels},) (the channels, dim 2 of x), got {tuple(t.shape)}")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put both on the same device")
+
+
+def batchnorm_lif(
+    x: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    decay,
+    threshold: float,
+    v_reset: float | None = 0.0,
+    surrogate=Sigmoid(4.0),
+    detach_reset: bool = False,
+    v_init: torch.Tensor | None = None,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """BatchNorm then multi-step LIF neurons (:func:`spikefuse.lif`) on ``x`` of shape ``[T, B, C, ...]``.
+
+    Same results as ``spikefuse.lif(F.batch_norm(x.flatten(0, 1), running_mean, running_var, weight, bias,
+    training, momentum, eps).unflatten(0, x.shape[:2]), ...)``: the statistics are per channel (dim 2) over the
+    T, B and spatial dims (biased variance to normalize, unbiased for ``running_var``), the running statistics
+    are updated in place exactly as :func:`torch.nn.functional.batch_norm` does (``training=True`` and running
+    statistics given), and ``training=False`` normalizes with them. The difference is memory: backward gets only
+    ``x`` and per-channel statistics, and recomputes the normalized input, membrane potentials and spikes
+    (Liang et al., Alg. 1-4). ``decay`` is a number or a learnable scalar / per-channel tensor; the LIF
+    arguments are those of :func:`spikefuse.lif`. Differentiable in ``x``, ``weight``, ``bias``, ``decay`` and
+    ``v_init``.
+
+    Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
+    """
+    _check_input(x)
+    if x.ndim < 3:
+        raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
+    concrete = ops.resolve_backend(backend, x.device)
+    channels = x.shape[2]
+    for t, name in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
+        _check_param(t, name, channels, x)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("pass both running_mean and running_var, or neither")
+    if not training and running_mean is None:
+        raise ValueError("training=False normalizes with the running statistics: pass running_mean and running_var")
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+        raise TypeError(f"momentum must be a number (the module handles momentum=None), got {momentum!r}")
+    if training and x.numel() // channels <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+    spec = _paper_spec(threshold, v_reset, surrogate, detach_reset)
+    k = _leak_tensor(decay, x, "decay")
+    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
+    trailing = x.shape[1:]
+    if v_init is not None:
+        if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
+            raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
+        if v_init.shape != trailing:
+            raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
+        if v_init.device != x.device:
+            raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
+    spikes, state = _bn_lif.bn_spiking_neuron(
+        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init, concrete
+    )
+    return (spikes, state) if return_state else spikes

@@ -1,0 +1,134 @@
+"""BatchNorm fused with LIF neurons: the memory-lean ``Conv/FC -> BN -> LIF`` of Liang et al. (Alg. 1-4).
+
+``BatchNormLIF2d(C, ...)`` on ``[T, B, C, H, W]`` gives the same spikes, gradients and running statistics as
+``SeqToBatch(nn.BatchNorm2d(C))`` followed by :class:`spikefuse.nn.LIF`, but saves only its input (the conv
+output) and per-channel statistics for backward; the normalized input, membrane potentials and spikes are
+recomputed there. See :func:`spikefuse.bn_functional.batchnorm_lif`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
+
+from ..bn_functional import batchnorm_lif
+from ..surrogate import Sigmoid, resolve
+
+__all__ = ["BatchNormLIF1d", "BatchNormLIF2d"]
+
+
+class _BatchNormLIF(_NormBase):
+    """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
+
+    BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
+    BatchNorm's state dict loads; ``momentum=None`` is the cumulative average). LIF arguments as
+    :class:`spikefuse.nn.LIF` (``learnable_decay=True`` with ``channels`` set gives a per-channel decay).
+    """
+
+    _spatial_dims: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        *,
+        decay: float = 0.5,
+        threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        surrogate=Sigmoid(4.0),
+        detach_reset: bool = False,
+        learnable_decay: bool = False,
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.threshold = float(threshold)
+        self.v_reset = None if v_reset is None else float(v_reset)
+        self.surrogate = resolve(surrogate)
+        self.detach_reset = bool(detach_reset)
+        self.stateful = bool(stateful)
+        self.backend = backend
+        if channels is not None and not learnable_decay:
+            raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
+        if learnable_decay:
+            shape = () if channels is None else (int(channels),)
+            self.decay = nn.Parameter(torch.full(shape, float(decay), device=device))
+        else:
+            self.decay = float(decay)
+        self.state: torch.Tensor | None = None
+
+    def reset_state(self) -> None:
+        self.state = None
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() not in self._ndims:
+            raise ValueError(
+                f"{self._get_name()} expects multi-step input {self._layout} ({' or '.join(map(str, self._ndims))} "
+                f"dims), got shape {tuple(x.shape)}"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        # As torch.nn.modules.batchnorm._BatchNorm.forward.
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        v_init = self.state if self.stateful else None
+        if v_init is not None and v_init.shape != x.shape[1:]:
+            raise ValueError(
+                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
+                "call reset_state() before feeding inputs of another shape"
+            )
+        spikes, state = batchnorm_lif(
+            x,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            bn_training,
+            factor,
+            self.eps,
+            decay=self.decay,
+            threshold=self.threshold,
+            v_reset=self.v_reset,
+            surrogate=self.surrogate,
+            detach_reset=self.detach_reset,
+            v_init=v_init,
+            return_state=True,
+            backend=self.backend,
+        )
+        if self.stateful:
+            self.state = state.detach()
+        return spikes
+
+    def extra_repr(self) -> str:
+        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
+        return (
+            super().extra_repr() + f", decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, "
+            f"surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
+            f"backend={self.backend!r}"
+        )
+
+
+class BatchNormLIF1d(_BatchNormLIF):
+    """:class:`torch.nn.BatchNorm1d` over ``[T, B, C]`` or ``[T, B, C, L]`` (T*B merged) fused with LIF neurons."""
+
+    _ndims = (3, 4)
+    _layout = "[T, B, C] or [T, B, C, L]"
+
+
+class BatchNormLIF2d(_BatchNormLIF):
+    """:class:`torch.nn.BatchNorm2d` over ``[T, B, C, H, W]`` (T*B merged) fused with LIF neurons."""
+
+    _ndims = (5,)
+    _layout = "[T, B, C, H, W]"

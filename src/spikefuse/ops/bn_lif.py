@@ -1,0 +1,279 @@
+"""BatchNorm fused with a spiking neuron, saving only the BN input ``x`` for backward (Liang et al., Alg. 1-4).
+
+Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output):
+
+1. ``y, mean, invstd = aten.native_batch_norm(x merged to [T*B, C, ...])``: the very op ``nn.BatchNorm`` runs on
+   the CPU, so the statistics, the running-statistics update and ``y`` are bit-identical to the reference
+   composition ``SeqToBatch(nn.BatchNorm) -> LIF`` (torch's CPU kernel computes ``y = fma(x, a, fma(-mean, a, b))``
+   with ``a = weight*invstd``, which plain tensor ops cannot reproduce bit for bit, hence the call). The running
+   statistics are updated here, outside the custom op, so the op itself stays functional.
+2. ``spikefuse::bn_lif_forward`` runs the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing
+   but the spikes and the final state is written) and registers its autograd: the context saves ``x`` and the
+   per-channel ``mean``/``invstd`` (training) or a copy of the running statistics (eval), plus ``weight``,
+   ``bias`` and the leak; ``y`` dies after the forward. With the default ``v_init`` nothing of size ``N`` is saved
+   (an empty tensor stands for "start from the reset value").
+
+Backward (``spikefuse::bn_lif_backward``):
+
+1. recompute ``y`` with the same ``native_batch_norm`` call (training: the statistics again from ``x``, which the
+   CPU kernel computes deterministically, so ``y`` is bit-identical to the forward's; eval: from the saved running
+   statistics) -- a transient;
+2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
+   returns ``grad_y`` (and the leak / ``v_init`` gradients);
+3. ``aten.native_batch_norm_backward`` -- the per-channel reduction torch's BatchNorm backward runs:
+   ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
+   in training mode, ``grad_x = a*gy`` in eval mode.
+
+Every backend works, since only the common ``forward``/``backward`` entry points are used. Both ops are
+``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them.
+
+On CUDA ``nn.BatchNorm`` goes through cuDNN, whose ``y`` may differ from ``native_batch_norm``'s in the last ulp;
+spikes then agree with the composition except where ``y`` lands within an ulp of the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .. import params as P
+from . import module
+from .common import compute_dtype
+
+__all__ = ["bn_spiking_neuron", "bn_lif_forward", "bn_lif_backward"]
+
+
+def _spec(ints: list[int], floats: list[float]) -> tuple:
+    return (*ints, *floats)
+
+
+def _v0(v_init: Tensor, n: int, floats: list[float], ints: list[int], cdt, device) -> Tensor:
+    """``v_init`` or, when it is empty, the default start ``v_reset`` (hard reset) / 0, built on the fly."""
+    if v_init.numel():
+        return v_init
+    fill = floats[3] if ints[1] == P.HARD else 0.0  # floats = (p1, p2, threshold, v_reset)
+    return torch.full((n,), fill, dtype=cdt, device=device)
+
+
+def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
+    """``y`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
+    if training:
+        return torch.native_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)[0]
+    return torch.native_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+
+
+@torch.library.custom_op("spikefuse::bn_lif_forward", mutates_args=())
+def bn_lif_forward(
+    y2: Tensor,
+    leak: Tensor,
+    v_init: Tensor,
+    inner: int,
+    ints: list[int],
+    floats: list[float],
+    backend: str,
+    xb: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    invstd: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    training: bool,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """The neuron on ``y2 = BN(xb)`` viewed ``[T, N]``; the BN arguments are here only for autograd."""
+    n = y2.shape[1]
+    v0 = _v0(v_init, n, floats, ints, compute_dtype(y2.dtype), y2.device)
+    spikes, state, _ = module(backend).forward(y2, leak, inner, v0, _spec(ints, floats), P.SAVE_INPUT)
+    return spikes, state
+
+
+@bn_lif_forward.register_fake
+def _(y2, leak, v_init, inner, ints, floats, backend, xb, weight, bias, mean, invstd, running_mean, running_var,
+      training, eps):  # fmt: skip
+    return torch.empty_like(y2), y2.new_empty((y2.shape[1],), dtype=compute_dtype(y2.dtype))
+
+
+def _backward_impl(
+    grad_spikes: Tensor,
+    grad_state: Tensor,
+    xb: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    invstd: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    leak: Tensor,
+    v_init: Tensor,
+    inner: int,
+    ints: list[int],
+    floats: list[float],
+    backend: str,
+    training: bool,
+    eps: float,
+    need_leak_grad: bool,
+    need_affine_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(grad_x [T*B, C, ...], grad_weight, grad_bias, grad_leak, grad_v_init)``; unneeded ones are empty."""
+    t_steps, n = grad_spikes.shape
+    cdt = compute_dtype(xb.dtype)
+    v0 = _v0(v_init, n, floats, ints, cdt, xb.device)
+    y2 = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps).reshape(t_steps, n)
+    grad_y, grad_v, grad_leak = module(backend).backward(
+        grad_spikes, grad_state, y2, leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT, need_leak_grad
+    )
+    del y2
+    affine = weight is not None and need_affine_grad
+    grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
+        grad_y.reshape(xb.shape).to(xb.dtype),
+        xb,
+        weight,
+        None if training else running_mean,
+        None if training else running_var,
+        mean if training else None,
+        invstd if training else None,
+        training,
+        eps,
+        [True, affine, affine],
+    )
+    def empty():  # a fresh one each time: outputs of a custom op must not alias each other
+        return xb.new_empty(0)
+
+    if need_leak_grad and grad_leak is None:  # an IF charge does not use the leak: zero, not missing
+        grad_leak = torch.zeros_like(leak)
+    return (
+        grad_x,
+        grad_w if affine else empty(),
+        grad_b if affine else empty(),
+        grad_leak if need_leak_grad else empty(),
+        grad_v if v_init.numel() else empty(),
+    )
+
+
+bn_lif_backward = torch.library.custom_op("spikefuse::bn_lif_backward", _backward_impl, mutates_args=())
+
+
+@bn_lif_backward.register_fake
+def _(grad_spikes, grad_state, xb, weight, bias, mean, invstd, running_mean, running_var, leak, v_init, inner, ints,
+      floats, backend, training, eps, need_leak_grad, need_affine_grad):  # fmt: skip
+    affine = weight is not None and need_affine_grad
+    return (
+        torch.empty_like(xb),
+        torch.empty_like(weight) if affine else xb.new_empty(0),
+        torch.empty_like(weight) if affine else xb.new_empty(0),
+        torch.empty_like(leak) if need_leak_grad else xb.new_empty(0),
+        torch.empty_like(v_init) if v_init.numel() else xb.new_empty(0),
+    )
+
+
+# Inputs of bn_lif_forward, by position.
+_Y, _LEAK, _V, _INNER, _INTS, _FLOATS, _BACKEND, _X, _W, _B, _MEAN, _INVSTD, _RM, _RV, _TRAINING, _EPS = range(16)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.args = (inputs[_INNER], inputs[_INTS], inputs[_FLOATS], inputs[_BACKEND], inputs[_TRAINING], inputs[_EPS])
+    ctx.set_materialize_grads(True)
+    w, b = inputs[_W], inputs[_B]
+    ctx.has_w, ctx.has_b = w is not None, b is not None
+    xb = inputs[_X]
+    empty = xb.new_empty(0)
+    ctx.save_for_backward(
+        xb,
+        w if w is not None else empty,
+        b if b is not None else empty,
+        inputs[_MEAN],
+        inputs[_INVSTD],
+        inputs[_RM] if inputs[_RM] is not None else empty,
+        inputs[_RV] if inputs[_RV] is not None else empty,
+        inputs[_LEAK],
+        inputs[_V],
+    )
+
+
+def _backward(ctx, grad_spikes, grad_state):
+    xb, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
+    inner, ints, floats, backend, training, eps = ctx.args
+    need = ctx.needs_input_grad
+    need_affine = bool(need[_W] or need[_B])
+    # The reference backend differentiates its loop with autograd, which a custom op's body cannot use (the
+    # dispatcher runs it below autograd): call the implementation directly there.
+    fn = _backward_impl if backend == "reference" else bn_lif_backward
+    grad_x, grad_w, grad_b, grad_leak, grad_v = fn(
+        grad_spikes.contiguous(),
+        grad_state.contiguous(),
+        xb,
+        w if ctx.has_w else None,
+        b if ctx.has_b else None,
+        mean,
+        invstd,
+        rm if rm.numel() else None,
+        rv if rv.numel() else None,
+        leak,
+        v_init,
+        inner,
+        ints,
+        floats,
+        backend,
+        training,
+        eps,
+        bool(need[_LEAK]),
+        need_affine,
+    )
+    grads = [None] * 16
+    grads[_X] = grad_x if need[_X] else None
+    grads[_W] = grad_w if need[_W] else None
+    grads[_B] = grad_b if need[_B] else None
+    grads[_LEAK] = grad_leak if need[_LEAK] else None
+    grads[_V] = grad_v if need[_V] else None
+    return tuple(grads)
+
+
+torch.library.register_autograd("spikefuse::bn_lif_forward", _backward, setup_context=_setup_context)
+
+
+def bn_spiking_neuron(
+    x: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    leak: Tensor,
+    spec: P.NeuronSpec,
+    v_init: Tensor | None,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``) then the neuron of ``spec``.
+
+    Arguments are already validated and resolved (``backend`` concrete, ``leak`` a 1-D compute-dtype tensor of
+    1 or C entries, ``v_init`` of shape ``x.shape[1:]`` or None). Returns ``(spikes, state)``, shaped like ``x``
+    and ``x.shape[1:]``. ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
+    """
+    t_steps, trailing = x.shape[0], x.shape[1:]
+    n = math.prod(trailing)
+    inner = math.prod(x.shape[3:]) if leak.numel() > 1 else 1
+    cdt = compute_dtype(x.dtype)
+    xb = x.flatten(0, 1)
+    if not xb.is_contiguous():
+        xb = xb.contiguous()
+    det = lambda t: None if t is None else t.detach()  # noqa: E731
+    # Statistics, running-statistics update and y, exactly as nn.BatchNorm on the merged tensor.
+    y, mean, invstd = torch.native_batch_norm(
+        xb.detach(), det(weight), det(bias), running_mean, running_var, training, momentum, eps
+    )
+    if training:
+        rm = rv = None
+    else:  # backward needs the statistics y was made with, even if a later forward updates the buffers
+        rm, rv = running_mean.detach().clone(), running_var.detach().clone()
+    v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
+    args = spec.kernel_args()
+    spikes, state = bn_lif_forward(
+        y.reshape(t_steps, n), leak, v0, inner, list(args[:7]), list(args[7:]), backend,
+        xb, weight, bias, mean, invstd, rm, rv, bool(training), float(eps),
+    )  # fmt: skip
+    return spikes.reshape(x.shape), state.reshape(trailing)

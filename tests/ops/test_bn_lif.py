@@ -1,0 +1,204 @@
+"""Fused BatchNorm+LIF (recompute) against the composition SeqToBatch(nn.BatchNorm) -> spikefuse.lif(reference).
+
+Every backend: spikes equal, running statistics equal, gradients of x, gamma, beta, a learnable decay and v_init
+within 1e-5 relative; 1-d ([T, B, C], [T, B, C, L]) and 2-d inputs, odd channel counts, T=1, eval mode,
+momentum=None, affine=False; saved-for-backward bytes = x + O(C); torch.compile(fullgraph=True).
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import spikefuse  # noqa: E402
+from spikefuse.bn_functional import batchnorm_lif  # noqa: E402
+from spikefuse.nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
+from spikefuse.ops import reference  # noqa: E402
+from spikefuse.surrogate import Sigmoid  # noqa: E402
+
+BACKENDS = ["reference", "cpu", "triton"]
+THRESHOLD, MARGIN = 0.4, 1e-3
+
+
+def _backend_available(backend):
+    try:
+        spikefuse.ops.module(backend)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+
+
+def _bn_for(shape, **kw):
+    return (nn.BatchNorm2d if len(shape) == 5 else nn.BatchNorm1d)(shape[2], **kw)
+
+
+def _fused_for(shape, backend, **kw):
+    return (BatchNormLIF2d if len(shape) == 5 else BatchNormLIF1d)(shape[2], backend=backend, **kw)
+
+
+def _well_posed_input(shape, seed, decay=0.5):
+    """An input whose normalized potentials stay ``MARGIN`` away from the threshold (no spike flips on ulps)."""
+    for attempt in range(200):
+        g = torch.Generator().manual_seed(seed * 1000 + attempt)
+        x = torch.randn(shape, generator=g) * 2 + 0.5
+        y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
+        h = reference.run(y, torch.tensor([decay]), 1, torch.zeros(y.shape[1]), spikefuse.NeuronSpec(THRESHOLD).kernel_args())[2]
+        # gamma/beta below stay close to 1/0; check a band around the threshold wide enough for them
+        if ((h - THRESHOLD).abs() > MARGIN).all() and ((h * 0.9 + 0.05 - THRESHOLD).abs() > MARGIN).all():
+            return x
+    raise AssertionError("no well-posed input found")
+
+
+def _close(actual, expected, name):
+    scale = expected.abs().max().clamp_min(1e-12)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * float(scale), msg=lambda m: f"{name}: {m}")
+
+
+def _run_pair(shape, backend, *, train=True, momentum=0.1, affine=True, learnable=True, steps=1, eval_after=False):
+    _backend_available(backend)
+    torch.manual_seed(0)
+    bn = _bn_for(shape, momentum=momentum, affine=affine)
+    fused = _fused_for(shape, backend, momentum=momentum, affine=affine, decay=0.5, threshold=THRESHOLD,
+                       surrogate=Sigmoid(3.0), learnable_decay=learnable, channels=shape[2] if learnable else None)
+    if affine:
+        with torch.no_grad():
+            bn.weight.copy_(torch.linspace(0.9, 1.1, shape[2]))
+            bn.bias.copy_(torch.linspace(-0.05, 0.05, shape[2]))
+    fused.load_state_dict(bn.state_dict(), strict=False)
+    decay_ref = torch.full((shape[2],), 0.5, requires_grad=True) if learnable else 0.5
+    bn.train(train)
+    fused.train(train)
+    for step in range(steps):
+        x = _well_posed_input(shape, step)
+        xa = x.clone().requires_grad_(True)
+        xb = x.clone().requires_grad_(True)
+        ref_y = bn(xa.flatten(0, 1)).unflatten(0, shape[:2])
+        ref = spikefuse.lif(ref_y, decay=decay_ref, threshold=THRESHOLD, surrogate=Sigmoid(3.0), backend="reference")
+        out = fused(xb)
+        assert out.dtype == x.dtype and out.shape == x.shape
+        assert torch.equal(out, ref), "spikes differ"
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(7 + step))
+        (ref * g).sum().backward()
+        (out * g).sum().backward()
+        _close(xb.grad, xa.grad, "grad x")
+    if affine:
+        _close(fused.weight.grad, bn.weight.grad, "grad gamma")
+        _close(fused.bias.grad, bn.bias.grad, "grad beta")
+    if learnable:
+        _close(fused.decay.grad, decay_ref.grad, "grad decay")
+    torch.testing.assert_close(fused.running_mean, bn.running_mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fused.running_var, bn.running_var, rtol=1e-6, atol=0)
+    assert int(fused.num_batches_tracked) == int(bn.num_batches_tracked)
+    if eval_after:
+        bn.eval()
+        fused.eval()
+        x = _well_posed_input(shape, 99)
+        ref = spikefuse.lif(bn(x.flatten(0, 1)).unflatten(0, shape[:2]), decay=0.5, threshold=THRESHOLD, backend="reference")
+        assert torch.equal(fused(x), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 2, 3, 3, 5), (1, 4, 5, 2, 3), (4, 3, 5), (2, 2, 7, 3)],
+    ids=["2d-C3", "2d-T1", "1d-TBC", "1d-TBCL"],
+)
+def test_matches_composition_training(backend, shape):
+    _run_pair(shape, backend, eval_after=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eval_mode_gradients(backend):
+    # eval: y uses the running statistics and grad_x = gamma*invstd*grad_y
+    _run_pair((3, 2, 5, 2, 2), backend, train=False)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_momentum_none_cumulative_average(backend):
+    _run_pair((2, 3, 3, 4), backend, momentum=None, steps=3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_affine_false(backend):
+    _run_pair((3, 2, 5), backend, affine=False, learnable=False)
+
+
+def test_functional_v_init_gradient_and_state():
+    torch.manual_seed(0)
+    shape = (3, 2, 3, 4)
+    x = _well_posed_input(shape, 3)
+    v = (torch.rand(shape[1:]) * 0.2).requires_grad_(True)
+    w = torch.ones(3, requires_grad=True)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    s, st = batchnorm_lif(x, rm, rv, w, None, True, 0.1, 1e-5, decay=0.5, threshold=THRESHOLD, v_init=v,
+                          return_state=True, backend="cpu")
+    (s.sum() + st.sum()).backward()
+    v2 = v.detach().clone().requires_grad_(True)
+    y = nn.functional.batch_norm(x.flatten(0, 1), torch.zeros(3), torch.ones(3), None, None, True).unflatten(0, shape[:2])
+    s2, st2 = spikefuse.lif(y, decay=0.5, threshold=THRESHOLD, v_init=v2, return_state=True, backend="reference")
+    (s2.sum() + st2.sum()).backward()
+    assert torch.equal(s, s2)
+    torch.testing.assert_close(st, st2)
+    _close(v.grad, v2.grad, "grad v_init")
+
+
+def _saved_bytes(fn):
+    storages = {}
+
+    def pack(t):
+        if t.numel():
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(storages.values()), out
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_saves_only_x_and_per_channel_stats(backend):
+    _backend_available(backend)
+    shape = (4, 3, 5, 4, 4)
+    x = torch.randn(shape, requires_grad=True)
+    m = BatchNormLIF2d(5, decay=0.5, threshold=THRESHOLD, learnable_decay=True, channels=5, backend=backend)
+    saved, out = _saved_bytes(lambda: m(x * 1.0))  # x*1.0: the saved x is a non-leaf, as a conv output is
+    assert x.nbytes <= saved <= x.nbytes + 8 * 5 * 4
+    out.sum().backward()
+    # the composition with the default fused LIF saves about twice as much
+    bn = nn.BatchNorm2d(5)
+    ref_saved, _ = _saved_bytes(lambda: spikefuse.lif(bn((x * 1.0).flatten(0, 1)).unflatten(0, shape[:2]),
+                                                      decay=0.5, threshold=THRESHOLD, backend=backend))
+    assert ref_saved >= 2 * x.nbytes  # BN input x + the potentials h (+ v_init)
+
+
+def test_compile_fullgraph():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    shape = (3, 2, 4, 3, 3)
+    m = BatchNormLIF2d(4, decay=0.5, threshold=THRESHOLD, learnable_decay=True, channels=4, backend="cpu")
+    eager = BatchNormLIF2d(4, decay=0.5, threshold=THRESHOLD, learnable_decay=True, channels=4, backend="cpu")
+    eager.load_state_dict(m.state_dict())
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    x = _well_posed_input(shape, 5)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out_c, out_e = compiled(xa), eager(xb)
+    assert torch.equal(out_c, out_e)
+    out_c.sum().backward()
+    out_e.sum().backward()
+    assert torch.equal(xa.grad, xb.grad)
+    assert torch.equal(m.weight.grad, eager.weight.grad) and torch.equal(m.decay.grad, eager.decay.grad)
+    assert torch.equal(m.running_mean, eager.running_mean) and int(m.num_batches_tracked) == 1
+
+
+def test_errors():
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        batchnorm_lif(x, torch.zeros(3), torch.ones(3), training=True, decay=0.5, threshold=1.0)
+    with pytest.raises(ValueError, match="running statistics"):
+        batchnorm_lif(x, None, None, training=False, decay=0.5, threshold=1.0)
+    with pytest.raises(ValueError, match="more than 1 value"):
+        batchnorm_lif(torch.randn(1, 1, 4), None, None, training=True, decay=0.5, threshold=1.0)
+    with pytest.raises(ValueError, match=r"\[T, B, C, H, W\]"):
+        BatchNormLIF2d(4)(x)
