@@ -1,0 +1,85 @@
+"""``memory="potential"`` vs ``memory="recompute"`` of :func:`spikefuse.lif`: same results on every backend, and
+what each saves for backward (unique storages counted through ``saved_tensors_hooks``)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import spikefuse  # noqa: E402
+
+SHAPE = (5, 3, 4, 6)  # T, B, C, L
+
+
+def _available(backend):
+    try:
+        spikefuse.ops.module(backend)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+
+
+def _run(backend, memory, x, decay, v_init):
+    xx = x.clone().requires_grad_(True)
+    k = decay.clone().requires_grad_(True)
+    v = v_init.clone().requires_grad_(True)
+    storages = {}
+
+    def pack(t):
+        if t.numel():
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        s, st = spikefuse.lif(xx * 1.0, decay=k, threshold=0.5, v_init=v, return_state=True, backend=backend,
+                              memory=memory)
+    g = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    ((s * g).sum() + st.sum()).backward()
+    return s, st, xx.grad, k.grad, v.grad, sum(storages.values())
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_potential_and_recompute_agree(backend):
+    _available(backend)
+    torch.manual_seed(0)
+    x = torch.rand(SHAPE) * 0.8
+    decay = torch.full((SHAPE[2],), 0.4)
+    v_init = torch.rand(SHAPE[1:]) * 0.3
+    pot = _run(backend, "potential", x, decay, v_init)
+    rec = _run(backend, "recompute", x, decay, v_init)
+    ref = _run("reference", "potential", x, decay, v_init)
+    for a, b, name in zip(pot[:5], rec[:5], ["spikes", "state", "grad x", "grad decay", "grad v_init"]):
+        assert torch.equal(a, b), f"{backend}: {name} differs between memory modes"
+    assert torch.equal(pot[0], ref[0])
+    for a, b in zip(rec[1:5], ref[1:5]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    if backend != "reference":  # the reference ignores the memory mode (autograd through its loop)
+        x_bytes = x.nbytes
+        small = SHAPE[2] * 4
+        # potential: h [T, N] + v_init [N] + leak; recompute: x [T, N] + v_init [N] + leak (v_init is x / T)
+        assert rec[5] == x_bytes + v_init.nbytes + small
+        assert pot[5] == x_bytes + v_init.nbytes + small
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
+    """When x is already saved by another op (as the BN input is), recompute adds nothing of size [T, N] but
+    v_init, while potential adds the potentials h."""
+    _available(backend)
+    x = torch.rand(SHAPE, requires_grad=True)
+    stores = {}
+
+    def pack(t):
+        if t.numel():
+            stores[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    for memory in ("potential", "recompute"):
+        stores.clear()
+        y = x * 2.0
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            spikefuse.lif(y, decay=0.5, threshold=0.5, backend=backend, memory=memory)
+        extra = sum(v for k, v in stores.items() if k != y.untyped_storage().data_ptr())
+        expected_h = x.nbytes if memory == "potential" else 0
+        assert extra == expected_h + x.nbytes // SHAPE[0] + 4, memory
