@@ -527,6 +527,26 @@ def _launch_args(spec_args: tuple, f64: bool) -> tuple[tuple, dict, dict]:
     return floats, common, {**common, **backward_only}
 
 
+def _backward_flags(spec: SpecArgs, xdt: torch.dtype, save: int, need_leak_grad: bool, has_x: bool) -> dict:
+    """The call-level constexprs of the backward kernel (a pure function of the call, so that
+    :mod:`spikefuse.ops.triton_aot` enumerates exactly what :func:`backward` launches).
+
+    ``recompute`` writes ``h`` into the ``grad_x`` buffer when ``grad_x`` has the compute dtype (``GX_IN_H``), else
+    into a float32 scratch; x enters backward only through dh/dk of the decay-input charges (recovered from h when
+    x is absent).
+    """
+    recompute = save == P.SAVE_INPUT
+    need_leak_grad = bool(need_leak_grad)
+    use_x = (
+        need_leak_grad
+        and bool(has_x)
+        and spec.dynamics == P.SPIKINGJELLY
+        and spec.charge in (P.CHARGE_DIV_INPUT, P.CHARGE_MUL_INPUT)
+    )
+    gx_in_h = recompute and xdt == compute_dtype(xdt)
+    return dict(RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=need_leak_grad)
+
+
 def _check_dtype(x2: torch.Tensor) -> None:
     if x2.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"the Triton backend supports float32, float16, bfloat16 and float64 inputs, got {x2.dtype}")
@@ -620,19 +640,12 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         grad_v.copy_(grad_state)
         return grad_x, grad_v, torch.zeros_like(leak) if need_leak_grad else None
 
-    if recompute:  # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch
-        gx_in_h = xdt == cdt
-        h_buf = grad_x if gx_in_h else torch.empty((t_steps, n), dtype=cdt, device=device)
+    flags = _backward_flags(spec, xdt, save, need_leak_grad, x2 is not None)
+    # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch
+    if flags["GX_IN_H"]:
+        h_buf = grad_x
     else:
-        gx_in_h = False
-        h_buf = saved
-    # x enters backward only through dh/dk of the decay-input charges (recovered from h when x is absent).
-    use_x = (
-        need_leak_grad
-        and x2 is not None
-        and spec.dynamics == P.SPIKINGJELLY
-        and spec.charge in (P.CHARGE_DIV_INPUT, P.CHARGE_MUL_INPUT)
-    )
+        h_buf = torch.empty((t_steps, n), dtype=cdt, device=device) if recompute else saved
     block = _check_block(block, n)
     floats, _, constexprs = _launch_args(tuple(spec_args), cdt == torch.float64)
     with _on_device(device):
@@ -640,8 +653,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
             grad_spikes, grad_state, x2 if x2 is not None else grad_spikes, h_buf, grad_x, leak, v_init, grad_v,
             leak_partial if leak_partial is not None else grad_v,
             t_steps, n, inner, channels, *floats,
-            **constexprs, RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=need_leak_grad,
-            PER_CHANNEL=per_channel, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **constexprs, **flags, PER_CHANNEL=per_channel, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
     grad_leak = reduce_leak_grad(leak_partial, channels, inner) if need_leak_grad else None
     return grad_x, grad_v, grad_leak
