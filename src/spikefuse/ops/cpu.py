@@ -22,12 +22,15 @@ half-precision output through its 16-bit integer view (0 or the bit pattern of 1
 
 from __future__ import annotations
 
+import functools
 import math
 
+import llvmlite.ir as llvmir
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .. import params as P
 from .common import SpecArgs, compute_dtype, reduce_leak_grad
@@ -40,9 +43,12 @@ __all__ = ["forward", "backward"]
 # family's arithmetic plus a few loop-invariant selects.
 _FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
 
-# Layout of the constants array ``fp`` (compute dtype).
-_F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL = range(7)
-_NF = 7
+# Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp and
+# its table of 2^-n.
+_F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL, _F_LOG2E, _F_LN2HI, _F_LN2LO = range(10)
+_F_EXPC = 10  # 1/k! for k = 2..7
+_F_ZMAX, _F_MAGIC = 16, 17  # largest z for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
+_NF = 18
 
 # Layout of the integer flags array ``fl`` (int64).
 (_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_STRICT, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
@@ -60,13 +66,13 @@ _BACKWARD_BLOCK = 2048
 # Scalar building blocks (inlined by numba into the loops below).
 
 
-@njit(inline="always")
+@njit(inline="always", error_model="numpy")
 def _fire(u, strict, zero):
     """``u > 0`` (strict, snnTorch) or ``u >= 0``, branch-free."""
     return (u > zero) | ((strict == 0) & (u == zero))
 
 
-@njit(inline="always")
+@njit(inline="always", error_model="numpy")
 def _step(fam, hp, s, xv, k, th, vr, rval, hard, psoft, ssoft, ron, rhard, zero):
     """One step ``h = step(h_prev, s_prev, x)`` with the exact operation order of :mod:`spikefuse.params`.
 
@@ -88,17 +94,61 @@ def _step(fam, hp, s, xv, k, th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
     return u - (u - vr) * k + xv
 
 
-@njit(inline="always")
-def _surrogate(code, u, a, b, zero, one):
+@intrinsic
+def _pow2_neg(typingctx, fn):
+    """``2^-n`` for an integer-valued float ``0 <= n < bias``, built from its exponent bits (vectorizable)."""
+    if not isinstance(fn, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        (v,) = args
+        bits, bias, shift = (32, 127, 23) if fn.bitwidth == 32 else (64, 1023, 52)
+        ity = llvmir.IntType(bits)
+        n = builder.fptosi(v, ity)
+        e = builder.sub(llvmir.Constant(ity, bias), n)
+        return builder.bitcast(builder.shl(e, llvmir.Constant(ity, shift)), v.type)
+
+    return fn(fn), codegen
+
+
+@njit(inline="always", error_model="numpy")
+def _exp_consts(fp):
+    """The constants of :func:`_exp_neg` as a tuple of scalars, read once before a loop (loads from ``fp``
+    inside the loop might alias its stores as far as LLVM knows, which stops it from vectorizing)."""
+    c = _F_EXPC
+    return (fp[_F_ZMAX], fp[_F_LOG2E], fp[_F_MAGIC], fp[_F_LN2HI], fp[_F_LN2LO],
+            fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5], fp[_F_ONE])
+
+
+@njit(inline="always", error_model="numpy")
+def _exp_neg(z, ec):
+    """``exp(-z)`` for ``z >= 0`` in plain arithmetic that LLVM vectorizes (libm's exp is a scalar call).
+
+    ``z = n*ln2 + r`` (Cody-Waite, |r| <= ln2/2), ``exp(-r)`` by its degree-7 Taylor polynomial (relative error
+    < 1e-8) and ``2^-n`` from its exponent bits. ``z`` is clamped where ``2^-n`` would leave the normal range
+    (exp(-87) in float32, exp(-708) in float64), far below anything that matters next to the other terms.
+    All constants come in ``ec`` (:func:`_exp_consts`) in the compute dtype, so float32 stays float32.
+    """
+    zmax, log2e, magic, ln2hi, ln2lo, c2, c3, c4, c5, c6, c7, one = ec
+    zc = min(z, zmax)
+    fn = (zc * log2e + magic) - magic  # round to nearest integer, exactly
+    y = (fn * ln2hi - zc) + fn * ln2lo  # = -r
+    p = ((((((c7 * y + c6) * y + c5) * y + c4) * y + c3) * y + c2) * y + one) * y + one
+    return p * _pow2_neg(fn)
+
+
+@njit(inline="always", error_model="numpy")
+def _surrogate(code, u, a, b, zero, one, ec):
     """The surrogate derivative of :mod:`spikefuse.surrogate` for ``u = h - threshold``.
 
     Sigmoid (``a = alpha``): ``alpha*s*(1-s)`` evaluated as ``alpha*e/(1+e)^2`` with ``e = exp(-alpha*|u|)``, the
-    same function (it is even in u) with one exp, one division and no cancellation or overflow.
+    same function (it is even in u) with one exp, one division and no cancellation or overflow (within 1e-6
+    relative of the two-sigmoid form, which itself loses ~eps/(1-s) to cancellation for large alpha*u).
     ATan: ``b / (1 + (u*a)^2)`` with ``a = pi/2*alpha``, ``b = alpha/2``. Rectangle: ``b if |u| < a``.
     Triangle: ``max(a - b*|u|, 0)`` with ``b = alpha^2``. FastSigmoid: ``1 / (a*|u| + 1)^2``.
     """
     if code == 0:
-        e = np.exp(-(a * abs(u)))
+        e = _exp_neg(a * abs(u), ec)
         q = one + e
         return a * e / (q * q)
     elif code == 1:
@@ -117,7 +167,7 @@ def _surrogate(code, u, a, b, zero, one):
 # literal value, in which the switches are constants, so every loop holds only its own arithmetic.
 
 
-@njit
+@njit(error_model="numpy")
 def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit.
 
@@ -144,7 +194,7 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
             hb[i] = hn
 
 
-@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     fam = fl[_I_FAM]
     if fam == _FAM_LIF:
@@ -159,7 +209,7 @@ def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
         _fwd_block(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
-@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _fill_leak(kk, leak, n0, inner, fl, zero):
     c = leak.shape[0]
     if fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_IF:
@@ -170,12 +220,12 @@ def _fill_leak(kk, leak, n0, inner, fl, zero):
             kk[i] = leak[((n0 + i) // inner) % c]
 
 
-@njit(inline="always")
+@njit(inline="always", error_model="numpy")
 def _post_reset(h, s, th, vr, ron, rhard):
     return ((vr if rhard else h - th) if s & ron else h)
 
 
-@njit
+@njit(error_model="numpy")
 def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, vr, zero = fp[_F_TH], fp[_F_VR], fp[_F_ZERO]
@@ -197,21 +247,22 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
             state[n0 + i] = h
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     nblocks = (x.shape[1] + block - 1) // block
     for b in prange(nblocks):
         _forward_block(np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
 
 
-@njit
+@njit(error_model="numpy")
 def _sg_row(code, hrow, dd, m, fp):
     th, a, b, zero, one = fp[_F_TH], fp[_F_SG_A], fp[_F_SG_B], fp[_F_ZERO], fp[_F_ONE]
+    ec = _exp_consts(fp)
     for i in range(m):
-        dd[i] = _surrogate(code, hrow[i] - th, a, b, zero, one)
+        dd[i] = _surrogate(code, hrow[i] - th, a, b, zero, one, ec)
 
 
-@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _sg_dispatch(code, hrow, dd, m, fp):
     if code == 0:
         _sg_row(0, hrow, dd, m, fp)
@@ -225,7 +276,7 @@ def _sg_dispatch(code, hrow, dd, m, fp):
         _sg_row(4, hrow, dd, m, fp)
 
 
-@njit
+@njit(error_model="numpy")
 def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire,
              fl, fp, c3):
     """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
@@ -255,7 +306,7 @@ def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, 
         g[i] = gt
 
 
-@njit(inline="always")  # numba-level inlining: no extra library to link and re-optimize
+@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _bwd_row_dispatch(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos,
                       pfire, fl, fp, c3):
     if inplace:
@@ -270,7 +321,7 @@ def _bwd_row_dispatch(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g,
             _bwd_row(False, False, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
 
 
-@njit
+@njit(error_model="numpy")
 def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos."""
     th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
@@ -327,7 +378,7 @@ def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     return fl[_I_HARD] != 0
 
 
-@njit
+@njit(error_model="numpy")
 def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
     t_steps, n = gx.shape
     th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
@@ -384,13 +435,13 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
             v = v_init[n0 + i]
             u = v - th
             s = _fire(u, strict, zero)
-            d = _surrogate(code, u, a_sg, b_sg, zero, one)
+            d = _surrogate(code, u, a_sg, b_sg, zero, one, _exp_consts(fp))
             gv[n0 + i] = g[i] * ((zero if s & zos_a else k1[i]) + (al[i] * v + be[i]) * (d * nd))
         if need_leak:
             gl[n0 + i] = la[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
     nblocks = (gx.shape[1] + block - 1) // block
     for blk in prange(nblocks):
@@ -483,13 +534,27 @@ def _constants(spec: SpecArgs, cdt: torch.dtype) -> np.ndarray:
         a, b = p1, p1 * p1
     else:  # Sigmoid(alpha), FastSigmoid(slope)
         a, b = p1, 0.0
-    vals = [0.0] * _NF
+    vals = [0.0] * _F_LOG2E
     vals[_F_TH], vals[_F_VR] = spec.threshold, spec.v_reset
     vals[_F_SG_A], vals[_F_SG_B] = a, b
     vals[_F_ZERO], vals[_F_ONE] = 0.0, 1.0
     # The reset value of the LIF family's hard reset: v_reset (paper), 0 (snnTorch's reset-to-zero).
     vals[_F_RVAL] = 0.0 if spec.dynamics == P.SNNTORCH else spec.v_reset
-    return np.array(vals, dtype=np.float32 if cdt == torch.float32 else np.float64)
+    return _fp_array(tuple(vals), cdt == torch.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _fp_array(vals: tuple, single: bool) -> np.ndarray:
+    dtype = np.float32 if single else np.float64
+    fp = np.zeros(_NF, dtype=dtype)
+    fp[: len(vals)] = vals
+    fp[_F_LOG2E] = 1.0 / math.log(2.0)
+    fp[_F_LN2HI] = 0.693359375  # 11 significant bits: n * ln2_hi is exact for the table's n
+    fp[_F_LN2LO] = math.log(2.0) - 0.693359375
+    fp[_F_EXPC : _F_EXPC + 6] = [1.0 / math.factorial(k) for k in range(2, 8)]
+    fp[_F_ZMAX] = 87.0 if single else 708.0
+    fp[_F_MAGIC] = 1.5 * 2.0 ** (23 if single else 52)
+    return fp  # shared between calls: never written
 
 
 def _block_for(n: int, threads: int, block: int) -> int:
