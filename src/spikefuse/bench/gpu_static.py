@@ -71,7 +71,7 @@ def occupancy(regs: int, gpu: dict, threads: int = 128) -> int:
 
 def kernel_estimate(case: dict, res: dict, gpu: dict, T: int, N: int) -> dict:
     """Bytes, bytes / bandwidth, and the latency-hiding check of one kernel over ``T`` steps of ``N`` neurons."""
-    from ..ops.triton_aot import BYTES, COMPUTE, NUM_THREADS, traffic
+    from ..ops.triton_aot import NUM_THREADS, traffic
 
     tr = traffic(case)
     total = T * N * tr["per_step"] + N * tr["per_neuron"]

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 __all__ = [
-    "ARCHS", "DTYPES", "BLOCK_SIZES", "Case", "neuron_specs", "forward_cases", "backward_cases", "launch_ints",
+    "ARCHS", "DTYPES", "BLOCK_SIZES", "Case", "neuron_specs", "forward_constexprs", "backward_constexprs", "launch_ints",
     "full_counts", "structural_cases", "arithmetic_cases", "compile_cases", "traffic", "toolchain", "ptx_accesses",
 ]  # fmt: skip
 
