@@ -1,0 +1,341 @@
+"""The numba CPU backend against the PyTorch reference (the oracle).
+
+What is checked, and how:
+
+- Kernel entry points (``cpu.forward`` / ``cpu.backward`` against ``reference.forward`` / ``reference.backward``)
+  and the public API with autograd (``spiking_neuron`` / ``lif``, ``backend="cpu"`` against ``"reference"``) for
+  every valid dynamics x reset x charge x detach_reset x surrogate (``cases.all_specs``), scalar and per-channel
+  learnable leak, both memory modes, float32 and float64: spikes, states and saved potentials bit-identical;
+  gradients of x, v_init and leak within ``rtol=1e-5`` (float64) / float32-rounding tolerance (float32).
+  Inputs keep every potential > 1e-3 away from the threshold and the Rectangle window edges (``cases``).
+- ``torch.autograd.gradcheck`` in float64. Spikes are piecewise constant: their true derivative is 0 almost
+  everywhere and the backward returns the *surrogate* derivative by design, so gradcheck cannot check anything
+  that flows through a spike. What it can check honestly is the state output with the reset detached
+  (``detach_reset=True``): the spikes then enter only as constants, finite differences (eps 1e-6 against a
+  1e-3 margin) never flip one, and the analytic gradient must equal the numerical one exactly. That covers the
+  hand-derived parts of the backward -- the leak/charge factor of ``A``, ``B = dh/dx``, ``dh/dk`` of every
+  dynamics, ``dC/du`` for ``v_init``, per-channel reduction -- independently of the reference. The surrogate
+  terms are covered by the reference comparison and by the grid test of each surrogate's formula.
+- Hypothesis over shapes (T = 1, N = 1, odd sizes, trailing dims), specs and dtypes (incl. float16 / bfloat16).
+- Continuation: T steps at once equals two chunks with the state passed back as v_init.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numba
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spikefuse
+from spikefuse import params as P
+from spikefuse.ops import cpu, reference
+from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
+from tests.ops.cases import (
+    SURROGATES,
+    all_specs,
+    default_tolerance,
+    dynamics_combos,
+    kernel_inputs,
+    make_inputs,
+    make_spec,
+    spec_id,
+    spec_params,
+)
+
+SHAPE = (6, 2, 3, 4)  # [T, B, C, inner]: per-channel leak has 3 entries, inner = 4
+SPECS = spec_params()
+
+
+def _tol(dtype):
+    # float32: both sides round every op to float32, in a different order (and a different sigmoid formula),
+    # through up to T products of A; 1e-5 relative holds for float64.
+    return dict(rtol=1e-5, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-5)
+
+
+@functools.lru_cache(maxsize=None)
+def _inputs(shape, spec, dtype, seed, per_channel):
+    return make_inputs(shape, spec, dtype, seed, per_channel=per_channel)
+
+
+def _needs_x(spec, save):
+    return save == P.SAVE_INPUT or spec.charge == P.CHARGE_MUL_INPUT
+
+
+def _assert_close(actual, expected, name, **tol):
+    if expected is None:  # the reference returns None for a leak that does not enter the dynamics (IF)
+        expected = torch.zeros_like(actual)
+    torch.testing.assert_close(actual, expected.to(actual.dtype), msg=lambda m: f"{name}: {m}", **tol)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel entry points against the reference.
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "channel"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_kernels_match_reference(spec, per_channel, dtype):
+    x, leak, v = _inputs(SHAPE, spec, dtype, 1, per_channel)
+    x2, leak, inner, v2 = kernel_inputs(x, leak, v)
+    args = spec.kernel_args()
+    ref_spikes, ref_state, ref_h = reference.run(x2, leak, inner, v2, args)
+    gen = torch.Generator().manual_seed(2)
+    gs = torch.randn(x2.shape, generator=gen, dtype=dtype)
+    gst = torch.randn(v2.shape, generator=gen, dtype=dtype)
+    ref_grads = reference.backward(gs, gst, x2, leak, inner, v2, None, args, P.SAVE_POTENTIAL, True)
+    for save in (P.SAVE_POTENTIAL, P.SAVE_INPUT):
+        spikes, state, saved = cpu.forward(x2, leak, inner, v2, args, save)
+        assert spikes.dtype == dtype and state.dtype == dtype
+        assert torch.equal(spikes, ref_spikes), "spikes differ"
+        assert torch.equal(state, ref_state), "state differs"
+        if save == P.SAVE_POTENTIAL:
+            assert torch.equal(saved, ref_h), "saved potentials differ"
+        else:
+            assert saved is None
+        for need_leak in (True, False):
+            grads = cpu.backward(
+                gs, gst, x2 if _needs_x(spec, save) else None, leak, inner, v2, saved, args, save, need_leak
+            )
+            for name, a, b in zip(("grad_x", "grad_v_init"), grads[:2], ref_grads[:2]):
+                _assert_close(a, b, name, **_tol(dtype))
+            if need_leak:
+                assert grads[2].shape == leak.shape
+                _assert_close(grads[2], ref_grads[2], "grad_leak", **_tol(dtype))
+            else:
+                assert grads[2] is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public API with autograd.
+
+
+def _api_run(spec, x, leak, v, backend, memory):
+    x = x.clone().requires_grad_(True)
+    leak = leak.clone().requires_grad_(True)
+    v = v.clone().requires_grad_(True)
+    spikes, state = spikefuse.spiking_neuron(x, leak, spec, v_init=v, backend=backend, memory=memory)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(spikes.shape, generator=gen, dtype=torch.float64).to(spikes.dtype)
+    w2 = torch.randn(state.shape, generator=gen, dtype=torch.float64).to(state.dtype)
+    ((spikes * w).sum() + (state * w2).sum()).backward()
+    return spikes.detach(), state.detach(), x.grad, v.grad, leak.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "channel"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_api_autograd_matches_reference(spec, per_channel, dtype):
+    x, leak, v = _inputs(SHAPE, spec, dtype, 4, per_channel)
+    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    for memory in ("potential", "recompute"):
+        got = _api_run(spec, x, leak, v, "cpu", memory)
+        assert torch.equal(got[0], ref[0]), "spikes differ"
+        assert torch.equal(got[1], ref[1]), "state differs"
+        for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
+            _assert_close(a, b, f"{memory} {name}", **_tol(dtype))
+
+
+@pytest.mark.parametrize("memory", ["potential", "recompute"])
+@pytest.mark.parametrize("v_reset", [0.0, -0.1, None], ids=["hard0", "hard-0.1", "soft"])
+@pytest.mark.parametrize("surrogate", SURROGATES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
+def test_lif_matches_reference(surrogate, v_reset, detach, memory):
+    spec = P.NeuronSpec(
+        threshold=0.9, v_reset=v_reset or 0.0, reset=P.SOFT if v_reset is None else P.HARD,
+        surrogate=surrogate, detach_reset=detach,
+    )
+    x, decay, v = _inputs((5, 2, 3, 2, 2), spec, torch.float64, 5, True)
+    outs = {}
+    for backend in ("reference", "cpu"):
+        xr = x.clone().requires_grad_(True)
+        dr = decay.clone().requires_grad_(True)
+        vr = v.clone().requires_grad_(True)
+        spikes, state = spikefuse.lif(
+            xr, decay=dr, threshold=0.9, v_reset=v_reset, surrogate=surrogate, detach_reset=detach, v_init=vr,
+            return_state=True, backend=backend, memory=memory,
+        )
+        (spikes * torch.linspace(-1, 1, spikes.numel(), dtype=x.dtype).reshape(spikes.shape)).sum().add(
+            state.square().sum()
+        ).backward()
+        outs[backend] = (spikes, state, xr.grad, vr.grad, dr.grad)
+    ref, got = outs["reference"], outs["cpu"]
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    for a, b in zip(got[2:], ref[2:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gradcheck (float64): the state with a detached reset, where the exact derivative exists (see module docstring).
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "channel"])
+@pytest.mark.parametrize(
+    "combo", dynamics_combos(), ids=lambda c: spec_id(make_spec(*c, Sigmoid(), False)).removesuffix("-sigmoid")
+)
+def test_gradcheck_state_detached_reset(combo, per_channel):
+    spec = make_spec(*combo, Sigmoid(), True, variant=1)
+    x, leak, v = make_inputs((4, 2, 3), spec, torch.float64, 7, per_channel=per_channel, margin=1e-2)
+    for memory in ("potential", "recompute"):
+
+        def state_of(x, leak, v):
+            return spikefuse.spiking_neuron(x, leak, spec, v_init=v, backend="cpu", memory=memory)[1]
+
+        inputs = tuple(t.clone().requires_grad_(True) for t in (x, leak, v))
+        assert torch.autograd.gradcheck(state_of, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("surrogate", SURROGATES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_surrogate_formula_on_grid(surrogate, dtype):
+    """T=1, no reset, v_init=0: grad_x = grad_spikes * surrogate'(x - threshold) -- each formula on a grid."""
+    spec = P.NeuronSpec(threshold=0.5, reset=P.NONE, surrogate=surrogate)
+    u = torch.linspace(-3, 3, 2001, dtype=torch.float64)
+    u = u[(u.abs() - surrogate.params()[0]).abs() > 1e-6] if isinstance(surrogate, Rectangle) else u
+    x2 = (u + 0.5).to(dtype).reshape(1, -1)
+    n = x2.shape[1]
+    leak, v = torch.ones(1, dtype=dtype), torch.zeros(n, dtype=dtype)
+    _, _, saved = cpu.forward(x2, leak, 1, v, spec.kernel_args(), P.SAVE_POTENTIAL)
+    gx, _, _ = cpu.backward(torch.ones_like(x2), torch.zeros_like(v), None, leak, 1, v, saved, spec.kernel_args(),
+                            P.SAVE_POTENTIAL, False)
+    u = x2[0] - spec.threshold
+    if isinstance(surrogate, Sigmoid):
+        # Against the formula in float64 on the same u: the float32 two-sigmoid form of Sigmoid.derivative loses
+        # ~eps/(1-s) to cancellation (5e-4 relative at alpha*u = 9); the kernel's alpha*e/(1+e)^2 does not.
+        expected = surrogate.derivative(u.double())
+    else:  # the same formula in the same dtype
+        expected = surrogate.derivative(u).double()
+    torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-7, atol=1e-30)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hypothesis: shapes, parameters, dtypes.
+
+_ALL_SPECS = [spec for _, spec in all_specs()]
+_HALF_TOL = {torch.float16: dict(rtol=4e-3, atol=1e-3), torch.bfloat16: dict(rtol=3e-2, atol=1e-2)}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    t_steps=st.integers(1, 5),
+    trailing=st.lists(st.integers(1, 7), min_size=0, max_size=3),
+    spec=st.sampled_from(_ALL_SPECS),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    per_channel=st.booleans(),
+    memory=st.sampled_from(["potential", "recompute"]),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis_shapes_and_dtypes(t_steps, trailing, spec, dtype, per_channel, memory, seed):
+    shape = (t_steps, *trailing)
+    per_channel = per_channel and len(shape) >= 2
+    x, leak, v = make_inputs(shape, spec, dtype, seed, per_channel=per_channel)
+    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    got = _api_run(spec, x, leak, v, "cpu", memory)
+    assert got[0].dtype == dtype and got[0].shape == x.shape
+    assert torch.equal(got[0], ref[0]), "spikes differ"
+    assert torch.equal(got[1], ref[1]), "state differs"
+    tol = _HALF_TOL.get(dtype) or _tol(dtype)
+    for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
+        assert b is None or a.dtype == b.dtype, name
+        _assert_close(a.double(), None if b is None else b.double(), name, **tol)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Continuation: one call over T steps == two calls with the state handed over.
+
+
+@pytest.mark.parametrize("memory", ["potential", "recompute"])
+@pytest.mark.parametrize(
+    "combo", dynamics_combos(), ids=lambda c: spec_id(make_spec(*c, Sigmoid(), False)).removesuffix("-sigmoid")
+)
+def test_continuation(combo, memory):
+    spec = make_spec(*combo, ATan(2.0), False, variant=2)
+    x, leak, v = make_inputs((8, 3, 4), spec, torch.float64, 11, per_channel=True)
+
+    def run(chunks):
+        xr = x.clone().requires_grad_(True)
+        lr = leak.clone().requires_grad_(True)
+        vr = v.clone().requires_grad_(True)
+        state, outs = vr, []
+        for part in torch.split(xr, chunks):
+            s, state = spikefuse.spiking_neuron(part, lr, spec, v_init=state, backend="cpu", memory=memory)
+            outs.append(s)
+        spikes = torch.cat(outs)
+        w = torch.linspace(-1, 1, spikes.numel(), dtype=x.dtype).reshape(spikes.shape)
+        ((spikes * w).sum() + state.sum()).backward()
+        return spikes, state, xr.grad, vr.grad, lr.grad
+
+    whole, split = run(8), run(3)
+    assert torch.equal(whole[0], split[0]) and torch.equal(whole[1], split[1])
+    for a, b in zip(whole[2:], split[2:]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocks, threads, dtypes, errors.
+
+
+@pytest.mark.parametrize("spec", [make_spec(P.PAPER, P.HARD, P.CHARGE_MUL, False, Sigmoid(), False, 1),
+                                  make_spec(P.SPIKINGJELLY, P.SOFT, P.CHARGE_DIV_INPUT, True, Triangle(1.5), False, 1),
+                                  make_spec(P.SPIKINGJELLY, P.HARD, P.CHARGE_MUL_INPUT, True, FastSigmoid(), False, 2)],
+                         ids=spec_id)
+def test_many_blocks_and_threads(spec, monkeypatch):
+    """Small blocks so that a modest N crosses many block boundaries (and a ragged last block), on 2 threads."""
+    monkeypatch.setattr(cpu, "_FORWARD_BLOCK", 64)
+    monkeypatch.setattr(cpu, "_BACKWARD_BLOCK", 64)
+    monkeypatch.setattr(cpu, "_SERIAL_WORK", 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        x, leak, v = make_inputs((5, 3, 7, 31), spec, torch.float32, 13, per_channel=True)  # N = 651
+        ref = _api_run(spec, x, leak, v, "reference", "potential")
+        for memory in ("potential", "recompute"):
+            got = _api_run(spec, x, leak, v, "cpu", memory)
+            assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+            assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+            for a, b in zip(got[2:], ref[2:]):
+                _assert_close(a, b, memory, **_tol(torch.float32))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_threads_follow_torch():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        spikefuse.lif(torch.randn(4, 100_000), decay=0.9, threshold=1.0, backend="cpu")
+        assert numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs(dtype):
+    spec = make_spec(P.PAPER, P.HARD, P.CHARGE_MUL, False, Sigmoid(), False)
+    x, leak, v = make_inputs((4, 5, 6), spec, dtype, 17)
+    x2, leak, inner, v2 = kernel_inputs(x, leak, v)
+    spikes, state, saved = cpu.forward(x2, leak, inner, v2, spec.kernel_args(), P.SAVE_POTENTIAL)
+    assert spikes.dtype == dtype and state.dtype == torch.float32 and saved.dtype == torch.float32
+    ref_spikes, ref_state, ref_h = reference.run(x2, leak, inner, v2, spec.kernel_args())
+    assert torch.equal(spikes, ref_spikes) and torch.equal(state, ref_state) and torch.equal(saved, ref_h)
+    assert set(spikes.float().unique().tolist()) <= {0.0, 1.0}
+
+
+def test_errors():
+    spec = P.NeuronSpec()
+    args = spec.kernel_args()
+    leak, v = torch.ones(1), torch.zeros(4)
+    with pytest.raises(TypeError, match="float32"):
+        cpu.forward(torch.zeros(3, 4, dtype=torch.int32), leak, 1, v, args, P.SAVE_POTENTIAL)
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu.forward(torch.zeros(4, 3).t(), leak, 1, v, args, P.SAVE_POTENTIAL)
+    with pytest.raises(ValueError, match="meta"):
+        cpu.forward(torch.zeros(3, 4, device="meta"), leak, 1, v, args, P.SAVE_POTENTIAL)
+    with pytest.raises(TypeError, match="leak"):
+        cpu.forward(torch.zeros(3, 4), leak.double(), 1, v, args, P.SAVE_POTENTIAL)
+    with pytest.raises(ValueError, match="recompute"):
+        cpu.backward(torch.zeros(3, 4), v, None, leak, 1, v, None, args, P.SAVE_INPUT, False)
