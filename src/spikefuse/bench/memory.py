@@ -1,0 +1,534 @@
+"""``spikefuse bench memory``: memory of one BPTT training step, vanilla PyTorch vs SpikingJelly vs spikefuse.
+
+The memory-lean BPTT paper's CIFAR-10 "medium" network (Liang et al., Table I: 128C-128C-128C-256C-256C-512C-512C-
+1024FC-512FC-10FC, :mod:`spikefuse.models.liang`) and a Spiking-ResNet18 (CIFAR stem), each in four forms built
+from the same weights:
+
+- ``vanilla``: ``nn.BatchNorm`` + the serial PyTorch LIF loop (spikefuse's reference backend, differentiated by
+  autograd), ``nn.Conv2d``/``nn.Linear`` -- what a plain PyTorch implementation does;
+- ``spikingjelly``: SpikingJelly 2.0's multi-step ``LIFNode`` in every neuron slot, ``nn.BatchNorm`` (when
+  installed);
+- ``fused``: spikefuse's default, ``nn.BatchNorm`` + fused LIF kernels saving the membrane potentials;
+- ``lean``: BN fused with LIF (:class:`spikefuse.nn.BatchNormLIF2d`/``1d``, saves only the conv output and
+  per-channel statistics; Liang et al. Alg. 1-4) wherever a BN feeds a LIF, the other LIFs (after a residual
+  add) in ``memory="recompute"``, and :class:`~spikefuse.nn.SpikeConv2d`/``SpikeLinear`` (spike inputs saved as
+  bits) for every conv/linear layer whose input is spikes; the Liang net's average pooling saves nothing (its
+  backward needs only the input's shape, while ``F.avg_pool2d`` saves the input).
+
+Measured per model and form, on one training step (forward, cross-entropy of the time-averaged output, backward):
+
+- bytes saved for backward: the unique storages (``untyped_storage().data_ptr()``) packed by
+  ``torch.autograd.graph.saved_tensors_hooks`` during the forward, parameters excluded, split into the
+  Conv/FC-BN-LIF stack (every conv, BN and neuron module) and the rest (pooling, readout, loss);
+- step peak memory: the process's resident-set high-water mark during the step above the resident set before it
+  (``/proc/self/status`` ``VmHWM`` after resetting it through ``/proc/self/clear_refs``), with glibc's mmap
+  threshold fixed at 64 KiB (``mallopt``) so that every tensor buffer is mapped and unmapped on its own and the
+  RSS follows the bytes live on the heap (a tracemalloc for torch's CPU allocator); in the default subprocess mode
+  also the process's ``ru_maxrss``;
+- the median time of a step;
+- loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
+  over max abs value, per parameter, worst parameter reported).
+
+Each form runs in its own fresh subprocess (``--in-process`` runs them in this process, e.g. for ``--quick``).
+Writes ``benchmarks/results/bench-memory[-quick].md`` and ``.csv`` with the machine info and the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+
+MODELS = ("liang-medium", "resnet18")
+FORMS = {
+    "vanilla": "vanilla PyTorch (nn.BatchNorm + serial LIF loop)",
+    "spikingjelly": "SpikingJelly 2.0 LIFNode + nn.BatchNorm",
+    "fused": "spikefuse default (nn.BatchNorm + fused LIF, saves h)",
+    "lean": "spikefuse lean (BatchNormLIF recompute + spike inputs as bits + shape-only pooling)",
+}
+QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "repeats": 1, "resnet_width": 8}
+COLUMNS = [
+    "model", "form", "T", "batch_size", "image_size", "saved_total_MiB", "saved_stack_MiB", "saved_other_MiB",
+    "stack_vs_vanilla", "step_peak_MiB", "maxrss_MiB", "step_s", "step_vs_fused", "loss", "loss_rel_diff",
+    "grad_max_rel_diff", "worst_param",
+]  # fmt: skip
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "memory",
+        help="saved-for-backward bytes, peak memory and step time: vanilla PyTorch vs SpikingJelly vs spikefuse lean",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS),
+                   help="implementations (default: all; spikingjelly is skipped when not installed)")
+    p.add_argument("-T", type=int, default=10, help="time steps (default: %(default)s, as the paper)")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="batch size (default: %(default)s; the paper's 64 needs ~4x the memory and time)")
+    p.add_argument("--image-size", type=int, default=32, help="input height = width (default: 32, CIFAR-10)")
+    p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: 64)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per form, median reported (default: 3)")
+    p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--in-process", action="store_true",
+                   help="run every form in this process (no ru_maxrss column; faster start-up)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
+                        f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}")
+    p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------- models
+def _build(cfg: dict):
+    """The model of ``cfg`` in its ``vanilla`` form, with weights drawn from ``cfg['seed']``."""
+    import torch
+
+    from ..models import build_model
+
+    torch.manual_seed(cfg["seed"])
+    if cfg["model"] == "resnet18":
+        return build_model("resnet18", 3, 10, neuron_backend="reference", stem="cifar", width=cfg["resnet_width"])
+    return build_model(cfg["model"], 3, 10, neuron_backend="reference", image_size=cfg["image_size"])
+
+
+def _spike_conv(layer):
+    """``SpikeConv2d``/``SpikeLinear`` with the weights of ``SeqToBatch(conv/linear)``."""
+    from torch import nn
+
+    from ..nn.spike_layers import SpikeConv2d, SpikeLinear
+
+    m = layer.module
+    if isinstance(m, nn.Conv2d):
+        new = SpikeConv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+                          m.bias is not None, m.padding_mode)  # fmt: skip
+    else:
+        new = SpikeLinear(m.in_features, m.out_features, m.bias is not None)
+    new.load_state_dict(m.state_dict())
+    return new
+
+
+def _bn_lif(bn_layer, lif):
+    from torch import nn
+
+    from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
+
+    bn = bn_layer.module
+    cls = BatchNormLIF2d if isinstance(bn, nn.BatchNorm2d) else BatchNormLIF1d
+    new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, decay=lif.decay,
+              threshold=lif.threshold, v_reset=lif.v_reset, surrogate=lif.surrogate, detach_reset=lif.detach_reset,
+              backend="auto")  # fmt: skip
+    new.load_state_dict(bn.state_dict())
+    return new
+
+
+@functools.lru_cache(maxsize=None)
+def _shape_only_avg_pool():
+    """``nn.AvgPool2d`` whose autograd saves nothing: average pooling's backward needs only the input's shape, but
+    ``torch.nn.functional.avg_pool2d`` saves the whole input (here the spikes, as float32)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
+            ctx.pool = (kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+            ctx.like = (x.shape, x.dtype, x.device)
+            return F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+
+        @staticmethod
+        def backward(ctx, grad):
+            shape, dtype, device = ctx.like
+            probe = torch.empty(shape, dtype=dtype, device=device)  # never written: only its shape is read
+            return torch.ops.aten.avg_pool2d_backward(grad.contiguous(), probe, *ctx.pool), None, None, None, None, None, None
+
+    class ShapeOnlyAvgPool2d(nn.AvgPool2d):
+        def forward(self, x):
+            pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+            return _Fn.apply(x, pair(self.kernel_size), pair(self.stride), pair(self.padding), self.ceil_mode,
+                             self.count_include_pad, self.divisor_override)  # fmt: skip
+
+    return ShapeOnlyAvgPool2d
+
+
+def to_lean(model) -> dict:
+    """Convert a vanilla Liang net or Spiking-ResNet in place to the lean form; returns counts of what changed."""
+    from torch import nn
+
+    from ..models import spiking_neurons
+    from ..models.liang import LiangNet
+    from ..models.resnet import BasicBlock, Bottleneck, SpikingResNet
+    from ..nn import LIF, SeqToBatch
+
+    counts = {"bn_lif": 0, "spike_layers": 0, "recompute_lif": 0, "pools": 0}
+
+    def is_layer(m, kinds):
+        return isinstance(m, SeqToBatch) and isinstance(m.module, kinds)
+
+    if isinstance(model, LiangNet):
+        for seq in (model.features, model.classifier):
+            items = list(seq)
+            for i, m in enumerate(items):  # a conv/linear right after a neuron gets spikes
+                if i > 0 and isinstance(items[i - 1], LIF) and is_layer(m, (nn.Conv2d, nn.Linear)):
+                    seq[i] = _spike_conv(m)
+                    counts["spike_layers"] += 1
+            for i in range(len(items) - 1):
+                if is_layer(items[i], nn.modules.batchnorm._BatchNorm) and isinstance(items[i + 1], LIF):
+                    seq[i] = _bn_lif(items[i], items[i + 1])
+                    seq[i + 1] = nn.Identity()
+                    counts["bn_lif"] += 1
+            for i, m in enumerate(items):
+                if is_layer(m, nn.AvgPool2d):
+                    p = m.module
+                    m.module = _shape_only_avg_pool()(p.kernel_size, p.stride, p.padding, p.ceil_mode,
+                                                      p.count_include_pad, p.divisor_override)  # fmt: skip
+                    counts["pools"] += 1
+    elif isinstance(model, SpikingResNet):
+        for block in model.modules():
+            if isinstance(block, (BasicBlock, Bottleneck)):  # every conv of a block reads spikes
+                for name in ("conv1", "conv2", "conv3"):
+                    if hasattr(block, name):
+                        setattr(block, name, _spike_conv(getattr(block, name)))
+                        counts["spike_layers"] += 1
+                if block.downsample is not None:
+                    block.downsample[0] = _spike_conv(block.downsample[0])
+                    counts["spike_layers"] += 1
+        # BN directly feeding a neuron: the stem, conv1 of a BasicBlock, conv1/conv2 of a Bottleneck. The last
+        # neuron of a block fires after the residual add, so it keeps nn.BatchNorm and recomputes instead.
+        pairs = [(model, "bn1", "sn1")]
+        for block in model.modules():
+            if isinstance(block, BasicBlock):
+                pairs.append((block, "bn1", "sn1"))
+            elif isinstance(block, Bottleneck):
+                pairs += [(block, "bn1", "sn1"), (block, "bn2", "sn2")]
+        for parent, bn_name, sn_name in pairs:
+            setattr(parent, bn_name, _bn_lif(getattr(parent, bn_name), getattr(parent, sn_name)))
+            setattr(parent, sn_name, nn.Identity())
+            counts["bn_lif"] += 1
+    else:
+        raise TypeError(f"to_lean knows LiangNet and SpikingResNet, not {type(model).__name__}")
+    for _, lif in spiking_neurons(model):
+        lif.backend, lif.memory = "auto", "recompute"
+        counts["recompute_lif"] += 1
+    return counts
+
+
+def make_form(cfg: dict):
+    """``(model, reset)`` for ``cfg['form']``; ``reset(model)`` clears neuron state between steps."""
+    from ..models import set_neuron_backend
+    from ..train import reset_states, use_spikingjelly_neurons
+
+    model = _build(cfg)
+    form = cfg["form"]
+    if form == "fused":
+        set_neuron_backend(model, "auto")
+    elif form == "spikingjelly":
+        use_spikingjelly_neurons(model)
+    elif form == "lean":
+        to_lean(model)
+    return model, reset_states
+
+
+def _param_name(name: str) -> str:
+    """Parameter names shared by all forms: drop the ``.module`` of ``SeqToBatch`` wrappers."""
+    return ".".join(part for part in name.split(".") if part != "module")
+
+
+# ----------------------------------------------------------------------------------------------- measurement
+def _limit_malloc_caching() -> None:
+    """Fix glibc's mmap threshold at 64 KiB, so every tensor buffer goes back to the OS when freed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (also turns off its dynamic adjustment)
+        libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _group(module) -> str | None:
+    """``"stack"`` for conv/linear/BN/neuron modules, ``"other"`` for the rest; None for containers."""
+    from torch import nn
+
+    from ..nn import LIF, SeqToBatch
+    from ..nn.bn_lif import _BatchNormLIF
+
+    if isinstance(module, SeqToBatch):
+        module = module.module
+    if isinstance(module, (nn.Conv2d, nn.modules.batchnorm._BatchNorm, LIF, _BatchNormLIF)):
+        return "stack"
+    if isinstance(module, nn.Linear):
+        return "linear"  # the readout is "other"; decided by the caller
+    if type(module).__module__.startswith("spikingjelly"):
+        return "stack"
+    if len(list(module.children())) == 0:
+        return "other"
+    return None
+
+
+def run_form(cfg: dict) -> dict:
+    """Measure one model in one form (in this process); returns a JSON-able result plus ``grads``."""
+    import gc
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from .common import set_threads
+
+    _limit_malloc_caching()
+    if cfg.get("threads"):
+        set_threads(cfg["threads"])
+    model, reset = make_form(cfg)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    readout = model.fc if hasattr(model, "fc") else model.classifier[-1]
+    g = torch.Generator().manual_seed(cfg["seed"] + 1)
+    image = torch.rand(cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"], generator=g)
+    x = image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1)  # direct encoding: the image at every step
+    labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g)
+
+    def step(hooks: bool = False):
+        reset(model)
+        for p in model.parameters():
+            p.grad = None
+        saved: dict[int, tuple[int, str]] = {}
+        ctx_stack: list[str] = []
+        handles = []
+        if hooks:
+            def pre(mod, _inp, group):
+                ctx_stack.append(group)
+
+            def post(mod, _inp, _out):
+                ctx_stack.pop()
+
+            for mod in model.modules():
+                grp = _group(mod)
+                if grp is None:
+                    continue
+                if grp == "linear":
+                    grp = "other" if mod is readout or mod is getattr(readout, "module", None) else "stack"
+                handles.append(mod.register_forward_pre_hook(lambda m, i, grp=grp: pre(m, i, grp)))
+                handles.append(mod.register_forward_hook(post))
+
+            def pack(t):
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in params and ptr not in saved and storage.nbytes():
+                    saved[ptr] = (storage.nbytes(), ctx_stack[-1] if ctx_stack else "other")
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = F.cross_entropy(model(x).mean(0), labels)
+            for h in handles:
+                h.remove()
+        else:
+            loss = F.cross_entropy(model(x).mean(0), labels)
+        loss.backward()
+        return loss, saved
+
+    # 1: saved bytes, loss and gradients (also the warm-up: numba/Triton compilation)
+    loss, saved = step(hooks=True)
+    result = {
+        **{k: cfg[k] for k in ("model", "form", "T", "batch_size", "image_size")},
+        "saved_stack": sum(b for b, grp in saved.values() if grp == "stack"),
+        "saved_other": sum(b for b, grp in saved.values() if grp != "stack"),
+        "loss": float(loss.detach()),
+    }
+    grads = {_param_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    del loss, saved
+    # 2: peak memory of one step above the memory before it
+    for p in model.parameters():
+        p.grad = None
+    gc.collect()
+    before = _status_kib("VmRSS")
+    if before is not None and _reset_peak():
+        step()
+        result["step_peak"] = (_status_kib("VmHWM") - before) * 1024
+    # 3: timing
+    times = []
+    for _ in range(cfg["repeats"]):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    result["step_s"] = statistics.median(times)
+    return result, grads
+
+
+def _worker(cfg_json: str, out_path: str) -> None:
+    import resource
+
+    import torch
+
+    cfg = json.loads(cfg_json)
+    result, grads = run_form(cfg)
+    result["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    torch.save({"result": result, "grads": grads}, out_path)
+
+
+def _run_isolated(cfg: dict, tmp: Path) -> tuple[dict, dict]:
+    import torch
+
+    out = tmp / f"{cfg['model']}-{cfg['form']}.pt"
+    code = "import sys; from spikefuse.bench.memory import _worker; _worker(sys.argv[1], sys.argv[2])"
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg), str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench memory: {cfg['model']}/{cfg['form']} failed:\n{proc.stderr[-3000:]}")
+    data = torch.load(out)
+    return data["result"], data["grads"]
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def _max_rel(grads: dict, ref: dict) -> tuple[float, str]:
+    worst, name = 0.0, ""
+    for key, r in ref.items():
+        g = grads.get(key)
+        if g is None or g.shape != r.shape:
+            return float("inf"), key
+        scale = float(r.abs().max())
+        rel = float((g - r).abs().max()) / scale if scale > 0 else float((g - r).abs().max())
+        if rel > worst:
+            worst, name = rel, key
+    return worst, name
+
+
+def _mib(b) -> str:
+    return "" if b is None else f"{b / 2**20:.2f}"
+
+
+def run(args) -> int:
+    from .common import set_threads
+
+    cfg0 = {
+        "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
+        "resnet_width": args.resnet_width, "seed": args.seed, "threads": args.threads,
+    }  # fmt: skip
+    if args.quick:
+        cfg0.update(QUICK)
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    if args.threads:
+        set_threads(args.threads)
+    try:
+        return _run(args, cfg0)
+    finally:
+        if args.threads:  # --in-process from a caller (tests): leave its thread count as it was
+            set_threads(previous_threads)
+
+
+def _run(args, cfg0: dict) -> int:
+    import importlib.util
+
+    forms = list(args.forms)
+    notes = []
+    if "spikingjelly" in forms and importlib.util.find_spec("spikingjelly") is None:
+        forms.remove("spikingjelly")
+        notes.append("SpikingJelly is not installed: its form is skipped (`pip install spikingjelly --no-deps`).")
+    if "vanilla" not in forms:
+        forms.insert(0, "vanilla")  # the reference of the comparisons
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            results = {}
+            for form in forms:
+                cfg = {**cfg0, "model": model, "form": form}
+                print(f"bench memory: {model} / {form} ...", file=sys.stderr, flush=True)
+                results[form] = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
+            ref, ref_grads = results["vanilla"]
+            fused_time = results["fused"][0]["step_s"] if "fused" in results else None
+            for form, (res, grads) in results.items():
+                rel, worst = _max_rel(grads, ref_grads)
+                saved = res["saved_stack"] + res["saved_other"]
+                rows.append({
+                    "model": model, "form": form, "T": res["T"], "batch_size": res["batch_size"],
+                    "image_size": res["image_size"],
+                    "saved_total_MiB": _mib(saved), "saved_stack_MiB": _mib(res["saved_stack"]),
+                    "saved_other_MiB": _mib(res["saved_other"]),
+                    "stack_vs_vanilla": f"{res['saved_stack'] / ref['saved_stack']:.3f}",
+                    "step_peak_MiB": _mib(res.get("step_peak")), "maxrss_MiB": _mib(res.get("maxrss")),
+                    "step_s": f"{res['step_s']:.4f}",
+                    "step_vs_fused": f"{res['step_s'] / fused_time:.3f}" if fused_time else "",
+                    "loss": f"{res['loss']:.6f}",
+                    "loss_rel_diff": f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}",
+                    "grad_max_rel_diff": f"{rel:.2e}", "worst_param": worst,
+                })  # fmt: skip
+    write_report(rows, cfg0, args, notes)
+    return 0
+
+
+def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
+    out = Path(args.results_dir)
+    stem = "bench-memory" + ("-quick" if args.quick else "")
+    csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
+    write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
+    header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "maxrss MiB",
+              "step s", "vs fused", "loss", "grad max rel diff"]  # fmt: skip
+    table = [
+        [r["model"], r["form"], f"{r['saved_total_MiB']} ({r['saved_stack_MiB']} / {r['saved_other_MiB']})",
+         r["stack_vs_vanilla"], r["step_peak_MiB"], r["maxrss_MiB"] or "-", r["step_s"], r["step_vs_fused"] or "-",
+         r["loss"], r["grad_max_rel_diff"]]
+        for r in rows
+    ]  # fmt: skip
+    lines = [
+        "# bench memory" + (" (quick)" if args.quick else ""),
+        "",
+        f"Machine: {machine_info()}",
+        "",
+        f"Command: `{command_line()}`",
+        "",
+        f"T={cfg['T']}, batch {cfg['batch_size']}, {cfg['image_size']}x{cfg['image_size']}x3 inputs (one random image "
+        f"per sample at every step), ResNet18 width {cfg['resnet_width']}, CIFAR stem; one step = forward, "
+        f"cross-entropy of the time-averaged output, backward (no optimizer update); "
+        f"{'all forms in one process' if args.in_process else 'each form in a fresh subprocess'}; "
+        f"median of {cfg['repeats']} timed step(s).",
+        "",
+        "Forms: " + "; ".join(f"`{k}` = {v}" for k, v in FORMS.items()) + ".",
+        "",
+        markdown_table(header, table),
+        "",
+        "- saved MiB: unique storages packed by `saved_tensors_hooks` in the forward, parameters excluded; `stack` = "
+        "conv/linear/BN/neuron modules, `other` = pooling, readout and loss.",
+        "- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
+        "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's `ru_maxrss` (imports, weights and all).",
+        "- grad max rel diff: max over parameters of max|g - g_vanilla| / max|g_vanilla|; loss and gradients from "
+        "the same weights and input. SpikingJelly computes the same dynamics with another rounding order "
+        "(`V - V/tau` instead of `decay*V`), so a spike can flip there.",
+    ]
+    lines += [f"- {n}" for n in notes]
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text("\n".join(lines) + "\n")
+    print(md_path.read_text())
+    print(f"wrote {md_path} and {csv_path}")
+    return md_path, csv_path
