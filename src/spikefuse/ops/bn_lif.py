@@ -1,17 +1,19 @@
 """BatchNorm fused with a spiking neuron, saving only the BN input ``x`` for backward (Liang et al., Alg. 1-4).
 
-Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output):
+Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
 1. ``y, mean, invstd = aten.native_batch_norm(x merged to [T*B, C, ...])``: the very op ``nn.BatchNorm`` runs on
    the CPU, so the statistics, the running-statistics update and ``y`` are bit-identical to the reference
    composition ``SeqToBatch(nn.BatchNorm) -> LIF`` (torch's CPU kernel computes ``y = fma(x, a, fma(-mean, a, b))``
-   with ``a = weight*invstd``, which plain tensor ops cannot reproduce bit for bit, hence the call). The running
-   statistics are updated here, outside the custom op, so the op itself stays functional.
-2. ``spikefuse::bn_lif_forward`` runs the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing
-   but the spikes and the final state is written) and registers its autograd: the context saves ``x`` and the
-   per-channel ``mean``/``invstd`` (training) or a copy of the running statistics (eval), plus ``weight``,
-   ``bias`` and the leak; ``y`` dies after the forward. With the default ``v_init`` nothing of size ``N`` is saved
-   (an empty tensor stands for "start from the reset value").
+   with ``a = weight*invstd``, which plain tensor ops cannot reproduce bit for bit, hence the call). The op
+   updates copies of the running statistics and returns them (it stays functional, as registered autograd
+   needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
+   under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
+   backward's recomputation matches it.
+2. the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing but the spikes and the final state
+   is written); ``y`` dies here. The autograd context saves ``x`` and the per-channel ``mean``/``invstd``
+   (training) or the snapshot of the running statistics (eval), plus ``weight``, ``bias`` and the leak. With the
+   default ``v_init`` nothing of size ``N`` is saved (an empty tensor stands for "start from the reset value").
 
 Backward (``spikefuse::bn_lif_backward``):
 
@@ -66,34 +68,58 @@ def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: b
 
 @torch.library.custom_op("spikefuse::bn_lif_forward", mutates_args=())
 def bn_lif_forward(
-    y2: Tensor,
+    xb: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
     leak: Tensor,
     v_init: Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+    t_steps: int,
     inner: int,
     ints: list[int],
     floats: list[float],
     backend: str,
-    xb: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    mean: Tensor,
-    invstd: Tensor,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    training: bool,
-    eps: float,
-) -> tuple[Tensor, Tensor]:
-    """The neuron on ``y2 = BN(xb)`` viewed ``[T, N]``; the BN arguments are here only for autograd."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """BatchNorm of ``xb [T*B, C, ...]`` then the neuron; returns ``(spikes [T, N], state [N], mean, invstd,
+    new_running_mean, new_running_var)``. The running statistics are updated on copies (the op stays functional;
+    the caller copies them back); in eval mode the copies are the snapshot backward normalizes with."""
+    rm = running_mean.clone() if running_mean is not None else None
+    rv = running_var.clone() if running_var is not None else None
+    y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
+    y2 = y.reshape(t_steps, -1)
     n = y2.shape[1]
-    v0 = _v0(v_init, n, floats, ints, compute_dtype(y2.dtype), y2.device)
+    v0 = _v0(v_init, n, floats, ints, compute_dtype(xb.dtype), xb.device)
     spikes, state, _ = module(backend).forward(y2, leak, inner, v0, _spec(ints, floats), P.SAVE_INPUT)
-    return spikes, state
+    del y, y2
+    return (
+        spikes,
+        state,
+        mean,
+        invstd,
+        rm if rm is not None else xb.new_empty(0),
+        rv if rv is not None else xb.new_empty(0),
+    )
 
 
 @bn_lif_forward.register_fake
-def _(y2, leak, v_init, inner, ints, floats, backend, xb, weight, bias, mean, invstd, running_mean, running_var,
-      training, eps):  # fmt: skip
-    return torch.empty_like(y2), y2.new_empty((y2.shape[1],), dtype=compute_dtype(y2.dtype))
+def _(xb, weight, bias, running_mean, running_var, leak, v_init, training, momentum, eps, t_steps, inner, ints,
+      floats, backend):  # fmt: skip
+    n = xb.numel() // t_steps
+    stat_dtype = weight.dtype if weight is not None else xb.dtype
+    channels = xb.shape[1]
+    stats = (channels,) if training else (0,)
+    return (
+        xb.new_empty((t_steps, n)),
+        xb.new_empty((n,), dtype=compute_dtype(xb.dtype)),
+        xb.new_empty(stats, dtype=stat_dtype),
+        xb.new_empty(stats, dtype=stat_dtype),
+        torch.empty_like(running_mean) if running_mean is not None else xb.new_empty(0),
+        torch.empty_like(running_var) if running_var is not None else xb.new_empty(0),
+    )
 
 
 def _backward_impl(
@@ -170,30 +196,32 @@ def _(grad_spikes, grad_state, xb, weight, bias, mean, invstd, running_mean, run
 
 
 # Inputs of bn_lif_forward, by position.
-_Y, _LEAK, _V, _INNER, _INTS, _FLOATS, _BACKEND, _X, _W, _B, _MEAN, _INVSTD, _RM, _RV, _TRAINING, _EPS = range(16)
+_X, _W, _B, _RM, _RV, _LEAK, _V, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _INTS, _FLOATS, _BACKEND = range(15)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.args = (inputs[_INNER], inputs[_INTS], inputs[_FLOATS], inputs[_BACKEND], inputs[_TRAINING], inputs[_EPS])
+    training = inputs[_TRAINING]
+    ctx.args = (inputs[_INNER], inputs[_INTS], inputs[_FLOATS], inputs[_BACKEND], training, inputs[_EPS])
     ctx.set_materialize_grads(True)
     w, b = inputs[_W], inputs[_B]
     ctx.has_w, ctx.has_b = w is not None, b is not None
     xb = inputs[_X]
     empty = xb.new_empty(0)
+    _, _, mean, invstd, rm, rv = output
     ctx.save_for_backward(
         xb,
         w if w is not None else empty,
         b if b is not None else empty,
-        inputs[_MEAN],
-        inputs[_INVSTD],
-        inputs[_RM] if inputs[_RM] is not None else empty,
-        inputs[_RV] if inputs[_RV] is not None else empty,
+        mean,
+        invstd,
+        empty if training else rm,  # eval: the snapshot of the running statistics y was made with
+        empty if training else rv,
         inputs[_LEAK],
         inputs[_V],
     )
 
 
-def _backward(ctx, grad_spikes, grad_state):
+def _backward(ctx, grad_spikes, grad_state, *_unused):
     xb, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
     inner, ints, floats, backend, training, eps = ctx.args
     need = ctx.needs_input_grad
@@ -222,7 +250,7 @@ def _backward(ctx, grad_spikes, grad_state):
         bool(need[_LEAK]),
         need_affine,
     )
-    grads = [None] * 16
+    grads = [None] * 15
     grads[_X] = grad_x if need[_X] else None
     grads[_W] = grad_w if need[_W] else None
     grads[_B] = grad_b if need[_B] else None
@@ -261,19 +289,14 @@ def bn_spiking_neuron(
     xb = x.flatten(0, 1)
     if not xb.is_contiguous():
         xb = xb.contiguous()
-    det = lambda t: None if t is None else t.detach()  # noqa: E731
-    # Statistics, running-statistics update and y, exactly as nn.BatchNorm on the merged tensor.
-    y, mean, invstd = torch.native_batch_norm(
-        xb.detach(), det(weight), det(bias), running_mean, running_var, training, momentum, eps
-    )
-    if training:
-        rm = rv = None
-    else:  # backward needs the statistics y was made with, even if a later forward updates the buffers
-        rm, rv = running_mean.detach().clone(), running_var.detach().clone()
     v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
     args = spec.kernel_args()
-    spikes, state = bn_lif_forward(
-        y.reshape(t_steps, n), leak, v0, inner, list(args[:7]), list(args[7:]), backend,
-        xb, weight, bias, mean, invstd, rm, rv, bool(training), float(eps),
+    spikes, state, _, _, new_rm, new_rv = bn_lif_forward(
+        xb, weight, bias, running_mean, running_var, leak, v0, bool(training), float(momentum), float(eps),
+        t_steps, inner, list(args[:7]), list(args[7:]), backend,
     )  # fmt: skip
+    if training and running_mean is not None:
+        with torch.no_grad():
+            running_mean.copy_(new_rm)
+            running_var.copy_(new_rv)
     return spikes.reshape(x.shape), state.reshape(trailing)
