@@ -5,8 +5,8 @@ CPU (numba) and GPU (Triton), checked against a plain PyTorch reference.
 """
 
 from . import surrogate
-from .functional import if_neuron, lif, spiking_neuron
+from .functional import batchnorm_lif, if_neuron, lif, spiking_neuron
 from .params import NeuronSpec
 
-__all__ = ["lif", "if_neuron", "spiking_neuron", "surrogate", "NeuronSpec"]
+__all__ = ["lif", "if_neuron", "batchnorm_lif", "spiking_neuron", "surrogate", "NeuronSpec"]
 __version__ = "0.1.0"

@@ -144,3 +144,7 @@ def lif(
 def if_neuron(x: torch.Tensor, *, threshold: float, **kwargs):
     """Integrate-and-fire neurons: :func:`lif` with ``decay=1``."""
     return lif(x, decay=1.0, threshold=threshold, **kwargs)
+
+from .bn_functional import batchnorm_lif  # noqa: E402  (it builds on the functions above)
+
+__all__ += ["batchnorm_lif"]

@@ -1,7 +1,8 @@
 """Modules: multi-step neurons, layers fed by spikes, and helpers for ``[T, B, ...]`` tensors."""
 
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from .containers import Flatten, SeqToBatch
 from .neurons import IF, LIF
 from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
 
-__all__ = ["LIF", "IF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d"]
+__all__ = ["LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d"]
