@@ -51,10 +51,12 @@ SHAPE = (6, 2, 3, 4)  # [T, B, C, inner]: per-channel leak has 3 entries, inner 
 SPECS = spec_params()
 
 
-def _tol(dtype):
-    # float32: both sides round every op to float32, in a different order (and a different sigmoid formula),
-    # through up to T products of A; 1e-5 relative holds for float64.
-    return dict(rtol=1e-5, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-5)
+def _tol(dtype, leak=False):
+    # float32: both sides round every op to float32 in a different order (and the sigmoid by a different formula);
+    # the leak gradient is a sum over all neurons and steps with cancellation, hence its larger atol.
+    if dtype == torch.float64:
+        return dict(rtol=1e-5, atol=1e-10)
+    return dict(rtol=1e-5, atol=1e-5 if leak else 1e-6)
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,7 +107,7 @@ def test_kernels_match_reference(spec, per_channel, dtype):
                 _assert_close(a, b, name, **_tol(dtype))
             if need_leak:
                 assert grads[2].shape == leak.shape
-                _assert_close(grads[2], ref_grads[2], "grad_leak", **_tol(dtype))
+                _assert_close(grads[2], ref_grads[2], "grad_leak", **_tol(dtype, leak=True))
             else:
                 assert grads[2] is None
 
@@ -137,7 +139,7 @@ def test_api_autograd_matches_reference(spec, per_channel, dtype):
         assert torch.equal(got[0], ref[0]), "spikes differ"
         assert torch.equal(got[1], ref[1]), "state differs"
         for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
-            _assert_close(a, b, f"{memory} {name}", **_tol(dtype))
+            _assert_close(a, b, f"{memory} {name}", **_tol(dtype, leak=name == "leak.grad"))
 
 
 @pytest.mark.parametrize("memory", ["potential", "recompute"])
@@ -238,9 +240,9 @@ def test_hypothesis_shapes_and_dtypes(t_steps, trailing, spec, dtype, per_channe
     assert got[0].dtype == dtype and got[0].shape == x.shape
     assert torch.equal(got[0], ref[0]), "spikes differ"
     assert torch.equal(got[1], ref[1]), "state differs"
-    tol = _HALF_TOL.get(dtype) or _tol(dtype)
     for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
         assert b is None or a.dtype == b.dtype, name
+        tol = _HALF_TOL.get(dtype) or _tol(dtype, leak=name == "leak.grad")
         _assert_close(a.double(), None if b is None else b.double(), name, **tol)
 
 
@@ -297,8 +299,8 @@ def test_many_blocks_and_threads(spec, monkeypatch):
             got = _api_run(spec, x, leak, v, "cpu", memory)
             assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
             assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-            for a, b in zip(got[2:], ref[2:]):
-                _assert_close(a, b, memory, **_tol(torch.float32))
+            for a, b, leak_grad in zip(got[2:], ref[2:], (False, False, True)):
+                _assert_close(a, b, memory, **_tol(torch.float32, leak=leak_grad))
     finally:
         torch.set_num_threads(threads)
 
