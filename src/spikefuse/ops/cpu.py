@@ -2,9 +2,18 @@
 
 Layout of the work: the ``N`` neurons are cut into blocks; blocks run in parallel (``prange``), and each block
 loops over time with its membrane potentials in a small local array (L1-resident), the inner loop running over
-the block's neurons contiguously so that LLVM vectorizes it. Every mode switch (dynamics, reset, charge, surrogate,
-detach, ...) is an integer argument that is constant inside the loops, so LLVM unswitches those branches out of
-the vectorized loop and one compiled function serves every spec.
+the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). The parallel kernels are
+tiny (``prange`` over blocks calling a per-block function), so numba's parfor passes stay cheap.
+
+Mode switches are integer flags. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
+generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
+keeps the whole loop scalar), so the loops are specialized where it matters: block loops are called with literal
+family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
+surrogate loops, 4 reverse-step loops), while the remaining differences are branch-free, loop-invariant selects
+and per-neuron coefficient arrays. One compiled kernel serves every spec of a dtype.
+Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
+ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
+array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp`` for the sigmoid surrogate.
 
 Floating point: the step formulas follow :mod:`spikefuse.params` operation by operation, with every constant in
 the compute dtype (the constants travel in a small array of that dtype, never as Python floats, which numba
@@ -38,13 +47,12 @@ from .common import SpecArgs, compute_dtype, reduce_leak_grad
 __all__ = ["forward", "backward"]
 
 # Loop families. Forward: one branch-free formula for the paper / snnTorch neurons (flags select the reset), and
-# one per SpikingJelly charge form (IF runs as MUL with k = 0, which is exact). Each family's loops are inlined
-# with a literal family code, so LLVM folds the family switch away and vectorizes a loop that holds only that
-# family's arithmetic plus a few loop-invariant selects.
+# one per SpikingJelly charge form (IF runs as MUL with k = 0, which is exact). Each family's loop is compiled
+# for its literal family code, so the family switch folds away and the loop holds only that family's arithmetic
+# plus a few loop-invariant selects.
 _FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
 
-# Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp and
-# its table of 2^-n.
+# Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp.
 _F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL, _F_LOG2E, _F_LN2HI, _F_LN2LO = range(10)
 _F_EXPC = 10  # 1/k! for k = 2..7
 _F_ZMAX, _F_MAGIC = 16, 17  # largest z for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
