@@ -124,3 +124,40 @@ def test_spikingjelly_neurons_match_spikefuse():
     # SpikingJelly leaks as v - v/tau, not decay*v: 1-ulp differences in the potentials, identical spikes here
     assert ((a - b).norm() / a.norm()).item() < 1e-5
     assert torch.equal(sj(x), b)  # the reset between batches clears SpikingJelly's stored potentials
+
+
+def test_data_parallel_two_processes_match_one_process(tmp_path, capfd):
+    """`spikefuse train --nproc 2` (DDP over 2 gloo ranks, half of every global batch each, synchronized BN) ends
+    at the weights of one process on the same global batches. Not bit-identical: the reductions run in another
+    order, and Adam divides each gradient by its own running RMS (+ eps 1e-8), which turns the last-ulp
+    differences of near-zero gradients into weight differences of up to a few % of one step of lr 1e-3 (seen: 6e-6
+    here, 5e-5 with an uneven last batch) in a few elements: all within atol 1e-4, nearly all within rtol 1e-4."""
+    from spikefuse.cli import main
+
+    args = ["train", "--model", "resnet-tiny", "--T", "2", "--epochs", "1", "--batch-size", "16", "--threads", "1",
+            "--seed", "3", "--train-subset", "48", "--test-subset", "32", "--neuron-backend", "reference",
+            "--no-progress", "--out", str(tmp_path / "ddp"), "--nproc", "2"]
+    assert main(args) == 0
+    printed = capfd.readouterr().out
+    assert printed.count("epoch 1/1:") == 1 and "2 data-parallel ranks (8 samples each)" in printed  # rank 0 only
+    one = fit(tiny_config(tmp_path / "one", threads=1), log=quiet)
+    with open(tmp_path / "ddp" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1"]
+    a, b = load_checkpoint(tmp_path / "ddp" / "checkpoint.pt"), load_checkpoint(tmp_path / "one" / "checkpoint.pt")
+    assert a["history"][0]["train_loss"] == pytest.approx(one[0]["train_loss"], rel=1e-5)
+    assert a["history"][0]["test_loss"] == pytest.approx(one[0]["test_loss"], rel=1e-5)
+    assert a["history"][0]["train_acc"] == one[0]["train_acc"] and a["history"][0]["test_acc"] == one[0]["test_acc"]
+    assert a["model"].keys() == b["model"].keys()  # the plain model's names: loads without DDP
+    off = total = 0
+    for k, want in b["model"].items():
+        if want.is_floating_point():
+            torch.testing.assert_close(a["model"][k], want, rtol=1e-4, atol=1e-4, msg=k)
+            off += int((~torch.isclose(a["model"][k], want, rtol=1e-4, atol=1e-7)).sum())
+            total += want.numel()
+        else:
+            assert torch.equal(a["model"][k], want), k  # num_batches_tracked
+    assert off <= total // 1000, (off, total)
+    # the global batch must split evenly over the processes
+    assert main(args[:-1] + ["3"]) == 2
+    assert "divisible by the number of processes (3)" in capfd.readouterr().err

@@ -205,14 +205,19 @@ class TrainCommand:
                        help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total")
         p.add_argument("--neurons", choices=("spikefuse", "spikingjelly"), default="spikefuse",
                        help="neuron implementation: spikefuse LIF, or SpikingJelly 2.0 LIFNode with the same dynamics")
+        p.add_argument("--nproc", type=_positive_int, default=1,
+                       help="data-parallel training (DDP; gloo on CPU, NCCL on GPUs) over this many local processes; "
+                       "--batch-size is the global batch, split evenly over them, and --threads is per process. "
+                       "Under torchrun (--nproc-per-node/--nnodes decide) leave it out: it is ignored, and torchrun would take it "
+                       "for an abbreviation of its own --nproc-per-node (default: %(default)s)")
         return p
 
     @staticmethod
     def run(args) -> int:
-        from .train import fit
+        from .train import fit_data_parallel
 
-        history = fit(config_from_args(args), resume=args.resume)
-        if history:
+        history = fit_data_parallel(config_from_args(args), nproc=args.nproc, resume=args.resume)
+        if history:  # None on the ranks other than 0 under torchrun
             last = history[-1]
             print(f"final test accuracy {100 * last['test_acc']:.2f}% after {last['epoch']} epochs; "
                   f"files in {args.out}: metrics.csv, checkpoint.pt, curves.png")

@@ -11,6 +11,16 @@ same machine, thread count and backend).
 
 Files in ``out``: ``metrics.csv`` (one row per epoch, :data:`METRIC_COLUMNS`), ``checkpoint.pt`` (rewritten
 atomically after every epoch), ``curves.png`` (loss and accuracy per epoch).
+
+Data parallel (:func:`fit_data_parallel`, ``spikefuse train --nproc N`` or under ``torchrun``): ``batch_size`` is the
+global batch, split evenly over the ranks. Every rank builds the same loader, generators and model, encodes the
+same global batch and trains on its contiguous shard (:func:`spikefuse.distributed.ddp.shard`); the loss is each
+rank's sum over its shard divided by the global batch size (times the world size, which DDP's gradient averaging
+divides out), so a step is that of one process on the joint batch, BatchNorm included (converted to the
+synchronized :class:`~spikefuse.distributed.TimeSplitBatchNorm`), up to the order of the floating-point reductions.
+Evaluation is sharded the same way and the sums are all-reduced. Only rank 0 logs and writes the files; the
+checkpoint holds the plain (unconverted) model's state and loads in a run with any number of processes. A final
+training batch with fewer samples than ranks is skipped (each rank would otherwise get an empty shard).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ __all__ = [
     "ConfigError",
     "METRIC_COLUMNS",
     "fit",
+    "fit_data_parallel",
     "evaluate_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
@@ -177,6 +188,9 @@ def set_threads(threads: int) -> None:
     except ImportError:
         return
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    # Starting numba's OpenMP threading layer can reset the OpenMP thread count torch shares (seen in a rank
+    # forked from a fork server): set torch's again.
+    torch.set_num_threads(threads)
 
 
 def seed_everything(seed: int) -> None:
@@ -376,11 +390,22 @@ def run_epoch(
     generator: torch.Generator | None = None,
     progress: bool = False,
     desc: str = "",
+    data_parallel: bool = False,
 ) -> dict:
     """One pass over ``loader``: trains when ``optimizer`` is given, else evaluates (no grad, eval-mode BN).
 
     Returns ``{"loss", "acc", "time_s", "samples"}``; the loss is cross-entropy of the time-averaged output.
+
+    ``data_parallel`` (in a process group of several ranks, every rank iterating the same batches): each rank
+    runs its shard of every batch and the returned metrics are all-reduced over the ranks. In training the loss
+    backpropagated is the shard's summed loss times ``world_size / global batch``, so DDP's gradient average is
+    the joint batch's mean gradient even when the shards are uneven; a batch smaller than the world is skipped
+    in training and run whole on rank 0 in evaluation.
     """
+    from .distributed import ddp
+
+    world = ddp.world_size() if data_parallel else 1
+    rank = ddp.rank() if world > 1 else 0
     training = optimizer is not None
     model.train(training)
     total_loss, correct, seen = 0.0, 0, 0
@@ -394,27 +419,50 @@ def run_epoch(
     start = time.perf_counter()
     with torch.set_grad_enabled(training):
         for x, y in loader:
-            x = _to_time_major(x, kind, T, encoding, generator).to(device, non_blocking=True)
+            x = _to_time_major(x, kind, T, encoding, generator)  # the global batch (same encoding on every rank)
+            if world > 1:
+                n_global = y.shape[0]
+                if bar is not None:
+                    bar.update(n_global)
+                if n_global < world:  # some shard would be empty
+                    if training or rank != 0:
+                        continue
+                else:
+                    x, y = ddp.shard(x, dim=1), ddp.shard(y)
+            x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             out = model(x).mean(0)
-            loss = F.cross_entropy(out, y)
+            n = y.shape[0]
+            if world > 1:
+                loss_sum = F.cross_entropy(out, y, reduction="sum")
+                loss = loss_sum * (world / n_global)  # DDP divides by world: sum over the global batch / n_global
+                batch_loss = loss_sum.item()
+            else:
+                loss = F.cross_entropy(out, y)
+                batch_loss = None
             if training:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
             reset_states(model)
-            n = y.shape[0]
-            total_loss += loss.item() * n
+            total_loss += batch_loss if batch_loss is not None else loss.item() * n
             correct += int((out.argmax(1) == y).sum())
             seen += n
             if bar is not None:
-                bar.update(n)
+                if world == 1:
+                    bar.update(n)
                 bar.set_postfix(loss=f"{total_loss / seen:.4f}", acc=f"{correct / seen:.3f}")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     if bar is not None:
         bar.close()
+    if world > 1:
+        import torch.distributed as dist
+
+        sums = torch.tensor([total_loss, float(correct), float(seen)], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total_loss, correct, seen = sums[0].item(), int(sums[1].item()), int(sums[2].item())
     return {"loss": total_loss / max(seen, 1), "acc": correct / max(seen, 1), "time_s": elapsed, "samples": seen}
 
 
@@ -518,21 +566,33 @@ def fit(cfg: TrainConfig, resume: str | os.PathLike | bool | None = None, log: C
     ``resume``: ``True`` continues from ``<out>/checkpoint.pt``, a path from that checkpoint; training then runs
     until ``cfg.epochs`` epochs in total.
     """
+    from .distributed import ddp
+
     cfg.validate()
+    world = ddp.world_size()
+    _check_batch_split(cfg.batch_size, world)
+    main = ddp.is_main()
+    if not main:
+        log = _quiet
     device = torch.device(cfg.device)
+    if world > 1 and device.type == "cuda":
+        device = ddp.device()  # this rank's GPU
     if cfg.threads is not None:
         set_threads(cfg.threads)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     ckpt = None
     if resume:
-        ckpt = load_checkpoint(out / CHECKPOINT_NAME if resume is True else resume)
-        _check_resume(ckpt["config"], cfg)
+        ckpt = _load_resume_checkpoint(out / CHECKPOINT_NAME if resume is True else resume, cfg, world)
 
     train_ds, test_ds, info = _load_data(cfg)
     info = _info_dict(info)
     seed_everything(cfg.seed)
     model = make_model(cfg, info).to(device)
+    # Names -> the plain model's parameter and buffer tensors: the synchronized BatchNorm below shares them (and
+    # every update is in place), so the checkpoint keeps the plain model's keys whatever the world size.
+    plain_state = model.state_dict(keep_vars=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     data_gen = torch.Generator().manual_seed(cfg.seed)
     enc_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -545,29 +605,40 @@ def fit(cfg: TrainConfig, resume: str | os.PathLike | bool | None = None, log: C
         history = list(ckpt["history"])
         start_epoch = int(ckpt["epoch"])
         _set_rng_states(ckpt["rng"], gens)
-        write_metrics(out / METRICS_NAME, history, append_only_last=False)  # drop rows past the checkpoint
+        if main:
+            write_metrics(out / METRICS_NAME, history, append_only_last=False)  # drop rows past the checkpoint
         if start_epoch >= cfg.epochs:
             log(f"checkpoint is at epoch {start_epoch}; nothing to do for --epochs {cfg.epochs}")
             return history
         log(f"resuming from epoch {start_epoch} ({out / CHECKPOINT_NAME if resume is True else resume})")
+    core = model  # evaluated unwrapped: eval-mode BatchNorm uses the running statistics, no collectives
+    if world > 1:
+        core = ddp.convert_sync_batchnorm(model)
+        model = ddp.wrap_model(core)
     train_loader, test_loader = _loaders(cfg, train_ds, test_ds, data_gen)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in core.parameters())
+    par = f", {world} data-parallel ranks ({cfg.batch_size // world} samples each)" if world > 1 else ""
     log(
         f"spikefuse train: {cfg.model} ({n_params / 1e6:.2f} M params) on {info['name']} ({len(train_ds)} train / "
         f"{len(test_ds)} test, {info['in_channels']}x{info['height']}x{info['width']}, {info['kind']}), T={cfg.T}, "
-        f"batch {cfg.batch_size}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, device {device}, "
-        f"threads {torch.get_num_threads()}, seed {cfg.seed}"
+        f"batch {cfg.batch_size}{par}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, device {device}, "
+        f"threads {torch.get_num_threads()}{' per rank' if world > 1 else ''}, seed {cfg.seed}"
     )
-    common = dict(kind=info["kind"], T=cfg.T, encoding=cfg.encoding, device=device)
+    if world > 1 and 0 < len(train_ds) % cfg.batch_size < world:
+        log(f"note: the last training batch ({len(train_ds) % cfg.batch_size} samples) has fewer samples than ranks "
+            f"and is skipped every epoch")
+    common = dict(kind=info["kind"], T=cfg.T, encoding=cfg.encoding, device=device, data_parallel=world > 1)
     config_dict = asdict(cfg)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        tr = run_epoch(model, train_loader, optimizer=optimizer, generator=enc_gen, progress=cfg.progress,
+        tr = run_epoch(model, train_loader, optimizer=optimizer, generator=enc_gen, progress=cfg.progress and main,
                        desc=f"epoch {epoch}/{cfg.epochs}", **common)
-        te = run_epoch(model, test_loader, generator=_test_generator(cfg.seed), progress=cfg.progress,
+        te = run_epoch(core, test_loader, generator=_test_generator(cfg.seed), progress=cfg.progress and main,
                        desc=f"test {epoch}/{cfg.epochs}", **common)
         rss, cuda = peak_memory_mb(device)
+        if world > 1:  # the largest over the ranks
+            rss, cuda = _max_over_ranks(rss, cuda, device)
         row = {
             "epoch": epoch,
             "train_loss": tr["loss"],
@@ -582,6 +653,8 @@ def fit(cfg: TrainConfig, resume: str | os.PathLike | bool | None = None, log: C
             "peak_cuda_mb": cuda,
         }
         history.append(row)
+        if not main:
+            continue
         save_checkpoint(
             out / CHECKPOINT_NAME,
             {
@@ -589,16 +662,100 @@ def fit(cfg: TrainConfig, resume: str | os.PathLike | bool | None = None, log: C
                 "config": config_dict,
                 "info": info,
                 "epoch": epoch,
-                "model": model.state_dict(),
+                "model": {k: v.detach() for k, v in plain_state.items()},
                 "optimizer": optimizer.state_dict(),
                 "history": history,
                 "rng": _rng_states(gens),
+                "world_size": world,
             },
         )
         write_metrics(out / METRICS_NAME, history, append_only_last=True)
         plot_curves(out / CURVES_NAME, history, title=f"{cfg.model} on {info['name']}, T={cfg.T}")
         log(format_epoch(row, cfg.epochs))
     return history
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _check_batch_split(batch_size: int, world: int) -> None:
+    if batch_size % world:
+        raise ConfigError(f"--batch-size {batch_size} (the global batch) must be divisible by the number of "
+                          f"processes ({world})")
+
+
+def _load_resume_checkpoint(path, cfg: TrainConfig, world: int) -> dict:
+    """Load and check the checkpoint; with several ranks rank 0 reads it and broadcasts it (or its error) to the
+    others, so the file only needs to exist on rank 0's machine and an error is raised on every rank."""
+    if world <= 1:
+        ckpt = load_checkpoint(path)
+        _check_resume(ckpt["config"], cfg)
+        return ckpt
+    import torch.distributed as dist
+
+    from .distributed import ddp
+
+    box: list = [None, None]
+    if ddp.is_main():
+        try:
+            box[1] = load_checkpoint(path)
+            _check_resume(box[1]["config"], cfg)
+        except ConfigError as err:
+            box = [str(err), None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise ConfigError(box[0])
+    return box[1]
+
+
+def _max_over_ranks(rss: float, cuda: float | None, device: torch.device) -> tuple[float, float | None]:
+    import torch.distributed as dist
+
+    t = torch.tensor([rss, -1.0 if cuda is None else cuda], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t[0].item(), (None if cuda is None else t[1].item())
+
+
+def _fit_rank(args: tuple) -> list[dict] | None:
+    """One rank of :func:`fit_data_parallel`: rank 0 returns the history, the others ``None``."""
+    cfg, resume, log = args
+    from .distributed import ddp
+
+    history = fit(cfg, resume=resume, log=log)
+    return history if ddp.is_main() else None
+
+
+def fit_data_parallel(
+    cfg: TrainConfig,
+    nproc: int = 1,
+    resume: str | os.PathLike | bool | None = None,
+    log: Callable[[str], None] = print,
+    timeout: float | None = None,
+) -> list[dict] | None:
+    """:func:`fit` data-parallel (DDP, gloo on CPU / NCCL on GPUs) over ``nproc`` local processes.
+
+    Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) this process joins torchrun's group and ``nproc`` is
+    ignored. ``cfg.batch_size`` is the global batch (divisible by the number of processes); ``cfg.threads`` is
+    per process. Returns the history on rank 0 (the calling process when spawning) and ``None`` on the other
+    ranks. ``log`` must be picklable when spawning (a module-level function); only rank 0 logs. ``nproc=1``
+    outside torchrun is plain :func:`fit`. ``timeout``: seconds before spawned ranks are terminated.
+    """
+    from .distributed import ddp
+
+    cfg.validate()
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else nproc
+    _check_batch_split(cfg.batch_size, world)
+    if not torchrun and nproc == 1:
+        return fit(cfg, resume=resume, log=log)
+    if not torchrun and resume:  # report a bad checkpoint here, not as a traceback from a spawned rank
+        _check_resume(load_checkpoint(Path(cfg.out) / CHECKPOINT_NAME if resume is True else resume)["config"], cfg)
+    backend = "nccl" if torch.device(cfg.device).type == "cuda" else "gloo"
+    return ddp.run_data_parallel(_fit_rank, nproc, (cfg, resume, log), backend=backend, timeout=timeout,
+                                 threads=cfg.threads)
 
 
 def evaluate_checkpoint(
