@@ -92,7 +92,7 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args())
     else:
         args = spec.kernel_args()
-        spikes, state, _ = _autograd.neuron_forward(
+        spikes, state, _ = _autograd.neuron(
             x2.contiguous(), k, v0.contiguous(), inner, list(args[:7]), list(args[7:]), concrete, P.MEMORY_MODES[memory]
         )
     return spikes.reshape(x.shape), state.reshape(trailing)

@@ -1,6 +1,9 @@
 """The fused backends wrapped once as ``torch.library`` custom ops with fake kernels and registered autograd,
 so that ``torch.compile(fullgraph=True)`` traces through them without graph breaks.
 
+Eager calls take the same implementation through a plain ``autograd.Function`` (:func:`neuron`): the first call of
+a custom op imports ``torch._dynamo``, which costs ~2 s in every new process.
+
 ``spikefuse::neuron_forward`` returns ``(spikes, state, saved)``: ``saved`` is the pre-reset potential ``h``
 (memory mode ``potential``) or an empty tensor (mode ``recompute``, where backward recomputes ``h`` from ``x``).
 """
@@ -19,14 +22,16 @@ def _spec(ints: list[int], floats: list[float]) -> tuple:
     return (*ints, *floats)
 
 
-@torch.library.custom_op("spikefuse::neuron_forward", mutates_args=())
-def neuron_forward(
+def _forward_impl(
     x2: Tensor, leak: Tensor, v_init: Tensor, inner: int, ints: list[int], floats: list[float], backend: str, save: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     spikes, state, saved = module(backend).forward(x2, leak, inner, v_init, _spec(ints, floats), save)
     if saved is None:
         saved = x2.new_empty(0, dtype=compute_dtype(x2.dtype))
     return spikes, state, saved
+
+
+neuron_forward = torch.library.custom_op("spikefuse::neuron_forward", mutates_args=())(_forward_impl)
 
 
 @neuron_forward.register_fake
@@ -36,8 +41,7 @@ def _(x2, leak, v_init, inner, ints, floats, backend, save):
     return torch.empty_like(x2), v_init.new_empty(v_init.shape, dtype=cdt), saved
 
 
-@torch.library.custom_op("spikefuse::neuron_backward", mutates_args=())
-def neuron_backward(
+def _backward_impl(
     grad_spikes: Tensor,
     grad_state: Tensor,
     x2: Tensor,
@@ -68,6 +72,9 @@ def neuron_backward(
     return grad_x, grad_v, grad_leak
 
 
+neuron_backward = torch.library.custom_op("spikefuse::neuron_backward", mutates_args=())(_backward_impl)
+
+
 @neuron_backward.register_fake
 def _(grad_spikes, grad_state, x2, leak, v_init, saved, inner, ints, floats, backend, save, need_leak_grad):
     grad_leak = torch.empty_like(leak) if need_leak_grad else leak.new_empty(0)
@@ -83,11 +90,11 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x2 if need_x else x2.new_empty(0), leak, v_init, output[2])
 
 
-def _backward(ctx, grad_spikes, grad_state, _grad_saved):
+def _backward(ctx, grad_spikes, grad_state, _grad_saved, backward_op=neuron_backward):
     x2, leak, v_init, saved = ctx.saved_tensors
     inner, ints, floats, backend, save = ctx.args
     need_leak_grad = ctx.needs_input_grad[1]
-    grad_x, grad_v, grad_leak = neuron_backward(
+    grad_x, grad_v, grad_leak = backward_op(
         grad_spikes.contiguous(),
         grad_state.contiguous(),
         x2,
@@ -108,3 +115,23 @@ def _backward(ctx, grad_spikes, grad_state, _grad_saved):
 
 
 torch.library.register_autograd("spikefuse::neuron_forward", _backward, setup_context=_setup_context)
+
+
+class _EagerNeuron(torch.autograd.Function):
+    """``neuron_forward`` with the same autograd, without the custom-op dispatch (see the module docstring)."""
+
+    @staticmethod
+    def forward(x2, leak, v_init, inner, ints, floats, backend, save):
+        return _forward_impl(x2, leak, v_init, inner, ints, floats, backend, save)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad_spikes, grad_state, grad_saved):
+        return _backward(ctx, grad_spikes, grad_state, grad_saved, backward_op=_backward_impl)
+
+
+def neuron(x2, leak, v_init, inner: int, ints: list[int], floats: list[float], backend: str, save: int):
+    """Run a fused backend with autograd: the custom op under ``torch.compile``, the plain Function in eager mode."""
+    op = neuron_forward if torch.compiler.is_compiling() else _EagerNeuron.apply
+    return op(x2, leak, v_init, inner, ints, floats, backend, save)
