@@ -6,8 +6,9 @@ session; every assertion reads its results. The set (see :func:`_cases`):
 * every kernel x dtype x memory-structure group (the constexprs that change which tensors the time loop reads and
   writes: SAVE_H, RECOMPUTE / GX_IN_H, USE_X, NEED_LEAK, PER_CHANNEL) at BLOCK 1024, for sm_80 and sm_90;
 * every block size the launcher can choose x dtype (forward and backward, ``potential``), for sm_90;
-* every dynamics x reset x charge combination, forward and backward (recompute, the largest variant), with
-  state_post_reset, detach_reset and the five surrogates cycled through, alternating sm_80 / sm_90;
+* every dynamics x reset x charge combination in the backward kernel (recompute, the largest variant, which
+  also runs the forward step), in the forward kernel every reset and charge value, with state_post_reset,
+  detach_reset and the five surrogates cycled through, alternating sm_80 / sm_90;
 * Triton's launch-time integer / alignment specializations: ``N % 16 != 0``, ``N >= 2**31`` (i64), ``T = N = 1``
   (constexprs) and a 16-byte-unaligned tensor, for sm_80.
 
@@ -55,7 +56,10 @@ def _cases():
     for c in A.arithmetic_cases("fp32", 1024):
         k = c["const"]
         combos.setdefault((c["kernel"], k["DYN"], k["RESET"], k["CHARGE"]), []).append(c)
-    for i, (_, candidates) in enumerate(sorted(combos.items())):
+    for i, (key, candidates) in enumerate(sorted(combos.items())):
+        kernel, dyn, reset, charge = key
+        if kernel == "fwd" and dyn == P.SPIKINGJELLY and reset != charge % 3:
+            continue  # the forward step is also compiled in every backward (recompute); 5 SpikingJelly cases suffice
         want = {"SPR": i % 2 == 1, "DETACH": (i // 2) % 2 == 1, "SG": i % 5}
         best = max(candidates, key=lambda c: sum(c["const"].get(name) == v for name, v in want.items()))
         work.append((best, (80, 90)[(i // 3) % 2]))
@@ -76,8 +80,10 @@ def compiled(tmp_path_factory):
         pytest.skip(f"ptxas / cuobjdump missing from the triton package (triton/backends/nvidia/bin): {tools}")
     work = _cases()
     cases = {c["id"]: c for c, _ in work}
-    cache = tmp_path_factory.mktemp("triton-cache")
-    results = A.compile_cases([], work=work, jobs=2, cache_dir=str(cache), timeout=900)
+    # Triton's own cache (keyed by kernel source, options, target and ptxas version): a re-run reuses the binaries
+    # of an identical compilation; SPIKEFUSE_AOT_FRESH=1 compiles everything in a fresh cache.
+    cache = str(tmp_path_factory.mktemp("triton-cache")) if os.environ.get("SPIKEFUSE_AOT_FRESH") else None
+    results = A.compile_cases([], work=work, jobs=2, cache_dir=cache, timeout=900)
     assert len(results) == len(work)
     return cases, results
 
@@ -102,7 +108,7 @@ def test_case_set_covers_the_launchers_switches():
         assert len({k[name] for k in fwd}) == values, name
     dyn_combos = {(k["DYN"], k["RESET"], k["CHARGE"]) for k in bwd}
     assert len(dyn_combos) == 3 + 3 + 3 * 5  # paper and snnTorch: 3 resets; SpikingJelly: 3 resets x 5 charges
-    assert sum(1 for _, a in work if a == 80) > 40 and sum(1 for _, a in work if a == 90) > 40
+    assert sum(1 for _, a in work if a == 80) > 35 and sum(1 for _, a in work if a == 90) > 35
 
 
 def test_every_specialization_compiles(compiled):
@@ -112,13 +118,14 @@ def test_every_specialization_compiles(compiled):
 
 
 def test_no_local_memory_no_register_spills(compiled):
-    """No kernel has local-memory arrays or spills registers. The one exception ptxas makes: with 8 spike flags per
-    thread (BLOCK 1024) the flags exceed the 7 predicate registers, and in a few specializations ptxas parks one
-    predicate word on the stack (``P2R`` + a 4-byte ``STL`` before the loop, an L1-resident ``LDL`` in it: an
-    8-byte stack frame). Anything larger is a real spill and fails."""
+    """No kernel has local-memory arrays, and register spills stay at most one 32-bit word (one ``STL`` into an
+    8-byte stack frame, outside the loop). ptxas makes such a spill in a few BLOCK-1024 specializations, where each
+    thread holds 8 neurons' state and spike flags (more flags than the 7 predicate registers: some are moved out
+    with ``P2R``); the full fp32 sweep of ``spikefuse bench gpu-static`` finds up to 6 such words (24 bytes) in
+    35 of 1168 kernels. More than one word in this set is a regression and fails."""
     bad = {(c["id"], r["arch"]): (r["reg"], r["local"], r["stack"], r["sass_stl"], r["sass_p2r"])
            for c, r in _ok(compiled)
-           if r["local"] or r["stack"] > 8 or r["sass_stl"] > 1 or (r["sass_stl"] and not r["sass_p2r"])}  # fmt: skip
+           if r["local"] or r["stack"] > 8 or r["sass_stl"] > 1}  # fmt: skip
     assert not bad, bad
     assert all(0 < r["reg"] <= 255 for _, r in _ok(compiled))
     predicate_spills = [(c["id"], r["arch"]) for c, r in _ok(compiled) if r["stack"]]
@@ -157,7 +164,7 @@ def test_time_loop_accesses_are_vectorized(compiled):
             # v2.b64); smaller blocks have fewer neurons per thread than a 16-byte vector holds.
             assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {"128"}, (case["id"], r["loop"])
         checked += 1
-    assert checked > 100
+    assert checked > 80
 
 
 def test_unaligned_layouts_fall_back_to_scalar_accesses(compiled):

@@ -54,6 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None,
                    help="Triton cache (default: a fresh temporary folder, so every kernel is really compiled)")
     p.add_argument("--results-dir", default="benchmarks/results", help="(default: %(default)s)")
+    p.add_argument("--render", metavar="JSON", default=None,
+                   help="only re-render the markdown from a gpu_static.json of an earlier run (no compilation)")
     return p
 
 
@@ -158,8 +160,14 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
         "Triton's own integer / alignment specializations multiply these further).",
         "",
         f"Registers per thread over all compiled kernels: {min(r['reg'] for r in ok)}..{max(r['reg'] for r in ok)}; "
-        f"local memory (spills): max {max(r['local'] for r in ok)} bytes, stack max {max(r['stack'] for r in ok)} "
+        f"local memory (cuobjdump LOCAL): max {max(r['local'] for r in ok)} bytes, stack (spills) max {max(r['stack'] for r in ok)} "
         f"bytes; every pointer offset 64-bit: {all(r['i64_offsets'] for r in ok)}.",
+        "",
+        f"Spills: {sum(1 for r in ok if r['stack'])} of {len(ok)} kernels have a small ptxas stack frame "
+        f"({sorted({r['stack'] for r in ok if r['stack']})} bytes; {max(r.get('sass_stl', 0) for r in ok)} `STL` at "
+        "most, i.e. a few spilled 32-bit words, some of them predicate words moved out with `P2R`), all at BLOCK "
+        "1024 where each thread holds 8 neurons' state and spike flags; no kernel has local-memory arrays. "
+        "Per kernel: `stack`, `sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
         "",
         "Layout: 4 warps = 128 threads per program, BLOCK / 128 neurons per thread, so a time-step access of a "
         "thread is BLOCK/128 x the element size wide; with `N % 16 == 0` and 16-byte-aligned tensors (Triton "
@@ -300,8 +308,29 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
     return "\n".join(lines), report
 
 
+def _render(args) -> int:
+    """Re-render gpu_static.md from an earlier run's JSON (its command, toolchain and compile time kept)."""
+    from . import common
+
+    saved = json.loads(Path(args.render).read_text())
+    results = {(r["id"], r["arch"]): r for r in saved["results"]}
+    for k in ("case_set", "archs"):
+        setattr(args, k, saved[k])
+    common.command_line = lambda: saved["command"]
+    common.machine_info = lambda: saved["machine"]
+    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["launchable_specializations"],
+                         saved["seconds"])  # fmt: skip
+    out = Path(args.results_dir)
+    (out / "gpu_static.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
 def run(args) -> int:
     from ..ops import triton_aot as A
+
+    if args.render:
+        return _render(args)
 
     tools = A.toolchain()
     if not (tools["triton"] and tools["nvidia_backend"] and tools["ptxas"] and tools["cuobjdump"]):
