@@ -14,7 +14,7 @@ Adding a subcommand: write a module with two functions and list it in :data:`COM
 (``add_parser`` may instead ``p.set_defaults(func=...)``; that function is then run instead of ``run``.)
 
 Keep the module's top-level imports light (import torch and friends inside ``run``): every module is imported to
-build the parser. A listed module that does not exist (yet) is skipped. Errors the user can fix are reported without
+build the parser. Errors the user can fix are reported without
 a traceback and exit code 2: :class:`spikefuse.data.DataError`, :class:`spikefuse.train.ConfigError`, and any
 exception class listed in :data:`USER_ERRORS`.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 __all__ = ["main", "build_parser", "COMMANDS", "BENCH_COMMANDS"]
@@ -42,18 +41,9 @@ BENCH_COMMANDS: tuple[str, ...] = (
 USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError"]
 
 
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def _register(subparsers, module_names) -> None:
     for name in module_names:
         mod_name, _, attr = name.partition(":")
-        if not _module_exists(mod_name):
-            continue  # not written yet
         mod = importlib.import_module(mod_name)
         if attr:
             mod = getattr(mod, attr)
