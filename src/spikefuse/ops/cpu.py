@@ -31,8 +31,10 @@ half-precision output through its 16-bit integer view (0 or the bit pattern of 1
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
+import sys
 
 import llvmlite.ir as llvmir
 import numba
@@ -572,6 +574,28 @@ def _block_for(n: int, threads: int, block: int) -> int:
     return max(1, b)
 
 
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty`` whose untouched pages are advised as transparent huge pages.
+
+    Writing a freshly allocated output costs more here than the kernel itself (one page fault per 4 KiB page).
+    With THP in ``madvise`` mode, ``madvise(MADV_HUGEPAGE)`` on the still untouched buffer makes the first writes
+    fault in 2 MiB pages instead, 512x fewer faults; it is only advice, so where the kernel refuses nothing changes.
+    """
+    out = torch.empty(shape, dtype=dtype)
+    nbytes = out.numel() * out.element_size()
+    if _libc is not None and nbytes >= 4 * _HUGE_PAGE:
+        start = (out.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+        end = (out.data_ptr() + nbytes) & ~(_HUGE_PAGE - 1)
+        if end > start:
+            _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
+    return out
+
+
 def _as_compute(t: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
     return t if t.dtype == cdt else t.to(cdt)
 
@@ -586,7 +610,7 @@ def forward(x2, leak, inner, v_init, spec_args, save):
     t_steps, n = x2.shape
     threads = _set_threads(t_steps * n)
     xc = _as_compute(x2, cdt)
-    spikes = torch.empty_like(x2)
+    spikes = _empty(x2.shape, x2.dtype)
     if x2.dtype in _ONE_BITS:
         spk_np = spikes.view(torch.int16).numpy()
         sv = np.array([0, _ONE_BITS[x2.dtype]], dtype=np.int16)
@@ -595,7 +619,7 @@ def forward(x2, leak, inner, v_init, spec_args, save):
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
     state = torch.empty(n, dtype=cdt)
     save_h = save == P.SAVE_POTENTIAL
-    hs = torch.empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
+    hs = _empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
     _forward_kernel(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
@@ -624,7 +648,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     gs = _as_compute(grad_spikes, cdt)
     xc = _as_compute(x2, cdt) if x2 is not None else torch.empty((0, 0), dtype=cdt)
     hsaved = _as_compute(saved, cdt) if saved is not None else torch.empty((0, 0), dtype=cdt)
-    gx = torch.empty((t_steps, n), dtype=cdt)
+    gx = _empty((t_steps, n), dtype=cdt)
     gv = torch.empty(n, dtype=cdt)
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
