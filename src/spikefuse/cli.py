@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spikefuse: error: {err}", file=sys.stderr)
             return 2
         raise
-    return int(code or 0)
+    return code if isinstance(code, int) else 0  # run() may return its results; only an int is an exit code
 
 
 # train / eval ----------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ def set_threads(threads: int) -> None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     except ImportError:
         pass
+    torch.set_num_threads(threads)  # starting numba's OpenMP threading layer can reset torch's count in a new process
 
 
 def machine_info() -> str:
