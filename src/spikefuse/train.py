@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .models import NeuronOptions, build_model, replace_neurons
+from .threads import set_threads
 
 __all__ = [
     "TrainConfig",
@@ -178,19 +179,6 @@ def peak_memory_mb(device: torch.device | str = "cpu") -> tuple[float, float | N
     device = torch.device(device)
     cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return rss_mb, cuda
-
-
-def set_threads(threads: int) -> None:
-    """Use ``threads`` CPU threads in torch and (when the fused CPU backend's numba is installed) numba."""
-    torch.set_num_threads(threads)
-    try:
-        import numba
-    except ImportError:
-        return
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    # Starting numba's OpenMP threading layer can reset the OpenMP thread count torch shares (seen in a rank
-    # forked from a fork server): set torch's again.
-    torch.set_num_threads(threads)
 
 
 def seed_everything(seed: int) -> None:

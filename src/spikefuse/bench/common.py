@@ -16,18 +16,6 @@ import torch
 RESULTS = Path("benchmarks/results")
 
 
-def set_threads(threads: int) -> None:
-    """Fix the thread count of torch and numba so every implementation runs on the same cores."""
-    torch.set_num_threads(threads)
-    try:
-        import numba
-
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    except ImportError:
-        pass
-    torch.set_num_threads(threads)  # starting numba's OpenMP threading layer can reset torch's count in a new process
-
-
 def machine_info() -> str:
     cpu = platform.processor() or platform.machine()
     try:

@@ -223,7 +223,7 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
                              f"{min(regs)} / {statistics.median(regs):g} / {max(regs)}", spec,
                              max(r["local"] for _, r in good), " or ".join(sorted(widths)),
                              " or ".join(sorted(st_widths))])  # fmt: skip
-        lines += [f"fp32, BLOCK=1024, N=1M (launch-time specialization `N % 16 == 0`), forward saving h with a "
+        lines += ["fp32, BLOCK=1024, N=1M (launch-time specialization `N % 16 == 0`), forward saving h with a "
                   "per-channel leak, backward in recompute mode with the leak gradient (the largest variants).", "",
                   markdown_table(header, rows), ""]  # fmt: skip
 

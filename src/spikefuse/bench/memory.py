@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -305,7 +304,7 @@ def run_form(cfg: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from .common import set_threads
+    from ..threads import set_threads
 
     _limit_malloc_caching()
     if cfg.get("threads"):
@@ -428,7 +427,7 @@ def _mib(b) -> str:
 
 
 def run(args) -> int:
-    from .common import set_threads
+    from ..threads import set_threads
 
     cfg0 = {
         "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,

@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from .. import functional
-from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, set_threads, timed, write_csv
+from ..threads import set_threads
+from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, timed, write_csv
 
 DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
 

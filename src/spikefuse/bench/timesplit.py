@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from .. import functional
-from .common import RESULTS, machine_info, markdown_table, set_threads, write_csv
+from ..threads import set_threads
+from .common import RESULTS, machine_info, markdown_table, write_csv
 
 DECAY, THRESHOLD = 0.2, 0.3  # the paper's Sec. 5.1 settings (V_rest 0, sigmoid surrogate alpha 4)
 _DEFAULT_T = [8, 16, 32, 64, 128]

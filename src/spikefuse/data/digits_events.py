@@ -21,7 +21,7 @@ import torch
 
 from ._common import DatasetInfo, TensorDataset
 from .digits import NUM_CLASSES, digits_split, load_digits_arrays, resize_images
-from .event_sim import simulate_saccades, split_events
+from .event_sim import simulate_saccades
 from .framing import frame_events_batch
 
 __all__ = ["DEFAULT_SIZE", "EventFramesDataset", "digits_event_streams", "load_digits_events"]

@@ -25,7 +25,6 @@ unpack, torch ops          ~1.15 s
 
 from __future__ import annotations
 
-import math
 
 import numba
 import numpy as np
