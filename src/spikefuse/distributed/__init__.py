@@ -6,38 +6,8 @@ on ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
 - :mod:`spikefuse.distributed.ddp`: spawn or join a process group and wrap models in DDP.
 """
 
-from . import ddp
+from . import ddp, timesplit
 from .ddp import launch, run_data_parallel, wrap_model
-from .timesplit import (
-    TimeSplitBatchNorm,
-    TimeSplitLIF,
-    allreduce_gradients,
-    convert_batchnorm,
-    convert_timesplit,
-    gather_time,
-    local_time_range,
-    split_time,
-    time_partition,
-    time_reduce,
-    timesplit_lif,
-    timesplit_neuron,
-)
+from .timesplit import *  # noqa: F403  (the names listed in timesplit.__all__)
 
-__all__ = [
-    "ddp",
-    "launch",
-    "run_data_parallel",
-    "wrap_model",
-    "TimeSplitLIF",
-    "TimeSplitBatchNorm",
-    "timesplit_lif",
-    "timesplit_neuron",
-    "time_partition",
-    "local_time_range",
-    "split_time",
-    "gather_time",
-    "time_reduce",
-    "allreduce_gradients",
-    "convert_timesplit",
-    "convert_batchnorm",
-]
+__all__ = ["ddp", "launch", "run_data_parallel", "wrap_model", *timesplit.__all__]
