@@ -499,12 +499,6 @@ class TimeSplitLIF(LIF):
         return new
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        v_init = self.state if self.stateful else None
-        if v_init is not None and v_init.shape != x_local.shape[1:]:
-            raise ValueError(
-                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is "
-                f"{tuple(x_local.shape[1:])}; call reset_state() before feeding inputs of another shape"
-            )
         spikes, state = timesplit_lif(
             x_local,
             decay=self.decay,
@@ -512,7 +506,7 @@ class TimeSplitLIF(LIF):
             v_reset=self.v_reset,
             surrogate=self.surrogate,
             detach_reset=self.detach_reset,
-            v_init=v_init,
+            v_init=self._stored_state(x_local),
             return_state=True,
             backend=self.backend,
             memory=self.memory,

@@ -9,16 +9,16 @@ recomputed there. See :func:`spikefuse.bn_functional.batchnorm_lif`.
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from ..bn_functional import batchnorm_lif
-from ..surrogate import Sigmoid, resolve
+from ..surrogate import Sigmoid
+from .neurons import NeuronOptions
 
 __all__ = ["BatchNormLIF1d", "BatchNormLIF2d"]
 
 
-class _BatchNormLIF(_NormBase):
+class _BatchNormLIF(NeuronOptions, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
@@ -49,23 +49,9 @@ class _BatchNormLIF(_NormBase):
         dtype=None,
     ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
-        self.threshold = float(threshold)
-        self.v_reset = None if v_reset is None else float(v_reset)
-        self.surrogate = resolve(surrogate)
-        self.detach_reset = bool(detach_reset)
-        self.stateful = bool(stateful)
-        self.backend = backend
-        if channels is not None and not learnable_decay:
-            raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
-        if learnable_decay:
-            shape = () if channels is None else (int(channels),)
-            self.decay = nn.Parameter(torch.full(shape, float(decay), device=device))
-        else:
-            self.decay = float(decay)
-        self.state: torch.Tensor | None = None
-
-    def reset_state(self) -> None:
-        self.state = None
+        self._set_neuron_options(
+            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend, device
+        )
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() not in self._ndims:
@@ -83,12 +69,6 @@ class _BatchNormLIF(_NormBase):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
-        v_init = self.state if self.stateful else None
-        if v_init is not None and v_init.shape != x.shape[1:]:
-            raise ValueError(
-                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
-                "call reset_state() before feeding inputs of another shape"
-            )
         spikes, state = batchnorm_lif(
             x,
             self.running_mean if track else None,
@@ -103,7 +83,7 @@ class _BatchNormLIF(_NormBase):
             v_reset=self.v_reset,
             surrogate=self.surrogate,
             detach_reset=self.detach_reset,
-            v_init=v_init,
+            v_init=self._stored_state(x),
             return_state=True,
             backend=self.backend,
         )
@@ -112,12 +92,7 @@ class _BatchNormLIF(_NormBase):
         return spikes
 
     def extra_repr(self) -> str:
-        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
-        return (
-            super().extra_repr() + f", decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, "
-            f"surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
-            f"backend={self.backend!r}"
-        )
+        return f"{super().extra_repr()}, {self._neuron_options_repr()}"
 
 
 class BatchNormLIF1d(_BatchNormLIF):

@@ -11,7 +11,53 @@ from ..surrogate import Sigmoid, resolve
 __all__ = ["LIF", "IF"]
 
 
-class LIF(nn.Module):
+class NeuronOptions:
+    """The LIF options and the stored state shared by :class:`LIF`, ``BatchNormLIF`` and ``TimeSplitLIF``.
+
+    A mixin for ``nn.Module`` subclasses: call :meth:`_set_neuron_options` after ``nn.Module.__init__``.
+    """
+
+    def _set_neuron_options(
+        self, decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
+        device=None,
+    ) -> None:
+        self.threshold = float(threshold)
+        self.v_reset = None if v_reset is None else float(v_reset)
+        self.surrogate = resolve(surrogate)
+        self.detach_reset = bool(detach_reset)
+        self.stateful = bool(stateful)
+        self.backend = backend
+        if channels is not None and not learnable_decay:
+            raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
+        if learnable_decay:
+            shape = () if channels is None else (int(channels),)
+            self.decay = nn.Parameter(torch.full(shape, float(decay), device=device))
+        else:
+            self.decay = float(decay)
+        self.state: torch.Tensor | None = None
+
+    def reset_state(self) -> None:
+        self.state = None
+
+    def _stored_state(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The state to continue from (stateful mode), checked against the trailing shape of ``x``; else None."""
+        v_init = self.state if self.stateful else None
+        if v_init is not None and v_init.shape != x.shape[1:]:
+            raise ValueError(
+                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
+                "call reset_state() before feeding inputs of another shape"
+            )
+        return v_init
+
+    def _neuron_options_repr(self) -> str:
+        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
+        return (
+            f"decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, surrogate={self.surrogate}, "
+            f"detach_reset={self.detach_reset}, stateful={self.stateful}, backend={self.backend!r}"
+        )
+
+
+class LIF(NeuronOptions, nn.Module):
     """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
 
     Args:
@@ -40,32 +86,12 @@ class LIF(nn.Module):
         memory: str = "potential",
     ):
         super().__init__()
-        self.threshold = float(threshold)
-        self.v_reset = None if v_reset is None else float(v_reset)
-        self.surrogate = resolve(surrogate)
-        self.detach_reset = bool(detach_reset)
-        self.stateful = bool(stateful)
-        self.backend = backend
+        self._set_neuron_options(
+            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend
+        )
         self.memory = memory
-        if channels is not None and not learnable_decay:
-            raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
-        if learnable_decay:
-            shape = () if channels is None else (int(channels),)
-            self.decay = nn.Parameter(torch.full(shape, float(decay)))
-        else:
-            self.decay = float(decay)
-        self.state: torch.Tensor | None = None
-
-    def reset_state(self) -> None:
-        self.state = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        v_init = self.state if self.stateful else None
-        if v_init is not None and v_init.shape != x.shape[1:]:
-            raise ValueError(
-                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
-                "call reset_state() before feeding inputs of another shape"
-            )
         spikes, state = F.lif(
             x,
             decay=self.decay,
@@ -73,7 +99,7 @@ class LIF(nn.Module):
             v_reset=self.v_reset,
             surrogate=self.surrogate,
             detach_reset=self.detach_reset,
-            v_init=v_init,
+            v_init=self._stored_state(x),
             return_state=True,
             backend=self.backend,
             memory=self.memory,
@@ -83,11 +109,7 @@ class LIF(nn.Module):
         return spikes
 
     def extra_repr(self) -> str:
-        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
-        return (
-            f"decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, surrogate={self.surrogate}, "
-            f"detach_reset={self.detach_reset}, stateful={self.stateful}, backend={self.backend!r}, memory={self.memory!r}"
-        )
+        return f"{self._neuron_options_repr()}, memory={self.memory!r}"
 
 
 class IF(LIF):
