@@ -83,3 +83,53 @@ def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
         extra = sum(v for k, v in stores.items() if k != y.untyped_storage().data_ptr())
         expected_h = x.nbytes if memory == "potential" else 0
         assert extra == expected_h + x.nbytes // SHAPE[0] + 4, memory
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_retained_graph_backward_twice_gives_the_same_gradients(backend):
+    """The cpu backend writes grad_x over the saved h only when the graph is freed: a retained graph must still
+    hold h for a second backward."""
+    _available(backend)
+    torch.manual_seed(0)
+    x = (torch.rand(SHAPE) * 0.8).requires_grad_(True)
+    g = torch.randn(SHAPE)
+    spikes = spikefuse.lif(x, decay=0.4, threshold=0.5, backend=backend)
+    (first,) = torch.autograd.grad(spikes, x, g, retain_graph=True)
+    (second,) = torch.autograd.grad(spikes, x, g)
+    assert torch.equal(first, second)
+    xr = x.detach().clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(spikefuse.lif(xr, decay=0.4, threshold=0.5, backend="reference"), xr, g)
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_backward_writes_grad_x_over_the_saved_potential():
+    """Without retain_graph, grad_x takes the storage of the saved h: backward allocates nothing of size [T, N]."""
+    x = (torch.rand(SHAPE) * 0.8).requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        spikes = spikefuse.lif(x, decay=0.4, threshold=0.5, backend="cpu")
+    h_storage = next(t.untyped_storage().data_ptr() for t in saved if t.shape == (SHAPE[0], x[0].numel()))
+    spikes.backward(torch.randn(SHAPE))
+    assert x.grad.untyped_storage().data_ptr() == h_storage
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("used", ["spikes", "state"])
+def test_gradient_through_one_output_only(backend, used):
+    """Gradients are not materialized: an unused output's gradient arrives as None and is taken as zero."""
+    _available(backend)
+    torch.manual_seed(0)
+    x = torch.rand(SHAPE) * 0.8
+    grads = {}
+    for b in (backend, "reference"):
+        xx = x.clone().requires_grad_(True)
+        spikes, state = spikefuse.lif(xx, decay=0.4, threshold=0.5, v_reset=None, return_state=True, backend=b)
+        out = spikes if used == "spikes" else state
+        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        grads[b] = xx.grad
+    torch.testing.assert_close(grads[backend], grads["reference"], rtol=1e-5, atol=1e-6)

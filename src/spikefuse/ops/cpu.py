@@ -23,7 +23,9 @@ would treat as float64 and silently promote float32 arithmetic with). No ``fastm
 Memory traffic per neuron and step (float32): forward 12 bytes with ``SAVE_POTENTIAL`` (read x, write spikes and
 h), 8 without; backward 12 bytes (read grad_spikes and h, write grad_x). In recompute mode (``SAVE_INPUT``) the
 backward first recomputes ``h`` of a block into the block's columns of the ``grad_x`` buffer (small blocks, so the
-``T x block`` tile stays in L2), then runs the reverse loop over it, overwriting it with ``grad_x``.
+``T x block`` tile stays in L2), then runs the reverse loop over it, overwriting it with ``grad_x``. When the caller
+frees the saved ``h`` after backward (``overwrite_saved``: eager autograd without ``retain_graph``), ``grad_x`` is
+written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``.
 
 Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
 half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
@@ -293,8 +295,8 @@ def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, 
 
     ``A = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the reset is detached) covers every dynamics
     (see :func:`_coefficients`); ``Cleak = c1*(u - r) + c2*(h - u) + c3*x`` with ``u`` the post-reset previous
-    potential. ``inplace`` (recompute mode): grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a
-    same-index read-then-write it can vectorize instead of two arrays that overlap at run time.
+    potential. ``inplace`` (recompute mode, or a saved h nobody reads again): grad_x overwrites h in ``hrow``; one
+    pointer, so LLVM sees a same-index read-then-write it can vectorize instead of two arrays that overlap at run time.
     """
     th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
     ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
@@ -389,7 +391,8 @@ def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
+def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
+                    block):
     t_steps, n = gx.shape
     th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
@@ -434,7 +437,7 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v_init[n0 : n0 + m]
         pfire = (t > 0) | (not spr)
         xrow = x[t, n0 : n0 + m] if c3 != zero else dd
-        _bwd_row_dispatch(need_leak, recompute, hrow, gs[t, n0 : n0 + m], dd, gx[t, n0 : n0 + m], prow, xrow,
+        _bwd_row_dispatch(need_leak, inplace, hrow, gs[t, n0 : n0 + m], dd, gx[t, n0 : n0 + m], prow, xrow,
                           g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
@@ -452,11 +455,12 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv, gl, block):
+def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
+                     block):
     nblocks = (gx.shape[1] + block - 1) // block
     for blk in prange(nblocks):
-        _backward_block(np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, need_leak, has_x, gx, gv,
-                        gl, block)
+        _backward_block(np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak,
+                        has_x, gx, gv, gl, block)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -627,7 +631,9 @@ def forward(x2, leak, inner, v_init, spec_args, save):
     return spikes, state, (hs if save_h else None)
 
 
-def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad):
+def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
+             overwrite_saved=False):
+    """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it."""
     spec = SpecArgs(*spec_args)
     cdt = compute_dtype(grad_spikes.dtype)
     _check_dtype(grad_spikes.dtype)
@@ -648,7 +654,9 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     gs = _as_compute(grad_spikes, cdt)
     xc = _as_compute(x2, cdt) if x2 is not None else torch.empty((0, 0), dtype=cdt)
     hsaved = _as_compute(saved, cdt) if saved is not None else torch.empty((0, 0), dtype=cdt)
-    gx = _empty((t_steps, n), dtype=cdt)
+    # grad_x over h, same index read before written: no fresh [T, N] buffer to page in.
+    inplace = recompute or (overwrite_saved and saved is not None and hsaved is saved)
+    gx = hsaved if inplace and not recompute else _empty((t_steps, n), dtype=cdt)
     gv = torch.empty(n, dtype=cdt)
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
@@ -657,7 +665,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         block = _BACKWARD_BLOCK
     _backward_kernel(
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(),
-        _flags(spec), _constants(spec, cdt), bool(recompute), bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+        _flags(spec), _constants(spec, cdt), bool(recompute), bool(inplace), bool(need_leak_grad), x2 is not None,
+        gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
