@@ -221,15 +221,34 @@ def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
         _fwd_block(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
+@njit(inline="always", error_model="numpy")
+def _leak_row(kk, leak, n0, inner):
+    """``kk[i] = leak[((n0 + i) // inner) % C]`` by counting instead of dividing: two 64-bit integer divisions per
+    neuron cost as much as a tenth of a whole kernel."""
+    c = leak.shape[0]
+    if c == 1:
+        k = leak[0]
+        for i in range(kk.shape[0]):
+            kk[i] = k
+        return
+    q = n0 // inner
+    r = n0 - q * inner  # position inside the current channel's run of ``inner`` neurons
+    ch = q % c
+    for i in range(kk.shape[0]):
+        kk[i] = leak[ch]
+        r += 1
+        if r == inner:
+            r = 0
+            ch = ch + 1 if ch + 1 < c else 0
+
+
 @njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _fill_leak(kk, leak, n0, inner, fl, zero):
-    c = leak.shape[0]
     if fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_IF:
         for i in range(kk.shape[0]):
             kk[i] = zero  # IF runs as the MUL form with k = 0
     else:
-        for i in range(kk.shape[0]):
-            kk[i] = leak[((n0 + i) // inner) % c]
+        _leak_row(kk, leak, n0, inner)
 
 
 @njit(inline="always", error_model="numpy")
@@ -267,38 +286,21 @@ def _forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, 
 
 
 @njit(error_model="numpy")
-def _sg_row(code, hrow, dd, m, fp):
-    th, a, b, zero, one = fp[_F_TH], fp[_F_SG_A], fp[_F_SG_B], fp[_F_ZERO], fp[_F_ONE]
-    ec = _exp_consts(fp)
-    for i in range(m):
-        dd[i] = _surrogate(code, hrow[i] - th, a, b, zero, one, ec)
-
-
-@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _sg_dispatch(code, hrow, dd, m, fp):
-    if code == 0:
-        _sg_row(0, hrow, dd, m, fp)
-    elif code == 1:
-        _sg_row(1, hrow, dd, m, fp)
-    elif code == 2:
-        _sg_row(2, hrow, dd, m, fp)
-    elif code == 3:
-        _sg_row(3, hrow, dd, m, fp)
-    else:
-        _sg_row(4, hrow, dd, m, fp)
-
-
-@njit(error_model="numpy")
-def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire,
-             fl, fp, c3):
+def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
 
-    ``A = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the reset is detached) covers every dynamics
-    (see :func:`_coefficients`); ``Cleak = c1*(u - r) + c2*(h - u) + c3*x`` with ``u`` the post-reset previous
-    potential. ``inplace`` (recompute mode, or a saved h nobody reads again): grad_x overwrites h in ``hrow``; one
-    pointer, so LLVM sees a same-index read-then-write it can vectorize instead of two arrays that overlap at run time.
+    ``d`` is the surrogate derivative of ``code`` at ``h - threshold``, computed in the loop (a separate pass that
+    stored ``d`` cost 2x the whole backward). ``A = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the
+    reset is detached) covers every dynamics (see :func:`_coefficients`); ``Cleak = c1*(u - r) + c2*(h - u) + c3*x``
+    with ``u`` the post-reset previous potential. ``inplace`` (recompute mode, or a saved h nobody reads again):
+    grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a same-index read-then-write it can vectorize
+    instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the dispatch stays short.
     """
+    hrow, gsrow, gxrow, prow, xrow, g, la = rows
+    k1, al, be, bb, c1, c2 = coef
     th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
+    ec = _exp_consts(fp)
     ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
     rp = vr if fl[_I_SJ] != 0 else zero
     nd = zero if fl[_I_DETACH] != 0 else one
@@ -306,7 +308,7 @@ def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, 
     for i in range(m):
         h = hrow[i]
         s = _fire(h - th, strict, zero)
-        d = dd[i]
+        d = _surrogate(code, h - th, a_sg, b_sg, zero, one, ec)
         a = (zero if s & zos else k1[i]) + (al[i] * h + be[i]) * (d * nd)
         gt = gsrow[i] * d + g[i] * a
         if need_leak:
@@ -318,26 +320,70 @@ def _bwd_row(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, 
         g[i] = gt
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _bwd_row_dispatch(need_leak, inplace, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos,
-                      pfire, fl, fp, c3):
+@njit(inline="always", error_model="numpy")  # numba-level inlining: the literal code reaches _bwd_row
+def _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     if inplace:
         if need_leak:
-            _bwd_row(True, True, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+            _bwd_row(code, True, True, rows, coef, m, zos, pfire, fl, fp, c3)
         else:
-            _bwd_row(False, True, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+            _bwd_row(code, False, True, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif need_leak:
+        _bwd_row(code, True, False, rows, coef, m, zos, pfire, fl, fp, c3)
     else:
-        if need_leak:
-            _bwd_row(True, False, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
-        else:
-            _bwd_row(False, False, hrow, gsrow, dd, gxrow, prow, xrow, g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+        _bwd_row(code, False, False, rows, coef, m, zos, pfire, fl, fp, c3)
+
+
+@njit(inline="always", error_model="numpy")
+def _bwd_row_dispatch(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
+    """One loop per (surrogate, leak gradient, in place): LLVM keeps a loop vectorized only when it holds a single
+    surrogate's arithmetic and no run-time aliasing."""
+    if code == 0:
+        _bwd_row_flags(0, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 1:
+        _bwd_row_flags(1, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 2:
+        _bwd_row_flags(2, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 3:
+        _bwd_row_flags(3, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    else:
+        _bwd_row_flags(4, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+
+
+@njit(error_model="numpy")
+def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
+    """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
+    a loop of its own per surrogate, like the rows: a scalar libm exp here cost a quarter of the backward."""
+    th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
+    a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
+    ec = _exp_consts(fp)
+    strict = fl[_I_STRICT]
+    nd = zero if fl[_I_DETACH] != 0 else one
+    for i in range(v.shape[0]):
+        u = v[i] - th
+        s = _fire(u, strict, zero)
+        d = _surrogate(code, u, a_sg, b_sg, zero, one, ec)
+        gv[i] = g[i] * ((zero if s & zos else k1[i]) + (al[i] * v[i] + be[i]) * (d * nd))
+
+
+@njit(inline="always", error_model="numpy")
+def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
+    if code == 0:
+        _grad_v_init(0, v, g, gv, k1, al, be, zos, fl, fp)
+    elif code == 1:
+        _grad_v_init(1, v, g, gv, k1, al, be, zos, fl, fp)
+    elif code == 2:
+        _grad_v_init(2, v, g, gv, k1, al, be, zos, fl, fp)
+    elif code == 3:
+        _grad_v_init(3, v, g, gv, k1, al, be, zos, fl, fp)
+    else:
+        _grad_v_init(4, v, g, gv, k1, al, be, zos, fl, fp)
 
 
 @njit(error_model="numpy")
 def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos."""
     th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
-    fam, sj, charge, reset = fl[_I_FAM], fl[_I_SJ] != 0, fl[_I_CHARGE], fl[_I_RESET]
+    sj, charge, reset = fl[_I_SJ] != 0, fl[_I_CHARGE], fl[_I_RESET]
     hard = reset == P.HARD
     soft = reset == P.SOFT
     spr = fl[_I_SPR] != 0
@@ -394,10 +440,8 @@ def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
                     block):
     t_steps, n = gx.shape
-    th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
-    a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
-    strict, spr, code = fl[_I_STRICT], fl[_I_SPR] != 0, fl[_I_CODE]
-    nd = zero if fl[_I_DETACH] != 0 else one
+    zero, one = fp[_F_ZERO], fp[_F_ONE]
+    spr, code = fl[_I_SPR] != 0, fl[_I_CODE]
     c3 = one if (has_x and fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_MUL_INPUT) else zero
     n0 = blk * block
     m = min(block, n - n0)
@@ -408,12 +452,10 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
     bb = np.empty(m, fp.dtype)
     c1 = np.empty(m, fp.dtype)
     c2 = np.empty(m, fp.dtype)
-    dd = np.empty(m, fp.dtype)
+    no_x = np.zeros(m, fp.dtype)  # stands for the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m, fp.dtype)  # leak-gradient partial sum
-    c = leak.shape[0]
-    for i in range(m):
-        kk[i] = leak[((n0 + i) // inner) % c]
+    _leak_row(kk, leak, n0, inner)
     if recompute:
         hb = g  # scratch for the running potential
         for i in range(m):
@@ -433,24 +475,20 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         if t == t_steps - 2:
             zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
         hrow = hh[t, n0 : n0 + m]
-        _sg_dispatch(code, hrow, dd, m, fp)
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v_init[n0 : n0 + m]
         pfire = (t > 0) | (not spr)
-        xrow = x[t, n0 : n0 + m] if c3 != zero else dd
-        _bwd_row_dispatch(need_leak, inplace, hrow, gs[t, n0 : n0 + m], dd, gx[t, n0 : n0 + m], prow, xrow,
-                          g, la, k1, al, be, bb, c1, c2, m, zos, pfire, fl, fp, c3)
+        xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
+        _bwd_row_dispatch(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
+                          (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
-    for i in range(m):
-        if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
+    if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
+        for i in range(m):
             gv[n0 + i] = g[i] * k1[i]
-        else:
-            v = v_init[n0 + i]
-            u = v - th
-            s = _fire(u, strict, zero)
-            d = _surrogate(code, u, a_sg, b_sg, zero, one, _exp_consts(fp))
-            gv[n0 + i] = g[i] * ((zero if s & zos_a else k1[i]) + (al[i] * v + be[i]) * (d * nd))
-        if need_leak:
+    else:
+        _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
+    if need_leak:
+        for i in range(m):
             gl[n0 + i] = la[i]
 
 
@@ -604,7 +642,15 @@ def _as_compute(t: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
     return t if t.dtype == cdt else t.to(cdt)
 
 
-def forward(x2, leak, inner, v_init, spec_args, save):
+def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> None:
+    _check(name, t, dtype)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"cpu backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
+    """``out``: ``(spikes, state, h)`` buffers to write into instead of fresh ones (``h`` ignored unless ``save`` is
+    SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults."""
     spec = SpecArgs(*spec_args)
     _check_dtype(x2.dtype)
     _check("x", x2)
@@ -612,18 +658,23 @@ def forward(x2, leak, inner, v_init, spec_args, save):
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = x2.shape
+    save_h = save == P.SAVE_POTENTIAL
+    if out is not None:
+        _check_out("out spikes", out[0], x2.shape, x2.dtype)
+        _check_out("out state", out[1], (n,), cdt)
+        if save_h:
+            _check_out("out h", out[2], x2.shape, cdt)
     threads = _set_threads(t_steps * n)
     xc = _as_compute(x2, cdt)
-    spikes = _empty(x2.shape, x2.dtype)
+    spikes = _empty(x2.shape, x2.dtype) if out is None else out[0]
     if x2.dtype in _ONE_BITS:
         spk_np = spikes.view(torch.int16).numpy()
         sv = np.array([0, _ONE_BITS[x2.dtype]], dtype=np.int16)
     else:
         spk_np = spikes.numpy()
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
-    state = torch.empty(n, dtype=cdt)
-    save_h = save == P.SAVE_POTENTIAL
-    hs = _empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
+    state = torch.empty(n, dtype=cdt) if out is None else out[1]
+    hs = out[2] if out is not None and save_h else _empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
     _forward_kernel(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
@@ -632,8 +683,9 @@ def forward(x2, leak, inner, v_init, spec_args, save):
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False):
-    """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it."""
+             overwrite_saved=False, out=None):
+    """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it.
+    ``out``: a ``[T, N]`` compute-dtype buffer for grad_x instead of a fresh one (for kernel-only timing)."""
     spec = SpecArgs(*spec_args)
     cdt = compute_dtype(grad_spikes.dtype)
     _check_dtype(grad_spikes.dtype)
@@ -654,9 +706,15 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     gs = _as_compute(grad_spikes, cdt)
     xc = _as_compute(x2, cdt) if x2 is not None else torch.empty((0, 0), dtype=cdt)
     hsaved = _as_compute(saved, cdt) if saved is not None else torch.empty((0, 0), dtype=cdt)
-    # grad_x over h, same index read before written: no fresh [T, N] buffer to page in.
-    inplace = recompute or (overwrite_saved and saved is not None and hsaved is saved)
-    gx = hsaved if inplace and not recompute else _empty((t_steps, n), dtype=cdt)
+    if out is not None:
+        _check_out("out grad_x", out, (t_steps, n), cdt)
+    # grad_x over h (same index read before written): no fresh [T, N] buffer to page in.
+    over_h = not recompute and overwrite_saved and out is None and hsaved is saved
+    inplace = recompute or over_h
+    if over_h:
+        gx = hsaved
+    else:
+        gx = _empty((t_steps, n), dtype=cdt) if out is None else out
     gv = torch.empty(n, dtype=cdt)
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
