@@ -135,7 +135,10 @@ def _flags(case) -> str:
 
 
 def _toolchain_versions(tools: dict) -> dict:
-    out = dict(tools)
+    """The tools' versions and the options the kernels are compiled with (recorded in the JSON)."""
+    from ..ops.triton import COMPILE_OPTIONS
+
+    out = dict(tools, compile_options=COMPILE_OPTIONS)
     if tools.get("ptxas"):
         text = subprocess.run([tools["ptxas"], "--version"], capture_output=True, text=True).stdout
         out["ptxas_version"] = text.strip().splitlines()[-1] if text.strip() else None
@@ -149,6 +152,8 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
     archs = [ARCHS[a] for a in args.archs]
     failed = [r for r in results.values() if not r["ok"]]
     ok = [r for r in results.values() if r["ok"]]
+    spilled = [f"`{r['id']}` sm_{r['arch']}" for r in ok
+               if r["local"] or r["stack"] or r.get("sass_stl") or r.get("sass_ldl")]  # fmt: skip
     lines = [
         "# Triton kernels compiled for A100 / H100 without a GPU (`spikefuse bench gpu-static`)",
         "",
@@ -163,11 +168,12 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
         f"local memory (cuobjdump LOCAL): max {max(r['local'] for r in ok)} bytes, stack (spills) max {max(r['stack'] for r in ok)} "
         f"bytes; every pointer offset 64-bit: {all(r['i64_offsets'] for r in ok)}.",
         "",
-        f"Spills: {sum(1 for r in ok if r['stack'])} of {len(ok)} kernels have a small ptxas stack frame "
-        f"({sorted({r['stack'] for r in ok if r['stack']})} bytes; {max(r.get('sass_stl', 0) for r in ok)} `STL` at "
-        "most, i.e. a few spilled 32-bit words, some of them predicate words moved out with `P2R`), all at BLOCK "
-        "1024 where each thread holds 8 neurons' state and spike flags; no kernel has local-memory arrays. "
-        "Per kernel: `stack`, `sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
+        f"Local memory: {len(spilled)} of {len(ok)} kernels use it (a stack frame or `STL` / `LDL` spill "
+        f"instructions in the SASS){': ' + ', '.join(spilled[:20]) if spilled else ''}. Compile options: "
+        f"`{tools.get('compile_options', 'not recorded')}`; without a register budget (`maxnreg`) ptxas aims at an "
+        "occupancy of its own choosing and spills a few registers to reach it. The time loops keep only what must "
+        "survive a step in registers (the potential, not the spike flags; v_init is read again at t = 0). Per "
+        "kernel: `reg`, `stack`, `sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
         "",
         "Layout: 4 warps = 128 threads per program, BLOCK / 128 neurons per thread, so a time-step access of a "
         "thread is BLOCK/128 x the element size wide; with `N % 16 == 0` and 16-byte-aligned tensors (Triton "

@@ -44,6 +44,13 @@ __all__ = ["forward", "backward", "SUPPORTED_DTYPES", "BLOCK_SIZES", "block_size
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 BLOCK_SIZES = (128, 256, 512, 1024)
 NUM_WARPS = 4  # 128 threads: with BLOCK >= 128 every neuron is owned by exactly one thread (see backward)
+#: The options every kernel is compiled with (:mod:`spikefuse.ops.triton_aot` compiles with the same). No FMA
+#: contraction: bit-identical forward (see above). ``maxnreg``: without an explicit register budget ptxas picks a
+#: register target for the occupancy it hopes to reach and spills a few registers to local memory to meet it (it did
+#: in some BLOCK 1024 specializations); with the hardware's 255 it spills only what cannot fit. These kernels are
+#: bound by DRAM bandwidth and keep enough loads in flight at the lower occupancy (see ``spikefuse bench
+#: gpu-static``).
+COMPILE_OPTIONS = dict(num_warps=NUM_WARPS, maxnreg=255, enable_fp_fusion=False)
 
 # Codes as constexprs (Triton kernels may only read constexpr globals).
 _PAPER = tl.constexpr(P.PAPER)
@@ -81,10 +88,23 @@ def _consts(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo, F64: tl.constexpr):
 
 
 @triton.jit
-def _step(h, f, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, F64: tl.constexpr):
-    """``h[t] = step(h[t-1], s[t-1], x[t])`` (``f`` = the boolean spike ``s[t-1]``): the formulas of
+def _step(h, t, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, SPR: tl.constexpr,
+          STRICT: tl.constexpr, F64: tl.constexpr):
+    """``h[t] = step(h[t-1], s[t-1], x[t])`` with ``h = h[t-1]`` (``v_init`` at t = 0): the formulas of
     :mod:`spikefuse.params`, in their operation order. Divisions are IEEE round-to-nearest (``div_rn``; float64
-    ``/`` already is)."""
+    ``/`` already is).
+
+    The spike ``s[t-1]`` is recomputed here from ``h[t-1]`` rather than carried from the previous step: a carried
+    flag is one predicate per neuron live across the time loop, and with BLOCK / 128 = 8 neurons per thread those
+    flags and the masks outnumber the 7 predicate registers, so ptxas moved them into general registers (``P2R``)
+    and some on to local memory. With ``state_post_reset`` there is no spike before the first step.
+    """
+    if STRICT:
+        f = h - th > 0
+    else:
+        f = h - th >= 0
+    if SPR:
+        f = f & (t > 0)
     if DYN == _PAPER:
         if RESET == _HARD:
             hn = tl.where(f, vr, k * h) + x
@@ -302,29 +322,28 @@ def _forward_kernel(
     else:
         k = tl.load(leak_ptr).to(CDT)
 
+    # Only h is carried across the time loop; each step derives the spikes it needs from it (see _step).
     h = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
-    if SPR:
-        f = offs < 0  # no spike before the first step: the state is already post-reset
-    elif STRICT:
-        f = h - th > 0
-    else:
-        f = h - th >= 0
     for t in range(0, T):
         row = tl.cast(t, tl.int64) * N + offs
         x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
-        h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
+        h = _step(h, t, x, k, th, vr, DYN, RESET, CHARGE, SPR, STRICT, F64)
         if STRICT:
-            f = h - th > 0
+            spike = h - th > 0
         else:
-            f = h - th >= 0
-        tl.store(spikes_ptr + row, tl.where(f, 1.0, 0.0).to(spikes_ptr.dtype.element_ty), mask=mask)
+            spike = h - th >= 0
+        tl.store(spikes_ptr + row, tl.where(spike, 1.0, 0.0).to(spikes_ptr.dtype.element_ty), mask=mask)
         if SAVE_H:
             tl.store(saved_ptr + row, h, mask=mask)
     if SPR:
+        if STRICT:
+            spike = h - th > 0
+        else:
+            spike = h - th >= 0
         if RESET == _HARD:
-            h = tl.where(f, vr, h)
+            h = tl.where(spike, vr, h)
         elif RESET == _SOFT:
-            h = tl.where(f, h - th, h)
+            h = tl.where(spike, h - th, h)
     tl.store(state_ptr + offs, h, mask=mask)
 
 
@@ -353,13 +372,15 @@ def _backward_kernel(
         k = tl.load(leak_ptr + (offs // inner) % C, mask=mask, other=1.0).to(CDT)
     else:
         k = tl.load(leak_ptr).to(CDT)
-    # Per-neuron constants of SpikingJelly's charge: dC/du, dh/dx (dxfac) and 1/k^2.
-    one = 1.0 + 0.0 * k
-    dcharge = one
-    dxfac = one
-    inv_k2 = one
+    # Per-neuron constants of SpikingJelly's charge: dC/du, dh/dx (dxfac) and 1/k^2. Where a charge does not need
+    # one it is the literal 1.0, whose multiplications fold away; a tensor of ones (1 + 0 * k) would occupy
+    # registers across the reverse loop with a per-channel leak.
+    dcharge = 1.0
+    dxfac = 1.0
+    inv_k2 = 1.0
     if DYN == _SPIKINGJELLY:
         if CHARGE == _DIV_INPUT or CHARGE == _DIV:
+            one = 1.0 + 0.0 * k
             if F64:
                 inv_k = one / k
                 inv_k2 = one / (k * k)
@@ -372,26 +393,16 @@ def _backward_kernel(
         elif CHARGE == _MUL_INPUT or CHARGE == _MUL:
             dcharge = 1.0 - k
             if CHARGE == _MUL_INPUT:
-                dxfac = k + 0.0 * k
+                dxfac = k
 
     v0 = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(CDT)
     if RECOMPUTE:
         # Re-run the forward recursion, writing h[t] into this program's own columns of h_ptr.
         h = v0
-        if SPR:
-            f = offs < 0
-        elif STRICT:
-            f = h - th > 0
-        else:
-            f = h - th >= 0
         for t in range(0, T):
             row = tl.cast(t, tl.int64) * N + offs
             x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
-            h = _step(h, f, x, k, th, vr, DYN, RESET, CHARGE, F64)
-            if STRICT:
-                f = h - th > 0
-            else:
-                f = h - th >= 0
+            h = _step(h, t, x, k, th, vr, DYN, RESET, CHARGE, SPR, STRICT, F64)
             tl.store(h_ptr + row, h, mask=mask)
         # Each neuron's column is written and read back by the one thread that owns it (BLOCK >= 32 * num_warps
         # gives every neuron exactly one owner), so program order suffices; the barrier makes the
@@ -412,9 +423,10 @@ def _backward_kernel(
         tp = tl.cast(t, tl.int64)
         row = tp * N + offs
         g = tl.load(gs_ptr + row, mask=mask, other=0.0).to(CDT) * d + carry
-        # h[t-1], or v_init at t = 0 (row 0 is then loaded and discarded: no out-of-range address).
+        # h[t-1], or v_init at t = 0, read again from memory rather than kept in registers across the loop (one
+        # value less per neuron). Row 0 stands in for row -1 so that no address is out of range.
         prev_row = tl.maximum(tp - 1, 0) * N + offs
-        hp = tl.where(t == 0, v0, tl.load(h_ptr + prev_row, mask=mask, other=0.0).to(CDT))
+        hp = tl.load(tl.where(t > 0, h_ptr + prev_row, v0_ptr + offs), mask=mask, other=0.0).to(CDT)
         if USE_X:
             x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
         else:
@@ -604,8 +616,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
         _forward_kernel[(triton.cdiv(n, block),)](
             x2, leak, v_init, spikes, state, saved if saved is not None else state,
             t_steps, n, inner, channels, *floats[:6],
-            **constexprs, SAVE_H=saved is not None, PER_CHANNEL=per_channel, BLOCK=block,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **constexprs, SAVE_H=saved is not None, PER_CHANNEL=per_channel, BLOCK=block, **COMPILE_OPTIONS,
         )  # fmt: skip
     return spikes, state, saved
 
@@ -653,7 +664,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
             grad_spikes, grad_state, x2 if x2 is not None else grad_spikes, h_buf, grad_x, leak, v_init, grad_v,
             leak_partial if leak_partial is not None else grad_v,
             t_steps, n, inner, channels, *floats,
-            **constexprs, **flags, PER_CHANNEL=per_channel, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **constexprs, **flags, PER_CHANNEL=per_channel, BLOCK=block, **COMPILE_OPTIONS,
         )  # fmt: skip
     grad_leak = reduce_leak_grad(leak_partial, channels, inner) if need_leak_grad else None
     return grad_x, grad_v, grad_leak

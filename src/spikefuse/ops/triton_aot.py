@@ -9,10 +9,11 @@ TTGIR -> LLVM -> PTX -> ``ptxas`` -> cubin) on a machine without a GPU. This mod
   ``block_size`` can choose; the integer arguments ``T, N, inner, C`` are specialized by Triton's own
   ``native_specialize_impl`` (``== 1``: a constexpr; ``% 16 == 0``: ``tt.divisibility=16``; ``>= 2**31``: i64)
   and the pointers are 16-byte aligned as fresh PyTorch allocations are (an unaligned view is a separate variant);
-* compiles cases in a subprocess with a clean environment (``TRITON_INTERPRET`` must not be set there, and the
-  test-suite sets it) and collects per kernel: registers per thread, stack / local memory (spills) from
-  ``cuobjdump --dump-resource-usage``, the global loads / stores inside the time loop of the PTX by access width
-  (``ld.global.v4.b32`` = 128 bits), and whether every pointer offset is 64-bit (TTIR);
+* compiles cases with the launchers' ``COMPILE_OPTIONS`` in a subprocess with a clean environment
+  (``TRITON_INTERPRET`` must not be set there, and the test-suite sets it) and collects per kernel: registers per
+  thread, stack / local memory (spills) from ``cuobjdump --dump-resource-usage``, the global loads / stores inside
+  the time loop of the PTX by access width (``ld.global.v4.b32`` = 128 bits), and whether every pointer offset is
+  64-bit (TTIR);
 * counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines.
 
 ``python -m spikefuse.ops.triton_aot`` is the worker: cases as JSON on stdin, one JSON result per line on stdout.
@@ -264,7 +265,8 @@ def traffic(case: Case) -> dict:
         if k["USE_X"]:
             streams.append(("read x", x))
         streams.append(("write grad_x", c if k["GX_IN_H"] else x))
-        per_neuron = c + c + c + (c if k["NEED_LEAK"] else 0)  # grad_state, v_init, grad_v_init, leak partials
+        # grad_state, v_init (read at the start and again at t = 0), grad_v_init, leak partials
+        per_neuron = c + 2 * c + c + (c if k["NEED_LEAK"] else 0)
     return {"per_step": sum(b for _, b in streams), "per_neuron": per_neuron, "streams": streams}
 
 
@@ -406,8 +408,7 @@ def compile_one(case: Case, arch: int, tools: dict) -> dict:
     try:
         sig, constexprs, attrs = _signature(case, fn)
         src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": K.NUM_WARPS, "enable_fp_fusion": False})  # fmt: skip
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(K.COMPILE_OPTIONS))
     except Exception as err:  # noqa: BLE001 - reported per case; the caller fails on it
         res.update(ok=False, error=f"{type(err).__name__}: {err}"[-4000:], seconds=time.perf_counter() - start)
         return res
