@@ -172,7 +172,7 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
         f"instructions in the SASS){': ' + ', '.join(spilled[:20]) if spilled else ''}. Compile options: "
         f"`{tools.get('compile_options', 'not recorded')}`; without a register budget (`maxnreg`) ptxas aims at an "
         "occupancy of its own choosing and spills a few registers to reach it. The time loops keep only what must "
-        "survive a step in registers (the potential, not the spike flags; v_init is read again at t = 0). Per "
+        "survive a step in registers (the potential, not the spike flags). Per "
         "kernel: `reg`, `stack`, `sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
         "",
         "Layout: 4 warps = 128 threads per program, BLOCK / 128 neurons per thread, so a time-step access of a "

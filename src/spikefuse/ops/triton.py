@@ -423,10 +423,9 @@ def _backward_kernel(
         tp = tl.cast(t, tl.int64)
         row = tp * N + offs
         g = tl.load(gs_ptr + row, mask=mask, other=0.0).to(CDT) * d + carry
-        # h[t-1], or v_init at t = 0, read again from memory rather than kept in registers across the loop (one
-        # value less per neuron). Row 0 stands in for row -1 so that no address is out of range.
+        # h[t-1], or v_init at t = 0 (row 0 is then loaded and discarded: no out-of-range address).
         prev_row = tl.maximum(tp - 1, 0) * N + offs
-        hp = tl.load(tl.where(t > 0, h_ptr + prev_row, v0_ptr + offs), mask=mask, other=0.0).to(CDT)
+        hp = tl.where(t == 0, v0, tl.load(h_ptr + prev_row, mask=mask, other=0.0).to(CDT))
         if USE_X:
             x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
         else:

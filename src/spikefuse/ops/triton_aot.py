@@ -265,8 +265,7 @@ def traffic(case: Case) -> dict:
         if k["USE_X"]:
             streams.append(("read x", x))
         streams.append(("write grad_x", c if k["GX_IN_H"] else x))
-        # grad_state, v_init (read at the start and again at t = 0), grad_v_init, leak partials
-        per_neuron = c + 2 * c + c + (c if k["NEED_LEAK"] else 0)
+        per_neuron = c + c + c + (c if k["NEED_LEAK"] else 0)  # grad_state, v_init, grad_v_init, leak partials
     return {"per_step": sum(b for _, b in streams), "per_neuron": per_neuron, "streams": streams}
 
 
