@@ -54,6 +54,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
+from ..nn.bn_lif import running_average_factor
 from ..nn.containers import SeqToBatch
 from ..nn.neurons import LIF
 from ..ops.common import compute_dtype
@@ -500,18 +501,7 @@ class TimeSplitLIF(LIF):
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         spikes, state = timesplit_lif(
-            x_local,
-            decay=self.decay,
-            threshold=self.threshold,
-            v_reset=self.v_reset,
-            surrogate=self.surrogate,
-            detach_reset=self.detach_reset,
-            v_init=self._stored_state(x_local),
-            return_state=True,
-            backend=self.backend,
-            memory=self.memory,
-            group=self.group,
-            chunks=self.chunks,
+            x_local, memory=self.memory, group=self.group, chunks=self.chunks, **self._neuron_call_kwargs(x_local)
         )
         if self.stateful:
             state = state.detach().contiguous()
@@ -576,10 +566,7 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        factor = running_average_factor(self)
         use_batch = self.training or self.running_mean is None
         if not use_batch:
             flat = x.flatten(0, 1) if self.channel_dim == 2 else x

@@ -18,6 +18,16 @@ from .neurons import NeuronOptions
 __all__ = ["BatchNormLIF1d", "BatchNormLIF2d"]
 
 
+def running_average_factor(bn: _NormBase) -> float:
+    """The running-statistics factor of a BatchNorm's forward, counting the batch in training: what
+    ``torch.nn.modules.batchnorm._BatchNorm.forward`` computes (``momentum=None`` is the cumulative average)."""
+    factor = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    return factor
+
+
 class _BatchNormLIF(NeuronOptions, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
@@ -62,11 +72,7 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        # As torch.nn.modules.batchnorm._BatchNorm.forward.
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        factor = running_average_factor(self)
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
         spikes, state = batchnorm_lif(
@@ -78,14 +84,7 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
             bn_training,
             factor,
             self.eps,
-            decay=self.decay,
-            threshold=self.threshold,
-            v_reset=self.v_reset,
-            surrogate=self.surrogate,
-            detach_reset=self.detach_reset,
-            v_init=self._stored_state(x),
-            return_state=True,
-            backend=self.backend,
+            **self._neuron_call_kwargs(x),
         )
         if self.stateful:
             self.state = state.detach()

@@ -49,6 +49,19 @@ class NeuronOptions:
             )
         return v_init
 
+    def _neuron_call_kwargs(self, x: torch.Tensor) -> dict:
+        """The keyword arguments of :func:`spikefuse.lif` (and its fused variants) for this module on ``x``."""
+        return dict(
+            decay=self.decay,
+            threshold=self.threshold,
+            v_reset=self.v_reset,
+            surrogate=self.surrogate,
+            detach_reset=self.detach_reset,
+            v_init=self._stored_state(x),
+            return_state=True,
+            backend=self.backend,
+        )
+
     def _neuron_options_repr(self) -> str:
         decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
         return (
@@ -92,18 +105,7 @@ class LIF(NeuronOptions, nn.Module):
         self.memory = memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spikes, state = F.lif(
-            x,
-            decay=self.decay,
-            threshold=self.threshold,
-            v_reset=self.v_reset,
-            surrogate=self.surrogate,
-            detach_reset=self.detach_reset,
-            v_init=self._stored_state(x),
-            return_state=True,
-            backend=self.backend,
-            memory=self.memory,
-        )
+        spikes, state = F.lif(x, memory=self.memory, **self._neuron_call_kwargs(x))
         if self.stateful:
             self.state = state.detach()
         return spikes
