@@ -9,6 +9,7 @@ simulation that keeps inputs away from the threshold uses :func:`spikefuse.ops.r
   ``h`` of the forward pass (and ``v_init`` where it fires) stays more than ``margin`` away from the threshold and
   from the discontinuities of the Rectangle surrogate, so tiny rounding differences between backends cannot flip a
   spike or a surrogate window and gradients can be compared with a tight tolerance.
+- :func:`saved_storages` counts what autograd saves for backward.
 """
 
 from __future__ import annotations
@@ -238,3 +239,18 @@ def default_tolerance(dtype: torch.dtype) -> dict:
     if dtype == torch.float64:
         return dict(rtol=1e-5, atol=1e-9)
     return dict(rtol=1e-4, atol=1e-5)
+
+
+def saved_storages(fn):
+    """Run ``fn`` and return ``({storage pointer: bytes} of every non-empty tensor autograd saved, fn's result)``;
+    one entry per storage, so views of one buffer count once."""
+    storages = {}
+
+    def pack(t):
+        if t.numel():
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return storages, out

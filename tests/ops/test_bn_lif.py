@@ -19,6 +19,8 @@ from spikefuse.nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
 from spikefuse.ops import reference  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
 
+from tests.ops.cases import saved_storages  # noqa: E402
+
 BACKENDS = ["reference", "cpu", "triton"]
 THRESHOLD, MARGIN = 0.4, 1e-3
 
@@ -145,15 +147,7 @@ def test_functional_v_init_gradient_and_state():
 
 
 def _saved_bytes(fn):
-    storages = {}
-
-    def pack(t):
-        if t.numel():
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
+    storages, out = saved_storages(fn)
     return sum(storages.values()), out
 
 

@@ -10,6 +10,8 @@ import torch  # noqa: E402
 
 import spikefuse  # noqa: E402
 
+from tests.ops.cases import saved_storages  # noqa: E402
+
 SHAPE = (5, 3, 4, 6)  # T, B, C, L
 
 
@@ -24,16 +26,10 @@ def _run(backend, memory, x, decay, v_init):
     xx = x.clone().requires_grad_(True)
     k = decay.clone().requires_grad_(True)
     v = v_init.clone().requires_grad_(True)
-    storages = {}
-
-    def pack(t):
-        if t.numel():
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        s, st = spikefuse.lif(xx * 1.0, decay=k, threshold=0.5, v_init=v, return_state=True, backend=backend,
+    storages, (s, st) = saved_storages(
+        lambda: spikefuse.lif(xx * 1.0, decay=k, threshold=0.5, v_init=v, return_state=True, backend=backend,
                               memory=memory)
+    )
     g = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
     ((s * g).sum() + st.sum()).backward()
     return s, st, xx.grad, k.grad, v.grad, sum(storages.values())
@@ -68,18 +64,9 @@ def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
     v_init, while potential adds the potentials h."""
     _available(backend)
     x = torch.rand(SHAPE, requires_grad=True)
-    stores = {}
-
-    def pack(t):
-        if t.numel():
-            stores[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
     for memory in ("potential", "recompute"):
-        stores.clear()
         y = x * 2.0
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            spikefuse.lif(y, decay=0.5, threshold=0.5, backend=backend, memory=memory)
+        stores, _ = saved_storages(lambda: spikefuse.lif(y, decay=0.5, threshold=0.5, backend=backend, memory=memory))
         extra = sum(v for k, v in stores.items() if k != y.untyped_storage().data_ptr())
         expected_h = x.nbytes if memory == "potential" else 0
         assert extra == expected_h + x.nbytes // SHAPE[0] + 4, memory
