@@ -1,18 +1,47 @@
-"""One place to fix the CPU thread count of torch and of the fused CPU backend's numba."""
+"""One place to fix the CPU thread count of torch and of the fused CPU kernels' numba."""
 
 from __future__ import annotations
 
 import torch
+
+_numba_started = False
+
+
+def _start_numba_threads() -> None:
+    """Start numba's threading layer once, keeping torch's thread count.
+
+    numba's OpenMP layer shares libgomp with torch, and starting it (the first ``numba.get_num_threads()`` or
+    parallel launch) sets the OpenMP thread count back to every core: a user's ``torch.set_num_threads(1)`` made
+    before the first fused call was silently undone, and torch and numba then both ran on every core.
+    """
+    global _numba_started
+    if not _numba_started:
+        import numba
+
+        threads = torch.get_num_threads()
+        numba.get_num_threads()
+        torch.set_num_threads(threads)
+        _numba_started = True
+
+
+def match_numba_threads(work: int | None = None, serial_below: int = 0) -> int:
+    """Give numba as many threads as torch has (so users set the count in one place); one thread when ``work`` is
+    below ``serial_below``, where waking the thread pool costs more than it saves. Returns the count set."""
+    import numba
+
+    _start_numba_threads()
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if work is not None and work < serial_below:
+        threads = 1
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return threads
 
 
 def set_threads(threads: int) -> None:
     """Use ``threads`` CPU threads in torch and (when the fused CPU backend's numba is installed) numba."""
     torch.set_num_threads(threads)
     try:
-        import numba
-    except ImportError:
+        match_numba_threads()
+    except ImportError:  # the fused CPU backend's numba is optional
         return
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    # Starting numba's OpenMP threading layer can reset the OpenMP thread count torch shares (seen in a rank
-    # forked from a fork server): set torch's again.
-    torch.set_num_threads(threads)

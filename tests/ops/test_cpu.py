@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import subprocess
+import sys
 
 import numba
 import pytest
@@ -313,6 +316,20 @@ def test_threads_follow_torch():
         assert numba.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_first_call_keeps_torch_threads():
+    """Starting numba's OpenMP layer reset the OpenMP thread count torch shares: a ``torch.set_num_threads(1)``
+    made before the first fused call was undone. Needs a fresh process, where numba has not started yet."""
+    code = (
+        "import torch, numba, spikefuse\n"
+        "torch.set_num_threads(1)\n"
+        "spikefuse.lif(torch.randn(4, 100_000), decay=0.9, threshold=1.0, backend='cpu')\n"
+        "print(torch.get_num_threads(), numba.get_num_threads())\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="2", NUMBA_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["1", "1"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

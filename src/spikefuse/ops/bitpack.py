@@ -26,10 +26,11 @@ unpack, torch ops          ~1.15 s
 from __future__ import annotations
 
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange
+
+from ..threads import match_numba_threads
 
 __all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel"]
 
@@ -98,12 +99,6 @@ def _unpack_kernel(packed, one, out):
         out[i] = one if (packed[nfull] >> (i - nfull * 8)) & 1 else zero
 
 
-def _set_threads() -> None:
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
-
-
 def _int_view(dtype: torch.dtype):
     try:
         return _INT_VIEW[dtype]
@@ -117,7 +112,7 @@ def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
     flat = x.contiguous().view(-1).view(view)
     out = torch.empty(packed_numel(flat.numel()), dtype=torch.uint8)
     if flat.numel():
-        _set_threads()
+        match_numba_threads()
         _pack_kernel(flat.numpy(), mask, out.numpy())
     return out
 
@@ -126,7 +121,7 @@ def _unpack_cpu(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> 
     view, _, one = _int_view(dtype)
     out = torch.empty(shape, dtype=dtype)
     if out.numel():
-        _set_threads()
+        match_numba_threads()
         _unpack_kernel(packed.contiguous().numpy(), one, out.view(-1).view(view).numpy())
     return out
 

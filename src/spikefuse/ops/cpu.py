@@ -39,13 +39,13 @@ import math
 import sys
 
 import llvmlite.ir as llvmir
-import numba
 import numpy as np
 import torch
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .. import params as P
+from ..threads import match_numba_threads
 from .common import SpecArgs, compute_dtype, reduce_leak_grad
 
 __all__ = ["forward", "backward"]
@@ -509,16 +509,6 @@ def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
 _SERIAL_WORK = 1 << 15
 
 
-def _set_threads(work: int) -> int:
-    """Use as many numba threads as torch does, so users set the thread count in one place."""
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if work < _SERIAL_WORK:
-        threads = 1
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
-    return threads
-
-
 def _check(name: str, t: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
     if t is None:
         return
@@ -664,7 +654,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         _check_out("out state", out[1], (n,), cdt)
         if save_h:
             _check_out("out h", out[2], x2.shape, cdt)
-    threads = _set_threads(t_steps * n)
+    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     xc = _as_compute(x2, cdt)
     spikes = _empty(x2.shape, x2.dtype) if out is None else out[0]
     if x2.dtype in _ONE_BITS:
@@ -695,7 +685,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = grad_spikes.shape
-    threads = _set_threads(t_steps * n)
+    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     recompute = save == P.SAVE_INPUT
     if recompute and x2 is None:
         raise ValueError("cpu backend: recompute mode (SAVE_INPUT) needs x in backward")
