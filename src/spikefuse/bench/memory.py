@@ -24,7 +24,7 @@ Measured per model and form, on one training step (forward, cross-entropy of the
   (``/proc/self/status`` ``VmHWM`` after resetting it through ``/proc/self/clear_refs``), with glibc's mmap
   threshold fixed at 64 KiB (``mallopt``) so that every tensor buffer is mapped and unmapped on its own and the
   RSS follows the bytes live on the heap (a tracemalloc for torch's CPU allocator); in the default subprocess mode
-  also the process's ``ru_maxrss``;
+  also the process's ``ru_maxrss``; spikefuse's CPU buffer cache is off for this step (:mod:`spikefuse.ops.buffers`);
 - the median time of a step;
 - loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
   over max abs value, per parameter, worst parameter reported).
@@ -304,6 +304,8 @@ def run_form(cfg: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
+    import spikefuse
+
     from ..threads import set_threads
 
     _limit_malloc_caching()
@@ -367,14 +369,18 @@ def run_form(cfg: dict) -> dict:
     }
     grads = {_param_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     del loss, saved
-    # 2: peak memory of one step above the memory before it
+    # 2: peak memory of one step above the memory before it, without the CPU buffer cache (its idle buffers would
+    # count in "before" and then be reused, hiding what the step's tensors need)
     for p in model.parameters():
         p.grad = None
+    cache_limit = spikefuse.cpu_cache_limit()
+    spikefuse.set_cpu_cache_limit(0)
     gc.collect()
     before = _status_kib("VmRSS")
     if before is not None and _reset_peak():
         step()
         result["step_peak"] = (_status_kib("VmHWM") - before) * 1024
+    spikefuse.set_cpu_cache_limit(cache_limit)
     # 3: timing
     times = []
     for _ in range(cfg["repeats"]):

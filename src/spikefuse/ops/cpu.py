@@ -25,7 +25,8 @@ h), 8 without; backward 12 bytes (read grad_spikes and h, write grad_x). In reco
 backward first recomputes ``h`` of a block into the block's columns of the ``grad_x`` buffer (small blocks, so the
 ``T x block`` tile stays in L2), then runs the reverse loop over it, overwriting it with ``grad_x``. When the caller
 frees the saved ``h`` after backward (``overwrite_saved``: eager autograd without ``retain_graph``), ``grad_x`` is
-written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``.
+written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``. The ``[T, N]`` outputs come
+from :mod:`.buffers`, which reuses freed ones instead of page-faulting fresh memory on every call.
 
 Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
 half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
@@ -33,10 +34,8 @@ half-precision output through its 16-bit integer view (0 or the bit pattern of 1
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-import sys
 
 import llvmlite.ir as llvmir
 import numpy as np
@@ -46,6 +45,7 @@ from numba.extending import intrinsic
 
 from .. import params as P
 from ..threads import match_numba_threads
+from . import buffers
 from .common import SpecArgs, compute_dtype, reduce_leak_grad
 
 __all__ = ["forward", "backward"]
@@ -606,28 +606,6 @@ def _block_for(n: int, threads: int, block: int) -> int:
     return max(1, b)
 
 
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty`` whose untouched pages are advised as transparent huge pages.
-
-    Writing a freshly allocated output costs more here than the kernel itself (one page fault per 4 KiB page).
-    With THP in ``madvise`` mode, ``madvise(MADV_HUGEPAGE)`` on the still untouched buffer makes the first writes
-    fault in 2 MiB pages instead, 512x fewer faults; it is only advice, so where the kernel refuses nothing changes.
-    """
-    out = torch.empty(shape, dtype=dtype)
-    nbytes = out.numel() * out.element_size()
-    if _libc is not None and nbytes >= 4 * _HUGE_PAGE:
-        start = (out.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
-        end = (out.data_ptr() + nbytes) & ~(_HUGE_PAGE - 1)
-        if end > start:
-            _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
-    return out
-
-
 def _as_compute(t: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
     return t if t.dtype == cdt else t.to(cdt)
 
@@ -656,7 +634,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
             _check_out("out h", out[2], x2.shape, cdt)
     threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     xc = _as_compute(x2, cdt)
-    spikes = _empty(x2.shape, x2.dtype) if out is None else out[0]
+    spikes = buffers.empty(x2.shape, x2.dtype) if out is None else out[0]
     if x2.dtype in _ONE_BITS:
         spk_np = spikes.view(torch.int16).numpy()
         sv = np.array([0, _ONE_BITS[x2.dtype]], dtype=np.int16)
@@ -664,7 +642,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         spk_np = spikes.numpy()
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
     state = torch.empty(n, dtype=cdt) if out is None else out[1]
-    hs = out[2] if out is not None and save_h else _empty((t_steps, n) if save_h else (0, 0), dtype=cdt)
+    hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     _forward_kernel(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
@@ -704,7 +682,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     if over_h:
         gx = hsaved
     else:
-        gx = _empty((t_steps, n), dtype=cdt) if out is None else out
+        gx = buffers.empty((t_steps, n), cdt) if out is None else out
     gv = torch.empty(n, dtype=cdt)
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2

@@ -1,0 +1,111 @@
+"""The CPU output-buffer cache: a buffer is handed out again only when nothing but the cache holds it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import spikefuse
+from spikefuse.ops import buffers
+
+SHAPE = (4, 1 << 17)  # 2 MiB in float32: above the cache's minimum size
+
+
+@pytest.fixture(autouse=True)
+def clean_cache():
+    limit = spikefuse.cpu_cache_limit()
+    spikefuse.set_cpu_cache_limit(0)
+    spikefuse.set_cpu_cache_limit(64 << 20)
+    yield
+    spikefuse.set_cpu_cache_limit(0)
+    spikefuse.set_cpu_cache_limit(limit)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_freed_buffer_is_reused():
+    a = buffers.empty(SHAPE, torch.float32)
+    ptr = _ptr(a)
+    del a
+    b = buffers.empty(SHAPE, torch.float32)
+    assert _ptr(b) == ptr and b.shape == SHAPE and b.dtype == torch.float32
+
+
+@pytest.mark.parametrize("holder", ["tensor", "view", "numpy", "autograd"])
+def test_buffer_in_use_is_not_reused(holder):
+    a = buffers.empty(SHAPE, torch.float32).fill_(3.0)
+    ptr = _ptr(a)
+    w = torch.ones(SHAPE, requires_grad=True)
+    if holder == "view":
+        keep = a[1:].view(-1)
+    elif holder == "numpy":
+        keep = a.numpy()
+    elif holder == "autograd":
+        keep = (w * a).sum()  # mul saves a for backward
+    else:
+        keep = a
+    del a
+    b = buffers.empty(SHAPE, torch.float32).fill_(-1.0)
+    assert _ptr(b) != ptr
+    if holder == "autograd":
+        keep.backward()
+        assert bool((w.grad == 3.0).all())  # the saved buffer still holds what was written into it
+    else:
+        assert bool((torch.as_tensor(keep) == 3.0).all())
+
+
+def test_other_dtype_same_bytes_reuses():
+    a = buffers.empty(SHAPE, torch.float32)
+    ptr = _ptr(a)
+    del a
+    b = buffers.empty((SHAPE[0] * 2, SHAPE[1]), torch.bfloat16)
+    assert _ptr(b) == ptr and b.dtype == torch.bfloat16
+
+
+def test_limit_and_empty_cache():
+    spikefuse.set_cpu_cache_limit(3 << 20)  # room for one 2 MiB buffer
+    a = buffers.empty(SHAPE, torch.float32)
+    b = buffers.empty(SHAPE, torch.float32)  # does not fit: a plain tensor
+    assert spikefuse.cpu_cache_bytes() == (2 << 20, 0)
+    del a, b
+    assert spikefuse.cpu_cache_bytes() == (2 << 20, 2 << 20)
+    spikefuse.empty_cpu_cache()
+    assert spikefuse.cpu_cache_bytes() == (0, 0)
+    small = buffers.empty((4, 16), torch.float32)
+    assert spikefuse.cpu_cache_bytes() == (0, 0) and small.shape == (4, 16)
+
+
+def test_idle_buffers_make_room_for_another_size():
+    spikefuse.set_cpu_cache_limit(5 << 20)
+    a = buffers.empty(SHAPE, torch.float32)
+    del a
+    b = buffers.empty((4, 1 << 18), torch.float32)  # 4 MiB: the idle 2 MiB buffer is dropped for it
+    assert spikefuse.cpu_cache_bytes() == (4 << 20, 0)
+    assert b.numel() == 4 << 18
+
+
+def test_off_and_bad_limits():
+    spikefuse.set_cpu_cache_limit(0)
+    a = buffers.empty(SHAPE, torch.float32)
+    assert spikefuse.cpu_cache_bytes() == (0, 0) and a.shape == SHAPE
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="cache limit"):
+            spikefuse.set_cpu_cache_limit(bad)
+
+
+def test_lif_outputs_survive_the_next_call():
+    """Outputs of one fused call that the caller still holds are not overwritten by the next call."""
+    x = torch.rand(4, 1 << 17) * 2
+    first = spikefuse.lif(x, decay=0.5, threshold=1.0, backend="cpu")
+    kept = first.clone()
+    second = spikefuse.lif(x * 0, decay=0.5, threshold=1.0, backend="cpu")
+    assert torch.equal(first, kept) and not second.any() and kept.any()
+    assert _ptr(first) != _ptr(second)
+    ptr = _ptr(first)
+    del first
+    third = spikefuse.lif(x, decay=0.5, threshold=1.0, backend="cpu")
+    assert _ptr(third) == ptr and torch.equal(third, kept)
+    np.testing.assert_array_equal(third.numpy(), kept.numpy())
