@@ -399,8 +399,11 @@ def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
 @njit(error_model="numpy")
 def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos."""
-    th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    # Every flag and constant is read into a local before the loops: a load from fl / fp inside them might alias
+    # the stores (as far as LLVM knows), which kept the branches in the loop and the loop scalar.
+    th, vr, zero, one, rval = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE], fp[_F_RVAL]
     sj, charge, reset = fl[_I_SJ] != 0, fl[_I_CHARGE], fl[_I_RESET]
+    lif_hard, lif_psoft, lif_ssoft = fl[_I_HARD] != 0, fl[_I_PSOFT] != 0, fl[_I_SSOFT] != 0
     hard = reset == P.HARD
     soft = reset == P.SOFT
     spr = fl[_I_SPR] != 0
@@ -411,46 +414,31 @@ def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
             al[i] = -one if (spr and hard) else zero
             be[i] = (vr if hard else (-th if soft else zero)) if spr else zero
         return spr and hard
-    for i in range(kk.shape[0]):
-        k = kk[i]
-        if sj:
-            if charge == P.CHARGE_IF:
-                dc = one
-            elif charge == P.CHARGE_DIV_INPUT or charge == P.CHARGE_DIV:
-                dc = one - one / k
-            else:
-                dc = one - k
+    # One loop per branch, each with only selects on loop-invariant flags inside: a loop that branched per neuron
+    # stayed scalar and cost more than 4 of the T reverse steps (it runs for every block of every call).
+    if sj:
+        for i in range(kk.shape[0]):
+            k = kk[i]
+            dc = one if charge == P.CHARGE_IF else (
+                one - one / k if (charge == P.CHARGE_DIV_INPUT or charge == P.CHARGE_DIV) else one - k)
             k1[i] = dc
             al[i] = -dc if hard else zero
             be[i] = dc * vr if hard else (-(dc * th) if soft else zero)
             bb[i] = one / k if charge == P.CHARGE_DIV_INPUT else (k if charge == P.CHARGE_MUL_INPUT else one)
             c2[i] = -(one / k) if charge == P.CHARGE_DIV_INPUT else zero
-            if charge == P.CHARGE_DIV:
-                c1[i] = one / (k * k)
-            elif charge == P.CHARGE_MUL_INPUT or charge == P.CHARGE_MUL:
-                c1[i] = -one
-            else:
-                c1[i] = zero
-        else:
-            k1[i] = k
-            if fl[_I_HARD] != 0:  # paper hard (R = v_reset) / snnTorch zero-reset (R = 0)
-                al[i] = -k
-                be[i] = fp[_F_RVAL]
-            elif fl[_I_PSOFT] != 0:
-                al[i] = zero
-                be[i] = -(k * th)
-            elif fl[_I_SSOFT] != 0:
-                al[i] = zero
-                be[i] = -th
-            else:
-                al[i] = zero
-                be[i] = zero
-            bb[i] = one
-            c1[i] = one
-            c2[i] = zero
-    if sj:
+            c1[i] = one / (k * k) if charge == P.CHARGE_DIV else (
+                -one if (charge == P.CHARGE_MUL_INPUT or charge == P.CHARGE_MUL) else zero)
         return hard
-    return fl[_I_HARD] != 0
+    # LIF family: paper hard (R = v_reset) / snnTorch zero-reset (R = 0), paper soft, snnTorch subtract, no reset.
+    for i in range(kk.shape[0]):
+        k = kk[i]
+        k1[i] = k
+        al[i] = -k if lif_hard else zero
+        be[i] = rval if lif_hard else (-(k * th) if lif_psoft else (-th if lif_ssoft else zero))
+        bb[i] = one
+        c1[i] = one
+        c2[i] = zero
+    return lif_hard
 
 
 @njit(error_model="numpy")
@@ -469,9 +457,9 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
     bb = np.empty(m, fp.dtype)
     c1 = np.empty(m, fp.dtype)
     c2 = np.empty(m, fp.dtype)
-    no_x = np.zeros(m, fp.dtype)  # stands for the x row when Cleak has no x term
+    no_x = np.zeros(m if need_leak and c3 == zero else 0, fp.dtype)  # the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
-    la = np.zeros(m, fp.dtype)  # leak-gradient partial sum
+    la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
     _leak_row(kk, leak, n0, inner)
     if recompute:
         hb = g  # scratch for the running potential
@@ -658,7 +646,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     else:
         spk_np = spikes.numpy()
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
-    state = torch.empty(n, dtype=cdt) if out is None else out[1]
+    state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     _forward_kernel(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
@@ -700,7 +688,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         gx = hsaved
     else:
         gx = buffers.empty((t_steps, n), cdt) if out is None else out
-    gv = torch.empty(n, dtype=cdt)
+    gv = buffers.empty((n,), cdt)
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
         block = min(4096, max(256, 65536 // t_steps))
