@@ -133,6 +133,24 @@ def _exp_consts(fp):
 
 
 @intrinsic
+def _prefer_wide_vectors(typingctx):
+    """Mark the calling function ``"prefer-vector-width"="512"``.
+
+    LLVM vectorizes for 256-bit registers on Intel's AVX-512 cores by default (wide instructions used to lower
+    the clock); the backward's reverse loop is bound by floating-point instructions, and 512-bit ones halve their
+    count. Elementwise arithmetic is the same at any width, so results do not change; machines without AVX-512
+    ignore the attribute. llvmlite validates function attributes against a fixed list without string attributes,
+    hence ``set.add``.
+    """
+
+    def codegen(context, builder, signature, args):
+        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
 def _muladd(typingctx, a, b, c):
     """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): for the exp polynomial only,
     which is an approximation of its own -- the step and gradient formulas keep separate mul and add."""
@@ -313,6 +331,7 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a same-index read-then-write it can vectorize
     instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the dispatch stays short.
     """
+    _prefer_wide_vectors()
     hrow, gsrow, gxrow, prow, xrow, g, la = rows
     k1, al, be, bb, c1, c2 = coef
     th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
@@ -444,6 +463,7 @@ def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 @njit(error_model="numpy")
 def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
                     block):
+    _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
     spr, code = fl[_I_SPR] != 0, fl[_I_CODE]
