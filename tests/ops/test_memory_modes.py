@@ -74,7 +74,7 @@ def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_retained_graph_backward_twice_gives_the_same_gradients(backend):
-    """The cpu backend writes grad_x over the saved h only when the graph is freed: a retained graph must still
+    """The fused backends write grad_x over the saved h only when the graph is freed: a retained graph must still
     hold h for a second backward."""
     _available(backend)
     torch.manual_seed(0)
@@ -89,9 +89,15 @@ def test_retained_graph_backward_twice_gives_the_same_gradients(backend):
     torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_cpu_backward_writes_grad_x_over_the_saved_potential():
-    """Without retain_graph, grad_x takes the storage of the saved h: backward allocates nothing of size [T, N]."""
-    x = (torch.rand(SHAPE) * 0.8).requires_grad_(True)
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_writes_grad_x_over_the_saved_potential(backend, dtype):
+    """Without retain_graph, grad_x takes the storage of the saved h (when grad_x has h's dtype): backward
+    allocates nothing of size [T, N]; the gradient is the reference's either way."""
+    _available(backend)
+    torch.manual_seed(0)
+    x = (torch.rand(SHAPE) * 0.8).to(dtype).requires_grad_(True)
+    g = torch.randn(SHAPE).to(dtype)
     saved = []
 
     def pack(t):
@@ -99,10 +105,14 @@ def test_cpu_backward_writes_grad_x_over_the_saved_potential():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        spikes = spikefuse.lif(x, decay=0.4, threshold=0.5, backend="cpu")
+        spikes = spikefuse.lif(x, decay=0.4, threshold=0.5, backend=backend)
     h_storage = next(t.untyped_storage().data_ptr() for t in saved if t.shape == (SHAPE[0], x[0].numel()))
-    spikes.backward(torch.randn(SHAPE))
-    assert x.grad.untyped_storage().data_ptr() == h_storage
+    spikes.backward(g)
+    assert (x.grad.untyped_storage().data_ptr() == h_storage) == (dtype == torch.float32)
+    xr = x.detach().clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(spikefuse.lif(xr, decay=0.4, threshold=0.5, backend="reference"), xr, g)
+    rtol = 1e-5 if dtype == torch.float32 else 2 * 2.0**-8  # bfloat16: grad_x rounded once more, by 1 ulp
+    torch.testing.assert_close(x.grad, expected, rtol=rtol, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])

@@ -40,7 +40,7 @@ VARIANTS = {  # Triton's launch-time specializations of (T, N) and the pointers
     "unaligned": (dict(T=32, N=2**20, inner=1, C=1), False),
 }
 FWD_TEST_GROUPS = ("potential-pc", "recompute")
-BWD_TEST_GROUPS = ("potential-x", "potential-noleak", "recompute-pc")
+BWD_TEST_GROUPS = ("potential-x", "potential-noleak", "potential-inplace", "recompute-pc")
 
 
 def _cases():

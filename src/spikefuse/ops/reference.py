@@ -106,8 +106,12 @@ def forward(x2, leak, inner, v_init, spec_args, save):
     return spikes, state, None
 
 
-def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad):
-    """Recompute the loop with autograd and differentiate it (the reference has no hand-written backward)."""
+def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
+             overwrite_saved=False):
+    """Recompute the loop with autograd and differentiate it (the reference has no hand-written backward).
+
+    ``overwrite_saved`` allows writing grad_x over ``saved``; the reference saves nothing, so it has nothing to
+    overwrite (the argument keeps the backends' entry points alike)."""
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)
         v_init = v_init.detach().requires_grad_(True)

@@ -538,13 +538,15 @@ def _launch_args(spec_args: tuple, f64: bool) -> tuple[tuple, dict, dict]:
     return floats, common, {**common, **backward_only}
 
 
-def _backward_flags(spec: SpecArgs, xdt: torch.dtype, save: int, need_leak_grad: bool, has_x: bool) -> dict:
+def _backward_flags(spec: SpecArgs, xdt: torch.dtype, save: int, need_leak_grad: bool, has_x: bool,
+                    overwrite_saved: bool = False) -> dict:
     """The call-level constexprs of the backward kernel (a pure function of the call, so that
     :mod:`spikefuse.ops.triton_aot` enumerates exactly what :func:`backward` launches).
 
-    ``recompute`` writes ``h`` into the ``grad_x`` buffer when ``grad_x`` has the compute dtype (``GX_IN_H``), else
-    into a float32 scratch; x enters backward only through dh/dk of the decay-input charges (recovered from h when
-    x is absent).
+    ``grad_x`` shares one buffer with ``h`` (``GX_IN_H``) when it has the compute dtype and either ``recompute``
+    (``h`` is recomputed into the ``grad_x`` buffer; else into a float32 scratch) or ``overwrite_saved`` (grad_x
+    is written over the saved ``h``); x enters backward only through dh/dk of the decay-input charges (recovered
+    from h when x is absent).
     """
     recompute = save == P.SAVE_INPUT
     need_leak_grad = bool(need_leak_grad)
@@ -554,7 +556,7 @@ def _backward_flags(spec: SpecArgs, xdt: torch.dtype, save: int, need_leak_grad:
         and spec.dynamics == P.SPIKINGJELLY
         and spec.charge in (P.CHARGE_DIV_INPUT, P.CHARGE_MUL_INPUT)
     )
-    gx_in_h = recompute and xdt == compute_dtype(xdt)
+    gx_in_h = (recompute or bool(overwrite_saved)) and xdt == compute_dtype(xdt)
     return dict(RECOMPUTE=recompute, GX_IN_H=gx_in_h, USE_X=use_x, NEED_LEAK=need_leak_grad)
 
 
@@ -620,8 +622,12 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
     return spikes, state, saved
 
 
-def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *, block=None):
-    """Gradients ``(grad_x, grad_v_init, grad_leak)`` of one fused BPTT pass (see :mod:`spikefuse.ops.reference`)."""
+def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
+             overwrite_saved=False, block=None):
+    """Gradients ``(grad_x, grad_v_init, grad_leak)`` of one fused BPTT pass (see :mod:`spikefuse.ops.reference`).
+
+    ``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it (when it has
+    the compute dtype): backward then allocates nothing of size ``[T, N]``."""
     spec = SpecArgs(*spec_args)
     _check_dtype(grad_spikes)
     t_steps, n = grad_spikes.shape
@@ -642,7 +648,9 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     leak, per_channel, inner, channels = _leak_layout(leak, inner, n, cdt, device)
     need_leak_grad = bool(need_leak_grad)
 
-    grad_x = torch.empty((t_steps, n), dtype=xdt, device=device)
+    flags = _backward_flags(spec, xdt, save, need_leak_grad, x2 is not None, overwrite_saved)
+    over_h = flags["GX_IN_H"] and not recompute
+    grad_x = saved if over_h else torch.empty((t_steps, n), dtype=xdt, device=device)
     grad_v = torch.empty(n, dtype=cdt, device=device)
     leak_partial = torch.empty(n, dtype=cdt, device=device) if need_leak_grad else None
     if t_steps == 0 or n == 0:
@@ -650,8 +658,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         grad_v.copy_(grad_state)
         return grad_x, grad_v, torch.zeros_like(leak) if need_leak_grad else None
 
-    flags = _backward_flags(spec, xdt, save, need_leak_grad, x2 is not None)
-    # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch
+    # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch; with over_h grad_x
+    # is the saved h
     if flags["GX_IN_H"]:
         h_buf = grad_x
     else:

@@ -99,7 +99,8 @@ def forward_constexprs(xdt: str) -> list[dict]:
 
 def backward_constexprs(xdt: str) -> list[dict]:
     """The distinct backward constexprs the launcher produces for input dtype ``xdt`` (without BLOCK): both memory
-    modes, with and without the leak gradient, with and without ``x`` handed to backward (recompute always has it)."""
+    modes, with and without the leak gradient, with and without ``x`` handed to backward (recompute always has it),
+    with and without grad_x written over the saved h (eager autograd once the graph is freed)."""
     import torch
 
     from .. import params as P
@@ -111,12 +112,12 @@ def backward_constexprs(xdt: str) -> list[dict]:
     for spec in neuron_specs():
         args = tuple(spec.kernel_args())
         _, _, common = K._launch_args(args, xdt == "fp64")
-        for save, need_leak, has_x, per_channel in itertools.product(
-            (P.SAVE_POTENTIAL, P.SAVE_INPUT), (True, False), (True, False), (False, True)
+        for save, need_leak, has_x, per_channel, overwrite in itertools.product(
+            (P.SAVE_POTENTIAL, P.SAVE_INPUT), (True, False), (True, False), (False, True), (False, True)
         ):
             if save == P.SAVE_INPUT and not has_x:
                 continue  # the launcher refuses recompute without x
-            flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x)
+            flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x, overwrite)
             c = {**common, **flags, "PER_CHANNEL": per_channel}
             out.setdefault(_key(c), c)
     return list(out.values())
@@ -164,7 +165,7 @@ def _fwd_const(spec, xdt, save_h, per_channel, block):
     return {**common, "SAVE_H": save_h, "PER_CHANNEL": per_channel, "BLOCK": block}
 
 
-def _bwd_const(spec, xdt, save, need_leak, has_x, per_channel, block):
+def _bwd_const(spec, xdt, save, need_leak, has_x, per_channel, block, overwrite=False):
     import torch
 
     from . import triton as K
@@ -173,7 +174,7 @@ def _bwd_const(spec, xdt, save, need_leak, has_x, per_channel, block):
     args = tuple(spec.kernel_args())
     _, _, common = K._launch_args(args, xdt == "fp64")
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}[xdt]
-    flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x)
+    flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x, overwrite)
     return {**common, **flags, "PER_CHANNEL": per_channel, "BLOCK": block}
 
 
@@ -184,8 +185,9 @@ FWD_GROUPS = {  # name: (SAVE_H, PER_CHANNEL)
     "recompute": (False, False),
     "recompute-pc": (False, True),
 }
-BWD_GROUPS = {  # name: (spec, save, need_leak, has_x, PER_CHANNEL); x is handed to backward as autograd does
+BWD_GROUPS = {  # name: (spec, save, need_leak, has_x, PER_CHANNEL[, overwrite]); x handed over as autograd does
     "potential": ("paper", "potential", True, False, False),
+    "potential-inplace": ("paper", "potential", True, False, False, True),  # grad_x over h: graph freed
     "potential-pc": ("paper", "potential", True, False, True),
     "potential-noleak": ("paper", "potential", False, False, False),
     "potential-x": ("plif", "potential", True, True, True),  # PLIF decay-input: dh/dk reads x
@@ -216,10 +218,10 @@ def structural_cases(dtypes=DTYPES, blocks=None, T=32, N=1_000_000, groups=None)
                 continue
             const = _fwd_const(_paper_lif(), xdt, save_h, pc, block)
             cases.append(_case("fwd", xdt, const, launch_ints(T, N, pc), g))
-        for g, (spec, save, need_leak, has_x, pc) in BWD_GROUPS.items():
+        for g, (spec, save, need_leak, has_x, pc, *overwrite) in BWD_GROUPS.items():
             if groups and g not in groups:
                 continue
-            const = _bwd_const(_group_spec(spec), xdt, P.MEMORY_MODES[save], need_leak, has_x, pc, block)
+            const = _bwd_const(_group_spec(spec), xdt, P.MEMORY_MODES[save], need_leak, has_x, pc, block, *overwrite)
             cases.append(_case("bwd", xdt, const, launch_ints(T, N, pc), g))
     return cases
 
