@@ -109,3 +109,19 @@ def test_lif_outputs_survive_the_next_call():
     third = spikefuse.lif(x, decay=0.5, threshold=1.0, backend="cpu")
     assert _ptr(third) == ptr and torch.equal(third, kept)
     np.testing.assert_array_equal(third.numpy(), kept.numpy())
+
+
+def test_full_fills_a_reused_buffer():
+    a = buffers.full((1 << 18,), 2.5, torch.float32, torch.device("cpu"))
+    ptr = _ptr(a)
+    assert bool((a == 2.5).all())
+    a.fill_(-1.0)
+    del a
+    b = buffers.full((1 << 18,), 0.0, torch.float32, torch.device("cpu"))
+    assert _ptr(b) == ptr and not b.any()
+
+
+def test_full_under_compile_is_traceable():
+    fn = torch.compile(lambda x: x + buffers.full(x.shape, 1.5, x.dtype, x.device), fullgraph=True, backend="eager")
+    x = torch.zeros(1 << 18)
+    assert bool((fn(x) == 1.5).all())

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import params as P
-from . import module
+from . import buffers, module
 from .common import compute_dtype
 
 
@@ -102,9 +102,9 @@ def _backward(ctx, grad_spikes, grad_state, _grad_saved, backward_op=neuron_back
     need_leak_grad = ctx.needs_input_grad[1]
     if grad_spikes is None:  # only the state was used
         shape, dtype = ctx.spikes_meta
-        grad_spikes = torch.zeros(shape, dtype=dtype, device=v_init.device)
+        grad_spikes = buffers.full(shape, 0.0, dtype, v_init.device)
     if grad_state is None:
-        grad_state = torch.zeros_like(v_init)
+        grad_state = buffers.full(v_init.shape, 0.0, v_init.dtype, v_init.device)
     grad_x, grad_v, grad_leak = backward_op(
         grad_spikes.contiguous(),
         grad_state.contiguous(),

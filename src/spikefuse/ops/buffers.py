@@ -25,7 +25,7 @@ import threading
 
 import torch
 
-__all__ = ["empty", "cpu_cache_bytes", "cpu_cache_limit", "set_cpu_cache_limit", "empty_cpu_cache"]
+__all__ = ["empty", "full", "cpu_cache_bytes", "cpu_cache_limit", "set_cpu_cache_limit", "empty_cpu_cache"]
 
 # Smaller buffers come from glibc's heap, whose pages stay mapped between calls: nothing to gain.
 _MIN_BYTES = 1 << 20
@@ -94,6 +94,14 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
         if cached + nbytes <= _limit:
             _cache.append(out.untyped_storage())
         return out
+
+
+def full(shape, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.full`` from the cache on the CPU (eager mode; elsewhere and under ``torch.compile`` plain
+    ``torch.full``): for the ``[N]`` initial states and zero state gradients the autograd layer creates per call."""
+    if device.type != "cpu" or torch.compiler.is_compiling():
+        return torch.full(tuple(shape), value, dtype=dtype, device=device)
+    return empty(shape, dtype).fill_(value)
 
 
 def cpu_cache_bytes() -> tuple[int, int]:
