@@ -75,6 +75,20 @@ def _idle(storage: torch.UntypedStorage) -> bool:
     return _use_count(storage._cdata) == 1
 
 
+def _shrink_to(target: int, forget_busy: bool) -> int:
+    """Drop cached buffers until at most ``target`` bytes are cached: idle ones first, oldest first, then (with
+    ``forget_busy``) ones still in use, which their holders keep alive until they are done. The caller holds the
+    lock. Returns the bytes still cached."""
+    cached = sum(s.nbytes() for s in _cache)
+    order = sorted(_cache, key=lambda s: not _idle(s)) if forget_busy else [s for s in _cache if _idle(s)]
+    for storage in order:
+        if cached <= target:
+            break
+        _cache.remove(storage)
+        cached -= storage.nbytes()
+    return cached
+
+
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized CPU tensor, in a cached buffer nobody else holds when there is one of the same size."""
     nbytes = math.prod(shape) * dtype.itemsize
@@ -84,12 +98,7 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
         for storage in _cache:
             if storage.nbytes() == nbytes and _idle(storage):
                 return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
-        cached = sum(s.nbytes() for s in _cache)
-        for storage in [s for s in _cache if _idle(s)]:
-            if cached + nbytes <= _limit:
-                break
-            _cache.remove(storage)
-            cached -= storage.nbytes()
+        cached = _shrink_to(_limit - nbytes, forget_busy=False)
         out = fresh(shape, dtype)
         if cached + nbytes <= _limit:
             _cache.append(out.untyped_storage())
@@ -127,16 +136,10 @@ def set_cpu_cache_limit(nbytes: int) -> None:
         )
     with _lock:
         _limit = nbytes
-        cached = sum(s.nbytes() for s in _cache)
-        # Idle buffers go first; then buffers in use are forgotten (their holders keep them alive until done).
-        for storage in sorted(_cache, key=lambda s: not _idle(s)):
-            if cached <= _limit:
-                break
-            _cache.remove(storage)
-            cached -= storage.nbytes()
+        _shrink_to(_limit, forget_busy=True)
 
 
 def empty_cpu_cache() -> None:
     """Drop every idle cached buffer (its memory goes back to the OS); buffers still in use stay cached."""
     with _lock:
-        _cache[:] = [s for s in _cache if not _idle(s)]
+        _shrink_to(0, forget_busy=False)
