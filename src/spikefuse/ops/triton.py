@@ -88,6 +88,16 @@ def _consts(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo, F64: tl.constexpr):
 
 
 @triton.jit
+def _fire(u, STRICT: tl.constexpr):
+    """The spike of potential-minus-threshold ``u``: ``u > 0`` (strict, snnTorch / Norse) or ``u >= 0`` (Eq. 2)."""
+    if STRICT:
+        f = u > 0
+    else:
+        f = u >= 0
+    return f
+
+
+@triton.jit
 def _step(h, t, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl.constexpr, SPR: tl.constexpr,
           STRICT: tl.constexpr, F64: tl.constexpr):
     """``h[t] = step(h[t-1], s[t-1], x[t])`` with ``h = h[t-1]`` (``v_init`` at t = 0): the formulas of
@@ -99,10 +109,7 @@ def _step(h, t, x, k, th, vr, DYN: tl.constexpr, RESET: tl.constexpr, CHARGE: tl
     flags and the masks outnumber the 7 predicate registers, so ptxas moved them into general registers (``P2R``)
     and some on to local memory. With ``state_post_reset`` there is no spike before the first step.
     """
-    if STRICT:
-        f = h - th > 0
-    else:
-        f = h - th >= 0
+    f = _fire(h - th, STRICT)
     if SPR:
         f = f & (t > 0)
     if DYN == _PAPER:
@@ -151,10 +158,7 @@ def _surrogate_and_dpost(h, th, vr, c1, c2, STRICT: tl.constexpr, RESET: tl.cons
                          SG: tl.constexpr):
     """At potential ``h``: ``surrogate'(h - th)`` and ``d post_reset(h, s(h)) / dh`` (the last step's state path)."""
     u = h - th
-    if STRICT:
-        f = u > 0
-    else:
-        f = u >= 0
+    f = _fire(u, STRICT)
     if SG == _SG_SIGMOID:  # c1 = alpha
         sg = 1.0 / (1.0 + tl.exp(-(c1 * u)))
         d = (1.0 - sg) * sg * c1
@@ -196,10 +200,7 @@ def _local_grads(hp, t, x, h, k, inv_k2, dcharge, th, vr, c1, c2,
     potential before the first step is already post-reset: no spike and no surrogate path at t = 0.
     """
     up = hp - th
-    if STRICT:
-        fp = up > 0
-    else:
-        fp = up >= 0
+    fp = _fire(up, STRICT)
     if SG == _SG_SIGMOID:
         sg = 1.0 / (1.0 + tl.exp(-(c1 * up)))
         d = (1.0 - sg) * sg * c1
@@ -328,18 +329,12 @@ def _forward_kernel(
         row = tl.cast(t, tl.int64) * N + offs
         x = tl.load(x_ptr + row, mask=mask, other=0.0).to(CDT)
         h = _step(h, t, x, k, th, vr, DYN, RESET, CHARGE, SPR, STRICT, F64)
-        if STRICT:
-            spike = h - th > 0
-        else:
-            spike = h - th >= 0
+        spike = _fire(h - th, STRICT)
         tl.store(spikes_ptr + row, tl.where(spike, 1.0, 0.0).to(spikes_ptr.dtype.element_ty), mask=mask)
         if SAVE_H:
             tl.store(saved_ptr + row, h, mask=mask)
     if SPR:
-        if STRICT:
-            spike = h - th > 0
-        else:
-            spike = h - th >= 0
+        spike = _fire(h - th, STRICT)
         if RESET == _HARD:
             h = tl.where(spike, vr, h)
         elif RESET == _SOFT:
