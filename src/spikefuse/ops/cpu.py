@@ -214,6 +214,13 @@ def _surrogate(code, u, a, b, zero, one, ec):
     return one / (z * z)
 
 
+@njit(inline="always", error_model="numpy")
+def _reverse_factor(h, s, d, k1, al, be, zos, nd, zero):
+    """``A = dh[t+1]/dh[t] = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the reset is detached, ``nd``
+    = 0): the reverse step's factor at potential ``h`` with spike ``s``, for every dynamics (see :func:`_coefficients`)."""
+    return (zero if s & zos else k1) + (al * h + be) * (d * nd)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Block loops. Called with literal family / surrogate / flag arguments: numba compiles one specialization per
 # literal value, in which the switches are constants, so every loop holds only its own arithmetic.
@@ -330,9 +337,8 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
 
     ``d`` is the surrogate derivative of ``code`` at ``h - threshold``, computed in the loop (a separate pass that
-    stored ``d`` cost 2x the whole backward). ``A = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the
-    reset is detached) covers every dynamics (see :func:`_coefficients`); ``Cleak = c1*(u - r) + c2*(h - u) + c3*x``
-    with ``u`` the post-reset previous potential. ``inplace`` (recompute mode, or a saved h nobody reads again):
+    stored ``d`` cost 2x the whole backward). ``A`` is :func:`_reverse_factor`; ``Cleak = c1*(u - r) + c2*(h - u) +
+    c3*x`` with ``u`` the post-reset previous potential. ``inplace`` (recompute mode, or a saved h nobody reads again):
     grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a same-index read-then-write it can vectorize
     instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the dispatch stays short.
     """
@@ -350,7 +356,7 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
         h = hrow[i]
         s = _fire(h - th, strict, zero)
         d = _surrogate(code, h - th, a_sg, b_sg, zero, one, ec)
-        a = (zero if s & zos else k1[i]) + (al[i] * h + be[i]) * (d * nd)
+        a = _reverse_factor(h, s, d, k1[i], al[i], be[i], zos, nd, zero)
         gt = gsrow[i] * d + g[i] * a
         if need_leak:
             hp = prow[i]
@@ -403,7 +409,7 @@ def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
         u = v[i] - th
         s = _fire(u, strict, zero)
         d = _surrogate(code, u, a_sg, b_sg, zero, one, ec)
-        gv[i] = g[i] * ((zero if s & zos else k1[i]) + (al[i] * v[i] + be[i]) * (d * nd))
+        gv[i] = g[i] * _reverse_factor(v[i], s, d, k1[i], al[i], be[i], zos, nd, zero)
 
 
 @njit(inline="always", error_model="numpy")
