@@ -307,8 +307,8 @@ def write_results(args, rows, compile_seconds, missing) -> None:
         "Floor: 12 bytes per neuron-step over the copy bandwidth measured in the same run: "
         + ", ".join(f"T={t}: {r[ours]['floor_12B_ms']:.1f} ms ({r[ours]['copy_GBps']} GB/s)" for t, r in by_t.items()),
         "",
-        "Our kernels alone, writing into reused buffers (the layer also pages in its fresh outputs), as a fraction "
-        "of the floor (1.0 = at the copy bandwidth):",
+        "Our kernels alone, writing into buffers of their own reused from call to call (backward into a separate "
+        "grad_x, where the layer writes it over h), as a fraction of the floor (1.0 = at the copy bandwidth):",
         "",
         kernel_table,
     ]
