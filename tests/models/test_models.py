@@ -129,17 +129,20 @@ def _rel(a, b):
 @pytest.mark.skipif(not CPU, reason="spikefuse.ops.cpu (fused CPU backend) not available")
 @pytest.mark.parametrize("name", list(TINY))
 def test_cpu_backend_agrees_with_reference(name):
-    ref = tiny(name, "reference", size=8)
+    # In float64: a 50-layer float32 network amplifies rounding until the reference itself is ~1e-5 from the exact
+    # gradients (seen on an AMD EPYC), so a float32 comparison measures the machine, not the kernel. In float64
+    # the only difference left is the kernel's polynomial exp in the surrogate (< 1e-8 relative).
+    ref = tiny(name, "reference", size=8).double()
     fused = set_neuron_backend(copy.deepcopy(ref), "cpu")
     torch.manual_seed(1)
-    x = torch.rand(4, 3, 2, 8, 8)
-    target = torch.randn(3, 5)
+    x = torch.rand(4, 3, 2, 8, 8, dtype=torch.float64)
+    target = torch.randn(3, 5, dtype=torch.float64)
     outs, grads = [], []
     for m in (ref, fused):
         y = m(x)
         (y.mean(0) * target).sum().backward()
         outs.append(y.detach())
         grads.append([p.grad.detach().clone() for p in m.parameters()])
-    assert _rel(outs[1], outs[0]) <= 1e-5
+    assert torch.equal(outs[1], outs[0])
     for g_fused, g_ref in zip(grads[1], grads[0]):
         assert _rel(g_fused, g_ref) <= 1e-5
