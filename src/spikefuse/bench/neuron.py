@@ -1,8 +1,8 @@
 """``spikefuse bench neuron``: the temporal-fusion paper's Fig. 5 on this machine.
 
 One LIF layer of N neurons over growing T, forward alone and forward+backward (``y.backward(g)`` into a leaf
-input whose ``.grad`` is reset, with a fixed random upstream gradient, so neither a loss nor an input copy is
-timed), every implementation run as its users run it and configured to the paper's dynamics (decay 0.2, threshold
+input whose ``.grad`` each implementation frees at the end of its own step, with a fixed random upstream gradient,
+so neither a loss nor an input copy is timed), every implementation run as its users run it and configured to the paper's dynamics (decay 0.2, threshold
 0.3, V_rest 0, sigmoid surrogate alpha 4), in one process, round-robin, medians. Each implementation's spikes are
 compared with spikefuse's reference and the mismatch is reported.
 
@@ -214,8 +214,11 @@ def run(args: argparse.Namespace) -> None:
 
         def forward_backward(impl):
             def step():
-                leaf.grad = None
                 impl.run(leaf).backward(g)
+                # Each implementation frees its own gradient inside its own timing, as a training loop's
+                # zero_grad does: freed at the start of the next step instead, a fresh 128 MB gradient's munmap
+                # landed in the time of whichever implementation ran next (~10 ms at T=32).
+                leaf.grad = None
 
             return step
 
@@ -293,7 +296,7 @@ def write_results(args, rows, compile_seconds, missing) -> None:
         f"Command: `{command_line()}`",
         "",
         f"Medians of {args.repeats} round-robin runs after one warm-up; forward+backward is `y.backward(g)` into a "
-        "leaf input whose `.grad` is reset before each run (no input copy timed).",
+        "leaf input whose `.grad` is freed at the end of each run, in that run's time (no input copy timed).",
         "",
         table,
         "",
