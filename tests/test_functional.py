@@ -34,6 +34,9 @@ def lif(x, **kw):
         (torch.ones(3, 2, 5), {"decay": torch.ones(4)}, ValueError, "has 5 channels in dim 2"),
         (torch.ones(3, 4), {"threshold": "1"}, TypeError, "threshold must be a number"),
         (torch.ones(3, 4), {"v_reset": "0"}, TypeError, "v_reset must be a number or None"),
+        (torch.ones(3, 4), {"threshold": float("inf")}, ValueError, "threshold must be a finite number"),
+        (torch.ones(3, 4), {"threshold": float("nan")}, ValueError, "threshold must be a finite number"),
+        (torch.ones(3, 4), {"v_reset": float("-inf")}, ValueError, "v_reset must be a finite number"),
     ],
 )
 def test_bad_input_raises_clear_error(x, kwargs, error, message):

@@ -33,6 +33,8 @@ reset of a spike in the last step is applied at the start of the next call) or, 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from .surrogate import Sigmoid, Surrogate
@@ -66,6 +68,10 @@ class NeuronSpec:
     state_post_reset: bool = False
 
     def __post_init__(self):
+        for name in ("threshold", "v_reset"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.reset != HARD and self.v_reset != 0.0:
             # The SpikingJelly charge uses v_reset as its leak target r, which is 0 without a hard reset.
             raise ValueError(f"v_reset must be 0.0 unless reset is HARD, got {self.v_reset}")

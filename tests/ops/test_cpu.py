@@ -217,6 +217,31 @@ def test_surrogate_formula_on_grid(surrogate, dtype):
     torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-7, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize(
+    "combo", dynamics_combos(), ids=lambda c: spec_id(make_spec(*c, Sigmoid(), False)).removesuffix("-sigmoid")
+)
+def test_potential_exactly_at_the_threshold(combo, dtype):
+    """Ties: the kernels fire by one comparison with a precomputed threshold (nextafter for snnTorch's ``>``).
+    Potentials exactly at the threshold and one ulp either side -- at t = 0 (``h = x`` for the paper / snnTorch
+    forms with v_init = 0) and as the previous step of t = 1 (its reset) -- give the reference's spikes, states
+    and gradients."""
+    spec = make_spec(*combo, Sigmoid(), False, variant=1)
+    th = torch.tensor(spec.threshold, dtype=dtype)
+    ties = torch.stack([torch.nextafter(th, th - 1), th, torch.nextafter(th, th + 1)])
+    x = torch.stack([ties.repeat(3), ties.repeat_interleave(3)])  # [T=2, 9]: every pair of the three
+    leak = torch.full((1,), 0.5 if combo[2] in (P.CHARGE_MUL, P.CHARGE_MUL_INPUT) else 2.0, dtype=dtype)
+    v = torch.zeros(9, dtype=dtype)
+    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    got = _api_run(spec, x, leak, v, "cpu", "potential")
+    assert torch.equal(got[0], ref[0]), "spikes differ"
+    assert torch.equal(got[1], ref[1]), "state differs"
+    if combo[0] != P.SPIKINGJELLY:  # h[0] = x exactly: both rules are exercised at the tie
+        assert got[0][0].tolist() == ([0, 0, 1] if spec.fire_strict else [0, 1, 1]) * 3
+    for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
+        _assert_close(a, b, name, **_tol(dtype, leak=name == "leak.grad"))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Hypothesis: shapes, parameters, dtypes.
 

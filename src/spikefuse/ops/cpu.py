@@ -62,12 +62,13 @@ _FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
 _F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL, _F_LOG2E, _F_LN2HI, _F_LN2LO = range(10)
 _F_EXPC = 10  # 1/k! for k = 2..7
 _F_ZMAX, _F_MAGIC = 16, 17  # largest z for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
-_NF = 18
+_F_THF = 18  # the firing threshold of :func:`_fire`
+_NF = 19
 
 # Layout of the integer flags array ``fl`` (int64).
-(_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_STRICT, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
- _I_RESET) = range(13)
-_NI = 13
+(_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
+ _I_RESET) = range(12)
+_NI = 12
 
 # Bit patterns of 1.0 for spikes written through a 16-bit integer view of a half-precision output.
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}
@@ -84,9 +85,14 @@ _BACKWARD_BLOCK = 16384
 
 
 @njit(inline="always", error_model="numpy")
-def _fire(u, strict, zero):
-    """``u > 0`` (strict, snnTorch) or ``u >= 0``, branch-free."""
-    return (u > zero) | ((strict == 0) & (u == zero))
+def _fire(h, thf):
+    """``h - threshold > 0`` (strict, snnTorch) or ``>= 0`` as one comparison ``h >= thf``.
+
+    A float difference is zero exactly when its operands are equal and has their order's sign otherwise, so
+    ``h - th >= 0`` is ``h >= th`` and ``h - th > 0`` is ``h >= nextafter(th, +inf)`` (NaN fires in neither). One
+    compare instead of two and a flag: the pair of them, packed into a vector of bools, cost ten instructions
+    per vector in every loop."""
+    return h >= thf
 
 
 @njit(inline="always", error_model="numpy")
@@ -233,9 +239,9 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     Spikes / potentials not wanted (``write_s`` / ``write_h`` false) go to a block-sized scratch row that stays
     in cache, so a single loop per family serves the forward with and without saving h and the backward's recompute.
     """
-    th, vr, rval, zero = fp[_F_TH], fp[_F_VR], fp[_F_RVAL], fp[_F_ZERO]
+    th, thf, vr, rval, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_RVAL], fp[_F_ZERO]
     hard, psoft, ssoft = fl[_I_HARD] != 0, fl[_I_PSOFT] != 0, fl[_I_SSOFT] != 0
-    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     s0, s1 = sv[0], sv[1]
     s_scratch = np.empty(m if not write_s else 0, sv.dtype)
     h_scratch = np.empty(m if not write_h else 0, fp.dtype)
@@ -246,9 +252,9 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
         hr = hs[t, n0 : n0 + m] if write_h else h_scratch
         for i in range(m):
             hp = hb[i]
-            sp = live & _fire(hp - th, strict, zero)
+            sp = live & _fire(hp, thf)
             hn = _step(fam, hp, sp, xr[i], kk[i], th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
-            sr[i] = s1 if _fire(hn - th, strict, zero) else s0
+            sr[i] = s1 if _fire(hn, thf) else s0
             hr[i] = hn
             hb[i] = hn
 
@@ -306,8 +312,8 @@ def _post_reset(h, s, th, vr, ron, rhard):
 @njit(error_model="numpy")
 def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
-    th, vr, zero = fp[_F_TH], fp[_F_VR], fp[_F_ZERO]
-    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
+    ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     n0 = b * block
     m = min(block, n - n0)
     kk = np.empty(m, fp.dtype)
@@ -320,7 +326,7 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
-            state[n0 + i] = _post_reset(h, _fire(h - th, strict, zero), th, vr, ron, rhard)
+            state[n0 + i] = _post_reset(h, _fire(h, thf), th, vr, ron, rhard)
         else:
             state[n0 + i] = h
 
@@ -345,22 +351,22 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     _prefer_wide_vectors()
     hrow, gsrow, gxrow, prow, xrow, g, la = rows
     k1, al, be, bb, c1, c2 = coef
-    th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    th, thf, vr, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
     ec = _exp_consts(fp)
-    ron, rhard, strict = fl[_I_RON] != 0, fl[_I_RHARD] != 0, fl[_I_STRICT]
+    ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     rp = vr if fl[_I_SJ] != 0 else zero
     nd = zero if fl[_I_DETACH] != 0 else one
     out = hrow if inplace else gxrow
     for i in range(m):
         h = hrow[i]
-        s = _fire(h - th, strict, zero)
+        s = _fire(h, thf)
         d = _surrogate(code, h - th, a_sg, b_sg, zero, one, ec)
         a = _reverse_factor(h, s, d, k1[i], al[i], be[i], zos, nd, zero)
         gt = gsrow[i] * d + g[i] * a
         if need_leak:
             hp = prow[i]
-            sp = pfire & _fire(hp - th, strict, zero)
+            sp = pfire & _fire(hp, thf)
             u = ((rp if rhard else hp - th) if sp & ron else hp)  # Cleak's reset value: 0, or v_reset (sj)
             la[i] += gt * (c1[i] * (u - rp) + c2[i] * (h - u) + c3 * xrow[i])
         out[i] = gt * bb[i]
@@ -400,14 +406,13 @@ def _bwd_row_dispatch(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, f
 def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
     """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
     a loop of its own per surrogate, like the rows: a scalar libm exp here cost a quarter of the backward."""
-    th, zero, one = fp[_F_TH], fp[_F_ZERO], fp[_F_ONE]
+    th, thf, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
     ec = _exp_consts(fp)
-    strict = fl[_I_STRICT]
     nd = zero if fl[_I_DETACH] != 0 else one
     for i in range(v.shape[0]):
         u = v[i] - th
-        s = _fire(u, strict, zero)
+        s = _fire(v[i], thf)
         d = _surrogate(code, u, a_sg, b_sg, zero, one, ec)
         gv[i] = g[i] * _reverse_factor(v[i], s, d, k1[i], al[i], be[i], zos, nd, zero)
 
@@ -595,7 +600,7 @@ def _flags(spec: SpecArgs) -> np.ndarray:
         raise ValueError(f"unknown reset code {reset}")
     if spec.surrogate_code not in range(5):
         raise ValueError(f"unknown surrogate code {spec.surrogate_code}")
-    fl[_I_SPR], fl[_I_STRICT], fl[_I_DETACH] = int(spec.state_post_reset), int(spec.fire_strict), int(spec.detach_reset)
+    fl[_I_SPR], fl[_I_DETACH] = int(spec.state_post_reset), int(spec.detach_reset)
     fl[_I_CODE], fl[_I_CHARGE], fl[_I_RESET] = int(spec.surrogate_code), int(charge), int(reset)
     return np.array(fl, dtype=np.int64)
 
@@ -618,14 +623,15 @@ def _constants(spec: SpecArgs, cdt: torch.dtype) -> np.ndarray:
     vals[_F_ZERO], vals[_F_ONE] = 0.0, 1.0
     # The reset value of the LIF family's hard reset: v_reset (paper), 0 (snnTorch's reset-to-zero).
     vals[_F_RVAL] = 0.0 if spec.dynamics == P.SNNTORCH else spec.v_reset
-    return _fp_array(tuple(vals), cdt == torch.float32)
+    return _fp_array(tuple(vals), cdt == torch.float32, bool(spec.fire_strict))
 
 
 @functools.lru_cache(maxsize=64)
-def _fp_array(vals: tuple, single: bool) -> np.ndarray:
+def _fp_array(vals: tuple, single: bool, strict: bool) -> np.ndarray:
     dtype = np.float32 if single else np.float64
     fp = np.zeros(_NF, dtype=dtype)
     fp[: len(vals)] = vals
+    fp[_F_THF] = np.nextafter(fp[_F_TH], dtype(np.inf)) if strict else fp[_F_TH]
     fp[_F_LOG2E] = 1.0 / math.log(2.0)
     fp[_F_LN2HI] = 0.693359375  # 11 significant bits: n * ln2_hi is exact for the table's n
     fp[_F_LN2LO] = math.log(2.0) - 0.693359375
