@@ -13,14 +13,15 @@ surrogate loops, 4 reverse-step loops), while the remaining differences are bran
 and per-neuron coefficient arrays. One compiled kernel serves every spec of a dtype.
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
-array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp`` for the sigmoid surrogate.
+array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
 
 Floating point: the step formulas follow :mod:`spikefuse.params` operation by operation, with every constant in
 the compute dtype (the constants travel in a small array of that dtype, never as Python floats, which numba
 would treat as float64 and silently promote float32 arithmetic with). No ``fastmath``: LLVM neither contracts
-``a*b + c`` into an FMA nor reassociates, so spikes and states are bit-identical with :mod:`.reference`. The one
-exception is the polynomial ``exp`` of the sigmoid surrogate, an approximation of our own, written with explicit
-``llvm.fmuladd`` (fused where the CPU has FMA): it feeds only gradients, which agree with the reference to 1e-5.
+``a*b + c`` into an FMA nor reassociates, so spikes and states are bit-identical with :mod:`.reference`. The
+exceptions are in the backward only, written with explicit ``llvm.fmuladd`` (fused where the CPU has FMA): the
+polynomial ``exp2`` of the sigmoid surrogate (an approximation of our own) and the reverse recursion's ``A`` and
+``G`` (:func:`_reverse_factor`, :func:`_bwd_row`). They feed only gradients, which agree with the reference to 1e-5.
 
 Memory traffic per neuron and step (float32): forward 12 bytes with ``SAVE_POTENTIAL`` (read x, write spikes and
 h), 8 without; backward 12 bytes (read grad_spikes and h, write grad_x). In recompute mode (``SAVE_INPUT``) the
@@ -43,7 +44,7 @@ import llvmlite.ir as llvmir
 import numpy as np
 import torch
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .. import params as P
 from ..threads import match_numba_threads
@@ -58,12 +59,23 @@ __all__ = ["forward", "backward"]
 # plus a few loop-invariant selects.
 _FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
 
-# Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp.
-_F_TH, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL, _F_LOG2E, _F_LN2HI, _F_LN2LO = range(10)
-_F_EXPC = 10  # 1/k! for k = 2..7
-_F_ZMAX, _F_MAGIC = 16, 17  # largest z for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
-_F_THF = 18  # the firing threshold of :func:`_fire`
+# Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp2.
+_F_TH, _F_THF, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL = range(8)  # _F_THF: see :func:`_fire`
+_F_ZMAX, _F_MAGIC = 8, 9  # largest n for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
+_F_EXPC = 10  # the coefficients of :func:`_exp2_polynomial`, highest power first
 _NF = 19
+
+# Degree of the exp2 polynomial per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8) stays
+# below the dtype's own rounding in float32 and ~1e-12 in float64, where the gradient tests allow 1e-10 absolute.
+_EXP2_DEGREE = {np.float32: 6, np.float64: 8}
+
+
+def _exp2_polynomial(degree: int) -> np.ndarray:
+    """``2^f`` for ``|f| <= 1/2`` as a polynomial of ``degree``, coefficients highest power first: least squares on
+    Chebyshev nodes weighted to relative error, within a few percent of the minimax error."""
+    nodes = 0.5 * np.cos(np.pi * (np.arange(4000) + 0.5) / 4000)
+    cheb = np.polynomial.chebyshev.chebfit(nodes, 2.0**nodes, degree, w=2.0**-nodes)
+    return np.polynomial.chebyshev.cheb2poly(cheb)[::-1]
 
 # Layout of the integer flags array ``fl`` (int64).
 (_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
@@ -117,6 +129,20 @@ def _step(fam, hp, s, xv, k, th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
     return u - (u - vr) * k + xv
 
 
+def _at(c, i):
+    """``c[i]`` of a per-neuron coefficient array; a scalar coefficient, shared by every neuron, as it is.
+
+    The loops take the leak and the backward's coefficients either way: scalars when the leak is one number (the
+    common case), which spares the loop a load per coefficient and neuron from a block-sized array in L2."""
+
+
+@overload(_at, inline="always")
+def _at_overload(c, i):
+    if isinstance(c, types.Array):
+        return lambda c, i: c[i]
+    return lambda c, i: c
+
+
 @intrinsic
 def _pow2_neg(typingctx, fn):
     """``2^-n`` for an integer-valued float ``0 <= n < bias``, built from its exponent bits (vectorizable)."""
@@ -134,13 +160,29 @@ def _pow2_neg(typingctx, fn):
     return fn(fn), codegen
 
 
-@njit(inline="always", error_model="numpy")
 def _exp_consts(fp):
-    """The constants of :func:`_exp_neg` as a tuple of scalars, read once before a loop (loads from ``fp``
-    inside the loop might alias its stores as far as LLVM knows, which stops it from vectorizing)."""
+    """The constants of :func:`_exp2_neg` as scalars, read once before a loop (loads from ``fp`` inside the loop
+    might alias its stores as far as LLVM knows, which stops it from vectorizing): ``(zmax, magic, coefficients)``,
+    with as many coefficients as the dtype's degree needs."""
+
+
+@overload(_exp_consts, inline="always")
+def _exp_consts_for_dtype(fp):
     c = _F_EXPC
-    return (fp[_F_ZMAX], fp[_F_LOG2E], fp[_F_MAGIC], fp[_F_LN2HI], fp[_F_LN2LO],
-            fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5], fp[_F_ONE])
+    if fp.dtype == types.float32:  # _EXP2_DEGREE[np.float32] == 6
+        return lambda fp: (fp[_F_ZMAX], fp[_F_MAGIC], (fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5],
+                                                       fp[c + 6]))
+    return lambda fp: (fp[_F_ZMAX], fp[_F_MAGIC], (fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5],
+                                                   fp[c + 6], fp[c + 7], fp[c + 8]))
+
+
+@njit(inline="always", error_model="numpy")
+def _horner(x, coefficients):
+    """The polynomial with ``coefficients`` (highest power first) at ``x``, one FMA per coefficient."""
+    p = coefficients[0]
+    for c in coefficients[1:]:
+        p = _muladd(p, x, c)
+    return p
 
 
 @intrinsic
@@ -163,7 +205,7 @@ def _prefer_wide_vectors(typingctx):
 
 @intrinsic
 def _muladd(typingctx, a, b, c):
-    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): for the exp polynomial only,
+    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): for the exp2 polynomial only,
     which is an approximation of its own -- the step and gradient formulas keep separate mul and add."""
     if not (isinstance(a, types.Float) and a == b == c):
         return None
@@ -177,36 +219,36 @@ def _muladd(typingctx, a, b, c):
 
 
 @njit(inline="always", error_model="numpy")
-def _exp_neg(z, ec):
-    """``exp(-z)`` for ``z >= 0`` in plain arithmetic that LLVM vectorizes (libm's exp is a scalar call).
+def _exp2_neg(z, ec):
+    """``2^-z`` for ``z >= 0`` in plain arithmetic that LLVM vectorizes (libm's exp is a scalar call).
 
-    ``z = n*ln2 + r`` (Cody-Waite, |r| <= ln2/2), ``exp(-r)`` by its degree-7 Taylor polynomial (relative error
-    < 1e-8) in Horner form with FMAs (half the floating-point operations of the unfused form: the backward is
-    bound by them) and ``2^-n`` from its exponent bits. ``z`` is clamped where ``2^-n`` would leave the normal
-    range (exp(-87) in float32, exp(-708) in float64), far below anything that matters next to the other terms.
-    All constants come in ``ec`` (:func:`_exp_consts`) in the compute dtype, so float32 stays float32.
+    ``z = n - f`` with ``n`` the nearest integer (``(z + M) - M``, exact) and ``f = n - z`` in [-1/2, 1/2] (exact),
+    ``2^f`` by :func:`_exp2_polynomial` in Horner form with FMAs (the backward is bound by floating-point operations)
+    and ``2^-n`` from its exponent bits. Base 2 instead of e: the caller folds log2(e) into its constant, and
+    the reduction needs no two-part ln2 (3 operations fewer than a Cody-Waite exp). ``z`` is clamped where
+    ``2^-n`` would leave the normal range (2^-126 in float32, 2^-1022 in float64), far below anything that
+    matters next to the other terms. All constants come in ``ec`` (:func:`_exp_consts`) in the compute dtype,
+    so float32 stays float32.
     """
-    zmax, log2e, magic, ln2hi, ln2lo, c2, c3, c4, c5, c6, c7, one = ec
+    zmax, magic, coefficients = ec
     zc = min(z, zmax)
-    fn = _muladd(zc, log2e, magic) - magic  # round to nearest integer, exactly
-    y = _muladd(fn, ln2lo, fn * ln2hi - zc)  # = -r (fn * ln2hi is exact)
-    p = _muladd(_muladd(_muladd(_muladd(_muladd(_muladd(_muladd(c7, y, c6), y, c5), y, c4), y, c3), y, c2), y, one),
-                y, one)
-    return p * _pow2_neg(fn)
+    n = (zc + magic) - magic
+    return _horner(n - zc, coefficients) * _pow2_neg(n)
 
 
 @njit(inline="always", error_model="numpy")
 def _surrogate(code, u, a, b, zero, one, ec):
     """The surrogate derivative of :mod:`spikefuse.surrogate` for ``u = h - threshold``.
 
-    Sigmoid (``a = alpha``): ``alpha*s*(1-s)`` evaluated as ``alpha*e/(1+e)^2`` with ``e = exp(-alpha*|u|)``, the
-    same function (it is even in u) with one exp, one division and no cancellation or overflow (within 1e-6
-    relative of the two-sigmoid form, which itself loses ~eps/(1-s) to cancellation for large alpha*u).
+    Sigmoid (``a = alpha``, ``b = alpha*log2(e)``): ``alpha*s*(1-s)`` evaluated as ``alpha*e/(1+e)^2`` with
+    ``e = exp(-alpha*|u|) = 2^-(b*|u|)``, the same function (it is even in u) with one exp2, one division and no
+    cancellation or overflow (within 1e-6 relative of the two-sigmoid form, which itself loses ~eps/(1-s) to
+    cancellation for large alpha*u).
     ATan: ``b / (1 + (u*a)^2)`` with ``a = pi/2*alpha``, ``b = alpha/2``. Rectangle: ``b if |u| < a``.
     Triangle: ``max(a - b*|u|, 0)`` with ``b = alpha^2``. FastSigmoid: ``1 / (a*|u| + 1)^2``.
     """
     if code == 0:
-        e = _exp_neg(a * abs(u), ec)
+        e = _exp2_neg(b * abs(u), ec)
         q = one + e
         return a * e / (q * q)
     elif code == 1:
@@ -221,10 +263,12 @@ def _surrogate(code, u, a, b, zero, one, ec):
 
 
 @njit(inline="always", error_model="numpy")
-def _reverse_factor(h, s, d, k1, al, be, zos, nd, zero):
-    """``A = dh[t+1]/dh[t] = (0 if s and zos else k1) + (al*h + be)*d`` (d zeroed when the reset is detached, ``nd``
-    = 0): the reverse step's factor at potential ``h`` with spike ``s``, for every dynamics (see :func:`_coefficients`)."""
-    return (zero if s & zos else k1) + (al * h + be) * (d * nd)
+def _reverse_factor(h, s, d, k1, al, be, zos, zero):
+    """``A = dh[t+1]/dh[t] = (0 if s and zos else k1) + (al*h + be)*d``: the reverse step's factor at potential ``h``
+    with spike ``s``, for every dynamics (see :func:`_coefficients`), in two FMAs (the loop is bound by
+    floating-point operations; gradients are compared with the reference to 1e-5, and the fused form rounds once
+    where the reference rounds twice)."""
+    return _muladd(_muladd(al, h, be), d, zero if s & zos else k1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -253,7 +297,7 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
         for i in range(m):
             hp = hb[i]
             sp = live & _fire(hp, thf)
-            hn = _step(fam, hp, sp, xr[i], kk[i], th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
+            hn = _step(fam, hp, sp, xr[i], _at(kk, i), th, vr, rval, hard, psoft, ssoft, ron, rhard, zero)
             sr[i] = s1 if _fire(hn, thf) else s0
             hr[i] = hn
             hb[i] = hn
@@ -261,6 +305,15 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
 
 @njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
 def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """``kk``: the leak per neuron, or one entry for all (see :func:`_at`)."""
+    if kk.shape[0] == 1:
+        _fwd_family(x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    else:
+        _fwd_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+
+
+@njit(inline="always", error_model="numpy")
+def _fwd_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     fam = fl[_I_FAM]
     if fam == _FAM_LIF:
         _fwd_block(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
@@ -316,7 +369,7 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     n0 = b * block
     m = min(block, n - n0)
-    kk = np.empty(m, fp.dtype)
+    kk = np.empty(m if leak.shape[0] > 1 else 1, fp.dtype)
     hb = np.empty(m, fp.dtype)
     _fill_leak(kk, leak, n0, inner, fl, zero)
     for i in range(m):
@@ -356,20 +409,19 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     ec = _exp_consts(fp)
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     rp = vr if fl[_I_SJ] != 0 else zero
-    nd = zero if fl[_I_DETACH] != 0 else one
     out = hrow if inplace else gxrow
     for i in range(m):
         h = hrow[i]
         s = _fire(h, thf)
         d = _surrogate(code, h - th, a_sg, b_sg, zero, one, ec)
-        a = _reverse_factor(h, s, d, k1[i], al[i], be[i], zos, nd, zero)
-        gt = gsrow[i] * d + g[i] * a
+        a = _reverse_factor(h, s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
+        gt = _muladd(g[i], a, gsrow[i] * d)
         if need_leak:
             hp = prow[i]
             sp = pfire & _fire(hp, thf)
             u = ((rp if rhard else hp - th) if sp & ron else hp)  # Cleak's reset value: 0, or v_reset (sj)
-            la[i] += gt * (c1[i] * (u - rp) + c2[i] * (h - u) + c3 * xrow[i])
-        out[i] = gt * bb[i]
+            la[i] += gt * (_at(c1, i) * (u - rp) + _at(c2, i) * (h - u) + c3 * xrow[i])
+        out[i] = gt * _at(bb, i)
         g[i] = gt
 
 
@@ -387,19 +439,33 @@ def _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, 
 
 
 @njit(inline="always", error_model="numpy")
-def _bwd_row_dispatch(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    """One loop per (surrogate, leak gradient, in place): LLVM keeps a loop vectorized only when it holds a single
-    surrogate's arithmetic and no run-time aliasing."""
-    if code == 0:
-        _bwd_row_flags(0, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 1:
-        _bwd_row_flags(1, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 2:
-        _bwd_row_flags(2, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 3:
-        _bwd_row_flags(3, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+def _bwd_row_coef(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
+    if coef[0].shape[0] == 1:  # one entry for all neurons: scalars (see :func:`_at`)
+        _bwd_row_flags(code, need_leak, inplace, rows, _shared(coef), m, zos, pfire, fl, fp, c3)
     else:
-        _bwd_row_flags(4, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+        _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+
+
+@njit(inline="always", error_model="numpy")
+def _shared(coef):
+    k1, al, be, bb, c1, c2 = coef
+    return k1[0], al[0], be[0], bb[0], c1[0], c2[0]
+
+
+@njit(inline="always", error_model="numpy")
+def _bwd_row_dispatch(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
+    """One loop per (surrogate, leak gradient, in place, coefficients per neuron or shared): LLVM keeps a loop
+    vectorized only when it holds a single surrogate's arithmetic and no run-time aliasing."""
+    if code == 0:
+        _bwd_row_coef(0, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 1:
+        _bwd_row_coef(1, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 2:
+        _bwd_row_coef(2, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif code == 3:
+        _bwd_row_coef(3, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+    else:
+        _bwd_row_coef(4, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
 
 
 @njit(error_model="numpy")
@@ -409,16 +475,23 @@ def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
     th, thf, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
     ec = _exp_consts(fp)
-    nd = zero if fl[_I_DETACH] != 0 else one
     for i in range(v.shape[0]):
         u = v[i] - th
         s = _fire(v[i], thf)
         d = _surrogate(code, u, a_sg, b_sg, zero, one, ec)
-        gv[i] = g[i] * _reverse_factor(v[i], s, d, k1[i], al[i], be[i], zos, nd, zero)
+        gv[i] = g[i] * _reverse_factor(v[i], s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
 
 
 @njit(inline="always", error_model="numpy")
 def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
+    if k1.shape[0] == 1:
+        _grad_v_init_surrogate(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
+    else:
+        _grad_v_init_surrogate(code, v, g, gv, k1, al, be, zos, fl, fp)
+
+
+@njit(inline="always", error_model="numpy")
+def _grad_v_init_surrogate(code, v, g, gv, k1, al, be, zos, fl, fp):
     if code == 0:
         _grad_v_init(0, v, g, gv, k1, al, be, zos, fl, fp)
     elif code == 1:
@@ -433,7 +506,20 @@ def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
 
 @njit(error_model="numpy")
 def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
-    """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos."""
+    """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos.
+    A detached reset has no surrogate term in ``A``: its ``al`` and ``be`` are multiplied by 0 here (the same zeros
+    and NaNs as zeroing ``d`` in the loop, one multiplication fewer per neuron and step)."""
+    zos = _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp)
+    if fl[_I_DETACH] != 0:
+        zero = fp[_F_ZERO]
+        for i in range(kk.shape[0]):
+            al[i] *= zero
+            be[i] *= zero
+    return zos
+
+
+@njit(inline="always", error_model="numpy")
+def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     # Every flag and constant is read into a local before the loops: a load from fl / fp inside them might alias
     # the stores (as far as LLVM knows), which kept the branches in the loop and the loop scalar.
     th, vr, zero, one, rval = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE], fp[_F_RVAL]
@@ -486,13 +572,14 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
     c3 = one if (has_x and fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_MUL_INPUT) else zero
     n0 = blk * block
     m = min(block, n - n0)
-    kk = np.empty(m, fp.dtype)
-    k1 = np.empty(m, fp.dtype)
-    al = np.empty(m, fp.dtype)
-    be = np.empty(m, fp.dtype)
-    bb = np.empty(m, fp.dtype)
-    c1 = np.empty(m, fp.dtype)
-    c2 = np.empty(m, fp.dtype)
+    mc = m if leak.shape[0] > 1 else 1  # coefficients per neuron, or one entry for all (see :func:`_at`)
+    kk = np.empty(mc, fp.dtype)
+    k1 = np.empty(mc, fp.dtype)
+    al = np.empty(mc, fp.dtype)
+    be = np.empty(mc, fp.dtype)
+    bb = np.empty(mc, fp.dtype)
+    c1 = np.empty(mc, fp.dtype)
+    c2 = np.empty(mc, fp.dtype)
     no_x = np.zeros(m if need_leak and c3 == zero else 0, fp.dtype)  # the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
@@ -525,7 +612,7 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
     if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
         for i in range(m):
-            gv[n0 + i] = g[i] * k1[i]
+            gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
     else:
         _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
     if need_leak:
@@ -609,15 +696,17 @@ def _constants(spec: SpecArgs, cdt: torch.dtype) -> np.ndarray:
     """Threshold, v_reset and surrogate constants in the compute dtype, computed in double exactly like
     :mod:`spikefuse.surrogate` computes them before PyTorch casts them to the tensor's dtype."""
     code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
-    if code == 1:  # ATan(alpha)
+    if code == 0:  # Sigmoid(alpha): exp(-alpha*|u|) = 2^-(alpha*log2(e)*|u|)
+        a, b = p1, p1 / math.log(2.0)
+    elif code == 1:  # ATan(alpha)
         a, b = math.pi / 2 * p1, p1 / 2
     elif code == 2:  # Rectangle: half width, height
         a, b = p1, p2
     elif code == 3:  # Triangle(alpha)
         a, b = p1, p1 * p1
-    else:  # Sigmoid(alpha), FastSigmoid(slope)
+    else:  # FastSigmoid(slope)
         a, b = p1, 0.0
-    vals = [0.0] * _F_LOG2E
+    vals = [0.0] * _F_ZMAX
     vals[_F_TH], vals[_F_VR] = spec.threshold, spec.v_reset
     vals[_F_SG_A], vals[_F_SG_B] = a, b
     vals[_F_ZERO], vals[_F_ONE] = 0.0, 1.0
@@ -632,11 +721,9 @@ def _fp_array(vals: tuple, single: bool, strict: bool) -> np.ndarray:
     fp = np.zeros(_NF, dtype=dtype)
     fp[: len(vals)] = vals
     fp[_F_THF] = np.nextafter(fp[_F_TH], dtype(np.inf)) if strict else fp[_F_TH]
-    fp[_F_LOG2E] = 1.0 / math.log(2.0)
-    fp[_F_LN2HI] = 0.693359375  # 11 significant bits: n * ln2_hi is exact for the table's n
-    fp[_F_LN2LO] = math.log(2.0) - 0.693359375
-    fp[_F_EXPC : _F_EXPC + 6] = [1.0 / math.factorial(k) for k in range(2, 8)]
-    fp[_F_ZMAX] = 87.0 if single else 708.0
+    poly = _exp2_polynomial(_EXP2_DEGREE[dtype])
+    fp[_F_EXPC : _F_EXPC + len(poly)] = poly
+    fp[_F_ZMAX] = 126.0 if single else 1022.0
     fp[_F_MAGIC] = 1.5 * 2.0 ** (23 if single else 52)
     return fp  # shared between calls: never written
 
