@@ -214,7 +214,8 @@ def test_surrogate_formula_on_grid(surrogate, dtype):
         expected = surrogate.derivative(u.double())
     else:  # the same formula in the same dtype
         expected = surrogate.derivative(u).double()
-    torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-7, atol=1e-30)
+    # float64: the kernel's exp2 polynomial is good to 8e-13 there (cpu._EXP2_DEGREE), so 1e-11 holds.
+    torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-11, atol=1e-30)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
