@@ -40,16 +40,29 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def round_robin(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds of each case, running the cases in turn (round-robin) so drift hits all alike."""
+def round_robin(
+    cases: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    setups: dict[str, Callable[[], object]] | None = None,
+) -> dict[str, float]:
+    """Median seconds of each case, running the cases in turn (round-robin) so drift hits all alike.
+    ``setups[name]``, where given, runs untimed before every run of case ``name``."""
+    setups = setups or {}
     for _ in range(warmup):
-        for fn in cases.values():
+        for name, fn in cases.items():
+            setups.get(name, _nothing)()
             fn()
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
+            setups.get(name, _nothing)()
             samples[name].append(timed(fn))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _nothing() -> None:
+    return None
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
