@@ -10,7 +10,7 @@ import torch
 from . import ops
 from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
 from . import params as P
-from .ops import buffers, reference
+from .ops import reference
 from .ops.common import compute_dtype
 from .surrogate import Sigmoid, resolve
 
@@ -77,8 +77,8 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     t_steps, trailing = x.shape[0], x.shape[1:]
     n = math.prod(trailing)
     inner = channel_layout(x.shape, k.numel())
-    if v_init is None:
-        v0 = buffers.full((n,), spec.v_reset if spec.reset == P.HARD else 0.0, cdt, x.device)
+    if v_init is None:  # one start value shared by every neuron: the kernels read nothing of size N for it
+        v0 = torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
     else:
         if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
             raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")

@@ -183,7 +183,8 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     """
     t_steps, n = x.shape
     spec = functional._paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_args()
-    leak, v_init, zero_state = torch.full((1,), DECAY), torch.zeros(n), torch.zeros(n)
+    # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
+    leak, v_init, zero_state = torch.full((1,), DECAY), torch.zeros(1), torch.zeros(1)
     spikes, state, h = cpu.forward(x, leak, 1, v_init, spec, P.SAVE_POTENTIAL)
     out = (spikes, state, h)
     grad_x, h_work = torch.empty_like(x), torch.empty_like(h)

@@ -40,7 +40,7 @@ neuron_forward = torch.library.custom_op("spikefuse::neuron_forward", mutates_ar
 def _(x2, leak, v_init, inner, ints, floats, backend, save):
     cdt = compute_dtype(x2.dtype)
     saved = x2.new_empty(x2.shape, dtype=cdt) if save == P.SAVE_POTENTIAL else x2.new_empty(0, dtype=cdt)
-    return torch.empty_like(x2), v_init.new_empty(v_init.shape, dtype=cdt), saved
+    return torch.empty_like(x2), x2.new_empty(x2.shape[1:], dtype=cdt), saved
 
 
 def _backward_impl(
@@ -73,6 +73,8 @@ def _backward_impl(
     )
     if grad_leak is None:
         grad_leak = leak.new_empty(0)
+    if grad_v is None:  # a v_init shared by every neuron gets no gradient
+        grad_v = v_init.new_empty(0)
     return grad_x, grad_v, grad_leak
 
 
@@ -82,7 +84,8 @@ neuron_backward = torch.library.custom_op("spikefuse::neuron_backward", mutates_
 @neuron_backward.register_fake
 def _(grad_spikes, grad_state, x2, leak, v_init, saved, inner, ints, floats, backend, save, need_leak_grad):
     grad_leak = torch.empty_like(leak) if need_leak_grad else leak.new_empty(0)
-    return torch.empty_like(grad_spikes), torch.empty_like(v_init), grad_leak
+    grad_v = torch.empty_like(v_init) if v_init.shape[0] == grad_spikes.shape[1] else v_init.new_empty(0)
+    return torch.empty_like(grad_spikes), grad_v, grad_leak
 
 
 def _setup_context(ctx, inputs, output):
@@ -103,8 +106,8 @@ def _backward(ctx, grad_spikes, grad_state, _grad_saved, backward_op=neuron_back
     if grad_spikes is None:  # only the state was used
         shape, dtype = ctx.spikes_meta
         grad_spikes = buffers.full(shape, 0.0, dtype, v_init.device)
-    if grad_state is None:
-        grad_state = buffers.full(v_init.shape, 0.0, v_init.dtype, v_init.device)
+    if grad_state is None:  # the state was not used: one zero shared by every neuron (nothing of size N to read)
+        grad_state = torch.zeros(1, dtype=v_init.dtype, device=v_init.device)
     grad_x, grad_v, grad_leak = backward_op(
         grad_spikes.contiguous(),
         grad_state.contiguous(),

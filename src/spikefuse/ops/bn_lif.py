@@ -51,12 +51,13 @@ def _spec(ints: list[int], floats: list[float]) -> tuple:
     return (*ints, *floats)
 
 
-def _v0(v_init: Tensor, n: int, floats: list[float], ints: list[int], cdt, device) -> Tensor:
-    """``v_init`` or, when it is empty, the default start ``v_reset`` (hard reset) / 0, built on the fly."""
+def _v0(v_init: Tensor, floats: list[float], ints: list[int], cdt, device) -> Tensor:
+    """``v_init`` or, when it is empty, the default start ``v_reset`` (hard reset) / 0, one value shared by every
+    neuron (see :mod:`spikefuse.ops.reference`)."""
     if v_init.numel():
         return v_init
     fill = floats[3] if ints[1] == P.HARD else 0.0  # floats = (p1, p2, threshold, v_reset)
-    return torch.full((n,), fill, dtype=cdt, device=device)
+    return torch.full((1,), fill, dtype=cdt, device=device)
 
 
 def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
@@ -91,8 +92,7 @@ def bn_lif_forward(
     rv = running_var.clone() if running_var is not None else None
     y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
     y2 = y.reshape(t_steps, -1)
-    n = y2.shape[1]
-    v0 = _v0(v_init, n, floats, ints, compute_dtype(xb.dtype), xb.device)
+    v0 = _v0(v_init, floats, ints, compute_dtype(xb.dtype), xb.device)
     spikes, state, _ = module(backend).forward(y2, leak, inner, v0, _spec(ints, floats), P.SAVE_INPUT)
     del y, y2
     return (
@@ -146,7 +146,7 @@ def _backward_impl(
     """``(grad_x [T*B, C, ...], grad_weight, grad_bias, grad_leak, grad_v_init)``; unneeded ones are empty."""
     t_steps, n = grad_spikes.shape
     cdt = compute_dtype(xb.dtype)
-    v0 = _v0(v_init, n, floats, ints, cdt, xb.device)
+    v0 = _v0(v_init, floats, ints, cdt, xb.device)
     y2 = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps).reshape(t_steps, n)
     grad_y, grad_v, grad_leak = module(backend).backward(
         grad_spikes, grad_state, y2, leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT, need_leak_grad

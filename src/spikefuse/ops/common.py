@@ -41,6 +41,12 @@ def surrogate_from_args(spec: SpecArgs) -> Surrogate:
     raise ValueError(f"unknown surrogate code {code}")
 
 
+def check_per_neuron(backend: str, name: str, t: torch.Tensor, n: int) -> None:
+    """``v_init`` / ``grad_state`` hold one value per neuron (``[N]``) or one shared by all (``[1]``)."""
+    if t.ndim != 1 or t.shape[0] not in (n, 1):
+        raise ValueError(f"{backend} backend: {name} has shape {tuple(t.shape)}, expected ({n},) or (1,)")
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Membrane potentials are kept in float32 for half-precision inputs, in the input's dtype otherwise."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -9,8 +9,9 @@ Mode switches are integer flags. LLVM does *not* reliably unswitch many invarian
 generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
 keeps the whole loop scalar), so the loops are specialized where it matters: block loops are called with literal
 family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
-surrogate loops, 4 reverse-step loops), while the remaining differences are branch-free, loop-invariant selects
-and per-neuron coefficient arrays. One compiled kernel serves every spec of a dtype.
+surrogate loops, 4 reverse-step loops), each twice: with the leak and the backward's coefficients as scalars (one
+leak for the layer) or as per-neuron arrays (per-channel leak, see :func:`_at`). The remaining differences are
+branch-free, loop-invariant selects. One compiled kernel serves every spec of a dtype.
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
 array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
@@ -49,7 +50,7 @@ from numba.extending import intrinsic, overload
 from .. import params as P
 from ..threads import match_numba_threads
 from . import buffers
-from .common import SpecArgs, compute_dtype, reduce_leak_grad
+from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 
 __all__ = ["forward", "backward"]
 
@@ -205,8 +206,9 @@ def _prefer_wide_vectors(typingctx):
 
 @intrinsic
 def _muladd(typingctx, a, b, c):
-    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): for the exp2 polynomial only,
-    which is an approximation of its own -- the step and gradient formulas keep separate mul and add."""
+    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): in the backward only (the
+    exp2 polynomial, ``A`` and ``G``) -- the forward's step formulas keep separate mul and add, for spikes and
+    states bit-identical with the reference."""
     if not (isinstance(a, types.Float) and a == b == c):
         return None
 
@@ -358,6 +360,19 @@ def _fill_leak(kk, leak, n0, inner, fl, zero):
 
 
 @njit(inline="always", error_model="numpy")
+def _load_row(dst, src, n0, m):
+    """``dst[:m] = src[n0 : n0 + m]``, or ``src[0]`` everywhere when ``src`` has one entry for all neurons (an
+    initial state or state gradient that is the same for every neuron: nothing of size N to read)."""
+    if src.shape[0] == 1:
+        c = src[0]
+        for i in range(m):
+            dst[i] = c
+    else:
+        for i in range(m):
+            dst[i] = src[n0 + i]
+
+
+@njit(inline="always", error_model="numpy")
 def _post_reset(h, s, th, vr, ron, rhard):
     return ((vr if rhard else h - th) if s & ron else h)
 
@@ -372,8 +387,7 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
     kk = np.empty(m if leak.shape[0] > 1 else 1, fp.dtype)
     hb = np.empty(m, fp.dtype)
     _fill_leak(kk, leak, n0, inner, fl, zero)
-    for i in range(m):
-        hb[i] = v_init[n0 + i]
+    _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
     _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
@@ -583,11 +597,12 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
     no_x = np.zeros(m if need_leak and c3 == zero else 0, fp.dtype)  # the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
+    v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
+    _load_row(v0, v_init, n0, v0.shape[0])
     _leak_row(kk, leak, n0, inner)
     if recompute:
         hb = g  # scratch for the running potential
-        for i in range(m):
-            hb[i] = v_init[n0 + i]
+        _load_row(hb, v_init, n0, m)
         kf = c1  # scratch for the forward's k (zero for IF)
         _fill_leak(kf, leak, n0, inner, fl, zero)
         # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
@@ -595,22 +610,23 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         hh = gx
     else:
         hh = hsaved
-    for i in range(m):
-        g[i] = gst[n0 + i]
+    _load_row(g, gst, n0, m)
     zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
     zos = _coefficients(True, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
     for t in range(t_steps - 1, -1, -1):
         if t == t_steps - 2:
             zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
         hrow = hh[t, n0 : n0 + m]
-        prow = hh[t - 1, n0 : n0 + m] if t > 0 else v_init[n0 : n0 + m]
+        prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
         xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
         _bwd_row_dispatch(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
                           (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
-    if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
+    if gv.shape[0] == 0:  # v_init is one entry for all neurons, without a gradient
+        pass
+    elif spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
         for i in range(m):
             gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
     else:
@@ -755,6 +771,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = x2.shape
+    check_per_neuron("cpu", "v_init", v_init, n)
     save_h = save == P.SAVE_POTENTIAL
     if out is not None:
         _check_out("out spikes", out[0], x2.shape, x2.dtype)
@@ -792,6 +809,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = grad_spikes.shape
+    check_per_neuron("cpu", "grad_state", grad_state, n)
+    check_per_neuron("cpu", "v_init", v_init, n)
     threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     recompute = save == P.SAVE_INPUT
     if recompute and x2 is None:
@@ -812,7 +831,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         gx = hsaved
     else:
         gx = buffers.empty((t_steps, n), cdt) if out is None else out
-    gv = buffers.empty((n,), cdt)
+    gv = buffers.empty((n,) if v_init.numel() == n else (0,), cdt)  # none for a shared v_init
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
         block = min(4096, max(256, 65536 // t_steps))
@@ -825,4 +844,4 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
-    return grad_x, gv, grad_leak
+    return grad_x, (gv if gv.numel() else None), grad_leak

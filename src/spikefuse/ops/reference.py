@@ -4,11 +4,14 @@ Every fused backend is tested against this file. It follows the formulas of :mod
 in the same floating-point order, and knows nothing about how the kernels derive their backward pass.
 
 Entry points shared by every backend (``x2`` is the input viewed as ``[T, N]``, ``leak`` has shape ``[C]`` and
-neuron ``n`` uses ``leak[(n // inner) % C]``; ``v_init`` is ``[N]`` in the compute dtype):
+neuron ``n`` uses ``leak[(n // inner) % C]``; ``v_init`` and ``grad_state`` are ``[N]`` in the compute dtype, or
+``[1]``: one value shared by every neuron, as for the default initial state and an unused final state, which spares
+a fused kernel reading ``N`` values; a shared ``v_init`` gets no gradient):
 
 - ``forward(x2, leak, inner, v_init, spec_args, save) -> (spikes, state, saved)``
 - ``backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad)
-  -> (grad_x, grad_v_init, grad_leak)`` with ``grad_leak`` of shape ``[C]`` (None unless ``need_leak_grad``)
+  -> (grad_x, grad_v_init, grad_leak)`` with ``grad_leak`` of shape ``[C]`` (None unless ``need_leak_grad``) and
+  ``grad_v_init`` None for a shared ``v_init``
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def run(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, 
     n = x2.shape[1]
     channels = leak.numel()
     k = leak.to(cdt).reshape(1, channels, 1).expand(n // (channels * inner), channels, inner).reshape(n)
-    h = v_init.to(cdt)
+    h = v_init.to(cdt).expand(n)
     if spec.state_post_reset:
         s = torch.zeros_like(h)
     else:
@@ -112,15 +115,20 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
 
     ``overwrite_saved`` allows writing grad_x over ``saved``; the reference saves nothing, so it has nothing to
     overwrite (the argument keeps the backends' entry points alike)."""
+    n = grad_spikes.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)
         v_init = v_init.detach().requires_grad_(True)
         k = leak.detach().requires_grad_(need_leak_grad)
         spikes, state, _ = run(x2, k, inner, v_init, spec_args)
         inputs = [x2, v_init] + ([k] if need_leak_grad else [])
-        grads = torch.autograd.grad((spikes, state), inputs, (grad_spikes.to(spikes.dtype), grad_state), allow_unused=True)
+        grads = torch.autograd.grad(
+            (spikes, state), inputs, (grad_spikes.to(spikes.dtype), grad_state.expand(n)), allow_unused=True
+        )
     grad_x = grads[0] if grads[0] is not None else torch.zeros_like(x2)
-    grad_v = grads[1] if grads[1] is not None else torch.zeros_like(v_init)
+    grad_v = None
+    if v_init.numel() == n:  # a shared v_init gets no gradient
+        grad_v = grads[1] if grads[1] is not None else torch.zeros_like(v_init)
     grad_leak = None
     if need_leak_grad:  # an IF charge does not use the leak: its gradient is zero, not missing
         grad_leak = grads[2] if grads[2] is not None else torch.zeros_like(leak)

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .. import params as P
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
-from .common import SpecArgs, compute_dtype, reduce_leak_grad
+from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 
 __all__ = ["forward", "backward", "SUPPORTED_DTYPES", "BLOCK_SIZES", "block_size"]
 
@@ -569,6 +569,15 @@ def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, 
     assert t.device == device, f"spikefuse Triton backend: {name} is on {t.device}, expected {device}"
 
 
+def _per_neuron(t: torch.Tensor, name: str, n: int, cdt: torch.dtype, device) -> torch.Tensor:
+    """``v_init`` / ``grad_state`` as ``[N]``: a value shared by every neuron (``[1]``) is expanded here, so the
+    kernels read one value per neuron either way (on a GPU the N extra values cost little next to the ``[T, N]``
+    streams)."""
+    check_per_neuron("triton", name, t, n)
+    _check_tensor(t, name, tuple(t.shape), cdt, device)
+    return t if t.shape[0] == n else t.expand(n).contiguous()
+
+
 def _leak_layout(leak: torch.Tensor, inner: int, n: int, cdt: torch.dtype, device) -> tuple:
     """The leak (made contiguous: it has only C entries) and ``(PER_CHANNEL, inner, C)``."""
     leak = leak.reshape(-1).contiguous()
@@ -598,7 +607,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
     cdt = compute_dtype(x2.dtype)
     device = x2.device
     _check_tensor(x2, "x", (t_steps, n), x2.dtype, device)
-    _check_tensor(v_init, "v_init", (n,), cdt, device)
+    v_init = _per_neuron(v_init, "v_init", n, cdt, device)
     leak, per_channel, inner, channels = _leak_layout(leak, inner, n, cdt, device)
     spikes = torch.empty_like(x2)
     state = torch.empty(n, dtype=cdt, device=device)
@@ -630,8 +639,9 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     cdt = compute_dtype(xdt)
     device = grad_spikes.device
     _check_tensor(grad_spikes, "grad_spikes", (t_steps, n), xdt, device)
-    _check_tensor(grad_state, "grad_state", (n,), cdt, device)
-    _check_tensor(v_init, "v_init", (n,), cdt, device)
+    grad_state = _per_neuron(grad_state, "grad_state", n, cdt, device)
+    shared_v_init = v_init.shape[0] != n
+    v_init = _per_neuron(v_init, "v_init", n, cdt, device)
     if x2 is not None:
         _check_tensor(x2, "x", (t_steps, n), xdt, device)
     recompute = save == P.SAVE_INPUT
@@ -651,7 +661,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     if t_steps == 0 or n == 0:
         grad_x.zero_()
         grad_v.copy_(grad_state)
-        return grad_x, grad_v, torch.zeros_like(leak) if need_leak_grad else None
+        return grad_x, (None if shared_v_init else grad_v), torch.zeros_like(leak) if need_leak_grad else None
 
     # h is recomputed into grad_x when it has the compute dtype, else into a float32 scratch; with over_h grad_x
     # is the saved h
@@ -669,4 +679,4 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
             **constexprs, **flags, PER_CHANNEL=per_channel, BLOCK=block, **COMPILE_OPTIONS,
         )  # fmt: skip
     grad_leak = reduce_leak_grad(leak_partial, channels, inner) if need_leak_grad else None
-    return grad_x, grad_v, grad_leak
+    return grad_x, (None if shared_v_init else grad_v), grad_leak
