@@ -306,27 +306,29 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
 
 
 @njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """``kk``: the leak per neuron, or one entry for all (see :func:`_at`)."""
+def _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """The block loop of the literal family ``fam``; ``kk``: the leak per neuron, or one entry for all (see
+    :func:`_at`)."""
     if kk.shape[0] == 1:
-        _fwd_family(x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_block(fam, x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     else:
-        _fwd_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
 @njit(inline="always", error_model="numpy")
-def _fwd_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+def _fwd_any_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """:func:`_fwd_dispatch` for the family in ``fl`` (the backward's recompute, compiled with every family)."""
     fam = fl[_I_FAM]
     if fam == _FAM_LIF:
-        _fwd_block(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_DIV_INPUT:
-        _fwd_block(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_MUL_INPUT:
-        _fwd_block(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_DIV:
-        _fwd_block(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     else:
-        _fwd_block(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
 @njit(inline="always", error_model="numpy")
@@ -378,7 +380,7 @@ def _post_reset(h, s, th, vr, ron, rhard):
 
 
 @njit(error_model="numpy")
-def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
@@ -389,7 +391,7 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    _fwd_dispatch(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -398,11 +400,21 @@ def _forward_block(b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h
             state[n0 + i] = h
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
-    nblocks = (x.shape[1] + block - 1) // block
-    for b in prange(nblocks):
-        _forward_block(np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+def _make_forward_kernel(fam: int):
+    """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
+
+    @njit(parallel=True, cache=True, error_model="numpy")
+    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+        nblocks = (x.shape[1] + block - 1) // block
+        for b in prange(nblocks):
+            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+
+    return forward_kernel
+
+
+# One kernel per family and (below) per surrogate, each compiled on first use and cached on disk: a user pays for
+# the loops of the neuron they run (~6 s forward, ~30 s backward here), not for all of them at once (~100 s).
+_FORWARD_KERNELS = tuple(_make_forward_kernel(fam) for fam in range(_FAM_MUL + 1))
 
 
 @njit(error_model="numpy")
@@ -466,22 +478,6 @@ def _shared(coef):
     return k1[0], al[0], be[0], bb[0], c1[0], c2[0]
 
 
-@njit(inline="always", error_model="numpy")
-def _bwd_row_dispatch(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    """One loop per (surrogate, leak gradient, in place, coefficients per neuron or shared): LLVM keeps a loop
-    vectorized only when it holds a single surrogate's arithmetic and no run-time aliasing."""
-    if code == 0:
-        _bwd_row_coef(0, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 1:
-        _bwd_row_coef(1, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 2:
-        _bwd_row_coef(2, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif code == 3:
-        _bwd_row_coef(3, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-    else:
-        _bwd_row_coef(4, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-
-
 @njit(error_model="numpy")
 def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
     """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
@@ -499,23 +495,9 @@ def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
 @njit(inline="always", error_model="numpy")
 def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
     if k1.shape[0] == 1:
-        _grad_v_init_surrogate(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
+        _grad_v_init(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
     else:
-        _grad_v_init_surrogate(code, v, g, gv, k1, al, be, zos, fl, fp)
-
-
-@njit(inline="always", error_model="numpy")
-def _grad_v_init_surrogate(code, v, g, gv, k1, al, be, zos, fl, fp):
-    if code == 0:
-        _grad_v_init(0, v, g, gv, k1, al, be, zos, fl, fp)
-    elif code == 1:
-        _grad_v_init(1, v, g, gv, k1, al, be, zos, fl, fp)
-    elif code == 2:
-        _grad_v_init(2, v, g, gv, k1, al, be, zos, fl, fp)
-    elif code == 3:
-        _grad_v_init(3, v, g, gv, k1, al, be, zos, fl, fp)
-    else:
-        _grad_v_init(4, v, g, gv, k1, al, be, zos, fl, fp)
+        _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp)
 
 
 @njit(error_model="numpy")
@@ -577,12 +559,12 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
-                    block):
+def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
+                    gv, gl, block):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
-    spr, code = fl[_I_SPR] != 0, fl[_I_CODE]
+    spr = fl[_I_SPR] != 0
     c3 = one if (has_x and fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_MUL_INPUT) else zero
     n0 = blk * block
     m = min(block, n - n0)
@@ -606,7 +588,7 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         kf = c1  # scratch for the forward's k (zero for IF)
         _fill_leak(kf, leak, n0, inner, fl, zero)
         # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
-        _fwd_dispatch(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
+        _fwd_any_family(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
         hh = gx
     else:
         hh = hsaved
@@ -620,8 +602,8 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
         xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
-        _bwd_row_dispatch(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
-                          (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
+        _bwd_row_coef(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
+                      (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
     if gv.shape[0] == 0:  # v_init is one entry for all neurons, without a gradient
@@ -636,13 +618,21 @@ def _backward_block(blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recomp
             gl[n0 + i] = la[i]
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx, gv, gl,
-                     block):
-    nblocks = (gx.shape[1] + block - 1) // block
-    for blk in prange(nblocks):
-        _backward_block(np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak,
-                        has_x, gx, gv, gl, block)
+def _make_backward_kernel(code: int):
+    """The parallel backward with surrogate ``code`` (a constant of the compiled code, like the forward's family)."""
+
+    @njit(parallel=True, cache=True, error_model="numpy")
+    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
+                        gv, gl, block):
+        nblocks = (gx.shape[1] + block - 1) // block
+        for blk in prange(nblocks):
+            _backward_block(code, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
+                            inplace, need_leak, has_x, gx, gv, gl, block)
+
+    return backward_kernel
+
+
+_BACKWARD_KERNELS = tuple(_make_backward_kernel(code) for code in range(5))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -789,8 +779,9 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
-    _forward_kernel(
-        xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), _flags(spec), _constants(spec, cdt), sv, spk_np,
+    fl = _flags(spec)
+    _FORWARD_KERNELS[fl[_I_FAM]](
+        xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
     )
     return spikes, state, (hs if save_h else None)
@@ -837,10 +828,10 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         block = min(4096, max(256, 65536 // t_steps))
     else:
         block = _BACKWARD_BLOCK
-    _backward_kernel(
-        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(),
-        _flags(spec), _constants(spec, cdt), bool(recompute), bool(inplace), bool(need_leak_grad), x2 is not None,
-        gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+    _BACKWARD_KERNELS[spec.surrogate_code](
+        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
+        v_init.numpy(), hsaved.numpy(), _flags(spec), _constants(spec, cdt), bool(recompute), bool(inplace),
+        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
