@@ -11,7 +11,8 @@ keeps the whole loop scalar), so the loops are specialized where it matters: blo
 family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
 surrogate loops, 4 reverse-step loops), each twice: with the leak and the backward's coefficients as scalars (one
 leak for the layer) or as per-neuron arrays (per-channel leak, see :func:`_at`). The remaining differences are
-branch-free, loop-invariant selects. One compiled kernel serves every spec of a dtype.
+branch-free, loop-invariant selects. The parallel kernels are one per forward family and one per backward surrogate
+(:data:`_FORWARD_KERNELS`, :data:`_BACKWARD_KERNELS`), each compiled on its first call and cached on disk.
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
 array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
