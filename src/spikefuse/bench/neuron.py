@@ -329,7 +329,8 @@ def write_results(args, rows, compile_seconds, missing) -> None:
         "",
         table,
         "",
-        "torch.compile time of the first call (compiles again for every T): "
+        "torch.compile time of the first call (compiles again for every T; inductor's on-disk cache from earlier "
+        "runs on the same machine shortens it): "
         + (", ".join(f"T={t}: {s:.1f} s" for t, s in compile_seconds.items()) or "not measured"),
         "",
         "Fraction of spikes that differ from spikefuse's reference (Eq. 1-2 exactly):",
