@@ -607,13 +607,12 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
                       (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
         zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
-    if gv.shape[0] == 0:  # v_init is one entry for all neurons, without a gradient
-        pass
-    elif spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
-        for i in range(m):
-            gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
-    else:
-        _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
+    if gv.shape[0] > 0:  # (none for a v_init shared by every neuron)
+        if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
+            for i in range(m):
+                gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
+        else:
+            _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
     if need_leak:
         for i in range(m):
             gl[n0 + i] = la[i]
