@@ -384,3 +384,11 @@ def test_errors():
         cpu.forward(torch.zeros(3, 4), leak.double(), 1, v, args, P.SAVE_POTENTIAL)
     with pytest.raises(ValueError, match="recompute"):
         cpu.backward(torch.zeros(3, 4), v, None, leak, 1, v, None, args, P.SAVE_INPUT, False)
+    # Codes that pick a compiled kernel are checked before one is picked (-1 would index the last one).
+    for code in (-1, 5):
+        bad = args[:6] + (code,) + args[7:]
+        with pytest.raises(ValueError, match="unknown surrogate code"):
+            cpu.backward(torch.zeros(3, 4), v, None, leak, 1, v, torch.zeros(3, 4), bad, P.SAVE_POTENTIAL, False)
+    for dynamics in (-1, 3):
+        with pytest.raises(ValueError, match="unknown dynamics code"):
+            cpu.forward(torch.zeros(3, 4), leak, 1, v, (dynamics,) + args[1:], P.SAVE_POTENTIAL)

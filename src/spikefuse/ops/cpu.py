@@ -80,9 +80,8 @@ def _exp2_polynomial(degree: int) -> np.ndarray:
     return np.polynomial.chebyshev.cheb2poly(cheb)[::-1]
 
 # Layout of the integer flags array ``fl`` (int64).
-(_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_DETACH, _I_CODE, _I_SJ, _I_CHARGE,
- _I_RESET) = range(12)
-_NI = 12
+(_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_DETACH, _I_SJ, _I_CHARGE, _I_RESET) = range(11)
+_NI = 11
 
 # Bit patterns of 1.0 for spikes written through a 16-bit integer view of a half-precision output.
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}
@@ -694,7 +693,7 @@ def _flags(spec: SpecArgs) -> np.ndarray:
     if spec.surrogate_code not in range(5):
         raise ValueError(f"unknown surrogate code {spec.surrogate_code}")
     fl[_I_SPR], fl[_I_DETACH] = int(spec.state_post_reset), int(spec.detach_reset)
-    fl[_I_CODE], fl[_I_CHARGE], fl[_I_RESET] = int(spec.surrogate_code), int(charge), int(reset)
+    fl[_I_CHARGE], fl[_I_RESET] = int(charge), int(reset)
     return np.array(fl, dtype=np.int64)
 
 
@@ -779,7 +778,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         sv = np.array([0.0, 1.0], dtype=spk_np.dtype)
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
-    fl = _flags(spec)
+    fl = _flags(spec)  # validates the codes before one picks the kernel
     _FORWARD_KERNELS[fl[_I_FAM]](
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
@@ -828,9 +827,10 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         block = min(4096, max(256, 65536 // t_steps))
     else:
         block = _BACKWARD_BLOCK
+    fl = _flags(spec)  # validates the codes before one picks the kernel
     _BACKWARD_KERNELS[spec.surrogate_code](
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
-        v_init.numpy(), hsaved.numpy(), _flags(spec), _constants(spec, cdt), bool(recompute), bool(inplace),
+        v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
         bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
