@@ -16,7 +16,9 @@ from spikefuse.surrogate import Sigmoid  # noqa: E402
 from tests.ops.cases import dynamics_combos, make_inputs, make_spec, spec_id  # noqa: E402
 
 SHAPE = (5, 2, 3, 7)  # T, B, C, inner: N = 42 (not a multiple of a vector width)
-COMBOS = [pytest.param(c, id=spec_id(make_spec(*c, Sigmoid(), False)).removesuffix("-sigmoid")) for c in dynamics_combos()]
+COMBOS = [
+    pytest.param(c, id=spec_id(make_spec(*c, Sigmoid(), False)).removesuffix("-sigmoid")) for c in dynamics_combos()
+]
 
 
 def _backend(name):

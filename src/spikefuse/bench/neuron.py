@@ -2,13 +2,13 @@
 
 One LIF layer of N neurons over growing T, forward alone and forward+backward (``y.backward(g)`` into a leaf
 input whose ``.grad`` each implementation frees at the end of its own step, with a fixed random upstream gradient,
-so neither a loss nor an input copy is timed), every implementation run as its users run it and configured to the paper's dynamics (decay 0.2, threshold
-0.3, V_rest 0, sigmoid surrogate alpha 4), in one process, round-robin, medians. Each implementation's spikes are
-compared with spikefuse's reference and the mismatch is reported.
+so neither a loss nor an input copy is timed), every implementation run as its users run it and configured to the
+paper's dynamics (decay 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4), in one process, round-robin,
+medians. Each implementation's spikes are compared with spikefuse's reference and the mismatch is reported.
 
-Apart from the layer, our two kernels are timed alone, writing into reused buffers (no page faults), against the
-floor: the bytes each must move (12 per neuron-step: forward reads x, writes spikes and h; backward reads the
-upstream gradient and h, writes grad_x) over the copy bandwidth measured in the same run.
+Apart from the layer, our two kernels are timed alone (:func:`kernel_cases`), writing into reused buffers (no page
+faults), against the floor: the bytes each must move (12 per neuron-step: forward reads x, writes spikes and h;
+backward reads the upstream gradient and h, writes grad_x) over the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations

@@ -559,8 +559,8 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
-                    gv, gl, block):
+def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x,
+                    gx, gv, gl, block):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
