@@ -37,6 +37,14 @@ def lif(x, **kw):
         (torch.ones(3, 4), {"threshold": float("inf")}, ValueError, "threshold must be a finite number"),
         (torch.ones(3, 4), {"threshold": float("nan")}, ValueError, "threshold must be a finite number"),
         (torch.ones(3, 4), {"v_reset": float("-inf")}, ValueError, "v_reset must be a finite number"),
+        (torch.ones(3, 4), {"decay": torch.tensor(float("nan"))}, ValueError, r"decay holds NaN or inf \(nan\)"),
+        (torch.ones(3, 4), {"decay": torch.tensor([0.5, float("inf")])}, ValueError, "channel 1: inf"),
+        (torch.ones(3, 4), {"decay": -0.5}, ValueError, r"decay must lie in \[0, 1\].*got -0.5"),
+        (torch.ones(3, 4), {"decay": 1.5}, ValueError, r"decay must lie in \[0, 1\].*got 1.5"),
+        (torch.ones(3, 4), {"decay": torch.tensor([0.5, 0.2, 1.25, 0.1])}, ValueError, "channel 2: 1.25"),
+        (torch.ones(3, 4), {"threshold": 0.0}, ValueError, "threshold must be > 0"),
+        (torch.ones(3, 4), {"threshold": -0.3}, ValueError, "threshold must be > 0"),
+        (torch.ones(3, 4), {"threshold": 0.3, "v_reset": 0.3}, ValueError, "v_reset must be below the threshold"),
     ],
 )
 def test_bad_input_raises_clear_error(x, kwargs, error, message):
@@ -90,3 +98,84 @@ def test_half_precision_inputs_give_half_spikes_and_float_state():
     x = torch.rand(4, 10).to(torch.bfloat16)
     y, v = lif(x, backend="reference", return_state=True)
     assert y.dtype == torch.bfloat16 and v.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_parameter_range_checks_reject_on_every_backend(backend):
+    """The checks sit in the API, before dispatch: a fused backend cannot skip them."""
+    with pytest.raises(ValueError, match="decay holds NaN"):
+        lif(torch.rand(3, 4), decay=torch.tensor(float("nan")), backend=backend)
+    with pytest.raises(ValueError, match="threshold must be > 0"):
+        lif(torch.rand(3, 4), threshold=-1.0, backend=backend)
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0, torch.tensor([0.0, 1.0])])
+def test_decay_range_includes_its_ends(decay):
+    """0 (no memory) and 1 (IF) are the ends of the allowed range, and a soft reset keeps a threshold > 0."""
+    y = lif(torch.rand(3, 2, 2), decay=decay, backend="reference")
+    assert y.shape == (3, 2, 2)
+    assert lif(torch.rand(3, 4), v_reset=None, threshold=0.1, backend="reference").shape == (3, 4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_zero_neurons_give_empty_results(backend):
+    """Zero channels (an empty per-channel decay) or zero neurons: empty spikes and state, no division by zero."""
+    y, v = lif(torch.rand(4, 2, 0), decay=torch.rand(0), backend=backend, return_state=True)
+    assert y.shape == (4, 2, 0) and v.shape == (2, 0)
+    x = torch.rand(4, 0, 3, requires_grad=True)
+    lif(x, backend=backend).sum().backward()
+    assert x.grad is not None and x.grad.shape == (4, 0, 3)
+
+
+def _gradient_penalty(backend):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 16).double()
+    x = torch.randn(4, 3, 8, dtype=torch.float64, requires_grad=True)
+    y = spikefuse.lif(linear(x), decay=0.5, threshold=0.3, backend=backend)
+    (grad_x,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    (grad_x**2).sum().backward()
+    return linear.weight.grad
+
+
+def test_double_backward_through_fused_neuron_raises_naming_the_reference():
+    """A gradient penalty through the fused kernels used to return a silently wrong d/dW (23.86 vs 21.09)."""
+    with pytest.raises(RuntimeError, match="double backward.*fused 'cpu' neuron.*backend='reference'"):
+        _gradient_penalty("cpu")
+
+
+def test_double_backward_on_the_reference_backend_is_autograd_exact():
+    """The reference is plain autograd: its second derivative is that of the same loop written inline."""
+    grad_w = _gradient_penalty("reference")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 16).double()
+    x = torch.randn(4, 3, 8, dtype=torch.float64, requires_grad=True)
+    h, s, spikes = torch.zeros(3, 16, dtype=torch.float64), torch.zeros(3, 16, dtype=torch.float64), []
+    for z in linear(x).unbind(0):  # Eq. (1)-(2) with the sigmoid surrogate written as a straight-through term
+        h = 0.5 * h * (1 - s) + z
+        sig = torch.sigmoid(4 * (h - 0.3))
+        s = (h >= 0.3).double() + sig - sig.detach()
+        spikes.append(s)
+    (grad_x,) = torch.autograd.grad(torch.stack(spikes).sum(), x, create_graph=True)
+    (grad_x**2).sum().backward()
+    torch.testing.assert_close(grad_w, linear.weight.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_first_order_backward_with_retain_graph_still_works(backend):
+    x = torch.rand(4, 6, requires_grad=True)
+    y = lif(x, backend=backend)
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()
+    assert x.grad.abs().sum() > 0
+
+
+def test_torch_func_over_fused_kernels_raises_and_reference_works():
+    x = torch.rand(4, 5)
+    with pytest.raises(RuntimeError, match=r"torch.func transforms .* fused 'cpu' kernels; use backend='reference'"):
+        torch.func.grad(lambda x: lif(x, backend="cpu").sum())(x)
+    grad = torch.func.grad(lambda x: lif(x, backend="reference").sum())(x)
+    leaf = x.clone().requires_grad_(True)
+    lif(leaf, backend="reference").sum().backward()
+    assert torch.equal(grad, leaf.grad)
+    batched = torch.func.vmap(lambda x: lif(x, backend="reference"))(torch.rand(3, 4, 5))
+    assert batched.shape == (3, 4, 5)

@@ -10,7 +10,7 @@ import numbers
 import torch
 
 from . import ops
-from .functional import _check_input, _leak_tensor, _paper_spec, channel_layout
+from .functional import _check_input, _check_no_functorch, _leak_tensor, _paper_spec, channel_layout, check_decay
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
 
@@ -65,7 +65,10 @@ def batchnorm_lif(
     if x.ndim < 3:
         raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
     concrete = ops.resolve_backend(backend, x.device)
+    _check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
     channels = x.shape[2]
+    if channels == 0:
+        raise ValueError(f"batchnorm_lif needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
     for t, name in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
         _check_param(t, name, channels, x)
     if (running_mean is None) != (running_var is None):
@@ -77,6 +80,7 @@ def batchnorm_lif(
     if training and x.numel() // channels <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
     spec = _paper_spec(threshold, v_reset, surrogate, detach_reset)
+    check_decay(decay)
     k = _leak_tensor(decay, x, "decay")
     channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
     trailing = x.shape[1:]

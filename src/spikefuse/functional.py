@@ -47,6 +47,12 @@ def _check_input(x: torch.Tensor) -> None:
         raise ValueError(f"x has T=0 time steps (shape {tuple(x.shape)}); a spiking layer needs T >= 1")
 
 
+def _checks_values(t: torch.Tensor | None = None) -> bool:
+    """Whether to look at tensor values (a sync on GPUs): not while torch.compile traces, nor in meta tensors,
+    which have none."""
+    return not torch.compiler.is_compiling() and (t is None or t.device.type != "meta")
+
+
 def _leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
     cdt = compute_dtype(x.dtype)
     if isinstance(leak, torch.Tensor):
@@ -56,10 +62,52 @@ def _leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
             raise ValueError(f"{name} is on {leak.device} but x is on {x.device}: put both on the same device")
         if leak.ndim > 1:
             raise ValueError(f"{name} must be a scalar or a 1-D per-channel tensor, got shape {tuple(leak.shape)}")
+        _check_finite(leak, name)
         return leak.reshape(-1).to(cdt).contiguous()
     if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not math.isfinite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
     return torch.full((1,), float(leak), dtype=cdt, device=x.device)
+
+
+def _first_bad(values: torch.Tensor, bad: torch.Tensor) -> str:
+    """``"channel i: value"`` of the first flagged entry (``"value"`` for a scalar), for error messages."""
+    flat, flags = values.detach().reshape(-1), bad.reshape(-1)
+    i = int(flags.nonzero()[0, 0])
+    return f"{flat[i].item()}" if flat.numel() == 1 else f"channel {i}: {flat[i].item()}"
+
+
+def _check_finite(values: torch.Tensor, name: str) -> None:
+    if _checks_values(values) and not bool(torch.isfinite(values).all()):
+        raise ValueError(
+            f"{name} holds NaN or inf ({_first_bad(values, ~torch.isfinite(values))}); a learnable {name} gets "
+            "there when training diverges: lower the learning rate"
+        )
+
+
+def check_decay(decay, name: str = "decay") -> None:
+    """The paper's leak ``k`` lies in ``[0, 1]``: 0 forgets at every step, 1 integrates without leak (IF).
+
+    Outside that range the membrane grows without bound (``k > 1``) or flips sign every step (``k < 0``): no
+    dynamics of the papers or peers, so it is rejected, for numbers and tensors alike (a learnable decay too, at
+    forward time). NaN and inf are rejected by :func:`_leak_tensor`.
+    """
+    if isinstance(decay, torch.Tensor):
+        if not _checks_values(decay) or not decay.numel():
+            return
+        _check_finite(decay, name)
+        bad = ~((decay >= 0) & (decay <= 1))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} must lie in [0, 1], got {_first_bad(decay, bad)}; keep a learnable {name} in range, e.g. "
+                f"with `{name}.data.clamp_(0, 1)` after each optimizer step"
+            )
+    elif isinstance(decay, numbers.Real) and math.isfinite(decay) and not 0.0 <= decay <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1] (0: no memory, 1: no leak), got {decay}")
+
+
+def _check_no_functorch(what: str, remedy: str = "use backend='reference' (plain PyTorch ops) under torch.func") -> None:
+    if _checks_values() and torch._C._are_functorch_transforms_active():
+        raise RuntimeError(f"torch.func transforms (grad, vmap, jacrev, ...) cannot look inside {what}; {remedy}")
 
 
 def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "auto", memory: str = "potential"):
@@ -70,6 +118,8 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     """
     _check_input(x)
     concrete = ops.resolve_backend(backend, x.device)
+    if concrete != "reference":
+        _check_no_functorch(f"the fused {concrete!r} kernels")
     if memory not in P.MEMORY_MODES:
         raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(P.MEMORY_MODES)}")
     k = _leak_tensor(leak, x, "decay")
@@ -99,10 +149,17 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
 
 
 def _paper_spec(threshold, v_reset, surrogate, detach_reset) -> P.NeuronSpec:
+    """The spec of the paper's LIF, with its parameter ranges: Eq. (1) leaks toward 0, so the resting potential
+    is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >= threshold`` would fire forever."""
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"threshold must be a number, got {threshold!r}")
     if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
         raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
+    if math.isfinite(threshold) and threshold <= 0:
+        raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
+    if v_reset is not None and math.isfinite(v_reset) and math.isfinite(threshold) and v_reset >= threshold:
+        raise ValueError(f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
+                         "v_reset would fire again at once")
     return P.NeuronSpec(
         threshold=float(threshold),
         v_reset=0.0 if v_reset is None else float(v_reset),
@@ -130,13 +187,15 @@ def lif(
     ``v[t] = decay * v[t-1] * (1 - y[t-1]) + v_reset * y[t-1] + x[t]`` and ``y[t] = (v[t] >= threshold)``;
     ``v_reset=None`` subtracts the threshold instead (soft reset: ``v[t] = decay*(v[t-1] - threshold*y[t-1]) + x[t]``).
     ``decay`` is a number or a learnable tensor (scalar, or per channel: dim 2 of ``[T, B, C, ...]``, dim 1 of
-    ``[T, C]``); ``decay=1`` is an integrate-and-fire neuron. ``v_init`` is ``v[0]`` of Eq. (1) (default ``v_reset``,
+    ``[T, C]``) in ``[0, 1]``; ``decay=1`` is an integrate-and-fire neuron. ``threshold`` must be > 0 and a hard
+    ``v_reset`` below it; NaN and inf are rejected everywhere (:func:`check_decay` says why). ``v_init`` is ``v[0]`` of Eq. (1) (default ``v_reset``,
     the paper's V_rest; 0 for soft reset), and the returned state is ``v[T]``: passing it as ``v_init`` of a later
     call continues the sequence exactly. ``memory='recompute'`` saves nothing but ``x`` for backward.
 
     Returns the spikes (dtype and shape of ``x``), and with ``return_state=True`` also the state.
     """
     spec = _paper_spec(threshold, v_reset, surrogate, detach_reset)
+    check_decay(decay)
     spikes, state = spiking_neuron(x, decay, spec, v_init=v_init, backend=backend, memory=memory)
     return (spikes, state) if return_state else spikes
 

@@ -73,3 +73,40 @@ def test_torch_compile_fullgraph_matches_eager():
     y_comp.sum().backward()
     for p_e, p_c in zip(eager.parameters(), compiled_model.parameters()):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: snn.LIF(backend="bogus"), "unknown backend 'bogus'"),
+        (lambda: snn.LIF(memory="nothing"), "unknown memory mode 'nothing'"),
+        (lambda: snn.LIF(decay=float("nan")), "decay must be a finite number"),
+        (lambda: snn.LIF(decay=float("nan"), learnable_decay=True), "decay must be a finite number"),
+        (lambda: snn.LIF(decay=1.5), r"decay must lie in \[0, 1\]"),
+        (lambda: snn.LIF(decay=-0.1, learnable_decay=True, channels=3), r"decay must lie in \[0, 1\]"),
+        (lambda: snn.LIF(threshold=0.0), "threshold must be > 0"),
+        (lambda: snn.LIF(threshold=0.5, v_reset=0.7), "v_reset must be below the threshold"),
+        (lambda: snn.LIF(learnable_decay=True, channels=0), "channels must be a positive int"),
+        (lambda: snn.IF(threshold=-1.0), "threshold must be > 0"),
+        (lambda: snn.BatchNormLIF2d(0), r"num_features \(the channels\) must be a positive int, got 0"),
+        (lambda: snn.BatchNormLIF2d(4, backend="gpu"), "unknown backend 'gpu'"),
+        (lambda: snn.BatchNormLIF1d(4, decay=2.0), r"decay must lie in \[0, 1\]"),
+    ],
+)
+def test_module_options_are_validated_at_construction(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_learnable_decay_out_of_range_is_rejected_at_forward_time():
+    """An optimizer can push a learnable decay to NaN or out of [0, 1]; the next forward says so."""
+    m = snn.LIF(decay=0.5, threshold=0.3, learnable_decay=True, channels=3)
+    x = torch.rand(4, 2, 3)
+    with torch.no_grad():
+        m.decay[1] = float("nan")
+    with pytest.raises(ValueError, match=r"decay holds NaN or inf \(channel 1: nan\).*lower the learning rate"):
+        m(x)
+    with torch.no_grad():
+        m.decay.copy_(torch.tensor([0.5, 0.5, 1.25]))
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\], got channel 2: 1.25.*clamp_\(0, 1\)"):
+        m(x)

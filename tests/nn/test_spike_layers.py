@@ -248,3 +248,23 @@ def test_state_dict_compatible_with_torch_layers():
     seq = nn.Sequential(nn.Conv2d(2, 4, 3), nn.Flatten(), nn.Linear(4, 2))
     spk = nn.Sequential(SpikeConv2d(2, 4, 3), nn.Flatten(), SpikeLinear(4, 2))
     spk.load_state_dict(seq.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("make", [lambda: (SpikeConv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)),
+                                  lambda: (SpikeLinear(6, 5), nn.Linear(6, 5))])
+def test_autocast_casts_like_the_torch_layer(make):
+    """Under CPU autocast (bf16) the torch layer computes in bf16; the spike layer did so in float32 before."""
+    torch.manual_seed(0)
+    spike_layer, torch_layer = make()
+    torch_layer.load_state_dict(spike_layer.state_dict())
+    shape = (2, 3, 3, 6, 6) if isinstance(spike_layer, SpikeConv2d) else (2, 3, 6)
+    x = (torch.rand(shape) > 0.5).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = spike_layer(x)
+        y_ref = SeqToBatch(torch_layer)(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    assert torch.equal(y, y_ref)
+    y.float().sum().backward()
+    y_ref.float().sum().backward()
+    assert spike_layer.weight.grad.dtype == torch.float32
+    assert torch.equal(spike_layer.weight.grad, torch_layer.weight.grad)

@@ -196,3 +196,19 @@ def test_errors():
         batchnorm_lif(torch.randn(1, 1, 4), None, None, training=True, decay=0.5, threshold=1.0)
     with pytest.raises(ValueError, match=r"\[T, B, C, H, W\]"):
         BatchNormLIF2d(4)(x)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_double_backward_through_fused_bn_lif_raises(backend):
+    """The fused op's backward is not differentiable on any backend (even the reference one is wrapped in it)."""
+    torch.manual_seed(0)
+    m = BatchNormLIF2d(3, decay=0.5, threshold=0.3, backend=backend).double()
+    x = torch.randn(2, 2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="double backward.*fused BatchNorm\\+LIF op.*backend='reference'"):
+        (grad_x,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
+
+
+def test_torch_func_over_fused_bn_lif_raises():
+    m = BatchNormLIF2d(3, decay=0.5, threshold=0.3).eval()  # training mode stops earlier, in torch's own BN update
+    with pytest.raises(RuntimeError, match="torch.func transforms.*fused BatchNorm\\+LIF op"):
+        torch.func.grad(lambda x: m(x).sum())(torch.randn(2, 2, 3, 4, 4))

@@ -58,6 +58,8 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
         device=None,
         dtype=None,
     ):
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features (the channels) must be a positive int, got {num_features!r}")
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self._set_neuron_options(
             decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend, device

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import nn
 
 from .. import functional as F
-from ..surrogate import Sigmoid, resolve
+from ..ops import BACKENDS
+from ..params import MEMORY_MODES
+from ..surrogate import Sigmoid
 
 __all__ = ["LIF", "IF"]
 
@@ -21,14 +26,23 @@ class NeuronOptions:
         self, decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
         device=None,
     ) -> None:
-        self.threshold = float(threshold)
-        self.v_reset = None if v_reset is None else float(v_reset)
-        self.surrogate = resolve(surrogate)
-        self.detach_reset = bool(detach_reset)
+        # The checks the functional API makes at every call, made here once so a bad option fails where it is set.
+        spec = F._paper_spec(threshold, v_reset, surrogate, detach_reset)
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
+            raise ValueError(f"decay must be a finite number, got {decay!r}")
+        F.check_decay(decay)
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(repr(b) for b in BACKENDS)}")
+        self.threshold = spec.threshold
+        self.v_reset = None if v_reset is None else spec.v_reset
+        self.surrogate = spec.surrogate
+        self.detach_reset = spec.detach_reset
         self.stateful = bool(stateful)
         self.backend = backend
         if channels is not None and not learnable_decay:
             raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
+        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
+            raise ValueError(f"channels must be a positive int, got {channels!r}")
         if learnable_decay:
             shape = () if channels is None else (int(channels),)
             self.decay = nn.Parameter(torch.full(shape, float(decay), device=device))
@@ -102,6 +116,8 @@ class LIF(NeuronOptions, nn.Module):
         self._set_neuron_options(
             decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend
         )
+        if memory not in MEMORY_MODES:
+            raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
         self.memory = memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,17 @@ def debug_enabled() -> bool:
     return _debug
 
 
+def _apply_as_autocast_would(fn, x: torch.Tensor, weight: torch.Tensor, bias, *args) -> torch.Tensor:
+    """``fn.apply(x, weight, bias, *args)`` with the casts autocast gives torch's conv and linear (both on its
+    lower-precision list): inputs in the autocast dtype, autocast off inside, so our ops see what theirs see."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return fn.apply(x, weight, bias, *args)
+    dtype = torch.get_autocast_dtype(device)
+    with torch.autocast(device, enabled=False):
+        return fn.apply(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), *args)
+
+
 def _check_binary(module: nn.Module, x: torch.Tensor) -> None:
     ok = (x == 0) | (x == 1)
     if bool(ok.all()):
@@ -155,7 +166,7 @@ class SpikeLinear(nn.Linear):
             )
         if _debug:
             _check_binary(self, x)
-        return _SpikeLinearFn.apply(x, self.weight, self.bias)
+        return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
 
 
 # ----------------------------------------------------------------------------------------------- convolution
@@ -250,7 +261,7 @@ class _SpikeConvNd:
             )
         if _debug:
             _check_binary(self, x)
-        y = _SpikeConvFn.apply(x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
+        y = _apply_as_autocast_would(_SpikeConvFn, x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
         return y.unflatten(0, x.shape[:2])
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .. import params as P
 from . import buffers, module
-from .common import compute_dtype
+from .common import compute_dtype, refuse_double_backward
 
 
 def _spec(ints: list[int], floats: list[float]) -> tuple:
@@ -102,6 +102,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_spikes, grad_state, _grad_saved, backward_op=neuron_backward):
     x2, leak, v_init, saved = ctx.saved_tensors
     inner, ints, floats, backend, save = ctx.args
+    refuse_double_backward(f"the fused {backend!r} neuron", "use backend='reference' for higher-order gradients")
     need_leak_grad = ctx.needs_input_grad[1]
     if grad_spikes is None:  # only the state was used
         shape, dtype = ctx.spikes_meta

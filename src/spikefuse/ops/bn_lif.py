@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .. import params as P
 from . import module
-from .common import compute_dtype
+from .common import compute_dtype, refuse_double_backward
 
 __all__ = ["bn_spiking_neuron", "bn_lif_forward", "bn_lif_backward"]
 
@@ -224,6 +224,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_spikes, grad_state, *_unused):
     xb, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
     inner, ints, floats, backend, training, eps = ctx.args
+    refuse_double_backward(
+        "the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference') instead"
+    )
     need = ctx.needs_input_grad
     need_affine = bool(need[_W] or need[_B])
     # The reference backend differentiates its loop with autograd, which a custom op's body cannot use (the

@@ -55,3 +55,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def reduce_leak_grad(per_neuron: torch.Tensor, channels: int, inner: int) -> torch.Tensor:
     """Sum a per-neuron leak gradient ``[N]`` into the leak's ``[C]`` (neuron n uses ``(n // inner) % C``)."""
     return per_neuron.reshape(-1, channels, inner).sum(dim=(0, 2))
+
+
+def refuse_double_backward(what: str, remedy: str) -> None:
+    """Raise when a backward runs with ``create_graph=True``: a fused backward is a kernel, not differentiable
+    ops, so a gradient of it would silently miss every term through the neuron."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"double backward (create_graph=True: gradient penalties, Hessians, MAML) through {what} is not "
+            f"supported: its backward is a fused kernel, not differentiable ops; {remedy}"
+        )

@@ -24,13 +24,20 @@ from .common import SpecArgs, compute_dtype, surrogate_from_args
 
 
 class _Fire(torch.autograd.Function):
-    """Heaviside of ``u = h - threshold`` forward, the surrogate derivative backward."""
+    """Heaviside of ``u = h - threshold`` forward, the surrogate derivative backward. Written in torch ops with a
+    separate ``setup_context`` so that torch.func (grad, vmap, jacrev) can transform the reference backend."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, surrogate: Surrogate, strict: bool):
+    def forward(u: torch.Tensor, surrogate: Surrogate, strict: bool):
+        return (u > 0 if strict else u >= 0).to(u.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        u, surrogate, _ = inputs
         ctx.save_for_backward(u)
         ctx.surrogate = surrogate
-        return (u > 0 if strict else u >= 0).to(u.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -87,7 +94,8 @@ def run(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, 
     cdt = compute_dtype(x2.dtype)
     n = x2.shape[1]
     channels = leak.numel()
-    k = leak.to(cdt).reshape(1, channels, 1).expand(n // (channels * inner), channels, inner).reshape(n)
+    groups = n // (channels * inner) if channels else 0  # no channels: no neurons (n = 0)
+    k = leak.to(cdt).reshape(1, channels, 1).expand(groups, channels, inner).reshape(n)
     h = v_init.to(cdt).expand(n)
     if spec.state_post_reset:
         s = torch.zeros_like(h)
