@@ -84,3 +84,90 @@ def test_bench_train_quick(tmp_path, capsys):
     assert "Machine:" in md and "Command: `" in md
     csv_text = (tmp_path / "bench-train-digits-quick.csv").read_text()
     assert csv_text.count("\ndigits,") == 2  # one epoch per implementation
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    assert main(["train", "--out", str(out), *TINY]) == 0
+    return out / "checkpoint.pt"
+
+
+def _broken_checkpoints(src, folder):
+    import torch
+
+    ckpt = torch.load(src, weights_only=True)
+    no_model = {k: v for k, v in ckpt.items() if k != "model"}
+    torch.save(no_model, folder / "nomodel.pt")
+    bad = dict(ckpt, model={k: v[..., :1] if v.ndim else v for k, v in ckpt["model"].items()})
+    torch.save(bad, folder / "badweights.pt")
+    (folder / "empty.pt").write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--out", "{tmp}/afile", *TINY], "is a file, not a folder"),
+        (["train", "--out", "{tmp}/afile/sub", *TINY], "cannot write to --out .*Not a directory"),
+        (["train", "--out", "{tmp}/r", *TINY[:-3], "--neuron-backend", "triton", "--no-progress"],
+         "--neuron-backend triton cannot run on --device cpu: .*TRITON_INTERPRET=1"),
+        (["train", "--out", "{tmp}/r", "--image-size", "1", *TINY], "digits: size must be >= 2, got 1"),
+        (["train", "--out", "{tmp}/r", "--dataset", "digits-events", "--encoding", "poisson", *TINY],
+         "--encoding poisson encodes static images; digits-events is event data"),
+        (["train", "--out", "{tmp}/r", "--lr", "1e308", *TINY], "training diverged: the training loss is nan"),
+        (["train", "--out", "{trained}", *TINY], "holds an earlier run .*--resume.*--overwrite"),
+        (["eval", "--checkpoint", "{tmp}/nomodel.pt"], "is incomplete: it lacks 'model'"),
+        (["eval", "--checkpoint", "{tmp}/badweights.pt"], "do not fit the model 'resnet-tiny' of its config: size mismatch"),
+        (["eval", "--checkpoint", "{tmp}/empty.pt"], "the file is empty"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(tmp_path, capsys, monkeypatch, trained_checkpoint, argv, message):
+    import re
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the test session runs Triton interpreted; users do not
+    (tmp_path / "afile").write_text("x")
+    _broken_checkpoints(trained_checkpoint, tmp_path)
+    argv = [a.format(tmp=tmp_path, trained=trained_checkpoint.parent) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spikefuse: error: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+
+
+def test_overwrite_and_resume_are_exclusive(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path), "--resume", "--overwrite", *TINY]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signum, code, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, signum, code, word):
+    """A real `spikefuse train` process: once epoch 1's files exist, the signal stops it with one line and the
+    exit code of the signal, and the checkpoint and metrics.csv describe the same finished epochs."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from spikefuse.train import load_checkpoint
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "spikefuse.cli", "train", "--out", str(out), *TINY]
+    argv[argv.index("--epochs") + 1] = "50"
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == f"spikefuse: {word}{' (SIGTERM)' if code == 143 else ''}; files already " \
+                                           "written are intact"
+    ckpt = load_checkpoint(out / "checkpoint.pt")
+    with open(out / "metrics.csv") as f:
+        rows = f.read().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == [r["epoch"] for r in ckpt["history"]] and ckpt["epoch"] >= 1
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]

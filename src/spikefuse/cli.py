@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 __all__ = ["main", "build_parser", "COMMANDS", "BENCH_COMMANDS"]
@@ -98,17 +99,30 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = args._run(args)
-    except KeyboardInterrupt:
-        print("spikefuse: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, _Terminated)
+        print(f"spikefuse: {'terminated (SIGTERM)' if terminated else 'interrupted'}; files already written are "
+              "intact", file=sys.stderr)
+        return 143 if terminated else 130
     except Exception as err:
         if isinstance(err, _user_error_types()):
             print(f"spikefuse: error: {err}", file=sys.stderr)
             return 2
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
     return code if isinstance(code, int) else 0  # run() may return its results; only an int is an exit code
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every cleanup (temp files of an atomic write) runs on the way out."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
 
 
 # train / eval ----------------------------------------------------------------------------------------------------
@@ -191,8 +205,12 @@ class TrainCommand:
         )
         add_train_arguments(p)
         p.add_argument("--out", default="runs/spikefuse", help="output folder (default: %(default)s)")
-        p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
-                       help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total")
+        start = p.add_mutually_exclusive_group()
+        start.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                           help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total")
+        start.add_argument("--overwrite", action="store_true",
+                           help="start a fresh run in an --out that holds an earlier one, replacing its files (by "
+                           "default such an --out is refused)")
         p.add_argument("--neurons", choices=("spikefuse", "spikingjelly"), default="spikefuse",
                        help="neuron implementation: spikefuse LIF, or SpikingJelly 2.0 LIFNode with the same dynamics")
         p.add_argument("--nproc", type=_positive_int, default=1,
@@ -206,7 +224,8 @@ class TrainCommand:
     def run(args) -> int:
         from .train import fit_data_parallel
 
-        history = fit_data_parallel(config_from_args(args), nproc=args.nproc, resume=args.resume)
+        history = fit_data_parallel(config_from_args(args), nproc=args.nproc, resume=args.resume,
+                                    overwrite=args.overwrite)
         if history:  # None on the ranks other than 0 under torchrun
             last = history[-1]
             print(f"final test accuracy {100 * last['test_acc']:.2f}% after {last['epoch']} epochs; "

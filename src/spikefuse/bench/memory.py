@@ -224,7 +224,8 @@ def to_lean(model) -> dict:
 def make_form(cfg: dict):
     """``(model, reset)`` for ``cfg['form']``; ``reset(model)`` clears neuron state between steps."""
     from ..models import set_neuron_backend
-    from ..train import reset_states, use_spikingjelly_neurons
+    from ..compat.spikingjelly import use_spikingjelly_neurons
+    from ..train import reset_states
 
     model = _build(cfg)
     form = cfg["form"]

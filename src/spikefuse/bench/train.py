@@ -3,7 +3,7 @@
 The same network (default Spiking-ResNet18, CIFAR stem), the same seed, data order, optimizer (Adam, lr 1e-3) and
 loss, trained once with spikefuse's LIF neurons and once with SpikingJelly 2.0's ``LIFNode(step_mode='m',
 tau=1/(1-decay), decay_input=False, v_reset=0, v_threshold=0.3, surrogate.Sigmoid(alpha=4))`` swapped into every
-neuron slot (:func:`spikefuse.train.use_spikingjelly_neurons`; SpikingJelly's own model zoo imports torchvision,
+neuron slot (:func:`spikefuse.compat.spikingjelly.use_spikingjelly_neurons`; SpikingJelly's own model zoo imports torchvision,
 so it is not used). Each implementation trains in its own ``spikefuse train`` subprocess, so peak memory (the
 process's ``ru_maxrss``, or ``torch.cuda.max_memory_allocated`` on CUDA) is not shared between them.
 

@@ -34,7 +34,7 @@ from .. import params as P
 from ..functional import spiking_neuron
 from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
 
-__all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate"]
+__all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate", "use_spikingjelly_neurons"]
 
 _SJ_MODULE = "spikingjelly.activation_based.surrogate"
 _SJ_SURROGATES = {
@@ -69,6 +69,50 @@ def to_surrogate(surrogate_function) -> Surrogate:
             )
         return _SJ_SURROGATES[cls.__name__](float(alpha))
     raise ValueError(f"unsupported surrogate_function {surrogate_function!r}: use {_SUPPORTED}")
+
+
+def use_spikingjelly_neurons(model: nn.Module) -> int:
+    """Swap every spikefuse LIF of ``model`` for SpikingJelly 2.0's multi-step ``LIFNode`` with the same dynamics
+    (the inverse of this module: SpikingJelly's own neurons, for side-by-side runs); returns how many.
+
+    Mapping of Eq. (1): ``tau = 1/(1-decay)``, ``decay_input=False``, ``v_threshold = threshold``, ``v_reset``
+    (SpikingJelly decays toward ``v_reset``, Eq. (1) toward 0: they agree for ``v_reset = 0``), sigmoid surrogate
+    alpha -> ``surrogate.Sigmoid(alpha)``, rectangle (width w, height h = 1/w) -> ``surrogate.Rect(alpha=h)``.
+    SpikingJelly neurons keep state between calls: reset them after each batch. Raises ``ImportError`` without
+    SpikingJelly and ``ValueError`` for a neuron it has no equal of.
+    """
+    try:
+        from spikingjelly.activation_based import neuron as sj_neuron
+        from spikingjelly.activation_based import surrogate as sj_surrogate
+    except ImportError as err:
+        raise ImportError(f"SpikingJelly is not installed ({err}); install it with `pip install spikingjelly --no-deps`") from None
+    from ..models import replace_neurons
+
+    def factory(lif) -> nn.Module:
+        if not isinstance(lif.decay, float):
+            raise ValueError("SpikingJelly's LIFNode has no learnable per-channel decay")
+        if lif.decay >= 1.0:
+            raise ValueError("decay=1 (IF) has no LIFNode tau; use SpikingJelly's IFNode")
+        sg = lif.surrogate
+        if isinstance(sg, Sigmoid):
+            sj_sg = sj_surrogate.Sigmoid(alpha=sg.alpha)
+        elif isinstance(sg, Rectangle) and abs(sg.width * sg.height - 1.0) < 1e-12:
+            sj_sg = sj_surrogate.Rect(alpha=sg.height)
+        else:
+            raise ValueError(f"no SpikingJelly surrogate equal to {sg}")
+        if lif.v_reset not in (None, 0.0):
+            raise ValueError("SpikingJelly's LIFNode decays toward v_reset; it equals Eq. (1) only for v_reset = 0")
+        return sj_neuron.LIFNode(
+            tau=1.0 / (1.0 - lif.decay),
+            decay_input=False,
+            v_threshold=lif.threshold,
+            v_reset=lif.v_reset,
+            surrogate_function=sj_sg,
+            detach_reset=lif.detach_reset,
+            step_mode="m",
+        )
+
+    return replace_neurons(model, factory)
 
 
 def _number(value, name: str) -> float:

@@ -105,7 +105,7 @@ def load_digits(*, train: bool, size: int | None = None) -> tuple[TensorDataset,
     """The static digits: samples ``[1, size, size]`` float32 in [0, 1] (size 8 by default)."""
     size = 8 if size is None else int(size)
     if size < 2:
-        raise ValueError(f"digits: size must be >= 2, got {size}")
+        raise DataError(f"digits: size must be >= 2, got {size}")
     images, labels = load_digits_arrays()
     idx = digits_split(train)
     x = torch.from_numpy(images[idx].copy()).unsqueeze(1)

@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ._common import DatasetInfo, TensorDataset
+from ._common import DataError, DatasetInfo, TensorDataset
 from .digits import NUM_CLASSES, digits_split, load_digits_arrays, resize_images
 from .event_sim import simulate_saccades
 from .framing import frame_events_batch
@@ -70,7 +70,7 @@ def load_digits_events(
     """Samples ``[T, 2, size, size]`` float32 event counts (size 16 by default)."""
     size = DEFAULT_SIZE if size is None else int(size)
     if size < 4:
-        raise ValueError(f"digits-events: size must be >= 4, got {size}")
+        raise DataError(f"digits-events: size must be >= 4, got {size}")
     events, bounds, labels = digits_event_streams(bool(train), int(seed) if train else 0, size)
     sensor = (size, size, 2)
     frames = frame_events_batch(events, bounds, sensor, T, framing)

@@ -189,7 +189,7 @@ def _downsample(native: int, size: int | None, name: str):
         return None, native
     size = int(size)
     if not 1 <= size <= native:
-        raise ValueError(f"{name}: size must be in 1..{native}, got {size}")
+        raise DataError(f"{name}: size must be in 1..{native}, got {size}")
     tonic = _tonic()
     return tonic.transforms.Downsample(sensor_size=(native, native, 2), target_size=(size, size)), size
 

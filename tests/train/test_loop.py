@@ -112,7 +112,8 @@ def test_spikingjelly_neurons_match_spikefuse():
     import copy
 
     from spikefuse.models import build_model, spiking_neurons
-    from spikefuse.train import reset_states, use_spikingjelly_neurons
+    from spikefuse.compat.spikingjelly import use_spikingjelly_neurons
+    from spikefuse.train import reset_states
 
     torch.manual_seed(0)
     ours = build_model("resnet-tiny", 1, 10, width=4, stem="cifar", neuron_backend="reference")

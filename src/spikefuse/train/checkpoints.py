@@ -1,0 +1,217 @@
+"""The files of a run that must survive anything: atomic writes, checkpoints with every RNG state, the guard that
+keeps a fresh run from replacing an earlier one, and the cleanup of interrupted writes.
+
+A write goes to a temp file beside its target (``.<name>.<random>.tmp``), is fsynced and renamed over the target,
+so a reader sees the old file or the new one, never a part. SIGINT and SIGTERM that arrive while an epoch's files
+are written (:func:`signals_deferred`) take effect once they are all written, so a checkpoint and ``metrics.csv``
+always describe the same epochs; a kill -9 can still leave a temp file, which the next run in that folder removes
+(:func:`remove_stale_temp_files`). A write that fails (a full disk) removes its temp file, leaves the previous file
+as it was, and raises :class:`ConfigError` naming the file and the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ConfigError, TrainConfig, check_resume
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "METRICS_NAME",
+    "CURVES_NAME",
+    "CHECKPOINT_VERSION",
+    "atomic_write",
+    "save_checkpoint",
+    "load_checkpoint",
+    "seed_everything",
+    "remove_stale_temp_files",
+    "signals_deferred",
+    "check_out_dir",
+]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.csv"
+CURVES_NAME = "curves.png"
+CHECKPOINT_VERSION = 1
+TEMP_SUFFIX = ".tmp"
+WRITE_TEST_NAME = "write-test"
+# What a checkpoint must hold for eval and resume.
+_REQUIRED_KEYS = ("config", "info", "epoch", "model", "optimizer", "history", "rng")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_states(gens: dict[str, torch.Generator]) -> dict:
+    np_state = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        # stored as a tensor + plain values so the checkpoint loads with torch.load(weights_only=True)
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+        "generators": {name: g.get_state() for name, g in gens.items()},
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict, gens: dict[str, torch.Generator]) -> None:
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    py = states["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    for name, g in gens.items():
+        g.set_state(states["generators"][name])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename). On any failure the
+    temp file is removed and ``path`` is left as it was; an ``OSError`` becomes a :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        fd = _temp_file(path)
+    except OSError as err:
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}") from None
+    tmp = fd[1]
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd[0], view):]
+        os.fsync(fd[0])
+        os.close(fd[0])
+        fd = None
+        os.replace(tmp, path)
+    except BaseException as err:
+        if fd is not None:
+            os.close(fd[0])
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise ConfigError(f"cannot write {path}: {err.strerror or err}; the previous {path.name} is intact") from None
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _temp_file(path: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+
+
+def remove_stale_temp_files(out: str | os.PathLike) -> list[Path]:
+    """Remove the temp files that interrupted writes (kill -9, power loss) left in ``out``; returns them.
+
+    They are ``.<file>.<random>.tmp`` for each of the run's files (``.<file>.<random>.png`` from earlier versions):
+    any hidden file named after one of them is a temp file of ours."""
+    out = Path(out)
+    names = (CHECKPOINT_NAME, METRICS_NAME, CURVES_NAME, WRITE_TEST_NAME)
+    stale = [p for name in names for p in out.glob(f".{name}.*") if p.is_file()]
+    for p in stale:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return stale
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+    """Write ``state`` to ``path`` atomically (:func:`atomic_write`). It is serialized in memory first, so a
+    failing disk raises ``OSError`` from a plain write (not from inside torch's zip writer)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write(path, buffer.getbuffer())
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no checkpoint at {path}")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"cannot read checkpoint {path}: {reason}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
+        raise ConfigError(f"{path} is not a spikefuse checkpoint (version {CHECKPOINT_VERSION})")
+    missing = [k for k in _REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise ConfigError(f"checkpoint {path} is incomplete: it lacks {', '.join(repr(k) for k in missing)}")
+    return ckpt
+
+
+def load_model_state(model: torch.nn.Module, ckpt: dict, path) -> None:
+    """``model.load_state_dict`` with a one-line error when the weights do not fit the model the config builds."""
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as err:
+        first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
+        raise ConfigError(f"the weights in {path} do not fit the model {ckpt['config'].get('model')!r} of its "
+                          f"config: {first}") from None
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM back while the body runs (an epoch's files being written), then deliver them.
+
+    Outside the main thread (where handlers cannot be set) the body runs unprotected; atomic writes still keep
+    every file whole there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in handled}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for signum in dict.fromkeys(pending):  # to the restored handlers: they raise, exit or ignore as they would have
+        signal.raise_signal(signum)
+
+
+def check_out_dir(out: Path, resume, overwrite: bool) -> None:
+    """Make ``out`` and check that it can be written; refuse to start a fresh run over an earlier one unless
+    ``overwrite``. Raises :class:`ConfigError` with the way out."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder: choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = _temp_file(out / WRITE_TEST_NAME)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out {out}: {err.strerror or err}") from None
+    earlier = [name for name in (CHECKPOINT_NAME, METRICS_NAME) if (out / name).exists()]
+    if earlier and not resume and not overwrite:
+        raise ConfigError(
+            f"--out {out} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, --overwrite to "
+            "replace it, or choose another --out"
+        )
+
+
+def load_resume_checkpoint(path, cfg: TrainConfig) -> dict:
+    ckpt = load_checkpoint(path)
+    check_resume(ckpt["config"], cfg)
+    return ckpt
