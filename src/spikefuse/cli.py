@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = ("spikefuse.cli:TrainCommand", "spikefuse.cli:EvalCo
 #: Modules providing ``add_parser(subparsers)`` and ``run(args)`` for ``spikefuse bench <name>``.
 BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.train",
+    "spikefuse.bench.table1",
     "spikefuse.bench.neuron",
     "spikefuse.bench.memory",
     "spikefuse.bench.timesplit",
@@ -172,6 +173,8 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
                    help="spikefuse neuron backend; 'reference' is the serial PyTorch loop (default: %(default)s)")
     p.add_argument("--stem", choices=("auto", "cifar", "imagenet"), default="auto",
                    help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)")
+    p.add_argument("--width", type=_positive_int, default=d.get("width"),
+                   help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)")
     p.add_argument("--image-size", type=_positive_int, default=None,
                    help="resize static images to this size (digits: upsample from 8) (default: native)")
     p.add_argument("--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples")
@@ -186,7 +189,7 @@ def config_from_args(args, **overrides):
         model=args.model, dataset=args.dataset, data_dir=args.data_dir, T=args.T, epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, device=args.device, threads=args.threads, seed=args.seed,
         encoding=args.encoding, neuron_backend=args.neuron_backend, stem=args.stem, image_size=args.image_size,
-        train_subset=args.train_subset, test_subset=args.test_subset, progress=not args.no_progress,
+        train_subset=args.train_subset, test_subset=args.test_subset, width=args.width, progress=not args.no_progress,
         neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"),
     )
     for k, v in overrides.items():

@@ -91,9 +91,9 @@ def _child_command(args, dataset: str, impl: str, out: Path) -> list[str]:
         "--batch-size", str(args.batch_size), "--lr", repr(args.lr), "--device", args.device,
         "--threads", str(args.threads), "--seed", str(args.seed), "--encoding", args.encoding,
         "--neuron-backend", args.neuron_backend, "--stem", args.stem, "--neurons", impl,
-        "--out", str(out), "--no-progress",
+        "--out", str(out), "--overwrite", "--no-progress",
     ]
-    for opt in ("data_dir", "image_size", "train_subset", "test_subset"):
+    for opt in ("data_dir", "image_size", "train_subset", "test_subset", "width"):
         value = getattr(args, opt)
         if value is not None:
             cmd += [f"--{opt.replace('_', '-')}", str(value)]
@@ -128,6 +128,38 @@ def _summary(rows: list[dict]) -> dict:
     }
 
 
+def train_side_by_side(args, dataset: str, runs_root: Path) -> tuple[dict, list[dict], bool]:
+    """Train ``args.impls`` on ``dataset``, one ``spikefuse train`` subprocess each (same settings, seed and data
+    order), into ``runs_root/<dataset>-<impl>``. Returns ``(summary per implementation, one csv row per
+    implementation and epoch, whether every run succeeded)``; a missing or failed implementation is summarized as
+    ``{"label", "missing": why}``."""
+    sj_installed = importlib.util.find_spec("spikingjelly") is not None
+    summaries, csv_rows, ok = {}, [], True
+    for impl in args.impls:
+        label = IMPLEMENTATIONS[impl] + (f" ({args.neuron_backend})" if impl == "spikefuse" else "")
+        if impl == "spikingjelly" and not sj_installed:
+            summaries[impl] = {"label": label, "missing": "not installed (pip install spikingjelly --no-deps)"}
+            print(f"[bench] {dataset}: {label}: not installed, skipped", flush=True)
+            continue
+        out = runs_root / f"{dataset}-{impl}"
+        cmd = _child_command(args, dataset, impl, out)
+        print(f"[bench] {dataset}: {label}: {' '.join(cmd[1:])}", flush=True)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wall = time.perf_counter() - start
+        metrics = out / "metrics.csv"
+        if proc.returncode != 0 or not metrics.exists():
+            summaries[impl] = {"label": label, "missing": f"failed (exit code {proc.returncode})"}
+            ok = False
+            continue
+        rows = _read_metrics(metrics)
+        summaries[impl] = {"label": label, "wall_s": wall, **_summary(rows)}
+        for r in rows:
+            csv_rows.append({"dataset": dataset, "implementation": impl, "model": args.model, "width": args.width,
+                             "T": args.T, "batch_size": args.batch_size, **r})
+    return summaries, csv_rows, ok
+
+
 def run(args) -> int:
     if args.quick:
         args.epochs = QUICK["epochs"]
@@ -135,7 +167,6 @@ def run(args) -> int:
         args.test_subset = args.test_subset or QUICK["test_subset"]
         args.T = min(args.T, QUICK["T"])
     datasets, notes = _datasets(args)
-    sj_installed = importlib.util.find_spec("spikingjelly") is not None
     results_dir = Path(args.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -152,29 +183,8 @@ def run(args) -> int:
     status = 0
     try:
         for dataset in datasets:
-            summaries, csv_rows = {}, []
-            for impl in args.impls:
-                label = IMPLEMENTATIONS[impl] + (f" ({args.neuron_backend})" if impl == "spikefuse" else "")
-                if impl == "spikingjelly" and not sj_installed:
-                    summaries[impl] = {"label": label, "missing": "not installed (pip install spikingjelly --no-deps)"}
-                    print(f"[bench train] {dataset}: {label}: not installed, skipped", flush=True)
-                    continue
-                out = runs_root / f"{dataset}-{impl}"
-                cmd = _child_command(args, dataset, impl, out)
-                print(f"[bench train] {dataset}: {label}: {' '.join(cmd[1:])}", flush=True)
-                start = time.perf_counter()
-                proc = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                wall = time.perf_counter() - start
-                metrics = out / "metrics.csv"
-                if proc.returncode != 0 or not metrics.exists():
-                    summaries[impl] = {"label": label, "missing": f"failed (exit code {proc.returncode})"}
-                    status = 1
-                    continue
-                rows = _read_metrics(metrics)
-                summaries[impl] = {"label": label, "wall_s": wall, **_summary(rows)}
-                for r in rows:
-                    csv_rows.append({"dataset": dataset, "implementation": impl, "model": args.model, "T": args.T,
-                                     "batch_size": args.batch_size, **r})
+            summaries, csv_rows, ok = train_side_by_side(args, dataset, runs_root)
+            status = status if ok else 1
             _write_report(args, dataset, summaries, csv_rows, results_dir, info, command, notes)
         if not datasets:
             print("[bench train] no data set to run", file=sys.stderr)

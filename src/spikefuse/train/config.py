@@ -23,6 +23,7 @@ TRAJECTORY_KEYS = (
     "train_subset",
     "test_subset",
     "image_size",
+    "width",
 )
 
 
@@ -55,6 +56,7 @@ class TrainConfig:
     train_subset: int | None = None  # use only this many training samples (a seeded random subset)
     test_subset: int | None = None
     image_size: int | None = None  # resize static images (data set's ``size=``); None = native
+    width: int | None = None  # ResNets: channels of the first stage (None = the model's: 64, resnet-tiny 16)
     progress: bool = True
     neuron: dict | None = field(default=None)  # NeuronOptions.to_dict(); None = the model's paper defaults
 
@@ -75,6 +77,9 @@ class TrainConfig:
             raise ConfigError(f"--neurons must be 'spikefuse' or 'spikingjelly', got {self.neurons!r}")
         if self.stem not in ("auto", "cifar", "imagenet"):
             raise ConfigError(f"--stem must be auto, cifar or imagenet, got {self.stem!r}")
+        if self.width is not None and (self.width < 1 or not self.model.startswith("resnet")):
+            raise ConfigError(f"--width sets the channels of a ResNet's first stage (>= 1); got {self.width} for "
+                              f"--model {self.model}")
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and v < 1:

@@ -100,6 +100,8 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     kw: dict = {"image_size": (info["height"], info["width"])}
     if cfg.model.startswith("resnet"):
         kw["stem"] = _resolved_stem(cfg, info)
+        if cfg.width is not None:
+            kw["width"] = cfg.width
     neuron = None if cfg.neuron is None else NeuronOptions.from_dict(cfg.neuron)
     model = build_model(cfg.model, info["in_channels"], info["num_classes"], neuron=neuron, neuron_backend=cfg.neuron_backend, **kw)
     if cfg.neurons == "spikingjelly":
