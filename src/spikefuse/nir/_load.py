@@ -1,0 +1,309 @@
+"""NIR graph -> spikefuse network."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import nir
+import numpy as np
+import torch
+from torch import nn
+
+from ..nn import IF, LIF, Flatten, SeqToBatch
+from ..surrogate import Sigmoid, Surrogate, resolve
+from ._common import check_dt
+from .modules import EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+
+LIF_FORMS = ("decay", "euler")
+
+
+@dataclass(frozen=True)
+class _Options:
+    dt: float
+    lif_form: str
+    surrogate: Surrogate
+    backend: str
+
+
+class NIRNetwork(nn.Module):
+    """A NIR graph as a network on ``[T, B, *shape]`` input: one module per node, run in topological order; the
+    outputs of all edges into a node are summed (in the graph's edge order) to form its input.
+
+    ``layers`` maps node names to modules (``'.'`` in a name becomes ``'_'``, as ``nn.ModuleDict`` requires).
+    """
+
+    def __init__(self, layers: dict[str, nn.Module], sources: dict[str, list[str]], order: list[str],
+                 input_name: str, output_name: str):
+        super().__init__()
+        self.layers = nn.ModuleDict()
+        self.module_keys: dict[str, str] = {}
+        for name in order:
+            key = name.replace(".", "_") or "node"
+            while key in self.layers:
+                key += "_"
+            self.layers[key] = layers[name]
+            self.module_keys[name] = key
+        self.sources, self.order = sources, order
+        self.input_name, self.output_name = input_name, output_name
+
+    def _input_of(self, name: str, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        first, *rest = self.sources[name]
+        total = values[first]
+        for source in rest:
+            total = total + values[source]
+        return total
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = {self.input_name: x}
+        for name in self.order:
+            values[name] = self.layers[self.module_keys[name]](self._input_of(name, values))
+        return self._input_of(self.output_name, values)
+
+
+def _array(value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):  # some exporters (Norse) store torch tensors in the nodes
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def _weight(value) -> torch.Tensor:
+    return torch.as_tensor(_array(value), dtype=torch.float32)
+
+
+def _ints(value, n: int, what: str, field: str) -> tuple[int, ...]:
+    a = np.atleast_1d(np.asarray(value)).reshape(-1)
+    if a.size == 1:
+        a = np.repeat(a, n)
+    if a.size != n or np.any(a != np.round(a)):
+        raise ValueError(f"{what}: {field} must be one integer or {n}, got {value!r}")
+    return tuple(int(v) for v in a)
+
+
+def _padding(value, n: int, what: str):
+    if isinstance(value, bytes):  # strings come back from HDF5 as bytes
+        value = value.decode()
+    if isinstance(value, str):
+        return value
+    return _ints(value, n, what, "padding")
+
+
+def _uniform(what: str, field: str, values) -> float:
+    """The one value of a per-neuron parameter array; ValueError if the neurons differ (never averaged)."""
+    a = _array(values)
+    if a.size == 0 or not np.all(np.isfinite(a)):
+        raise ValueError(f"{what}: {field} must hold finite numbers, got {a}")
+    first = a.reshape(-1)[0]
+    if np.any(a != first):
+        raise ValueError(
+            f"{what}: {field} differs between neurons (from {a.min()} to {a.max()}): spikefuse's neurons take one "
+            f"{field} per layer, and per-neuron values are not averaged"
+        )
+    return float(first)
+
+
+def _positive(what: str, field: str, values) -> np.ndarray:
+    a = _array(values)
+    if a.size == 0 or not np.all(np.isfinite(a) & (a > 0)):
+        raise ValueError(f"{what}: {field} must hold finite numbers > 0, got {a}")
+    return a
+
+
+def _per_channel(what: str, field: str, values) -> np.ndarray:
+    """One value (0-d) or one per channel (dim 0 of the neuron shape); ValueError if it varies within a channel."""
+    a = _positive(what, field, values)
+    if np.all(a == a.reshape(-1)[0]):
+        return np.asarray(a.reshape(-1)[0])
+    per_channel = a.reshape(a.shape[0], -1)
+    if np.any(per_channel != per_channel[:, :1]):
+        raise ValueError(
+            f"{what}: {field} varies within a channel (dim 0 of its shape {a.shape}): spikefuse's decay is one "
+            "value per layer or per channel"
+        )
+    return per_channel[:, 0].copy()
+
+
+def _after_scale(scale: np.ndarray, neuron: nn.Module) -> nn.Module:
+    """``neuron`` fed through ``Scale(scale)``, or alone where the float32 scale is 1 (x*1 = x exactly)."""
+    if np.all(scale.astype(np.float32) == 1):
+        return neuron
+    return nn.Sequential(Scale(scale), neuron)
+
+
+def _lif(what: str, node: nir.LIF, opts: _Options) -> nn.Module:
+    tau = _per_channel(what, "tau", node.tau)
+    threshold = _uniform(what, "v_threshold", node.v_threshold)
+    v_reset = _uniform(what, "v_reset", node.v_reset)
+    r, v_leak = _array(node.r), _array(node.v_leak)
+    if opts.lif_form == "euler":
+        leak_to = _uniform(what, "v_leak", v_leak)
+        if leak_to != v_reset:
+            raise ValueError(
+                f"{what}: lif_form='euler' runs NIR's LIF on a kernel that resets to v_leak, so it needs "
+                f"v_reset == v_leak, got v_reset={v_reset}, v_leak={leak_to}"
+            )
+        return EulerLIF(tau, r, leak_to, threshold, opts.dt, opts.surrogate, opts.backend)
+    if np.any(v_leak != 0):
+        raise ValueError(
+            f"{what}: v_leak must be 0 for lif_form='decay': spikefuse's LIF leaks toward 0 (h = k*h + x) and has no "
+            "constant drive dt/tau*v_leak nor a resting state at v_leak; lif_form='euler' supports v_leak = v_reset"
+        )
+    if v_reset != 0:
+        raise ValueError(
+            f"{what}: v_reset must be 0 for lif_form='decay': after a spike spikefuse's LIF restarts at v_reset + x, "
+            "NIR's at (1 - dt/tau)*v_reset + x; lif_form='euler' supports v_reset = v_leak"
+        )
+    decay = 1 - opts.dt / tau
+    if decay.ndim == 0:
+        neuron = LIF(decay=float(decay), threshold=threshold, v_reset=0.0, surrogate=opts.surrogate,
+                     backend=opts.backend)
+    else:
+        # spikefuse's per-channel decay is a learnable parameter; NIR's time constants are fixed: freeze it.
+        neuron = LIF(threshold=threshold, v_reset=0.0, surrogate=opts.surrogate, backend=opts.backend,
+                     learnable_decay=True, channels=decay.size)
+        neuron.decay.data = torch.as_tensor(decay, dtype=torch.float32)
+        neuron.decay.requires_grad_(False)
+    return _after_scale(opts.dt * r / _array(node.tau), neuron)
+
+
+_NOT_YET = {
+    nir.CubaLIF: "it needs a current-based neuron (a synaptic current with its own time constant tau_syn feeding "
+    "the membrane), which spikefuse's fused kernels do not have yet",
+    nir.CubaLI: "it needs a current-based leaky integrator (a synaptic current with its own time constant tau_syn "
+    "feeding the membrane), which spikefuse does not have yet",
+    nir.Delay: "spikefuse has no delay layer yet",
+}
+
+
+def _module(name: str, node, opts: _Options) -> nn.Module:
+    what = f"node {name!r} ({type(node).__name__})"
+    if isinstance(node, nir.NIRGraph):
+        return _network(node, opts)
+    if type(node) in _NOT_YET:
+        raise NotImplementedError(f"{what} is not supported yet: {_NOT_YET[type(node)]}")
+    if isinstance(node, (nir.Affine, nir.Linear)):
+        weight = _weight(node.weight)
+        if weight.ndim != 2:
+            raise ValueError(f"{what}: weight must be a matrix [out, in], got shape {tuple(weight.shape)}")
+        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=isinstance(node, nir.Affine))
+        layer.weight.data = weight
+        if layer.bias is not None:
+            layer.bias.data = _weight(node.bias)
+        return SeqToBatch(layer)
+    if isinstance(node, (nir.Conv1d, nir.Conv2d)):
+        d = 1 if isinstance(node, nir.Conv1d) else 2
+        weight = _weight(node.weight)
+        groups = int(node.groups)
+        layer = (nn.Conv1d if d == 1 else nn.Conv2d)(
+            weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+            stride=_ints(node.stride, d, what, "stride"), padding=_padding(node.padding, d, what),
+            dilation=_ints(node.dilation, d, what, "dilation"), groups=groups, bias=node.bias is not None,
+        )
+        layer.weight.data = weight
+        if node.bias is not None:
+            layer.bias.data = _weight(node.bias)
+        return SeqToBatch(layer)
+    if isinstance(node, nir.Flatten):
+        start, end = int(node.start_dim), int(node.end_dim)  # dims of the per-sample shape
+        if (start, end) == (0, -1):
+            return Flatten()
+        return SeqToBatch(nn.Flatten(start + 1 if start >= 0 else start, end + 1 if end >= 0 else end))
+    if isinstance(node, (nir.AvgPool2d, nir.SumPool2d)):
+        kernel = _ints(node.kernel_size, 2, what, "kernel_size")
+        stride = _ints(node.stride, 2, what, "stride")
+        padding = _ints(node.padding, 2, what, "padding")
+        if isinstance(node, nir.SumPool2d):
+            return SeqToBatch(SumPool2d(kernel, stride, padding))
+        shape = (node.input_type or {}).get("input")
+        if shape is not None and len(shape) == 3 and tuple(shape[1:]) == kernel and not any(padding):
+            # Global average pooling: the op spikefuse's models use (avg_pool2d sums in another order, so the
+            # last bit of the mean could differ from a spikefuse model's).
+            return SeqToBatch(nn.AdaptiveAvgPool2d(1))
+        return SeqToBatch(nn.AvgPool2d(kernel, stride, padding))
+    if isinstance(node, nir.Scale):
+        return Scale(_array(node.scale))
+    if isinstance(node, nir.Threshold):
+        return Threshold(_array(node.threshold))
+    if isinstance(node, nir.I):
+        return Integrator(_array(node.r))
+    if isinstance(node, nir.LI):
+        return LeakyIntegrator(_positive(what, "tau", node.tau), _array(node.r), _array(node.v_leak), opts.dt)
+    if isinstance(node, nir.IF):
+        neuron = IF(
+            threshold=_uniform(what, "v_threshold", node.v_threshold),
+            v_reset=_uniform(what, "v_reset", node.v_reset),
+            surrogate=opts.surrogate,
+            backend=opts.backend,
+        )
+        return _after_scale(_array(node.r), neuron)
+    if isinstance(node, nir.LIF):
+        return _lif(what, node, opts)
+    raise ValueError(f"{what}: not a NIR node type spikefuse knows")
+
+
+def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
+    inputs = [n for n, node in graph.nodes.items() if isinstance(node, nir.Input)]
+    outputs = [n for n, node in graph.nodes.items() if isinstance(node, nir.Output)]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(f"a graph needs one Input and one Output node, got inputs {inputs} and outputs {outputs}")
+    (input_name,), (output_name,) = inputs, outputs
+    sources: dict[str, list[str]] = {name: [] for name in graph.nodes}
+    consumers: dict[str, list[str]] = {name: [] for name in graph.nodes}
+    for edge in graph.edges:
+        a, b = str(edge[0]), str(edge[1])
+        if a not in graph.nodes or b not in graph.nodes:
+            raise ValueError(f"edge {(a, b)} names a node that is not in the graph")
+        if a in sources[b]:
+            raise ValueError(f"edge {(a, b)} is repeated")
+        sources[b].append(a)
+        consumers[a].append(b)
+    unfed = [n for n in graph.nodes if n != input_name and not sources[n]]
+    if unfed:
+        raise ValueError(f"nodes {unfed} have no incoming edge (they are not reached from the graph's Input)")
+    # Kahn's algorithm: a node runs once all its sources have.
+    waiting = {name: len(sources[name]) for name in graph.nodes}
+    ready, order = deque([input_name]), []
+    while ready:
+        name = ready.popleft()
+        if name not in (input_name, output_name):
+            order.append(name)
+        for consumer in consumers[name]:
+            waiting[consumer] -= 1
+            if waiting[consumer] == 0:
+                ready.append(consumer)
+    stuck = [n for n in graph.nodes if waiting[n] > 0]
+    if stuck:
+        raise ValueError(
+            f"the graph has a cycle (through {stuck}): a recurrent edge needs the network run one time step at a "
+            "time, but spikefuse's layers run all T steps at once, so recurrent graphs are not supported"
+        )
+    layers = {name: _module(name, graph.nodes[name], opts) for name in order}
+    return NIRNetwork(layers, sources, order, input_name, output_name)
+
+
+def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(4.0), backend: str = "auto"):
+    """A spikefuse network (:class:`NIRNetwork`) on ``[T, B, *shape]`` input from a NIR graph or a NIR file.
+
+    ``dt`` is the time step to integrate the graph's time constants with (Norse exports for ``dt = 1e-3`` by
+    default, snnTorch for ``1e-4``). ``lif_form`` picks the arithmetic of NIR's LIF, forward Euler either way:
+
+    - ``"decay"``: spikefuse's :class:`~spikefuse.nn.LIF`, ``h = k*h + x`` with ``k = 1 - dt/tau`` and the input
+      scaled by ``dt*r/tau`` (a :class:`Scale` in front, left out where it is 1 in float32, as in graphs from
+      spikefuse and snnTorch); needs ``v_leak = v_reset = 0``.
+    - ``"euler"``: :class:`EulerLIF`, ``v + dt/tau*((v_leak - v) + r*x)`` as written (Norse's arithmetic);
+      needs ``v_reset = v_leak``.
+
+    Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training; parameters are
+    float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
+    thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
+    (CubaLIF, CubaLI, Delay).
+    """
+    if lif_form not in LIF_FORMS:
+        raise ValueError(f"lif_form must be one of {LIF_FORMS}, got {lif_form!r}")
+    opts = _Options(check_dt(dt), lif_form, resolve(surrogate), backend)
+    if isinstance(graph, (str, os.PathLike)):
+        graph = nir.read(graph)
+    if not isinstance(graph, nir.NIRGraph):
+        raise TypeError(f"graph must be a nir.NIRGraph or the path of a NIR file, got {type(graph).__name__}")
+    return _network(graph, opts)
