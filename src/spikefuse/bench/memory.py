@@ -24,7 +24,7 @@ Measured per model and form, on one training step (forward, cross-entropy of the
   (``/proc/self/status`` ``VmHWM`` after resetting it through ``/proc/self/clear_refs``), with glibc's mmap
   threshold fixed at 64 KiB (``mallopt``) so that every tensor buffer is mapped and unmapped on its own and the
   RSS follows the bytes live on the heap (a tracemalloc for torch's CPU allocator); in the default subprocess mode
-  also the process's ``ru_maxrss``; spikefuse's CPU buffer cache is off for this step (:mod:`spikefuse.ops.buffers`);
+  also the process's resident-set high-water mark (``VmHWM``); spikefuse's CPU buffer cache is off for this step (:mod:`spikefuse.ops.buffers`);
 - the median time of a step;
 - loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
   over max abs value, per parameter, worst parameter reported).
@@ -78,7 +78,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--in-process", action="store_true",
-                   help="run every form in this process (no ru_maxrss column; faster start-up)")
+                   help="run every form in this process (no maxrss column; faster start-up)")
     p.add_argument("--quick", action="store_true",
                    help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
                         f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}")
@@ -393,13 +393,13 @@ def run_form(cfg: dict) -> dict:
 
 
 def _worker(cfg_json: str, out_path: str) -> None:
-    import resource
-
     import torch
+
+    from ..train.reports import peak_rss_mb
 
     cfg = json.loads(cfg_json)
     result, grads = run_form(cfg)
-    result["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["maxrss"] = peak_rss_mb() * 2**20
     torch.save({"result": result, "grads": grads}, out_path)
 
 
@@ -527,7 +527,7 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         "- saved MiB: unique storages packed by `saved_tensors_hooks` in the forward, parameters excluded; `stack` = "
         "conv/linear/BN/neuron modules, `other` = pooling, readout and loss.",
         "- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
-        "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's `ru_maxrss` (imports, weights and all).",
+        "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM (imports, weights and all).",
         "- grad max rel diff: max over parameters of max|g - g_vanilla| / max|g_vanilla|; loss and gradients from "
         "the same weights and input. SpikingJelly computes the same dynamics with another rounding order "
         "(`V - V/tau` instead of `decay*V`), so a spike can flip there.",

@@ -5,7 +5,7 @@ loss, trained once with spikefuse's LIF neurons and once with SpikingJelly 2.0's
 tau=1/(1-decay), decay_input=False, v_reset=0, v_threshold=0.3, surrogate.Sigmoid(alpha=4))`` swapped into every
 neuron slot (:func:`spikefuse.compat.spikingjelly.use_spikingjelly_neurons`; SpikingJelly's own model zoo imports torchvision,
 so it is not used). Each implementation trains in its own ``spikefuse train`` subprocess, so peak memory (the
-process's ``ru_maxrss``, or ``torch.cuda.max_memory_allocated`` on CUDA) is not shared between them.
+process's resident-set high-water mark ``VmHWM``, or ``torch.cuda.max_memory_allocated`` on CUDA) is not shared between them.
 
 Reported per data set (digits always; MNIST and CIFAR-10 when ``--data-dir`` holds their files): best and final
 test accuracy, median train and test time per epoch (the median leaves out the first epoch's one-off costs such as

@@ -29,13 +29,22 @@ METRIC_COLUMNS = (
 )
 
 
-def peak_memory_mb(device: torch.device | str = "cpu") -> tuple[float, float | None]:
-    """``(peak resident set size of this process, peak CUDA memory allocated on device or None)`` in MiB.
+def peak_rss_mb() -> float:
+    """This process's resident-set high-water mark. Linux: ``VmHWM`` of ``/proc/self/status``, which starts anew
+    with each program; ``ru_maxrss`` does not (it keeps the parent's mark through fork and exec, so a child of a
+    big process would report the parent's peak). Elsewhere ``ru_maxrss`` (bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return kib / 1024
+    except (OSError, StopIteration, ValueError):
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
-    ``ru_maxrss`` is the process's high-water mark since it started (KiB on Linux, bytes on macOS).
-    """
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+def peak_memory_mb(device: torch.device | str = "cpu") -> tuple[float, float | None]:
+    """``(peak resident set size of this process, peak CUDA memory allocated on device or None)`` in MiB."""
+    rss_mb = peak_rss_mb()
     device = torch.device(device)
     cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return rss_mb, cuda
