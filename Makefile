@@ -1,13 +1,14 @@
-# `make test` and `make demo` work on a fresh clone: they create .venv and install everything first.
+# `make test`, `make demo` and `make docs` work on a fresh clone: they create .venv and install everything first.
 # torch is pinned through constraints.txt to the CPU build that lies on this machine's disk; spikingjelly and
 # norse are installed without their declared dependencies (they would pull a CUDA torch and torchvision).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 PIPQ   := $(PIP) install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo docs bench clean
 
 install: $(STAMP)
 
@@ -24,5 +25,14 @@ test: install
 demo: install
 	$(VENV)/bin/spikefuse train --out runs/demo
 
+$(DOCS_STAMP): $(STAMP)
+	$(PIPQ) -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The HTML goes to site/; --strict fails the build on any warning. NO_MKDOCS_2_WARNING silences the banner
+# mkdocs-material prints at every start (the theme's end of life in 2027: news about the tool, not about these docs).
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -7,24 +7,24 @@ threshold at step ``t``, ``s[t] = fire(h[t] - threshold)`` its spike, and
 
 where ``step`` is one of the formulas below, chosen by :attr:`NeuronSpec.dynamics` and :attr:`NeuronSpec.reset`.
 Each formula is written down with its exact order of floating-point operations, because the compatibility layers
-promise bit-identical spikes with the peer libraries. ``k`` is the ``leak`` parameter (scalar or per channel).
+promise bit-identical spikes with the peer libraries. ``k`` is the ``leak`` parameter (scalar or per channel)::
 
-PAPER (temporal-fusion paper, Eq. (1); leaks toward 0, resets to ``v_reset``)
-    hard:  h = (v_reset if s else k*h) + x
-    soft:  h = k*((h - threshold) if s else h) + x
-    none:  h = k*h + x
-SNNTORCH (snnTorch ``Leaky``; fires on ``>``; the reset is always detached there)
-    subtract:  h = (k*h + x) - (threshold if s else 0)
-    zero:      h = (x if s else k*h + x)
-    none:      h = k*h + x
-SPIKINGJELLY (SpikingJelly 2.0 ``LIFNode``/``ParametricLIFNode``/``IFNode``; the state is the post-reset ``u``)
-    u = v_reset if s else h          (hard)      u = (h - threshold) if s else h    (soft)
-    then, with r = v_reset (0 for soft reset), by :attr:`NeuronSpec.charge`:
-    IF:         h = u + x
-    DIV_INPUT:  h = u + (x - (u - r)) / k          (decay_input=True, k = tau)
-    DIV:        h = u - (u - r) / k + x            (decay_input=False, k = tau)
-    MUL_INPUT:  h = u + (x - (u - r)) * k          (decay_input=True, k = sigmoid(w), PLIF)
-    MUL:        h = u - (u - r) * k + x            (decay_input=False, k = sigmoid(w), PLIF)
+    PAPER (temporal-fusion paper, Eq. (1); leaks toward 0, resets to v_reset)
+        hard:  h = (v_reset if s else k*h) + x
+        soft:  h = k*((h - threshold) if s else h) + x
+        none:  h = k*h + x
+    SNNTORCH (snnTorch Leaky; fires on >; the reset is always detached there)
+        subtract:  h = (k*h + x) - (threshold if s else 0)
+        zero:      h = (x if s else k*h + x)
+        none:      h = k*h + x
+    SPIKINGJELLY (SpikingJelly 2.0 LIFNode/ParametricLIFNode/IFNode; the state is the post-reset u)
+        u = v_reset if s else h          (hard)      u = (h - threshold) if s else h    (soft)
+        then, with r = v_reset (0 for soft reset), by NeuronSpec.charge:
+        IF:         h = u + x
+        DIV_INPUT:  h = u + (x - (u - r)) / k          (decay_input=True, k = tau)
+        DIV:        h = u - (u - r) / k + x            (decay_input=False, k = tau)
+        MUL_INPUT:  h = u + (x - (u - r)) * k          (decay_input=True, k = sigmoid(w), PLIF)
+        MUL:        h = u - (u - r) * k + x            (decay_input=False, k = sigmoid(w), PLIF)
 
 The state handed between calls (``v_init`` in, final state out) is ``h`` itself (``state_post_reset=False``: the
 reset of a spike in the last step is applied at the start of the next call) or, for SpikingJelly, the post-reset

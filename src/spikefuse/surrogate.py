@@ -2,8 +2,8 @@
 
 Each surrogate is defined once here: its parameters, the integer code the fused kernels switch on, and its
 derivative written in PyTorch (used by the reference backend). The numba and Triton backends evaluate the same
-formula for the same code; ``tests/test_surrogate.py`` checks every backend against :meth:`Surrogate.derivative`
-on a grid, so a formula that drifts in one backend fails there.
+formula for the same code; ``tests/ops/test_cpu.py`` and ``tests/ops/test_triton.py`` check each against
+:meth:`Surrogate.derivative` on a grid, so a formula that drifts in one backend fails there.
 
 All derivatives are functions of ``u = h - threshold`` (the membrane potential relative to the threshold).
 """

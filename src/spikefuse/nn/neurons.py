@@ -89,7 +89,10 @@ class LIF(NeuronOptions, nn.Module):
 
     Args:
         decay: the paper's ``k_tau`` (``1 - 1/tau``); ``decay=1`` integrates without leak.
-        threshold, v_reset, surrogate, detach_reset: as in :func:`spikefuse.lif` (``v_reset=None``: soft reset).
+        threshold: as in :func:`spikefuse.lif`.
+        v_reset: as in :func:`spikefuse.lif` (``None``: soft reset).
+        surrogate: as in :func:`spikefuse.lif`.
+        detach_reset: as in :func:`spikefuse.lif`.
         learnable_decay: make ``decay`` an ``nn.Parameter`` (PLIF-style), one value, or one per channel when
             ``channels`` is given (channel = dim 2 of ``[T, B, C, ...]``, dim 1 of ``[T, C]``).
         stateful: keep the final membrane state between calls (streaming, time chunks); clear it with
