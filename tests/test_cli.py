@@ -154,7 +154,10 @@ def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, s
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "spikefuse.cli", "train", "--out", str(out), *TINY]
     argv[argv.index("--epochs") + 1] = "50"
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Default dispositions, as a terminal gives them: an ignored SIGINT (which earlier tests of a session may leave)
+    # would be inherited, and a process started with SIGINT ignored rightly ignores Ctrl-C.
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out / "metrics.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
