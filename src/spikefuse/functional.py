@@ -89,14 +89,14 @@ def check_decay(decay, name: str = "decay") -> None:
 
     Outside that range the membrane grows without bound (``k > 1``) or flips sign every step (``k < 0``): no
     dynamics of the papers or peers, so it is rejected, for numbers and tensors alike (a learnable decay too, at
-    forward time). NaN and inf are rejected by :func:`_leak_tensor`.
+    forward time; NaN and inf with their own message). Non-finite numbers are left to :func:`_leak_tensor`.
     """
     if isinstance(decay, torch.Tensor):
         if not _checks_values(decay) or not decay.numel():
             return
-        _check_finite(decay, name)
-        bad = ~((decay >= 0) & (decay <= 1))
-        if bool(bad.any()):
+        bad = ~((decay >= 0) & (decay <= 1))  # NaN too: every comparison with it is False
+        if bool(bad.any()):  # the only sync when the values are fine
+            _check_finite(decay, name)
             raise ValueError(
                 f"{name} must lie in [0, 1], got {_first_bad(decay, bad)}; keep a learnable {name} in range, e.g. "
                 f"with `{name}.data.clamp_(0, 1)` after each optimizer step"
@@ -120,8 +120,7 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     concrete = ops.resolve_backend(backend, x.device)
     if concrete != "reference":
         _check_no_functorch(f"the fused {concrete!r} kernels")
-    if memory not in P.MEMORY_MODES:
-        raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(P.MEMORY_MODES)}")
+    P.check_memory_mode(memory)
     k = _leak_tensor(leak, x, "decay")
     cdt = compute_dtype(x.dtype)
     t_steps, trailing = x.shape[0], x.shape[1:]
@@ -188,9 +187,9 @@ def lif(
     ``v_reset=None`` subtracts the threshold instead (soft reset: ``v[t] = decay*(v[t-1] - threshold*y[t-1]) + x[t]``).
     ``decay`` is a number or a learnable tensor (scalar, or per channel: dim 2 of ``[T, B, C, ...]``, dim 1 of
     ``[T, C]``) in ``[0, 1]``; ``decay=1`` is an integrate-and-fire neuron. ``threshold`` must be > 0 and a hard
-    ``v_reset`` below it; NaN and inf are rejected everywhere (:func:`check_decay` says why). ``v_init`` is ``v[0]`` of Eq. (1) (default ``v_reset``,
-    the paper's V_rest; 0 for soft reset), and the returned state is ``v[T]``: passing it as ``v_init`` of a later
-    call continues the sequence exactly. ``memory='recompute'`` saves nothing but ``x`` for backward.
+    ``v_reset`` below it; NaN and inf are rejected everywhere (:func:`check_decay` says why). ``v_init`` is
+    ``v[0]`` of Eq. (1) (default ``v_reset``, the paper's V_rest; 0 for soft reset), and the returned state is
+    ``v[T]``: passing it as ``v_init`` of a later call continues the sequence exactly. ``memory='recompute'`` saves nothing but ``x`` for backward.
 
     Returns the spikes (dtype and shape of ``x``), and with ``return_state=True`` also the state.
     """

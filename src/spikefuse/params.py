@@ -54,6 +54,11 @@ SAVE_POTENTIAL, SAVE_INPUT = 0, 1
 MEMORY_MODES = {"potential": SAVE_POTENTIAL, "recompute": SAVE_INPUT}
 
 
+def check_memory_mode(memory: str) -> None:
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
+
+
 @dataclass(frozen=True)
 class NeuronSpec:
     """Everything about a neuron layer except its tensors (input, leak, initial state)."""

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops import BACKENDS
-from ..params import MEMORY_MODES
+from ..ops import check_backend_name
+from ..params import check_memory_mode
 from ..surrogate import Sigmoid
 
 __all__ = ["LIF", "IF"]
@@ -31,8 +31,7 @@ class NeuronOptions:
         if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
             raise ValueError(f"decay must be a finite number, got {decay!r}")
         F.check_decay(decay)
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(repr(b) for b in BACKENDS)}")
+        check_backend_name(backend)
         self.threshold = spec.threshold
         self.v_reset = None if v_reset is None else spec.v_reset
         self.surrogate = spec.surrogate
@@ -119,8 +118,7 @@ class LIF(NeuronOptions, nn.Module):
         self._set_neuron_options(
             decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend
         )
-        if memory not in MEMORY_MODES:
-            raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
+        check_memory_mode(memory)
         self.memory = memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,10 +18,14 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Turn ``backend`` into a concrete one that can run on ``device``, or raise an error that says what to do."""
+def check_backend_name(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(repr(b) for b in BACKENDS)}")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Turn ``backend`` into a concrete one that can run on ``device``, or raise an error that says what to do."""
+    check_backend_name(backend)
     if backend == "auto":
         if device.type == "cpu":
             return "cpu"

@@ -87,21 +87,19 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     temp file is removed and ``path`` is left as it was; an ``OSError`` becomes a :class:`ConfigError`."""
     path = Path(path)
     try:
-        fd = _temp_file(path)
+        fd, tmp = _temp_file(path)
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror or err}") from None
-    tmp = fd[1]
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd[0], view):]
-        os.fsync(fd[0])
-        os.close(fd[0])
-        fd = None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as err:
-        if fd is not None:
-            os.close(fd[0])
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(err, OSError):
