@@ -1,4 +1,5 @@
-"""``batchnorm_lif``: BatchNorm fused with the LIF neuron, saving only the BN input for backward.
+"""``batchnorm_lif``: BatchNorm (plus an optional residual) fused with the LIF neuron, saving only the BN input (and
+the residual) for backward.
 
 Re-exported as :func:`spikefuse.functional.batchnorm_lif`; the op itself is :mod:`spikefuse.ops.bn_lif`.
 """
@@ -46,6 +47,8 @@ def batchnorm_lif(
     v_init: torch.Tensor | None = None,
     return_state: bool = False,
     backend: str = "auto",
+    residual: torch.Tensor | None = None,
+    residual_binary: bool = False,
 ):
     """BatchNorm then multi-step LIF neurons (:func:`spikefuse.lif`) on ``x`` of shape ``[T, B, C, ...]``.
 
@@ -56,8 +59,15 @@ def batchnorm_lif(
     statistics given), and ``training=False`` normalizes with them. The difference is memory: backward gets only
     ``x`` and per-channel statistics, and recomputes the normalized input, membrane potentials and spikes
     (Liang et al., Alg. 1-4). ``decay`` is a number or a learnable scalar / per-channel tensor; the LIF
-    arguments are those of :func:`spikefuse.lif`. Differentiable in ``x``, ``weight``, ``bias``, ``decay`` and
-    ``v_init``.
+    arguments are those of :func:`spikefuse.lif`. Differentiable in ``x``, ``weight``, ``bias``, ``decay``,
+    ``v_init`` and ``residual``.
+
+    ``residual`` (shape, dtype and device of ``x``) is added to the normalized input before the neuron: the last
+    neuron of a residual block, ``LIF(BN(conv(x)) + shortcut)``, in one op that saves ``x`` and the residual.
+    ``residual_binary=True`` promises that the residual holds only 0 and 1 (the spikes of an identity shortcut):
+    it is then saved as bits (32x less than float32). Nothing checks the promise here (a check costs a pass over
+    the residual): a non-binary residual with ``residual_binary=True`` gives the right spikes but **wrong
+    gradients**. :class:`spikefuse.nn.BatchNormLIF2d` checks it in debug mode (:func:`spikefuse.nn.set_debug`).
 
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
@@ -91,7 +101,19 @@ def batchnorm_lif(
             raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
         if v_init.device != x.device:
             raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a tensor shaped like x or None, got {type(residual).__name__}")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}: they are added")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"residual is {residual.dtype} but x is {x.dtype}: pass both in one dtype")
+        if residual.device != x.device:
+            raise ValueError(f"residual is on {residual.device} but x is on {x.device}: put both on the same device")
+    elif residual_binary:
+        raise ValueError("residual_binary=True describes a residual, but residual is None")
     spikes, state = _bn_lif.bn_spiking_neuron(
-        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init, concrete
-    )
+        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init,
+        concrete, residual, bool(residual_binary),
+    )  # fmt: skip
     return (spikes, state) if return_state else spikes

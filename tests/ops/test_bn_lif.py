@@ -212,3 +212,116 @@ def test_torch_func_over_fused_bn_lif_raises():
     m = BatchNormLIF2d(3, decay=0.5, threshold=0.3).eval()  # training mode stops earlier, in torch's own BN update
     with pytest.raises(RuntimeError, match="torch.func transforms.*fused BatchNorm\\+LIF op"):
         torch.func.grad(lambda x: m(x).sum())(torch.randn(2, 2, 3, 4, 4))
+
+
+# --------------------------------------------------------------------------- BatchNorm + residual add + LIF
+def _well_posed_residual_pair(shape, seed, binary, dtype):
+    """``(x, residual)`` whose potentials of ``LIF(BN(x) + residual)`` stay ``MARGIN`` from the threshold."""
+    for attempt in range(400):
+        g = torch.Generator().manual_seed(seed * 1000 + attempt)
+        x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
+        if binary:
+            res = (torch.rand(shape, generator=g) < 0.3).to(dtype)
+        else:
+            res = (torch.randn(shape, generator=g) * 0.5).to(dtype)
+        y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
+        y = y + res.reshape(shape[0], -1)
+        spec = spikefuse.NeuronSpec(THRESHOLD).kernel_args()
+        h = reference.run(y, torch.tensor([0.5], dtype=dtype), 1, torch.zeros(y.shape[1], dtype=dtype), spec)[2]
+        if ((h - THRESHOLD).abs() > MARGIN).all():
+            return x, res
+    raise AssertionError("no well-posed input found")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("binary", [False, True], ids=["float-residual", "spike-residual"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("shape", [(3, 2, 3, 3, 5), (1, 3, 4, 5)], ids=["2d", "1d-T1"])
+def test_residual_matches_composition(backend, binary, dtype, shape):
+    """LIF(BN(x) + residual) fused == SeqToBatch(nn.BatchNorm) -> + residual -> lif(reference): spikes, state and
+    running statistics equal; gradients of x, residual, gamma, beta and a per-channel decay within 1e-5."""
+    _backend_available(backend)
+    torch.manual_seed(0)
+    channels = shape[2]
+    bn = _bn_for(shape).to(dtype)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.9, 1.1, channels))
+        bn.bias.copy_(torch.linspace(-0.05, 0.05, channels))
+    fused = _fused_for(shape, backend, decay=0.5, threshold=THRESHOLD, surrogate=Sigmoid(3.0), learnable_decay=True,
+                       channels=channels).to(dtype)  # fmt: skip
+    fused.load_state_dict(bn.state_dict(), strict=False)
+    decay_ref = torch.full((channels,), 0.5, dtype=dtype, requires_grad=True)
+    x, res = _well_posed_residual_pair(shape, 1, binary, dtype)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ra, rb = res.clone().requires_grad_(True), res.clone().requires_grad_(True)
+    ref, ref_state = spikefuse.lif(bn(xa.flatten(0, 1)).unflatten(0, shape[:2]) + ra, decay=decay_ref,
+                                   threshold=THRESHOLD, surrogate=Sigmoid(3.0), return_state=True, backend="reference")
+    fused.stateful = True
+    out = fused(xb, rb * 1.0, residual_binary=binary)  # rb*1.0: a non-leaf residual, as a block's shortcut is
+    assert torch.equal(out, ref), "spikes differ"
+    assert torch.equal(fused.state, ref_state.detach()), "state differs"
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(dtype)
+    (ref * g).sum().backward()
+    (out * g).sum().backward()
+    _close(xb.grad, xa.grad, "grad x")
+    _close(rb.grad, ra.grad, "grad residual")
+    _close(fused.weight.grad, bn.weight.grad, "grad gamma")
+    _close(fused.bias.grad, bn.bias.grad, "grad beta")
+    _close(fused.decay.grad, decay_ref.grad, "grad decay")
+    assert torch.equal(fused.running_mean, bn.running_mean) and torch.equal(fused.running_var, bn.running_var)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("binary", [False, True], ids=["float-residual", "spike-residual"])
+def test_residual_gradcheck_fp64(backend, binary):
+    """gradcheck of the final state with a detached reset, where the exact derivative exists (spikes themselves
+    are piecewise constant and their backward is the surrogate by design, see tests/ops/test_cpu.py)."""
+    _backend_available(backend)
+    shape = (3, 2, 2, 3)
+    x, res = _well_posed_residual_pair(shape, 2, binary, torch.float64)
+    w = torch.linspace(0.9, 1.1, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    decay = torch.full((2,), 0.5, dtype=torch.float64, requires_grad=True)
+    inputs = (x.requires_grad_(True), w, b, decay) + (() if binary else (res.requires_grad_(True),))
+
+    def state_of(x, w, b, decay, r=res):
+        return batchnorm_lif(x, None, None, w, b, True, decay=decay, threshold=THRESHOLD, detach_reset=True,
+                             residual=r, residual_binary=binary, return_state=True, backend=backend)[1]  # fmt: skip
+
+    assert torch.autograd.gradcheck(state_of, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_residual_saved_bytes(backend):
+    """A float residual is saved as is; a binary one as bits (x + residual/32 + O(C))."""
+    _backend_available(backend)
+    shape = (4, 3, 5, 4, 4)
+    x = torch.randn(shape, requires_grad=True)
+    res = (torch.rand(shape) < 0.5).float().requires_grad_(True)
+    m = BatchNormLIF2d(5, decay=0.5, threshold=THRESHOLD, backend=backend)
+    saved_float, _ = _saved_bytes(lambda: m(x * 1.0, res * 1.0))
+    saved_bits, out = _saved_bytes(lambda: m(x * 1.0, res * 1.0, residual_binary=True))
+    assert 2 * x.nbytes <= saved_float <= 2 * x.nbytes + 8 * 5 * 4
+    assert x.nbytes + x.numel() // 8 <= saved_bits <= x.nbytes + x.numel() // 8 + 8 * 5 * 4
+    out.sum().backward()
+    assert res.grad is not None and x.grad is not None
+
+
+def test_residual_errors():
+    x = torch.randn(2, 3, 4)
+    kw = dict(decay=0.5, threshold=1.0, training=True)
+    with pytest.raises(ValueError, match=r"residual has shape \(2, 3, 5\) but x has \(2, 3, 4\)"):
+        batchnorm_lif(x, None, None, residual=torch.zeros(2, 3, 5), **kw)
+    with pytest.raises(TypeError, match="residual is torch.float64 but x is torch.float32"):
+        batchnorm_lif(x, None, None, residual=torch.zeros(2, 3, 4, dtype=torch.float64), **kw)
+    with pytest.raises(TypeError, match="residual must be a tensor"):
+        batchnorm_lif(x, None, None, residual=[0.0], **kw)
+    with pytest.raises(ValueError, match="residual_binary=True describes a residual, but residual is None"):
+        batchnorm_lif(x, None, None, residual_binary=True, **kw)
+    m = BatchNormLIF1d(3, decay=0.5, threshold=1.0)
+    previous = spikefuse.nn.set_debug(True)
+    try:
+        with pytest.raises(ValueError, match=r"expects binary spikes \(0 or 1\) as residual.*0\.5 at index"):
+            m(x, torch.full_like(x, 0.5), residual_binary=True)
+    finally:
+        spikefuse.nn.set_debug(previous)

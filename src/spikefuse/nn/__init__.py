@@ -3,6 +3,9 @@
 from .bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from .containers import Flatten, SeqToBatch
 from .neurons import IF, LIF
-from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
+from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear, debug_enabled, set_debug
 
-__all__ = ["LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d"]
+__all__ = [
+    "LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
+    "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled",
+]  # fmt: skip

@@ -3,7 +3,9 @@
 ``BatchNormLIF2d(C, ...)`` on ``[T, B, C, H, W]`` gives the same spikes, gradients and running statistics as
 ``SeqToBatch(nn.BatchNorm2d(C))`` followed by :class:`spikefuse.nn.LIF`, but saves only its input (the conv
 output) and per-channel statistics for backward; the normalized input, membrane potentials and spikes are
-recomputed there. See :func:`spikefuse.bn_functional.batchnorm_lif`.
+recomputed there. ``module(x, residual)`` adds a residual after the BatchNorm, the last neuron of a residual block
+(``LIF(BN(conv(x)) + shortcut)``), saving ``x`` and the residual (as bits with ``residual_binary=True``). See
+:func:`spikefuse.bn_functional.batchnorm_lif`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from ..bn_functional import batchnorm_lif
 from ..surrogate import Sigmoid
 from .neurons import NeuronOptions
+from .spike_layers import check_binary, debug_enabled
 
 __all__ = ["BatchNormLIF1d", "BatchNormLIF2d"]
 
@@ -72,8 +75,15 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
                 f"dims), got shape {tuple(x.shape)}"
             )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False
+    ) -> torch.Tensor:
+        """Spikes of ``LIF(BN(x) + residual)`` (``residual`` optional, shaped like ``x``). ``residual_binary=True``:
+        the residual is spikes (only 0 and 1) and is saved as bits; checked in debug mode
+        (:func:`spikefuse.nn.set_debug`), since a non-binary one would give wrong gradients."""
         self._check_input_dim(x)
+        if residual_binary and residual is not None and debug_enabled():
+            check_binary(self, residual, "residual")
         factor = running_average_factor(self)
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
@@ -86,6 +96,8 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
             bn_training,
             factor,
             self.eps,
+            residual=residual,
+            residual_binary=residual_binary,
             **self._neuron_call_kwargs(x),
         )
         if self.stateful:

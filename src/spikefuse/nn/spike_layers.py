@@ -66,7 +66,8 @@ def _apply_as_autocast_would(fn, x: torch.Tensor, weight: torch.Tensor, bias, *a
         return fn.apply(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), *args)
 
 
-def _check_binary(module: nn.Module, x: torch.Tensor) -> None:
+def check_binary(module: nn.Module, x: torch.Tensor, what: str = "input") -> None:
+    """Raise ``ValueError`` naming ``module`` and the first element of ``x`` that is neither 0 nor 1."""
     ok = (x == 0) | (x == 1)
     if bool(ok.all()):
         return
@@ -74,8 +75,8 @@ def _check_binary(module: nn.Module, x: torch.Tensor) -> None:
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape))
     value = x.reshape(-1)[first].item()
     raise ValueError(
-        f"{module._get_name()}({module.extra_repr()}) expects binary spikes (0 or 1) as input, because it saves "
-        f"its input as bits for the weight gradient; got {value!r} at index {index} of the input of shape "
+        f"{module._get_name()}({module.extra_repr()}) expects binary spikes (0 or 1) as {what}, because it saves "
+        f"its {what} as bits for backward; got {value!r} at index {index} of the {what} of shape "
         f"{tuple(x.shape)}. Feed it spikes, or use the torch layer for non-binary input."
     )
 
@@ -165,7 +166,7 @@ class SpikeLinear(nn.Linear):
                 f"got shape {tuple(x.shape)}"
             )
         if _debug:
-            _check_binary(self, x)
+            check_binary(self, x)
         return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
 
 
@@ -260,7 +261,7 @@ class _SpikeConvNd:
                 f"with {d + 3} dims, got shape {tuple(x.shape)}"
             )
         if _debug:
-            _check_binary(self, x)
+            check_binary(self, x)
         y = _apply_as_autocast_would(_SpikeConvFn, x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
         return y.unflatten(0, x.shape[:2])
 

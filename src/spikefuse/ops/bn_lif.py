@@ -1,4 +1,5 @@
-"""BatchNorm fused with a spiking neuron, saving only the BN input ``x`` for backward (Liang et al., Alg. 1-4).
+"""BatchNorm (plus an optional residual) fused with a spiking neuron, saving only the BN input ``x`` (and the
+residual) for backward (Liang et al., Alg. 1-4).
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
@@ -10,7 +11,10 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
    needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
    under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
    backward's recomputation matches it.
-2. the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing but the spikes and the final state
+2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
+   the same float add as the composition); with ``pack_residual`` (a binary residual: the spikes of an identity
+   shortcut) it is also packed to bits (:mod:`spikefuse.ops.bitpack`) and saved as those, otherwise saved as is;
+3. the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing but the spikes and the final state
    is written); ``y`` dies here. The autograd context saves ``x`` and the per-channel ``mean``/``invstd``
    (training) or the snapshot of the running statistics (eval), plus ``weight``, ``bias`` and the leak. With the
    default ``v_init`` nothing of size ``N`` is saved (an empty tensor stands for "start from the reset value").
@@ -19,12 +23,12 @@ Backward (``spikefuse::bn_lif_backward``):
 
 1. recompute ``y`` with the same ``native_batch_norm`` call (training: the statistics again from ``x``, which the
    CPU kernel computes deterministically, so ``y`` is bit-identical to the forward's; eval: from the saved running
-   statistics) -- a transient;
+   statistics) plus the residual (unpacked from bits when packed) -- a transient;
 2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
    returns ``grad_y`` (and the leak / ``v_init`` gradients);
 3. ``aten.native_batch_norm_backward`` -- the per-channel reduction torch's BatchNorm backward runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
-   in training mode, ``grad_x = a*gy`` in eval mode.
+   in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself.
 
 Every backend works, since only the common ``forward``/``backward`` entry points are used. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them.
@@ -42,6 +46,7 @@ from torch import Tensor
 
 from .. import params as P
 from . import module
+from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
 __all__ = ["bn_spiking_neuron", "bn_lif_forward", "bn_lif_backward"]
@@ -70,6 +75,8 @@ def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: b
 @torch.library.custom_op("spikefuse::bn_lif_forward", mutates_args=())
 def bn_lif_forward(
     xb: Tensor,
+    residual: Tensor | None,
+    pack_residual: bool,
     weight: Tensor | None,
     bias: Tensor | None,
     running_mean: Tensor | None,
@@ -84,13 +91,20 @@ def bn_lif_forward(
     ints: list[int],
     floats: list[float],
     backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """BatchNorm of ``xb [T*B, C, ...]`` then the neuron; returns ``(spikes [T, N], state [N], mean, invstd,
-    new_running_mean, new_running_var)``. The running statistics are updated on copies (the op stays functional;
-    the caller copies them back); in eval mode the copies are the snapshot backward normalizes with."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron;
+    returns ``(spikes [T, N], state [N], mean, invstd, new_running_mean, new_running_var, residual_bits)``. The
+    running statistics are updated on copies (the op stays functional; the caller copies them back); in eval mode
+    the copies are the snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with
+    ``pack_residual``, else empty."""
     rm = running_mean.clone() if running_mean is not None else None
     rv = running_var.clone() if running_var is not None else None
     y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
+    bits = xb.new_empty(0, dtype=torch.uint8)
+    if residual is not None:
+        y += residual
+        if pack_residual:
+            bits = pack(residual)[0]
     y2 = y.reshape(t_steps, -1)
     v0 = _v0(v_init, floats, ints, compute_dtype(xb.dtype), xb.device)
     spikes, state, _ = module(backend).forward(y2, leak, inner, v0, _spec(ints, floats), P.SAVE_INPUT)
@@ -102,16 +116,18 @@ def bn_lif_forward(
         invstd,
         rm if rm is not None else xb.new_empty(0),
         rv if rv is not None else xb.new_empty(0),
+        bits,
     )
 
 
 @bn_lif_forward.register_fake
-def _(xb, weight, bias, running_mean, running_var, leak, v_init, training, momentum, eps, t_steps, inner, ints,
-      floats, backend):  # fmt: skip
+def _(xb, residual, pack_residual, weight, bias, running_mean, running_var, leak, v_init, training, momentum, eps,
+      t_steps, inner, ints, floats, backend):  # fmt: skip
     n = xb.numel() // t_steps
     stat_dtype = weight.dtype if weight is not None else xb.dtype
     channels = xb.shape[1]
     stats = (channels,) if training else (0,)
+    bits = packed_numel(xb.numel()) if residual is not None and pack_residual else 0
     return (
         xb.new_empty((t_steps, n)),
         xb.new_empty((n,), dtype=compute_dtype(xb.dtype)),
@@ -119,6 +135,7 @@ def _(xb, weight, bias, running_mean, running_var, leak, v_init, training, momen
         xb.new_empty(stats, dtype=stat_dtype),
         torch.empty_like(running_mean) if running_mean is not None else xb.new_empty(0),
         torch.empty_like(running_var) if running_var is not None else xb.new_empty(0),
+        xb.new_empty((bits,), dtype=torch.uint8),
     )
 
 
@@ -126,6 +143,8 @@ def _backward_impl(
     grad_spikes: Tensor,
     grad_state: Tensor,
     xb: Tensor,
+    residual: Tensor | None,
+    residual_bits: Tensor,
     weight: Tensor | None,
     bias: Tensor | None,
     mean: Tensor,
@@ -142,19 +161,28 @@ def _backward_impl(
     eps: float,
     need_leak_grad: bool,
     need_affine_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(grad_x [T*B, C, ...], grad_weight, grad_bias, grad_leak, grad_v_init)``; unneeded ones are empty."""
+    need_residual_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(grad_x [T*B, C, ...], grad_weight, grad_bias, grad_leak, grad_v_init, grad_residual)``; unneeded ones
+    are empty. The residual is ``residual`` or, when that is None and ``residual_bits`` is not empty, those bits."""
     t_steps, n = grad_spikes.shape
     cdt = compute_dtype(xb.dtype)
     v0 = _v0(v_init, floats, ints, cdt, xb.device)
-    y2 = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps).reshape(t_steps, n)
+    y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
+    if residual is None and residual_bits.numel():
+        residual = unpack(residual_bits, xb.shape, xb.dtype)
+    if residual is not None:
+        y += residual
+        del residual
     grad_y, grad_v, grad_leak = module(backend).backward(
-        grad_spikes, grad_state, y2, leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT, need_leak_grad
+        grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
+        need_leak_grad,
     )
-    del y2
+    del y
+    grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
     grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
-        grad_y.reshape(xb.shape).to(xb.dtype),
+        grad_y,
         xb,
         weight,
         None if training else running_mean,
@@ -165,6 +193,7 @@ def _backward_impl(
         eps,
         [True, affine, affine],
     )
+
     def empty():  # a fresh one each time: outputs of a custom op must not alias each other
         return xb.new_empty(0)
 
@@ -176,6 +205,7 @@ def _backward_impl(
         grad_b if affine else empty(),
         grad_leak if need_leak_grad else empty(),
         grad_v if v_init.numel() else empty(),
+        grad_y if need_residual_grad else empty(),
     )
 
 
@@ -183,8 +213,9 @@ bn_lif_backward = torch.library.custom_op("spikefuse::bn_lif_backward", _backwar
 
 
 @bn_lif_backward.register_fake
-def _(grad_spikes, grad_state, xb, weight, bias, mean, invstd, running_mean, running_var, leak, v_init, inner, ints,
-      floats, backend, training, eps, need_leak_grad, need_affine_grad):  # fmt: skip
+def _(grad_spikes, grad_state, xb, residual, residual_bits, weight, bias, mean, invstd, running_mean, running_var,
+      leak, v_init, inner, ints, floats, backend, training, eps, need_leak_grad, need_affine_grad,
+      need_residual_grad):  # fmt: skip
     affine = weight is not None and need_affine_grad
     return (
         torch.empty_like(xb),
@@ -192,24 +223,30 @@ def _(grad_spikes, grad_state, xb, weight, bias, mean, invstd, running_mean, run
         torch.empty_like(weight) if affine else xb.new_empty(0),
         torch.empty_like(leak) if need_leak_grad else xb.new_empty(0),
         torch.empty_like(v_init) if v_init.numel() else xb.new_empty(0),
+        torch.empty_like(xb) if need_residual_grad else xb.new_empty(0),
     )
 
 
 # Inputs of bn_lif_forward, by position.
-_X, _W, _B, _RM, _RV, _LEAK, _V, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _INTS, _FLOATS, _BACKEND = range(15)
+(_X, _RES, _PACK, _W, _B, _RM, _RV, _LEAK, _V, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _INTS, _FLOATS,
+ _BACKEND) = range(17)  # fmt: skip
+_N_INPUTS = 17
 
 
 def _setup_context(ctx, inputs, output):
     training = inputs[_TRAINING]
     ctx.args = (inputs[_INNER], inputs[_INTS], inputs[_FLOATS], inputs[_BACKEND], training, inputs[_EPS])
     ctx.set_materialize_grads(True)
-    w, b = inputs[_W], inputs[_B]
+    w, b, residual = inputs[_W], inputs[_B], inputs[_RES]
     ctx.has_w, ctx.has_b = w is not None, b is not None
     xb = inputs[_X]
     empty = xb.new_empty(0)
-    _, _, mean, invstd, rm, rv = output
+    _, _, mean, invstd, rm, rv, bits = output
+    ctx.residual_as_is = residual is not None and not bits.numel()
     ctx.save_for_backward(
         xb,
+        residual if ctx.residual_as_is else empty,
+        bits,
         w if w is not None else empty,
         b if b is not None else empty,
         mean,
@@ -222,7 +259,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_spikes, grad_state, *_unused):
-    xb, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
+    xb, residual, bits, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
     inner, ints, floats, backend, training, eps = ctx.args
     refuse_double_backward(
         "the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference') instead"
@@ -232,10 +269,12 @@ def _backward(ctx, grad_spikes, grad_state, *_unused):
     # The reference backend differentiates its loop with autograd, which a custom op's body cannot use (the
     # dispatcher runs it below autograd): call the implementation directly there.
     fn = _backward_impl if backend == "reference" else bn_lif_backward
-    grad_x, grad_w, grad_b, grad_leak, grad_v = fn(
+    grad_x, grad_w, grad_b, grad_leak, grad_v, grad_res = fn(
         grad_spikes.contiguous(),
         grad_state.contiguous(),
         xb,
+        residual if ctx.residual_as_is else None,
+        bits,
         w if ctx.has_w else None,
         b if ctx.has_b else None,
         mean,
@@ -252,13 +291,11 @@ def _backward(ctx, grad_spikes, grad_state, *_unused):
         eps,
         bool(need[_LEAK]),
         need_affine,
+        bool(need[_RES]),
     )
-    grads = [None] * 15
-    grads[_X] = grad_x if need[_X] else None
-    grads[_W] = grad_w if need[_W] else None
-    grads[_B] = grad_b if need[_B] else None
-    grads[_LEAK] = grad_leak if need[_LEAK] else None
-    grads[_V] = grad_v if need[_V] else None
+    grads = [None] * _N_INPUTS
+    for index, grad in ((_X, grad_x), (_W, grad_w), (_B, grad_b), (_LEAK, grad_leak), (_V, grad_v), (_RES, grad_res)):
+        grads[index] = grad if need[index] else None
     return tuple(grads)
 
 
@@ -278,12 +315,16 @@ def bn_spiking_neuron(
     spec: P.NeuronSpec,
     v_init: Tensor | None,
     backend: str,
+    residual: Tensor | None = None,
+    residual_binary: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``) then the neuron of ``spec``.
+    """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then the
+    neuron of ``spec``.
 
     Arguments are already validated and resolved (``backend`` concrete, ``leak`` a 1-D compute-dtype tensor of
-    1 or C entries, ``v_init`` of shape ``x.shape[1:]`` or None). Returns ``(spikes, state)``, shaped like ``x``
-    and ``x.shape[1:]``. ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
+    1 or C entries, ``v_init`` of shape ``x.shape[1:]`` or None, ``residual`` of ``x``'s shape, dtype and device
+    or None; ``residual_binary``: it holds only 0 and 1 and is saved as bits). Returns ``(spikes, state)``, shaped
+    like ``x`` and ``x.shape[1:]``. ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
     """
     t_steps, trailing = x.shape[0], x.shape[1:]
     n = math.prod(trailing)
@@ -292,11 +333,16 @@ def bn_spiking_neuron(
     xb = x.flatten(0, 1)
     if not xb.is_contiguous():
         xb = xb.contiguous()
+    rb = None
+    if residual is not None:
+        rb = residual.flatten(0, 1)
+        if not rb.is_contiguous():
+            rb = rb.contiguous()
     v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
     args = spec.kernel_args()
-    spikes, state, _, _, new_rm, new_rv = bn_lif_forward(
-        xb, weight, bias, running_mean, running_var, leak, v0, bool(training), float(momentum), float(eps),
-        t_steps, inner, list(args[:7]), list(args[7:]), backend,
+    spikes, state, _, _, new_rm, new_rv, _ = bn_lif_forward(
+        xb, rb, bool(residual_binary), weight, bias, running_mean, running_var, leak, v0, bool(training),
+        float(momentum), float(eps), t_steps, inner, list(args[:7]), list(args[7:]), backend,
     )  # fmt: skip
     if training and running_mean is not None:
         with torch.no_grad():
