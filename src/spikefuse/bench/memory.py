@@ -1,21 +1,23 @@
 """``spikefuse bench memory``: memory of one BPTT training step, vanilla PyTorch vs SpikingJelly vs spikefuse.
 
 The memory-lean BPTT paper's CIFAR-10 "medium" network (Liang et al., Table I: 128C-128C-128C-256C-256C-512C-512C-
-1024FC-512FC-10FC, :mod:`spikefuse.models.liang`) and a Spiking-ResNet18 (CIFAR stem), each in four forms built
-from the same weights:
+1024FC-512FC-10FC, :mod:`spikefuse.models.liang`) and a Spiking-ResNet18 (``--stem cifar``, the default, or
+SpikingJelly's ``imagenet`` stem), each in five forms built from the same weights:
 
 - ``vanilla``: ``nn.BatchNorm`` + the serial PyTorch LIF loop (spikefuse's reference backend, differentiated by
   autograd), ``nn.Conv2d``/``nn.Linear`` -- what a plain PyTorch implementation does;
 - ``spikingjelly``: SpikingJelly 2.0's multi-step ``LIFNode`` in every neuron slot, ``nn.BatchNorm`` (when
   installed);
 - ``fused``: spikefuse's default, ``nn.BatchNorm`` + fused LIF kernels saving the membrane potentials;
-- ``lean``: BN fused with LIF (:class:`spikefuse.nn.BatchNormLIF2d`/``1d``, saves only the conv output and
-  per-channel statistics; Liang et al. Alg. 1-4) wherever a BN feeds a LIF, the other LIFs (after a residual
-  add) in ``memory="recompute"``, and :class:`~spikefuse.nn.SpikeConv2d`/``SpikeLinear`` (spike inputs saved as
-  bits) for every conv/linear layer whose input is spikes; the Liang net's average pooling saves nothing (its
-  backward needs only the input's shape, while ``F.avg_pool2d`` saves the input).
+- ``lean``: the library's :func:`spikefuse.nn.to_lean` -- BN fused with LIF (saves only the conv output and
+  per-channel statistics; Liang et al. Alg. 1-4) wherever a BN feeds a LIF, BN + residual add + LIF in one op for
+  the last neuron of every ResNet block, :class:`~spikefuse.nn.SpikeConv2d`/``SpikeLinear`` (spike inputs saved as
+  bits) for every conv/linear layer whose input is spikes, average pooling that saves nothing;
+- ``floor``: the convolution floor -- every neuron replaced by ``nn.ReLU`` and every BatchNorm removed, the
+  conv/linear layers alone (not a spiking network: its loss and gradients are not compared).
 
-Measured per model and form, on one training step (forward, cross-entropy of the time-averaged output, backward):
+Measured per model and form, on one training step (forward, cross-entropy of the time-averaged output, backward,
+and an Adam update unless ``--no-optimizer``):
 
 - bytes saved for backward: the unique storages (``untyped_storage().data_ptr()``) packed by
   ``torch.autograd.graph.saved_tensors_hooks`` during the forward, parameters excluded, split into the
@@ -36,7 +38,6 @@ Writes ``benchmarks/results/bench-memory[-quick].md`` and ``.csv`` with the mach
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import subprocess
 import sys
@@ -50,12 +51,15 @@ FORMS = {
     "vanilla": "vanilla PyTorch (nn.BatchNorm + serial LIF loop)",
     "spikingjelly": "SpikingJelly 2.0 LIFNode + nn.BatchNorm",
     "fused": "spikefuse default (nn.BatchNorm + fused LIF, saves h)",
-    "lean": "spikefuse lean (BatchNormLIF recompute + spike inputs as bits + shape-only pooling)",
+    "lean": "spikefuse lean (spikefuse.nn.to_lean: BN+LIF and BN+add+LIF fused with recompute, spike inputs as bits)",
+    "floor": "convolution floor (every LIF -> ReLU, no BatchNorm)",
 }
+NOT_COMPARED = ("floor",)  # another network: no loss or gradient comparison
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "repeats": 1, "resnet_width": 8}
 COLUMNS = [
     "model", "form", "T", "batch_size", "image_size", "saved_total_MiB", "saved_stack_MiB", "saved_other_MiB",
-    "stack_vs_vanilla", "step_peak_MiB", "maxrss_MiB", "step_s", "step_vs_fused", "loss", "loss_rel_diff",
+    "stack_vs_vanilla", "step_peak_MiB", "peak_vs_vanilla", "maxrss_MiB", "step_s", "step_vs_fused",
+    "step_vs_floor", "loss", "loss_rel_diff",
     "grad_max_rel_diff", "worst_param",
 ]  # fmt: skip
 
@@ -74,6 +78,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="batch size (default: %(default)s; the paper's 64 needs ~4x the memory and time)")
     p.add_argument("--image-size", type=int, default=32, help="input height = width (default: 32, CIFAR-10)")
     p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: 64)")
+    p.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar",
+                   help="ResNet18 stem: cifar (3x3/1 conv, full resolution) or imagenet (SpikingJelly's 7x7/2 conv "
+                        "+ max-pool) (default: %(default)s)")
+    p.add_argument("--no-optimizer", dest="optimizer", action="store_false",
+                   help="time forward+backward only (default: an Adam update is part of every step)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per form, median reported (default: 3)")
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
@@ -95,146 +104,42 @@ def _build(cfg: dict):
 
     torch.manual_seed(cfg["seed"])
     if cfg["model"] == "resnet18":
-        return build_model("resnet18", 3, 10, neuron_backend="reference", stem="cifar", width=cfg["resnet_width"])
+        return build_model("resnet18", 3, 10, neuron_backend="reference", stem=cfg["stem"], width=cfg["resnet_width"])
     return build_model(cfg["model"], 3, 10, neuron_backend="reference", image_size=cfg["image_size"])
 
 
-def _spike_conv(layer):
-    """``SpikeConv2d``/``SpikeLinear`` with the weights of ``SeqToBatch(conv/linear)``."""
+def to_floor(model) -> None:
+    """The convolution floor in place: every spikefuse neuron becomes ``nn.ReLU`` and every BatchNorm
+    ``nn.Identity``, leaving the conv/linear layers (and pooling) -- the cost no neuron library can remove."""
     from torch import nn
 
-    from ..nn.spike_layers import SpikeConv2d, SpikeLinear
-
-    m = layer.module
-    if isinstance(m, nn.Conv2d):
-        new = SpikeConv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
-                          m.bias is not None, m.padding_mode)  # fmt: skip
-    else:
-        new = SpikeLinear(m.in_features, m.out_features, m.bias is not None)
-    new.load_state_dict(m.state_dict())
-    return new
-
-
-def _bn_lif(bn_layer, lif):
-    from torch import nn
-
-    from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
-
-    bn = bn_layer.module
-    cls = BatchNormLIF2d if isinstance(bn, nn.BatchNorm2d) else BatchNormLIF1d
-    new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, decay=lif.decay,
-              threshold=lif.threshold, v_reset=lif.v_reset, surrogate=lif.surrogate, detach_reset=lif.detach_reset,
-              backend="auto")  # fmt: skip
-    new.load_state_dict(bn.state_dict())
-    return new
-
-
-@functools.lru_cache(maxsize=None)
-def _shape_only_avg_pool():
-    """``nn.AvgPool2d`` whose autograd saves nothing: average pooling's backward needs only the input's shape, but
-    ``torch.nn.functional.avg_pool2d`` saves the whole input (here the spikes, as float32)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class _Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
-            ctx.pool = (kernel, stride, padding, ceil_mode, count_include_pad, divisor)
-            ctx.like = (x.shape, x.dtype, x.device)
-            return F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
-
-        @staticmethod
-        def backward(ctx, grad):
-            shape, dtype, device = ctx.like
-            probe = torch.empty(shape, dtype=dtype, device=device)  # never written: only its shape is read
-            return torch.ops.aten.avg_pool2d_backward(grad.contiguous(), probe, *ctx.pool), None, None, None, None, None, None
-
-    class ShapeOnlyAvgPool2d(nn.AvgPool2d):
-        def forward(self, x):
-            pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-            return _Fn.apply(x, pair(self.kernel_size), pair(self.stride), pair(self.padding), self.ceil_mode,
-                             self.count_include_pad, self.divisor_override)  # fmt: skip
-
-    return ShapeOnlyAvgPool2d
-
-
-def to_lean(model) -> dict:
-    """Convert a vanilla Liang net or Spiking-ResNet in place to the lean form; returns counts of what changed."""
-    from torch import nn
-
-    from ..models import spiking_neurons
-    from ..models.liang import LiangNet
-    from ..models.resnet import BasicBlock, Bottleneck, SpikingResNet
     from ..nn import LIF, SeqToBatch
 
-    counts = {"bn_lif": 0, "spike_layers": 0, "recompute_lif": 0, "pools": 0}
-
-    def is_layer(m, kinds):
-        return isinstance(m, SeqToBatch) and isinstance(m.module, kinds)
-
-    if isinstance(model, LiangNet):
-        for seq in (model.features, model.classifier):
-            items = list(seq)
-            for i, m in enumerate(items):  # a conv/linear right after a neuron gets spikes
-                if i > 0 and isinstance(items[i - 1], LIF) and is_layer(m, (nn.Conv2d, nn.Linear)):
-                    seq[i] = _spike_conv(m)
-                    counts["spike_layers"] += 1
-            for i in range(len(items) - 1):
-                if is_layer(items[i], nn.modules.batchnorm._BatchNorm) and isinstance(items[i + 1], LIF):
-                    seq[i] = _bn_lif(items[i], items[i + 1])
-                    seq[i + 1] = nn.Identity()
-                    counts["bn_lif"] += 1
-            for i, m in enumerate(items):
-                if is_layer(m, nn.AvgPool2d):
-                    p = m.module
-                    m.module = _shape_only_avg_pool()(p.kernel_size, p.stride, p.padding, p.ceil_mode,
-                                                      p.count_include_pad, p.divisor_override)  # fmt: skip
-                    counts["pools"] += 1
-    elif isinstance(model, SpikingResNet):
-        for block in model.modules():
-            if isinstance(block, (BasicBlock, Bottleneck)):  # every conv of a block reads spikes
-                for name in ("conv1", "conv2", "conv3"):
-                    if hasattr(block, name):
-                        setattr(block, name, _spike_conv(getattr(block, name)))
-                        counts["spike_layers"] += 1
-                if block.downsample is not None:
-                    block.downsample[0] = _spike_conv(block.downsample[0])
-                    counts["spike_layers"] += 1
-        # BN directly feeding a neuron: the stem, conv1 of a BasicBlock, conv1/conv2 of a Bottleneck. The last
-        # neuron of a block fires after the residual add, so it keeps nn.BatchNorm and recomputes instead.
-        pairs = [(model, "bn1", "sn1")]
-        for block in model.modules():
-            if isinstance(block, BasicBlock):
-                pairs.append((block, "bn1", "sn1"))
-            elif isinstance(block, Bottleneck):
-                pairs += [(block, "bn1", "sn1"), (block, "bn2", "sn2")]
-        for parent, bn_name, sn_name in pairs:
-            setattr(parent, bn_name, _bn_lif(getattr(parent, bn_name), getattr(parent, sn_name)))
-            setattr(parent, sn_name, nn.Identity())
-            counts["bn_lif"] += 1
-    else:
-        raise TypeError(f"to_lean knows LiangNet and SpikingResNet, not {type(model).__name__}")
-    for _, lif in spiking_neurons(model):
-        lif.backend, lif.memory = "auto", "recompute"
-        counts["recompute_lif"] += 1
-    return counts
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LIF):
+                setattr(parent, name, nn.ReLU())
+            elif isinstance(child, SeqToBatch) and isinstance(child.module, nn.modules.batchnorm._BatchNorm):
+                setattr(parent, name, nn.Identity())
 
 
 def make_form(cfg: dict):
     """``(model, reset)`` for ``cfg['form']``; ``reset(model)`` clears neuron state between steps."""
-    from ..models import set_neuron_backend
     from ..compat.spikingjelly import use_spikingjelly_neurons
+    from ..models import set_neuron_backend
+    from ..nn.lean import to_lean
     from ..train import reset_states
 
     model = _build(cfg)
     form = cfg["form"]
-    if form == "fused":
+    if form in ("fused", "lean"):
         set_neuron_backend(model, "auto")
-    elif form == "spikingjelly":
+    if form == "spikingjelly":
         use_spikingjelly_neurons(model)
     elif form == "lean":
         to_lean(model)
+    elif form == "floor":
+        to_floor(model)
     return model, reset_states
 
 
@@ -320,6 +225,11 @@ def run_form(cfg: dict) -> dict:
     image = torch.rand(cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"], generator=g)
     x = image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1)  # direct encoding: the image at every step
     labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if cfg.get("optimizer", True) else None
+
+    def update():
+        if optimizer is not None:
+            optimizer.step()
 
     def step(hooks: bool = False):
         reset(model)
@@ -360,6 +270,10 @@ def run_form(cfg: dict) -> dict:
         loss.backward()
         return loss, saved
 
+    def train_step():
+        step()
+        update()
+
     # 1: saved bytes, loss and gradients (also the warm-up: numba/Triton compilation)
     loss, saved = step(hooks=True)
     result = {
@@ -369,6 +283,7 @@ def run_form(cfg: dict) -> dict:
         "loss": float(loss.detach()),
     }
     grads = {_param_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    update()  # creates the optimizer state, which the peak below then counts as already there
     del loss, saved
     # 2: peak memory of one step above the memory before it, without the CPU buffer cache (its idle buffers would
     # count in "before" and then be reused, hiding what the step's tensors need)
@@ -379,14 +294,14 @@ def run_form(cfg: dict) -> dict:
     gc.collect()
     before = _status_kib("VmRSS")
     if before is not None and _reset_peak():
-        step()
+        train_step()
         result["step_peak"] = (_status_kib("VmHWM") - before) * 1024
     spikefuse.set_cpu_cache_limit(cache_limit)
     # 3: timing
     times = []
     for _ in range(cfg["repeats"]):
         start = time.perf_counter()
-        step()
+        train_step()
         times.append(time.perf_counter() - start)
     result["step_s"] = statistics.median(times)
     return result, grads
@@ -438,7 +353,8 @@ def run(args) -> int:
 
     cfg0 = {
         "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
-        "resnet_width": args.resnet_width, "seed": args.seed, "threads": args.threads,
+        "resnet_width": args.resnet_width, "seed": args.seed, "threads": args.threads, "stem": args.stem,
+        "optimizer": args.optimizer,
     }  # fmt: skip
     if args.quick:
         cfg0.update(QUICK)
@@ -474,21 +390,27 @@ def _run(args, cfg0: dict) -> int:
                 results[form] = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
             ref, ref_grads = results["vanilla"]
             fused_time = results["fused"][0]["step_s"] if "fused" in results else None
+            floor_time = results["floor"][0]["step_s"] if "floor" in results else None
             for form, (res, grads) in results.items():
-                rel, worst = _max_rel(grads, ref_grads)
+                compared = form not in NOT_COMPARED
+                rel, worst = _max_rel(grads, ref_grads) if compared else (None, "")
                 saved = res["saved_stack"] + res["saved_other"]
+                peak, ref_peak = res.get("step_peak"), ref.get("step_peak")
                 rows.append({
                     "model": model, "form": form, "T": res["T"], "batch_size": res["batch_size"],
                     "image_size": res["image_size"],
                     "saved_total_MiB": _mib(saved), "saved_stack_MiB": _mib(res["saved_stack"]),
                     "saved_other_MiB": _mib(res["saved_other"]),
                     "stack_vs_vanilla": f"{res['saved_stack'] / ref['saved_stack']:.3f}",
-                    "step_peak_MiB": _mib(res.get("step_peak")), "maxrss_MiB": _mib(res.get("maxrss")),
+                    "step_peak_MiB": _mib(peak), "maxrss_MiB": _mib(res.get("maxrss")),
+                    "peak_vs_vanilla": f"{peak / ref_peak:.3f}" if peak and ref_peak else "",
                     "step_s": f"{res['step_s']:.4f}",
                     "step_vs_fused": f"{res['step_s'] / fused_time:.3f}" if fused_time else "",
+                    "step_vs_floor": f"{res['step_s'] / floor_time:.3f}" if floor_time else "",
                     "loss": f"{res['loss']:.6f}",
-                    "loss_rel_diff": f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}",
-                    "grad_max_rel_diff": f"{rel:.2e}", "worst_param": worst,
+                    "loss_rel_diff":
+                        f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}" if compared else "",
+                    "grad_max_rel_diff": f"{rel:.2e}" if compared else "", "worst_param": worst,
                 })  # fmt: skip
     write_report(rows, cfg0, args, notes)
     return 0
@@ -499,12 +421,12 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
     stem = "bench-memory" + ("-quick" if args.quick else "")
     csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
     write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
-    header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "maxrss MiB",
-              "step s", "vs fused", "loss", "grad max rel diff"]  # fmt: skip
+    header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "peak vs vanilla",
+              "maxrss MiB", "step s", "vs fused", "vs floor", "loss", "grad max rel diff"]  # fmt: skip
     table = [
         [r["model"], r["form"], f"{r['saved_total_MiB']} ({r['saved_stack_MiB']} / {r['saved_other_MiB']})",
-         r["stack_vs_vanilla"], r["step_peak_MiB"], r["maxrss_MiB"] or "-", r["step_s"], r["step_vs_fused"] or "-",
-         r["loss"], r["grad_max_rel_diff"]]
+         r["stack_vs_vanilla"], r["step_peak_MiB"], r["peak_vs_vanilla"] or "-", r["maxrss_MiB"] or "-", r["step_s"],
+         r["step_vs_fused"] or "-", r["step_vs_floor"] or "-", r["loss"], r["grad_max_rel_diff"] or "-"]
         for r in rows
     ]  # fmt: skip
     lines = [
@@ -515,8 +437,9 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         f"Command: `{command_line()}`",
         "",
         f"T={cfg['T']}, batch {cfg['batch_size']}, {cfg['image_size']}x{cfg['image_size']}x3 inputs (one random image "
-        f"per sample at every step), ResNet18 width {cfg['resnet_width']}, CIFAR stem; one step = forward, "
-        f"cross-entropy of the time-averaged output, backward (no optimizer update); "
+        f"per sample at every step), ResNet18 width {cfg['resnet_width']}, {cfg['stem']} stem; one step = forward, "
+        f"cross-entropy of the time-averaged output, backward"
+        f"{', Adam update' if cfg['optimizer'] else ' (no optimizer update)'}; "
         f"{'all forms in one process' if args.in_process else 'each form in a fresh subprocess'}; "
         f"median of {cfg['repeats']} timed step(s).",
         "",

@@ -8,6 +8,10 @@ The neuron of every layer is described by one :class:`NeuronOptions` record. ``b
 "reference")`` builds the same network on the serial PyTorch reference (for A/B checks against the fused kernels);
 :func:`set_neuron_backend` switches an existing model, keeping its weights.
 
+``build_model(..., memory="lean")`` builds the memory-lean form (:func:`spikefuse.nn.to_lean`: BatchNorm fused
+with the neurons, recompute in backward, spike inputs saved as bits); ``memory="fused"`` (the default) the plain
+form with the fused neuron kernels.
+
 Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
 ``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``liang-small``, ``liang-medium``,
 ``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I).
@@ -21,6 +25,7 @@ from typing import Callable
 from torch import nn
 
 from ..nn import LIF
+from ..nn.lean import to_lean
 from ..surrogate import Rectangle, Sigmoid, Surrogate, resolve
 
 __all__ = [
@@ -28,6 +33,7 @@ __all__ = [
     "PAPER_NEURON",
     "LIANG_NEURON",
     "MODELS",
+    "MEMORY_FORMS",
     "build_model",
     "model_names",
     "set_neuron_backend",
@@ -135,8 +141,21 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+#: The ``memory`` forms of :func:`build_model`.
+MEMORY_FORMS = ("fused", "lean")
+
+
 def model_names() -> list[str]:
     return list(MODELS)
+
+
+def check_memory_form(memory: str) -> str:
+    if memory not in MEMORY_FORMS:
+        raise ValueError(
+            f"unknown memory form {memory!r}: use 'fused' (nn.BatchNorm + fused neurons that save their potentials) "
+            f"or 'lean' (BatchNorm fused with the neurons, recomputed in backward, spike inputs saved as bits)"
+        )
+    return memory
 
 
 def build_model(
@@ -145,14 +164,21 @@ def build_model(
     num_classes: int,
     neuron: NeuronOptions | None = None,
     neuron_backend: str | None = None,
+    memory: str = "fused",
     **kw,
 ) -> nn.Module:
     """Build the registered model ``name``. ``neuron=None`` uses the model's paper defaults
     (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets); ``neuron_backend``
-    overrides ``neuron.backend``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the ResNets)."""
+    overrides ``neuron.backend``; ``memory="lean"`` builds the memory-lean form (:func:`spikefuse.nn.to_lean`),
+    same outputs and gradients as ``"fused"``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the
+    ResNets)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
-    return MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
+    check_memory_form(memory)
+    model = MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
+    if memory == "lean":
+        to_lean(model)
+    return model
 
 
 __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50"]

@@ -9,6 +9,11 @@ each residual branch's last BN). Differences: ``in_channels`` is a parameter (Sp
 and no max-pool, for small images (8x8 digits, 28x28 MNIST, 32x32 CIFAR).
 
 Inputs ``[T, B, C, H, W]``, outputs ``[T, B, num_classes]``.
+
+The lean form (:func:`spikefuse.nn.to_lean`, ``build_model(..., memory="lean")``): every conv reads spikes and saves
+them as bits, every BN feeding a neuron is fused with it, and each block's ``LIF(BN(conv(x)) + shortcut)`` is one
+:class:`~spikefuse.nn.BatchNormLIF2d` call with the shortcut as residual (saved as bits when it is the block's
+input spikes, as is when it comes from the downsample branch).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
+from ..nn.bn_lif import _BatchNormLIF
+from ..nn.lean import batchnorm_lif_from, spike_layer_from
 
 __all__ = ["BasicBlock", "Bottleneck", "SpikingResNet", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50", "resnet_tiny"]
 
@@ -40,6 +47,42 @@ def bn(planes: int) -> SeqToBatch:
     return SeqToBatch(nn.BatchNorm2d(planes))
 
 
+def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict, key: str = "bn_lif") -> None:
+    """``parent.<bn_name>`` becomes one BatchNorm+LIF module, ``parent.<sn_name>`` an ``nn.Identity``."""
+    fused = batchnorm_lif_from(getattr(parent, bn_name), getattr(parent, sn_name))
+    if fused is not None:
+        setattr(parent, bn_name, fused)
+        setattr(parent, sn_name, nn.Identity())
+        counts[key] += 1
+
+
+def _convert_block(block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[str, str], ...], last: tuple[str, str],
+                   counts: dict) -> None:  # fmt: skip
+    """Lean form of a residual block whose input is spikes: see the module docstring."""
+    for name in convs:
+        new = spike_layer_from(getattr(block, name))
+        if new is not None:
+            setattr(block, name, new)
+            counts["spike_layers"] += 1
+    if block.downsample is not None:
+        new = spike_layer_from(block.downsample[0])
+        if new is not None:
+            block.downsample[0] = new
+            counts["spike_layers"] += 1
+    for bn_name, sn_name in pairs:
+        _fuse_bn_neuron(block, bn_name, sn_name, counts)
+    _fuse_bn_neuron(block, *last, counts, key="bn_add_lif")
+
+
+def _tail(block: nn.Module, bn_out: nn.Module, conv_out: torch.Tensor, sn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``sn(bn(conv_out) + shortcut)``, in one op when the block is lean (``bn_out`` fused with its neuron)."""
+    identity = x if block.downsample is None else block.downsample(x)
+    if isinstance(bn_out, _BatchNormLIF):
+        # The identity shortcut is the block's input, spikes: saved as bits.
+        return bn_out(conv_out, identity, residual_binary=block.downsample is None)
+    return sn(bn_out(conv_out) + identity)
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 
@@ -55,9 +98,10 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.sn2(out + identity)
+        return _tail(self, self.bn2, self.conv2(out), self.sn2, x)
+
+    def convert_to_lean(self, counts: dict) -> None:
+        _convert_block(self, ("conv1", "conv2"), (("bn1", "sn1"),), ("bn2", "sn2"), counts)
 
 
 class Bottleneck(nn.Module):
@@ -79,9 +123,10 @@ class Bottleneck(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.bn1(self.conv1(x)))
         out = self.sn2(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.sn3(out + identity)
+        return _tail(self, self.bn3, self.conv3(out), self.sn3, x)
+
+    def convert_to_lean(self, counts: dict) -> None:
+        _convert_block(self, ("conv1", "conv2", "conv3"), (("bn1", "sn1"), ("bn2", "sn2")), ("bn3", "sn3"), counts)
 
 
 class SpikingResNet(nn.Module):
@@ -151,6 +196,10 @@ class SpikingResNet(nn.Module):
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes, 1, None, neuron) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
+
+    def convert_to_lean(self, counts: dict) -> None:
+        """The stem's BN and neuron fused (its conv reads the input, not spikes); the blocks convert themselves."""
+        _fuse_bn_neuron(self, "bn1", "sn1", counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 5:

@@ -1,0 +1,162 @@
+"""``spikefuse.nn.to_lean`` and ``build_model(..., memory="lean")`` against the model before the conversion.
+
+For every registered model and a user-built Sequential, from the same weights and input: outputs (the readout of
+the spikes) bit-identical, loss and every gradient within 1e-5 relative, running statistics equal, and the bytes
+autograd saves for backward counted (parameters excluded) and compared with the plain form.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+import spikefuse
+from spikefuse.models import MODELS, build_model
+from spikefuse.nn import LIF, BatchNormLIF1d, BatchNormLIF2d, SeqToBatch, SpikeConv2d, SpikeLinear, to_lean
+from spikefuse.nn.lean import LEAN_COUNTS, ShapeOnlyAvgPool2d
+
+
+def _param_key(name):
+    return ".".join(part for part in name.split(".") if part != "module")
+
+
+def _saved_bytes(model, fn):
+    """Bytes of the unique storages autograd saves while running ``fn``, the model's parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(storages.values()), out
+
+
+def _step(model, x, labels, rename=None):
+    for p in model.parameters():
+        p.grad = None
+    saved, out = _saved_bytes(model, lambda: model(x))
+    loss = nn.functional.cross_entropy(out.mean(0), labels)
+    loss.backward()
+    rename = rename or {}
+    grads = {rename.get(k, k): p.grad for k, p in ((_param_key(n), p) for n, p in model.named_parameters())
+             if p.grad is not None}  # fmt: skip
+    return out.detach(), loss.detach(), grads, saved
+
+
+def _assert_same_training(plain, lean, x, labels, steps=2, rename=None):
+    """``rename``: names of the plain model's parameters that moved in the lean one (a learnable decay)."""
+    for _ in range(steps):  # the second step starts from running statistics the first one updated
+        out_p, loss_p, grads_p, saved_p = _step(plain, x, labels, rename)
+        out_l, loss_l, grads_l, saved_l = _step(lean, x, labels)
+        assert torch.equal(out_l, out_p), "outputs differ: a spike flipped"
+        torch.testing.assert_close(loss_l, loss_p, rtol=1e-6, atol=0)
+        assert grads_l.keys() == grads_p.keys()
+        for name, g in grads_p.items():
+            scale = float(g.abs().max())
+            err = float((grads_l[name] - g).abs().max())
+            assert err <= 1e-5 * max(scale, 1e-12), f"{name}: max abs diff {err:.3e}, scale {scale:.3e}"
+    buffers_p = {_param_key(n): b for n, b in plain.named_buffers()}
+    for name, b in lean.named_buffers():
+        assert torch.equal(b, buffers_p[_param_key(name)]), name
+    return saved_p, saved_l
+
+
+def _pair(name, seed=0, **kw):
+    torch.manual_seed(seed)
+    plain = build_model(name, 3, 10, neuron_backend="reference", **kw)  # vanilla: the serial reference
+    torch.manual_seed(seed)
+    lean = build_model(name, 3, 10, neuron_backend="cpu", memory="lean", **kw)
+    return plain, lean
+
+
+SIZES = {"resnet-tiny": {"width": 4, "stem": "cifar"}, "resnet18": {"width": 4, "stem": "cifar"},
+         "resnet34": {"width": 4}, "resnet50": {"width": 4}}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_registered_model(name):
+    kw = SIZES.get(name, {"image_size": 8})
+    plain, lean = _pair(name, **kw)
+    size = 16 if name in ("resnet34", "resnet50") else 8  # the imagenet stem divides by 4 before the blocks
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(3, 2, 3, size, size, generator=g).repeat(1, 1, 1, 1, 1)
+    labels = torch.tensor([1, 7])
+    saved_p, saved_l = _assert_same_training(plain, lean, x, labels)
+    assert not any(isinstance(m, LIF) and m.memory != "recompute" for m in lean.modules())
+    assert saved_l < 0.45 * saved_p, f"lean saves {saved_l} bytes, the vanilla form {saved_p}"
+
+
+def test_resnet_counts_and_block_structure():
+    _, lean = _pair("resnet18", width=4, stem="cifar")
+    counts = to_lean(lean)
+    assert counts == dict.fromkeys(LEAN_COUNTS, 0), "a second conversion changes nothing"
+    torch.manual_seed(0)
+    fresh = build_model("resnet18", 3, 10, width=4, stem="cifar")
+    counts = to_lean(fresh)
+    # stem + one per block fused with their neuron; each block's last neuron fused with BN and the residual add;
+    # every block conv and downsample conv reads spikes
+    assert counts == {"bn_lif": 9, "bn_add_lif": 8, "spike_layers": 19, "recompute_neurons": 0, "pools": 0}
+    block = fresh.layer2[0]
+    assert isinstance(block.bn2, BatchNormLIF2d) and isinstance(block.sn2, nn.Identity)
+    assert isinstance(block.downsample[0], SpikeConv2d)
+    assert isinstance(fresh.conv1, SeqToBatch)  # the stem conv reads the image, not spikes
+
+
+def test_liang_medium_counts():
+    _, lean = _pair("liang-medium", image_size=8)
+    assert sum(isinstance(m, (BatchNormLIF1d, BatchNormLIF2d)) for m in lean.modules()) == 9
+    # spike-fed: convs 2, 3 (stage 1), 5 (stage 2), 7 (stage 3); FC 2 and the readout
+    assert sum(isinstance(m, SpikeConv2d) for m in lean.modules()) == 4
+    assert sum(isinstance(m, SpikeLinear) for m in lean.modules()) == 2
+    assert sum(isinstance(m, ShapeOnlyAvgPool2d) for m in lean.modules()) == 3
+
+
+def _user_net():
+    return nn.Sequential(
+        SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
+        SeqToBatch(nn.BatchNorm2d(4)),
+        LIF(decay=0.6, threshold=0.4, learnable_decay=True, channels=4),
+        SeqToBatch(nn.AvgPool2d(2)),
+        SeqToBatch(nn.Conv2d(4, 6, 3, padding=1)),
+        SeqToBatch(nn.BatchNorm2d(6)),
+        LIF(decay=0.5, threshold=0.3, v_reset=None),
+        SeqToBatch(nn.Conv2d(6, 6, 1)),  # reads spikes
+        LIF(decay=0.5, threshold=0.3),  # no BatchNorm before it: recomputes
+        spikefuse.nn.Flatten(),
+        SeqToBatch(nn.Linear(6 * 3 * 3, 5)),  # reads spikes
+    )
+
+
+def test_user_sequential():
+    torch.manual_seed(3)
+    plain = _user_net()
+    lean = _user_net()
+    lean.load_state_dict(plain.state_dict())
+    counts = to_lean(lean)
+    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "spike_layers": 2, "recompute_neurons": 1, "pools": 1}
+    assert isinstance(lean[1], BatchNormLIF2d) and isinstance(lean[2], nn.Identity)
+    assert isinstance(lean[1].decay, nn.Parameter) and lean[1].decay.shape == (4,)
+    assert isinstance(lean[4], SeqToBatch)  # reads pooled (real-valued) spikes: unchanged
+    assert isinstance(lean[7], SpikeConv2d) and isinstance(lean[10], SpikeLinear)
+    x = torch.rand(4, 3, 2, 6, 6, generator=torch.Generator().manual_seed(5)) * 3
+    labels = torch.tensor([0, 4, 2])
+    saved_p, saved_l = _assert_same_training(plain, lean, x, labels, rename={"2.decay": "1.decay"})
+    assert saved_l < 0.5 * saved_p
+
+
+def test_lean_keeps_device_dtype_and_mode():
+    net = _user_net().double().eval()
+    to_lean(net)
+    assert net[1].weight.dtype == torch.float64 and net[1].decay.dtype == torch.float64
+    assert not net[1].training and not net[7].training
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="to_lean converts an nn.Module, got list"):
+        to_lean([nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="unknown memory form 'slim': use 'fused'.*or 'lean'"):
+        build_model("resnet-tiny", 3, 10, memory="slim")
