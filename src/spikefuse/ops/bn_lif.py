@@ -21,9 +21,11 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
 
 Backward (``spikefuse::bn_lif_backward``):
 
-1. recompute ``y`` with the same ``native_batch_norm`` call (training: the statistics again from ``x``, which the
-   CPU kernel computes deterministically, so ``y`` is bit-identical to the forward's; eval: from the saved running
-   statistics) plus the residual (unpacked from bits when packed) -- a transient;
+1. recompute ``y`` plus the residual (unpacked from bits when packed) -- a transient. The cpu backend in training
+   mode does it in one pass from the saved ``mean``/``invstd`` with torch's own formula
+   (:mod:`spikefuse.ops.batchnorm_cpu`, bit-identical); elsewhere the same ``native_batch_norm`` call runs again
+   (training: the statistics again from ``x``, which torch computes deterministically, so ``y`` is bit-identical
+   to the forward's; eval: from the saved running statistics);
 2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
    returns ``grad_y`` (and the leak / ``v_init`` gradients);
 3. ``aten.native_batch_norm_backward`` -- the per-channel reduction torch's BatchNorm backward runs:
@@ -45,7 +47,7 @@ import torch
 from torch import Tensor
 
 from .. import params as P
-from . import module
+from . import batchnorm_cpu, module
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
@@ -168,12 +170,16 @@ def _backward_impl(
     t_steps, n = grad_spikes.shape
     cdt = compute_dtype(xb.dtype)
     v0 = _v0(v_init, floats, ints, cdt, xb.device)
-    y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
-    if residual is None and residual_bits.numel():
-        residual = unpack(residual_bits, xb.shape, xb.dtype)
-    if residual is not None:
-        y += residual
-        del residual
+    if backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES:
+        # one pass from the saved statistics, bit-identical to the forward's y (see batchnorm_cpu)
+        y = batchnorm_cpu.normalize(xb, mean, invstd, weight, bias, residual, residual_bits)
+    else:
+        y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
+        if residual is None and residual_bits.numel():
+            residual = unpack(residual_bits, xb.shape, xb.dtype)
+        if residual is not None:
+            y += residual
+    del residual
     grad_y, grad_v, grad_leak = module(backend).backward(
         grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
         need_leak_grad,
