@@ -49,7 +49,9 @@ _INT_VIEW = {
     torch.bool: (torch.uint8, np.uint8(0xFF), np.uint8(1)),
 }
 
-_BYTES_PER_TASK = 1 << 16  # output bytes per parallel task of the CPU kernels
+# Packed bytes per parallel task of the CPU kernels (32768 elements): small enough that a layer's spikes (a few
+# MB) still split over the threads, as prange gives each thread whole tasks.
+_BYTES_PER_TASK = 1 << 12
 
 
 def packed_numel(numel: int) -> int:
@@ -69,9 +71,8 @@ def _pack_kernel(x, mask, out):
         for j in range(j0, j1):
             i = 8 * j
             b = np.uint8(0)
-            for k in range(8):
-                if (x[i + k] & mask) != 0:
-                    b |= np.uint8(1 << k)
+            for k in range(8):  # branch-free, so LLVM vectorizes it
+                b |= np.uint8((x[i + k] & mask) != 0) << np.uint8(k)
             out[j] = b
     if nfull * 8 < n:
         b = np.uint8(0)
