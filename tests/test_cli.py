@@ -62,11 +62,12 @@ def _has_cuda():
     return torch.cuda.is_available()
 
 
-def test_train_then_eval(tmp_path, capsys):
+@pytest.mark.parametrize("memory", ["fused", "lean"])
+def test_train_then_eval(tmp_path, capsys, memory):
     out = tmp_path / "run"
-    assert main(["train", "--out", str(out), "--encoding", "poisson", *TINY]) == 0
+    assert main(["train", "--out", str(out), "--encoding", "poisson", "--memory", memory, *TINY]) == 0
     text = capsys.readouterr().out
-    assert "epoch 1/1" in text and "final test accuracy" in text
+    assert "epoch 1/1" in text and "final test accuracy" in text and f"memory {memory}" in text
     for name in ("metrics.csv", "checkpoint.pt", "curves.png"):
         assert (out / name).exists()
     assert main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--no-progress"]) == 0
@@ -116,6 +117,10 @@ def _broken_checkpoints(src, folder):
          "--encoding poisson encodes static images; digits-events is event data"),
         (["train", "--out", "{tmp}/r", "--lr", "1e308", *TINY], "training diverged: the training loss is nan"),
         (["train", "--out", "{trained}", *TINY], "holds an earlier run .*--resume.*--overwrite"),
+        (["train", "--out", "{trained}", "--resume", "--memory", "lean", *TINY],
+         "cannot resume: .*memory: checkpoint 'fused', now 'lean'"),
+        (["train", "--out", "{tmp}/r", "--memory", "lean", "--neurons", "spikingjelly", *TINY],
+         "--memory lean fuses BatchNorm with spikefuse's neurons"),
         (["eval", "--checkpoint", "{tmp}/nomodel.pt"], "is incomplete: it lacks 'model'"),
         (["eval", "--checkpoint", "{tmp}/badweights.pt"], "do not fit the model 'resnet-tiny' of its config: size mismatch"),
         (["eval", "--checkpoint", "{tmp}/empty.pt"], "the file is empty"),

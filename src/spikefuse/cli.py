@@ -175,6 +175,10 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
                    help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)")
     p.add_argument("--width", type=_positive_int, default=d.get("width"),
                    help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)")
+    p.add_argument("--memory", choices=("fused", "lean"), default="fused",
+                   help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
+                   "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
+                   "(about a third of the memory saved for backward; same results) (default: %(default)s)")
     p.add_argument("--image-size", type=_positive_int, default=None,
                    help="resize static images to this size (digits: upsample from 8) (default: native)")
     p.add_argument("--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples")
@@ -190,7 +194,7 @@ def config_from_args(args, **overrides):
         batch_size=args.batch_size, lr=args.lr, device=args.device, threads=args.threads, seed=args.seed,
         encoding=args.encoding, neuron_backend=args.neuron_backend, stem=args.stem, image_size=args.image_size,
         train_subset=args.train_subset, test_subset=args.test_subset, width=args.width, progress=not args.no_progress,
-        neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"),
+        neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"), memory=args.memory,
     )
     for k, v in overrides.items():
         setattr(cfg, k, v)

@@ -143,7 +143,8 @@ def _network():
     ).double()
 
 
-def _check_network(group, failures):
+def _check_network(group, failures, lean=False):
+    """``lean``: the network in its memory-lean form (fused BatchNorm+LIF, spike-input conv) before the split."""
     g = torch.Generator().manual_seed(3)
     x = torch.rand(7, 2, 2, 5, 5, generator=g, dtype=torch.float64) * 2
     w = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64)
@@ -152,25 +153,35 @@ def _check_network(group, failures):
     ref_out = ref_net(xr)
     (ref_out.mean(0) * w).sum().backward()
 
-    net = convert_timesplit(_network(), group, chunks=2)
-    kinds = [type(m).__name__ for m in net]
+    net = _network()
+    if lean:
+        snn.to_lean(net)
+    net = convert_timesplit(net, group, chunks=2)
+    kinds = [type(m).__name__ for m in net.modules()]
     if kinds.count("TimeSplitLIF") != 2 or kinds.count("TimeSplitBatchNorm") != 2:
         failures.append(f"convert_timesplit gave {kinds}")
+    if lean and kinds.count("TimeSplitBatchNormLIF") != 2:
+        failures.append(f"convert_timesplit of the lean network gave {kinds}")
+    what = "lean network" if lean else "network"
     xl = split_time(x, group).clone().requires_grad_()
     out_l = net(xl)
     (time_reduce(out_l, group, op="mean") * w).sum().backward()
     allreduce_gradients(net, group)
 
-    _equal(gather_time(out_l, group), ref_out.detach(), "network: output spikes", failures)
-    _close(gather_time(xl.grad, group), xr.grad, "network: grad input", failures)
-    for (name, p), (_, q) in zip(ref_net.named_parameters(), net.named_parameters()):
-        _close(q.grad, p.grad, f"network: grad {name}", failures)
-    for (name, b), (_, c) in zip(ref_net.named_buffers(), net.named_buffers()):
-        _close(c.double(), b.double(), f"network: buffer {name}", failures, rtol=1e-12)
+    _equal(gather_time(out_l, group), ref_out.detach(), f"{what}: output spikes", failures)
+    _close(gather_time(xl.grad, group), xr.grad, f"{what}: grad input", failures)
+    ref_params, params = list(ref_net.named_parameters()), list(net.named_parameters())
+    if len(ref_params) != len(params):
+        failures.append(f"{what}: {len(params)} parameters, the reference has {len(ref_params)}")
+    for (name, p), (_, q) in zip(ref_params, params):
+        _close(q.grad, p.grad, f"{what}: grad {name}", failures)
+    ref_buffers, buffers = list(ref_net.named_buffers()), list(net.named_buffers())
+    for (name, b), (_, c) in zip(ref_buffers, buffers):
+        _close(c.double(), b.double(), f"{what}: buffer {name}", failures, rtol=1e-12)
     # eval mode: running statistics, no communication in BN
     ref_net.eval(), net.eval()
     with torch.no_grad():
-        _equal(gather_time(net(split_time(x, group)), group), ref_net(x), "network eval: spikes", failures)
+        _equal(gather_time(net(split_time(x, group)), group), ref_net(x), f"{what} eval: spikes", failures)
 
 
 def _check_batchnorm_float32(group, failures):
@@ -225,6 +236,7 @@ def _worker(rank, world):
                 _check_lif_layer(group, failures)
                 _check_module_stateful(group, failures)
                 _check_network(group, failures)
+                _check_network(group, failures, lean=True)
                 _check_batchnorm_float32(group, failures)
             except Exception:  # report instead of raising: a raise would kill the other checks' ranks
                 failures.append(traceback.format_exc())

@@ -48,6 +48,7 @@ def test_one_epoch_writes_metrics_checkpoint_and_curves(tmp_path, backend):
     assert 0.0 <= float(row["test_acc"]) <= 1.0 and float(row["train_loss"]) > 0
     assert float(row["train_samples_per_s"]) > 0 and float(row["peak_rss_mb"]) > 10
     assert row["peak_cuda_mb"] == ""  # CPU run
+    assert row["memory"] == "fused"
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
     assert ckpt["epoch"] == 1 and ckpt["config"]["model"] == "resnet-tiny"
@@ -57,9 +58,10 @@ def test_one_epoch_writes_metrics_checkpoint_and_curves(tmp_path, backend):
     assert not leftovers  # the atomic writes left no temp files
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("memory", ["fused", "lean"])
+def test_resume_continues_exactly(tmp_path, memory):
     # Poisson encoding and shuffling exercise both generators and the global RNGs.
-    cfg = dict(encoding="poisson", train_subset=40, test_subset=24)
+    cfg = dict(encoding="poisson", train_subset=40, test_subset=24, memory=memory)
     full = fit(tiny_config(tmp_path / "full", epochs=2, **cfg), log=quiet)
     fit(tiny_config(tmp_path / "split", epochs=1, **cfg), log=quiet)
     # Disturb the global RNGs in between: the resumed run must not depend on them.
@@ -79,7 +81,20 @@ def test_resume_continues_exactly(tmp_path):
     keys = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
     assert [{k: r[k] for k in keys} for r in full] == [{k: r[k] for k in keys} for r in resumed]
     with open(tmp_path / "split" / "metrics.csv", newline="") as f:
-        assert [r["epoch"] for r in csv.DictReader(f)] == ["1", "2"]
+        assert [(r["epoch"], r["memory"]) for r in csv.DictReader(f)] == [("1", memory), ("2", memory)]
+    assert b["config"]["memory"] == memory
+
+
+def test_lean_training_follows_the_fused_trajectory(tmp_path):
+    """Same seed, same initial weights, same batches: the lean form's losses are the fused form's up to rounding
+    (its gradients agree to ~1e-6; Adam carries the differences along)."""
+    fused = fit(tiny_config(tmp_path / "fused", epochs=2), log=quiet)
+    lean = fit(tiny_config(tmp_path / "lean", epochs=2, memory="lean"), log=quiet)
+    for a, b in zip(fused, lean):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
+    a, b = load_checkpoint(tmp_path / "fused" / "checkpoint.pt"), load_checkpoint(tmp_path / "lean" / "checkpoint.pt")
+    assert a["model"].keys() != b["model"].keys()  # the lean form's own modules (fused BatchNorm+LIF)
 
 
 def test_evaluate_checkpoint_reproduces_the_test_metrics(tmp_path):
@@ -96,14 +111,29 @@ def test_resume_errors(tmp_path):
     fit(tiny_config(tmp_path), log=quiet)
     with pytest.raises(ConfigError, match="settings differ.*T: checkpoint 2, now 3"):
         fit(tiny_config(tmp_path, T=3, epochs=2), resume=True, log=quiet)
+    with pytest.raises(ConfigError, match="settings differ.*memory: checkpoint 'fused', now 'lean'"):
+        fit(tiny_config(tmp_path, epochs=2, memory="lean"), resume=True, log=quiet)
     # already at the requested epoch count: nothing to do, history unchanged
     assert len(fit(tiny_config(tmp_path, epochs=1), resume=True, log=quiet)) == 1
 
 
+def test_checkpoint_from_before_the_memory_setting_resumes_as_fused(tmp_path):
+    fit(tiny_config(tmp_path), log=quiet)
+    ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
+    del ckpt["config"]["memory"]
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    assert len(fit(tiny_config(tmp_path, epochs=2), resume=True, log=quiet)) == 2
+    with pytest.raises(ConfigError, match="memory: checkpoint 'fused', now 'lean'"):
+        fit(tiny_config(tmp_path, epochs=3, memory="lean"), resume=True, log=quiet)
+
+
 def test_config_validation(tmp_path):
-    for bad in (dict(T=0), dict(epochs=0), dict(lr=-1.0), dict(model="nope"), dict(encoding="rate"),
-                dict(neuron_backend="gpu"), dict(neurons="norse")):
-        with pytest.raises(ConfigError):
+    for bad, message in ((dict(T=0), "--T must be"), (dict(epochs=0), "--epochs"), (dict(lr=-1.0), "--lr"),
+                         (dict(model="nope"), "unknown model"), (dict(encoding="rate"), "--encoding"),
+                         (dict(neuron_backend="gpu"), "unknown neuron backend"), (dict(neurons="norse"), "--neurons"),
+                         (dict(memory="tiny"), "--memory must be one of fused, lean, got 'tiny'"),
+                         (dict(memory="lean", neurons="spikingjelly"), "--memory lean fuses BatchNorm")):
+        with pytest.raises(ConfigError, match=message):
             tiny_config(tmp_path, **bad).validate()
 
 
@@ -127,7 +157,8 @@ def test_spikingjelly_neurons_match_spikefuse():
     assert torch.equal(sj(x), b)  # the reset between batches clears SpikingJelly's stored potentials
 
 
-def test_data_parallel_two_processes_match_one_process(tmp_path, capfd):
+@pytest.mark.parametrize("memory", ["fused", "lean"])
+def test_data_parallel_two_processes_match_one_process(tmp_path, capfd, memory):
     """`spikefuse train --nproc 2` (DDP over 2 gloo ranks, half of every global batch each, synchronized BN) ends
     at the weights of one process on the same global batches. Not bit-identical: the reductions run in another
     order, and Adam divides each gradient by its own running RMS (+ eps 1e-8), which turns the last-ulp
@@ -137,12 +168,12 @@ def test_data_parallel_two_processes_match_one_process(tmp_path, capfd):
 
     args = ["train", "--model", "resnet-tiny", "--T", "2", "--epochs", "1", "--batch-size", "16", "--threads", "1",
             "--seed", "3", "--train-subset", "48", "--test-subset", "32", "--neuron-backend", "reference",
-            "--no-progress", "--out", str(tmp_path / "ddp"), "--nproc", "2"]
+            "--no-progress", "--memory", memory, "--out", str(tmp_path / "ddp"), "--nproc", "2"]
     assert main(args) == 0
     # The ranks' own prints are not asserted: forkserver ranks inherit the stdout of the process that started the
     # forkserver (an earlier test's capture when the whole suite runs), so capfd cannot see them reliably.
     assert "final test accuracy" in capfd.readouterr().out
-    one = fit(tiny_config(tmp_path / "one", threads=1), log=quiet)
+    one = fit(tiny_config(tmp_path / "one", threads=1, memory=memory), log=quiet)
     with open(tmp_path / "ddp" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["epoch"] for r in rows] == ["1"]

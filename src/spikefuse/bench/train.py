@@ -105,7 +105,7 @@ def _read_metrics(path: Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
-        row = {k: (float(v) if v not in ("", None) else None) for k, v in r.items()}
+        row = {k: (v if k == "memory" else float(v) if v not in ("", None) else None) for k, v in r.items()}
         row["epoch"] = int(row["epoch"])
         out.append(row)
     return out

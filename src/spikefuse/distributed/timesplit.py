@@ -54,7 +54,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..nn.bn_lif import running_average_factor
+from ..nn.bn_lif import _BatchNormLIF, running_average_factor
 from ..nn.containers import SeqToBatch
 from ..nn.neurons import LIF
 from ..ops.common import compute_dtype
@@ -63,6 +63,7 @@ from ..surrogate import Sigmoid
 __all__ = [
     "TimeSplitLIF",
     "TimeSplitBatchNorm",
+    "TimeSplitBatchNormLIF",
     "timesplit_lif",
     "timesplit_neuron",
     "time_partition",
@@ -604,13 +605,45 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
         return f"{super().extra_repr()}, channel_dim={self.channel_dim}"
 
 
+class TimeSplitBatchNormLIF(nn.Module):
+    """A fused :class:`~spikefuse.nn.BatchNormLIF2d` (or ``1d``) whose statistics are taken over the ranks of
+    ``group``: :class:`TimeSplitBatchNorm` then the neuron with ``memory="recompute"``, sharing the fused module's
+    parameters, buffers and learnable decay. Same call, ``module(x, residual=None, residual_binary=False)``.
+
+    The fused op normalizes inside one custom op that cannot all-reduce; this form can, at a memory cost: the
+    normalized input (plus residual) is kept for backward as the neuron's input, as in the unfused network."""
+
+    def __init__(self, fused: _BatchNormLIF, group=None):
+        super().__init__()
+        self.bn = TimeSplitBatchNorm(fused.num_features, fused.eps, fused.momentum, fused.affine,
+                                     fused.track_running_stats, group=group, channel_dim=2)  # fmt: skip
+        self.bn._parameters = {k: v for k, v in fused._parameters.items() if k in ("weight", "bias")}
+        self.bn._buffers = dict(fused._buffers)
+        learnable = isinstance(fused.decay, nn.Parameter)
+        self.neuron = LIF(0.5 if learnable else fused.decay, fused.threshold, fused.v_reset, fused.surrogate,
+                          fused.detach_reset, stateful=fused.stateful, backend=fused.backend, memory="recompute")
+        if learnable:
+            self.neuron.decay = fused.decay
+        self.train(fused.training)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False):
+        y = self.bn(x)
+        return self.neuron(y if residual is None else y + residual)
+
+    def reset_state(self) -> None:
+        self.neuron.reset_state()
+
+
 # ---------------------------------------------------------------------------------------------------- converters
 
 
 def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
-    """Replace ``SeqToBatch(nn.BatchNormNd)`` and bare ``nn.BatchNormNd`` by :class:`TimeSplitBatchNorm` over
-    ``group`` (sharing parameters and buffers). Returns the converted module (``module`` itself is changed in
-    place where it is a container)."""
+    """Replace ``SeqToBatch(nn.BatchNormNd)`` and bare ``nn.BatchNormNd`` by :class:`TimeSplitBatchNorm`, and the
+    fused BatchNorm+LIF modules of the lean form by :class:`TimeSplitBatchNormLIF`, over ``group`` (sharing
+    parameters and buffers). Returns the converted module (``module`` itself is changed in place where it is a
+    container)."""
+    if isinstance(module, _BatchNormLIF):
+        return TimeSplitBatchNormLIF(module, group)
     if isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm):
         return TimeSplitBatchNorm.from_batchnorm(module.module, group, channel_dim=2)
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm):
@@ -623,14 +656,17 @@ def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
 
 
 def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Module:
-    """Make a network time-split: every :class:`~spikefuse.nn.LIF` (and ``IF``) becomes a :class:`TimeSplitLIF`
-    and every BatchNorm a :class:`TimeSplitBatchNorm` over ``group``, sharing parameters and buffers.
+    """Make a network time-split: every :class:`~spikefuse.nn.LIF` (and ``IF``) becomes a :class:`TimeSplitLIF`,
+    every BatchNorm a :class:`TimeSplitBatchNorm` and every fused BatchNorm+LIF a :class:`TimeSplitBatchNormLIF`
+    (whose neuron is time-split in turn) over ``group``, sharing parameters and buffers.
 
     Layers without memory across time steps (conv, linear, pooling applied through ``SeqToBatch``) need no change.
     Layers that mix time steps any other way (attention over time, a readout of the last step) are not handled.
     """
     if isinstance(module, LIF) and not isinstance(module, TimeSplitLIF):
         return TimeSplitLIF.from_lif(module, group, chunks)
+    if isinstance(module, _BatchNormLIF):
+        module = TimeSplitBatchNormLIF(module, group)  # its neuron is converted below
     is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm)
     if is_bn or (isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm)):
         return convert_batchnorm(module, group)

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
-from ..nn.bn_lif import _BatchNormLIF
 from ..nn.lean import batchnorm_lif_from, spike_layer_from
 
 __all__ = ["BasicBlock", "Bottleneck", "SpikingResNet", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50", "resnet_tiny"]
@@ -47,13 +46,15 @@ def bn(planes: int) -> SeqToBatch:
     return SeqToBatch(nn.BatchNorm2d(planes))
 
 
-def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict, key: str = "bn_lif") -> None:
-    """``parent.<bn_name>`` becomes one BatchNorm+LIF module, ``parent.<sn_name>`` an ``nn.Identity``."""
+def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict, key: str = "bn_lif") -> bool:
+    """``parent.<bn_name>`` becomes one BatchNorm+LIF module, ``parent.<sn_name>`` an ``nn.Identity``; whether it
+    did."""
     fused = batchnorm_lif_from(getattr(parent, bn_name), getattr(parent, sn_name))
     if fused is not None:
         setattr(parent, bn_name, fused)
         setattr(parent, sn_name, nn.Identity())
         counts[key] += 1
+    return fused is not None
 
 
 def _convert_block(block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[str, str], ...], last: tuple[str, str],
@@ -71,13 +72,15 @@ def _convert_block(block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[
             counts["spike_layers"] += 1
     for bn_name, sn_name in pairs:
         _fuse_bn_neuron(block, bn_name, sn_name, counts)
-    _fuse_bn_neuron(block, *last, counts, key="bn_add_lif")
+    if _fuse_bn_neuron(block, *last, counts, key="bn_add_lif"):
+        block.fused_tail = True
 
 
 def _tail(block: nn.Module, bn_out: nn.Module, conv_out: torch.Tensor, sn: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``sn(bn(conv_out) + shortcut)``, in one op when the block is lean (``bn_out`` fused with its neuron)."""
+    """``sn(bn(conv_out) + shortcut)``, in one op when the block is lean (``bn_out`` fused with its neuron, which
+    the data-parallel and time-split converters may replace by an equivalent module of the same call)."""
     identity = x if block.downsample is None else block.downsample(x)
-    if isinstance(bn_out, _BatchNormLIF):
+    if block.fused_tail:
         # The identity shortcut is the block's input, spikes: saved as bits.
         return bn_out(conv_out, identity, residual_binary=block.downsample is None)
     return sn(bn_out(conv_out) + identity)
@@ -95,6 +98,7 @@ class BasicBlock(nn.Module):
         self.bn2 = bn(planes)
         self.sn2 = neuron.make()
         self.downsample = downsample
+        self.fused_tail = False  # the lean form: bn2 is BatchNorm + residual add + LIF, sn2 an identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.bn1(self.conv1(x)))
@@ -119,6 +123,7 @@ class Bottleneck(nn.Module):
         self.bn3 = bn(planes * self.expansion)
         self.sn3 = neuron.make()
         self.downsample = downsample
+        self.fused_tail = False  # the lean form: bn3 is BatchNorm + residual add + LIF, sn3 an identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.bn1(self.conv1(x)))

@@ -24,6 +24,7 @@ TRAJECTORY_KEYS = (
     "test_subset",
     "image_size",
     "width",
+    "memory",
 )
 
 
@@ -57,6 +58,7 @@ class TrainConfig:
     test_subset: int | None = None
     image_size: int | None = None  # resize static images (data set's ``size=``); None = native
     width: int | None = None  # ResNets: channels of the first stage (None = the model's: 64, resnet-tiny 16)
+    memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     progress: bool = True
     neuron: dict | None = field(default=None)  # NeuronOptions.to_dict(); None = the model's paper defaults
 
@@ -84,8 +86,14 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-        from ..models import MODELS
+        from ..models import MEMORY_FORMS, MODELS
         from ..ops import BACKENDS, resolve_backend
+
+        if self.memory not in MEMORY_FORMS:
+            raise ConfigError(f"--memory must be one of {', '.join(MEMORY_FORMS)}, got {self.memory!r}")
+        if self.memory == "lean" and self.neurons != "spikefuse":
+            raise ConfigError("--memory lean fuses BatchNorm with spikefuse's neurons; --neurons spikingjelly keeps "
+                              "SpikingJelly's: use --memory fused with it")
 
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
@@ -118,7 +126,14 @@ class TrainConfig:
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}" for k in TRAJECTORY_KEYS if saved.get(k) != getattr(cfg, k)]
+    """Refuse to resume a run whose trajectory settings differ from the checkpoint's. A setting a checkpoint
+    predates (written before the setting existed) counts as its default, the value that run had."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    diffs = [
+        f"{k}: checkpoint {saved.get(k, defaults[k])!r}, now {getattr(cfg, k)!r}"
+        for k in TRAJECTORY_KEYS
+        if saved.get(k, defaults[k]) != getattr(cfg, k)
+    ]
     if saved.get("neuron") != cfg.neuron:
         diffs.append("neuron options differ")
     if diffs:

@@ -103,7 +103,8 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
         if cfg.width is not None:
             kw["width"] = cfg.width
     neuron = None if cfg.neuron is None else NeuronOptions.from_dict(cfg.neuron)
-    model = build_model(cfg.model, info["in_channels"], info["num_classes"], neuron=neuron, neuron_backend=cfg.neuron_backend, **kw)
+    model = build_model(cfg.model, info["in_channels"], info["num_classes"], neuron=neuron,
+                        neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw)
     if cfg.neurons == "spikingjelly":
         from ..compat.spikingjelly import use_spikingjelly_neurons
 
@@ -325,7 +326,8 @@ def fit(
     log(
         f"spikefuse train: {cfg.model} ({n_params / 1e6:.2f} M params) on {info['name']} ({len(train_ds)} train / "
         f"{len(test_ds)} test, {info['in_channels']}x{info['height']}x{info['width']}, {info['kind']}), T={cfg.T}, "
-        f"batch {cfg.batch_size}{par}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, device {device}, "
+        f"batch {cfg.batch_size}{par}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, memory "
+        f"{cfg.memory}, device {device}, "
         f"threads {torch.get_num_threads()}{' per rank' if world > 1 else ''}, seed {cfg.seed}"
     )
     if world > 1 and 0 < len(train_ds) % cfg.batch_size < world:
@@ -362,6 +364,7 @@ def fit(
             "train_samples_per_s": tr["samples"] / tr["time_s"] if tr["time_s"] > 0 else float("nan"),
             "peak_rss_mb": rss,
             "peak_cuda_mb": cuda,
+            "memory": cfg.memory,
         }
         history.append(row)
         if not main:

@@ -26,6 +26,7 @@ METRIC_COLUMNS = (
     "train_samples_per_s",
     "peak_rss_mb",
     "peak_cuda_mb",
+    "memory",
 )
 
 
