@@ -6,7 +6,16 @@ import importlib.util
 import pytest
 import torch
 
-from spikefuse.train import METRIC_COLUMNS, ConfigError, TrainConfig, evaluate_checkpoint, fit, load_checkpoint
+from spikefuse.train import (
+    FIRST_BATCH_NOTE,
+    METRIC_COLUMNS,
+    ConfigError,
+    TrainConfig,
+    evaluate_checkpoint,
+    fit,
+    load_checkpoint,
+    run_epoch,
+)
 
 
 def _cpu_backend_available() -> bool:
@@ -194,3 +203,22 @@ def test_data_parallel_two_processes_match_one_process(tmp_path, capfd, memory):
     # the global batch must split evenly over the processes
     assert main(args[:-1] + ["3"]) == 2
     assert "divisible by the number of processes (3)" in capfd.readouterr().err
+
+
+def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsys):
+    """The first batch of a process compiles kernels (tens of seconds with an empty cache): the bar says so instead
+    of an ETA extrapolated from it, and a fresh bar (whose rate counts from the second batch) replaces it."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from spikefuse.models import build_model
+
+    model = build_model("resnet-tiny", 1, 10, width=4, stem="cifar", neuron_backend="reference")
+    data = TensorDataset(torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,)))
+    for first_run in (True, False):
+        run_epoch(model, DataLoader(data, batch_size=4), kind="image", T=2, encoding="direct",
+                  device=torch.device("cpu"), optimizer=torch.optim.Adam(model.parameters()), progress=True,
+                  desc="epoch 1/1", first_run=first_run)
+        err = capsys.readouterr().err
+        assert (("epoch 1/1" + FIRST_BATCH_NOTE) in err) == first_run
+        if first_run:
+            assert "epoch 1/1:  33%" in err  # the fresh bar after the first batch, at 4 of 12 samples

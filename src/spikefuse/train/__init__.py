@@ -33,7 +33,7 @@ training batch with fewer samples than ranks is skipped (each rank would otherwi
 from ..compat.spikingjelly import use_spikingjelly_neurons
 from .checkpoints import load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
-from .loop import evaluate_checkpoint, fit, make_model, reset_states, run_epoch
+from .loop import FIRST_BATCH_NOTE, evaluate_checkpoint, fit, make_model, reset_states, run_epoch
 from .parallel import fit_data_parallel
 from .reports import METRIC_COLUMNS, peak_memory_mb, plot_curves, write_metrics
 
@@ -50,6 +50,7 @@ __all__ = [
     "use_spikingjelly_neurons",
     "reset_states",
     "run_epoch",
+    "FIRST_BATCH_NOTE",
     "make_model",
     "write_metrics",
     "plot_curves",

@@ -34,7 +34,10 @@ from .checkpoints import (
 from .config import ConfigError, TrainConfig, check_batch_split
 from .reports import format_epoch, max_over_ranks, peak_memory_mb, plot_curves, write_metrics
 
-__all__ = ["fit", "evaluate_checkpoint", "run_epoch", "make_model", "reset_states"]
+__all__ = ["fit", "evaluate_checkpoint", "run_epoch", "make_model", "reset_states", "FIRST_BATCH_NOTE"]
+
+#: What the progress bar shows while the first batch of a process runs.
+FIRST_BATCH_NOTE = " (first batch: compiling kernels, cached for later runs)"
 
 
 def reset_states(model: nn.Module) -> None:
@@ -136,6 +139,7 @@ def run_epoch(
     progress: bool = False,
     desc: str = "",
     data_parallel: bool = False,
+    first_run: bool = False,
 ) -> dict:
     """One pass over ``loader``: trains when ``optimizer`` is given, else evaluates (no grad, eval-mode BN).
 
@@ -148,6 +152,10 @@ def run_epoch(
     backpropagated is the shard's summed loss times ``world_size / global batch``, so DDP's gradient average is
     the joint batch's mean gradient even when the shards are uneven; a batch smaller than the world is skipped
     in training and run whole on rank 0 in evaluation.
+
+    ``first_run``: the first batches this process runs, whose kernels compile on first use (numba, Triton; cached
+    on disk for later runs): the progress bar says so while the first batch runs, and its rate and ETA count from
+    the second batch on.
     """
     from ..distributed import ddp
 
@@ -160,7 +168,11 @@ def run_epoch(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(loader.dataset), desc=desc, unit="sample", leave=False, dynamic_ncols=True)
+        def new_bar(note: str = "", initial: int = 0):
+            return tqdm(total=len(loader.dataset), desc=desc + note, initial=initial, unit="sample", leave=False,
+                        dynamic_ncols=True)
+
+        bar = new_bar(FIRST_BATCH_NOTE if first_run else "")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -169,7 +181,7 @@ def run_epoch(
             x = _to_time_major(x, kind, T, encoding, generator)  # the global batch (same encoding on every rank)
             if world > 1:
                 n_global = y.shape[0]
-                if bar is not None:
+                if bar is not None and not (first_run and batch == 1):
                     bar.update(n_global)
                 if n_global < world:  # some shard would be empty
                     if training or rank != 0:
@@ -198,7 +210,11 @@ def run_epoch(
             correct += int((out.argmax(1) == y).sum())
             seen += n
             if bar is not None:
-                if world == 1:
+                if first_run and batch == 1:  # a fresh bar: the rate and ETA leave the compilation out
+                    done = bar.n + (n if world == 1 else n_global)
+                    bar.close()
+                    bar = new_bar(initial=done)
+                elif world == 1:
                     bar.update(n)
                 bar.set_postfix(loss=f"{total_loss / seen:.4f}", acc=f"{correct / seen:.3f}")
     if device.type == "cuda":
@@ -340,7 +356,7 @@ def fit(
             torch.cuda.reset_peak_memory_stats(device)
         try:
             tr = run_epoch(model, train_loader, optimizer=optimizer, generator=enc_gen, progress=cfg.progress and main,
-                           desc=f"epoch {epoch}/{cfg.epochs}", **common)
+                           desc=f"epoch {epoch}/{cfg.epochs}", first_run=epoch == start_epoch + 1, **common)
             if not all(bool(torch.isfinite(p).all()) for p in core.parameters()):
                 raise ConfigError(f"training diverged: the weights hold NaN or inf after epoch {epoch}; lower --lr "
                                   "(Adam's learning rate)")
