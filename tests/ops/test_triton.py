@@ -222,8 +222,26 @@ def test_unsupported_dtype_raises():
 def test_non_contiguous_input_is_rejected():
     spec = P.NeuronSpec()
     x2 = torch.ones(3, 2).t()
-    with pytest.raises(AssertionError, match="must be contiguous"):
+    with pytest.raises(ValueError, match="must be contiguous"):
         triton_ops.forward(x2, torch.ones(1), 1, torch.zeros(3), spec.kernel_args(), P.SAVE_POTENTIAL)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(block=100), r"block must be one of"),
+        (dict(leak=torch.ones(4)), r"6 neurons do not tile a per-channel leak of 4 entries x inner 1"),
+        (dict(v_init=torch.zeros(6, dtype=torch.float64)), r"v_init has dtype torch.float64, expected torch.float32"),
+    ],
+)
+def test_launcher_checks_raise_errors_not_asserts(kwargs, message):
+    """The launchers index raw pointers: a bad layout raises (also under ``python -O``), never reads out of bounds."""
+    args = dict(leak=torch.ones(1), v_init=torch.zeros(6))
+    args.update(kwargs)
+    block = args.pop("block", None)
+    with pytest.raises((ValueError, TypeError), match=message):
+        triton_ops.forward(torch.rand(2, 6), args["leak"], 1, args["v_init"], P.NeuronSpec().kernel_args(),
+                           P.SAVE_POTENTIAL, block=block)
 
 
 # ---------------------------------------------------------------------------------------------------------------

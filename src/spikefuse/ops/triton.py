@@ -461,7 +461,8 @@ def block_size(n: int) -> int:
 def _check_block(block: int | None, n: int) -> int:
     if block is None:
         return block_size(n)
-    assert block in BLOCK_SIZES, f"spikefuse Triton backend: block must be one of {BLOCK_SIZES}, got {block}"
+    if block not in BLOCK_SIZES:
+        raise ValueError(f"spikefuse Triton backend: block must be one of {BLOCK_SIZES}, got {block}")
     return block
 
 
@@ -561,12 +562,15 @@ def _check_dtype(x2: torch.Tensor) -> None:
 
 
 def _check_tensor(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    assert t.is_contiguous(), f"spikefuse Triton backend: {name} must be contiguous (the API makes it so)"
-    assert tuple(t.shape) == tuple(shape), (
-        f"spikefuse Triton backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}"
-    )
-    assert t.dtype == dtype, f"spikefuse Triton backend: {name} has dtype {t.dtype}, expected {dtype}"
-    assert t.device == device, f"spikefuse Triton backend: {name} is on {t.device}, expected {device}"
+    """The kernels index raw pointers: a wrong layout would read out of bounds, not fail."""
+    if not t.is_contiguous():
+        raise ValueError(f"spikefuse Triton backend: {name} must be contiguous (the public API makes it so)")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"spikefuse Triton backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"spikefuse Triton backend: {name} has dtype {t.dtype}, expected {dtype}")
+    if t.device != device:
+        raise ValueError(f"spikefuse Triton backend: {name} is on {t.device}, expected {device}")
 
 
 def _per_neuron(t: torch.Tensor, name: str, n: int, cdt: torch.dtype, device) -> torch.Tensor:
@@ -583,12 +587,14 @@ def _leak_layout(leak: torch.Tensor, inner: int, n: int, cdt: torch.dtype, devic
     leak = leak.reshape(-1).contiguous()
     _check_tensor(leak, "leak", (leak.numel(),), cdt, device)
     channels = leak.numel()
-    assert channels >= 1, "spikefuse Triton backend: leak must have at least one entry"
+    if channels < 1:
+        raise ValueError("spikefuse Triton backend: leak must have at least one entry")
     if channels == 1:
         return leak, False, 1, 1
-    assert inner >= 1 and n % (channels * inner) == 0, (
-        f"spikefuse Triton backend: {n} neurons do not tile a per-channel leak of {channels} entries x inner {inner}"
-    )
+    if inner < 1 or n % (channels * inner):
+        raise ValueError(
+            f"spikefuse Triton backend: {n} neurons do not tile a per-channel leak of {channels} entries x inner {inner}"
+        )
     return leak, True, int(inner), channels
 
 
@@ -646,9 +652,11 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         _check_tensor(x2, "x", (t_steps, n), xdt, device)
     recompute = save == P.SAVE_INPUT
     if recompute:
-        assert x2 is not None, "spikefuse Triton backend: memory mode 'recompute' needs x in backward"
+        if x2 is None:
+            raise ValueError("spikefuse Triton backend: memory mode 'recompute' needs x in backward")
     else:
-        assert saved is not None, "spikefuse Triton backend: memory mode 'potential' needs the saved potentials"
+        if saved is None:
+            raise ValueError("spikefuse Triton backend: memory mode 'potential' needs the saved potentials")
         _check_tensor(saved, "saved", (t_steps, n), cdt, device)
     leak, per_channel, inner, channels = _leak_layout(leak, inner, n, cdt, device)
     need_leak_grad = bool(need_leak_grad)
