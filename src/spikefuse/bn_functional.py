@@ -15,7 +15,7 @@ from .functional import _check_input, _check_no_functorch, _leak_tensor, _paper_
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
 
-__all__ = ["batchnorm_lif"]
+__all__ = ["batchnorm_lif", "conv_batchnorm_lif"]
 
 
 def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
@@ -115,5 +115,131 @@ def batchnorm_lif(
     spikes, state = _bn_lif.bn_spiking_neuron(
         x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init,
         concrete, residual, bool(residual_binary),
+    )  # fmt: skip
+    return (spikes, state) if return_state else spikes
+
+
+def _conv(x: torch.Tensor, weight: torch.Tensor, bias, conv: tuple) -> torch.Tensor:
+    stride, padding, dilation, groups = conv
+    zeros = [0] * (weight.ndim - 2)
+    return torch.ops.aten.convolution(x, weight, bias, stride, padding, dilation, False, zeros, groups)
+
+
+class _ConvThenBatchNormNeuron(torch.autograd.Function):
+    """``batchnorm_lif(conv(x))`` saving ``x`` (which the convolution saves anyway), not the conv output: backward
+    recomputes the convolution, then runs ``batchnorm_lif`` on it again under autograd (in training with the
+    batch's statistics and no running-statistics update), so the fused op's own backward gives its gradients, and
+    last the convolution's backward."""
+
+    @staticmethod
+    def forward(ctx, x, conv_weight, conv_bias, bn_weight, bn_bias, decay, conv, bn, neuron):
+        t_steps = x.shape[0]
+        z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
+        running_mean, running_var, training, momentum, eps = bn
+        spikes, state = batchnorm_lif(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps,
+                                      decay=decay, return_state=True, **neuron)  # fmt: skip
+        optional = (conv_bias, bn_weight, bn_bias, decay if isinstance(decay, torch.Tensor) else None)
+        ctx.present = [t is not None for t in optional]
+        empty = x.new_empty(0)
+        ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional))
+        ctx.decay, ctx.conv, ctx.bn, ctx.neuron = decay, conv, bn, neuron
+        return spikes, state
+
+    @staticmethod
+    def backward(ctx, grad_spikes, grad_state):
+        x, conv_weight, *rest = ctx.saved_tensors
+        conv_bias, bn_weight, bn_bias, decay = (t if keep else None for t, keep in zip(rest, ctx.present))
+        running_mean, running_var, training, _, eps = ctx.bn
+        need = ctx.needs_input_grad
+        t_steps = x.shape[0]
+        xb = x.flatten(0, 1)
+        with torch.no_grad():
+            z = _conv(xb, conv_weight, conv_bias, ctx.conv)
+        with torch.enable_grad():
+            leaves = {
+                "z": z.requires_grad_(),
+                "bn_weight": None if bn_weight is None else bn_weight.detach().requires_grad_(bool(need[3])),
+                "bn_bias": None if bn_bias is None else bn_bias.detach().requires_grad_(bool(need[4])),
+                "decay": None if decay is None else decay.detach().requires_grad_(bool(need[5])),
+            }
+            stats = (None, None) if training else (running_mean, running_var)
+            spikes, state = batchnorm_lif(
+                z.unflatten(0, (t_steps, -1)), *stats, leaves["bn_weight"], leaves["bn_bias"], training, 0.0, eps,
+                decay=ctx.decay if leaves["decay"] is None else leaves["decay"], return_state=True, **ctx.neuron,
+            )
+            wanted = [k for k, t in leaves.items() if t is not None and t.requires_grad]
+            grads = torch.autograd.grad((spikes, state), [leaves[k] for k in wanted], (grad_spikes, grad_state))
+            grads = dict(zip(wanted, grads))
+        has_bias = conv_bias is not None
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grads["z"], xb, conv_weight, list(conv_bias.shape) if has_bias else None, *ctx.conv[:3], False,
+            [0] * (conv_weight.ndim - 2), ctx.conv[3], [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
+        )  # fmt: skip
+        return (
+            grad_x.unflatten(0, (t_steps, -1)) if need[0] else None,
+            grad_w if need[1] else None,
+            grad_b if need[2] and has_bias else None,
+            grads.get("bn_weight"),
+            grads.get("bn_bias"),
+            grads.get("decay"),
+            None,
+            None,
+            None,
+        )
+
+
+def conv_batchnorm_lif(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    decay,
+    threshold: float,
+    v_reset: float | None = 0.0,
+    surrogate=Sigmoid(4.0),
+    detach_reset: bool = False,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """A convolution (zero padding, integer ``stride``/``padding``/``dilation`` lists) over ``x [T, B, C_in, ...]``
+    merged to ``[T*B, ...]``, then :func:`batchnorm_lif`; the same spikes, gradients and running statistics as the
+    composition. Backward gets only ``x`` (which the convolution's weight gradient needs anyway) and recomputes
+    the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes (those the lean
+    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward and BatchNorm
+    + neuron forward in backward. The neurons start from their reset value (no ``v_init``); ``return_state=True``
+    also returns the final state, as :func:`batchnorm_lif` does. Not for double backward."""
+    _check_input(x)
+    if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
+        raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")
+    if x.ndim != conv_weight.ndim + 1:
+        raise ValueError(f"a {conv_weight.ndim - 2}-d convolution expects x of shape [T, B, C, ...] with "
+                         f"{conv_weight.ndim + 1} dims, got {tuple(x.shape)}")  # fmt: skip
+    if x.shape[2] != conv_weight.shape[1] * groups:
+        raise ValueError(f"x has {x.shape[2]} channels (dim 2) but the convolution expects "
+                         f"{conv_weight.shape[1] * groups}")  # fmt: skip
+    dims = conv_weight.ndim - 2
+
+    def ints(v, name):
+        v = [v] * dims if isinstance(v, int) else list(v)
+        if len(v) != dims or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise ValueError(f"{name} must be an int or {dims} ints, got {v!r}")
+        return v
+
+    conv = (ints(stride, "stride"), ints(padding, "padding"), ints(dilation, "dilation"), int(groups))
+    neuron = dict(threshold=threshold, v_reset=v_reset, surrogate=surrogate, detach_reset=detach_reset, backend=backend)
+    spikes, state = _ConvThenBatchNormNeuron.apply(
+        x, conv_weight, conv_bias, weight, bias, decay, conv,
+        (running_mean, running_var, bool(training), float(momentum), float(eps)), neuron,
     )  # fmt: skip
     return (spikes, state) if return_state else spikes

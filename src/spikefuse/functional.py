@@ -203,6 +203,6 @@ def if_neuron(x: torch.Tensor, *, threshold: float, **kwargs):
     """Integrate-and-fire neurons: :func:`lif` with ``decay=1``."""
     return lif(x, decay=1.0, threshold=threshold, **kwargs)
 
-from .bn_functional import batchnorm_lif  # noqa: E402  (it builds on the functions above)
+from .bn_functional import batchnorm_lif, conv_batchnorm_lif  # noqa: E402  (it builds on the functions above)
 
-__all__ += ["batchnorm_lif"]
+__all__ += ["batchnorm_lif", "conv_batchnorm_lif"]

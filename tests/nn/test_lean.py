@@ -11,12 +11,17 @@ from torch import nn
 
 import spikefuse
 from spikefuse.models import MODELS, build_model
-from spikefuse.nn import LIF, BatchNormLIF1d, BatchNormLIF2d, SeqToBatch, SpikeConv2d, SpikeLinear, to_lean
+from spikefuse.nn import (
+    LIF,
+    BatchNormLIF1d,
+    BatchNormLIF2d,
+    ConvBatchNormLIF,
+    SeqToBatch,
+    SpikeConv2d,
+    SpikeLinear,
+    to_lean,
+)
 from spikefuse.nn.lean import LEAN_COUNTS, ShapeOnlyAvgPool2d
-
-
-def _param_key(name):
-    return ".".join(part for part in name.split(".") if part != "module")
 
 
 def _saved_bytes(model, fn):
@@ -35,33 +40,33 @@ def _saved_bytes(model, fn):
     return sum(storages.values()), out
 
 
-def _step(model, x, labels, rename=None):
+def _step(model, x, labels):
     for p in model.parameters():
         p.grad = None
     saved, out = _saved_bytes(model, lambda: model(x))
     loss = nn.functional.cross_entropy(out.mean(0), labels)
     loss.backward()
-    rename = rename or {}
-    grads = {rename.get(k, k): p.grad for k, p in ((_param_key(n), p) for n, p in model.named_parameters())
-             if p.grad is not None}  # fmt: skip
-    return out.detach(), loss.detach(), grads, saved
+    return out.detach(), loss.detach(), [(n, p.grad) for n, p in model.named_parameters()], saved
 
 
-def _assert_same_training(plain, lean, x, labels, steps=2, rename=None):
-    """``rename``: names of the plain model's parameters that moved in the lean one (a learnable decay)."""
+def _assert_same_training(plain, lean, x, labels, steps=2):
+    """Parameters and buffers are compared in registration order, which the conversions keep (their names change:
+    ``bn1.module.weight`` becomes ``bn1.weight``, or ``bn1.bn_lif.weight`` inside a ConvBatchNormLIF)."""
     for _ in range(steps):  # the second step starts from running statistics the first one updated
-        out_p, loss_p, grads_p, saved_p = _step(plain, x, labels, rename)
+        out_p, loss_p, grads_p, saved_p = _step(plain, x, labels)
         out_l, loss_l, grads_l, saved_l = _step(lean, x, labels)
         assert torch.equal(out_l, out_p), "outputs differ: a spike flipped"
         torch.testing.assert_close(loss_l, loss_p, rtol=1e-6, atol=0)
-        assert grads_l.keys() == grads_p.keys()
-        for name, g in grads_p.items():
+        assert len(grads_l) == len(grads_p)
+        for (name, g), (lean_name, g_l) in zip(grads_p, grads_l):
+            assert g.shape == g_l.shape, f"{name} / {lean_name}: shapes {tuple(g.shape)} {tuple(g_l.shape)}"
             scale = float(g.abs().max())
-            err = float((grads_l[name] - g).abs().max())
+            err = float((g_l - g).abs().max())
             assert err <= 1e-5 * max(scale, 1e-12), f"{name}: max abs diff {err:.3e}, scale {scale:.3e}"
-    buffers_p = {_param_key(n): b for n, b in plain.named_buffers()}
-    for name, b in lean.named_buffers():
-        assert torch.equal(b, buffers_p[_param_key(name)]), name
+    buffers_p, buffers_l = list(plain.named_buffers()), list(lean.named_buffers())
+    assert len(buffers_l) == len(buffers_p)
+    for (name, b), (_, b_l) in zip(buffers_p, buffers_l):
+        assert torch.equal(b_l, b), name
     return saved_p, saved_l
 
 
@@ -99,11 +104,13 @@ def test_resnet_counts_and_block_structure():
     counts = to_lean(fresh)
     # stem + one per block fused with their neuron; each block's last neuron fused with BN and the residual add;
     # every block conv and downsample conv reads spikes
-    assert counts == {"bn_lif": 9, "bn_add_lif": 8, "spike_layers": 19, "recompute_neurons": 0, "pools": 0}
+    assert counts == {"bn_lif": 9, "bn_add_lif": 8, "conv_bn_lif": 1, "spike_layers": 19, "recompute_neurons": 0,
+                      "pools": 0}  # fmt: skip
     block = fresh.layer2[0]
     assert isinstance(block.bn2, BatchNormLIF2d) and isinstance(block.sn2, nn.Identity)
     assert isinstance(block.downsample[0], SpikeConv2d)
-    assert isinstance(fresh.conv1, SeqToBatch)  # the stem conv reads the image, not spikes
+    # the stem conv reads the image, not spikes: recomputed from it in backward
+    assert isinstance(fresh.bn1, ConvBatchNormLIF) and isinstance(fresh.conv1, nn.Identity)
 
 
 def test_liang_medium_counts():
@@ -137,22 +144,26 @@ def test_user_sequential():
     lean = _user_net()
     lean.load_state_dict(plain.state_dict())
     counts = to_lean(lean)
-    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "spike_layers": 2, "recompute_neurons": 1, "pools": 1}
-    assert isinstance(lean[1], BatchNormLIF2d) and isinstance(lean[2], nn.Identity)
-    assert isinstance(lean[1].decay, nn.Parameter) and lean[1].decay.shape == (4,)
-    assert isinstance(lean[4], SeqToBatch)  # reads pooled (real-valued) spikes: unchanged
+    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "conv_bn_lif": 2, "spike_layers": 2, "recompute_neurons": 1,
+                      "pools": 1}  # fmt: skip
+    # both convs read real values (the input; pooled spikes): recomputed in backward, with their BN and neuron
+    for i in (0, 4):
+        assert isinstance(lean[i], ConvBatchNormLIF) and isinstance(lean[i].bn_lif, BatchNormLIF2d)
+        assert isinstance(lean[i + 1], nn.Identity) and isinstance(lean[i + 2], nn.Identity)
+    assert isinstance(lean[0].bn_lif.decay, nn.Parameter) and lean[0].bn_lif.decay.shape == (4,)
     assert isinstance(lean[7], SpikeConv2d) and isinstance(lean[10], SpikeLinear)
     x = torch.rand(4, 3, 2, 6, 6, generator=torch.Generator().manual_seed(5)) * 3
     labels = torch.tensor([0, 4, 2])
-    saved_p, saved_l = _assert_same_training(plain, lean, x, labels, rename={"2.decay": "1.decay"})
+    saved_p, saved_l = _assert_same_training(plain, lean, x, labels)
     assert saved_l < 0.5 * saved_p
 
 
 def test_lean_keeps_device_dtype_and_mode():
     net = _user_net().double().eval()
     to_lean(net)
-    assert net[1].weight.dtype == torch.float64 and net[1].decay.dtype == torch.float64
-    assert not net[1].training and not net[7].training
+    fused = net[0].bn_lif
+    assert fused.weight.dtype == torch.float64 and fused.decay.dtype == torch.float64
+    assert not net[0].training and not fused.training and not net[7].training
 
 
 def test_bad_input():

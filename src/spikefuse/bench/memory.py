@@ -144,7 +144,7 @@ def make_form(cfg: dict):
 
 
 def _param_name(name: str) -> str:
-    """Parameter names shared by all forms: drop the ``.module`` of ``SeqToBatch`` wrappers."""
+    """A parameter's name without the ``.module`` of ``SeqToBatch`` wrappers (shorter in the report)."""
     return ".".join(part for part in name.split(".") if part != "module")
 
 
@@ -290,7 +290,8 @@ def run_form(cfg: dict) -> dict:
         "saved_other": sum(b for b, grp in saved.values() if grp != "stack"),
         "loss": float(loss.detach()),
     }
-    grads = {_param_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    # in registration order, which every form keeps (names change: see spikefuse.nn.lean)
+    grads = [(_param_name(n), None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()]
     update()  # creates the optimizer state, which the peak below then counts as already there
     del loss, saved
     # 2: peak memory of one step above the memory before it, without the CPU buffer cache (its idle buffers would
@@ -341,11 +342,18 @@ def _run_isolated(cfg: dict, tmp: Path) -> tuple[dict, dict]:
 
 
 # ------------------------------------------------------------------------------------------------------ report
-def _max_rel(grads: dict, ref: dict) -> tuple[float, str]:
+def _max_rel(grads: list, ref: list) -> tuple[float, str]:
+    """The largest relative difference of ``grads`` from ``ref`` (both ``[(name, grad)]`` in registration order)
+    and the reference name where it is; inf where the parameters do not line up."""
+    if len(grads) != len(ref):
+        return float("inf"), f"{len(grads)} parameters, the reference has {len(ref)}"
     worst, name = 0.0, ""
-    for key, r in ref.items():
-        g = grads.get(key)
-        if g is None or g.shape != r.shape:
+    for (_, g), (key, r) in zip(grads, ref):
+        if g is None or r is None:
+            if g is not r:
+                return float("inf"), key
+            continue
+        if g.shape != r.shape:
             return float("inf"), key
         scale = float(r.abs().max())
         rel = float((g - r).abs().max()) / scale if scale > 0 else float((g - r).abs().max())

@@ -54,7 +54,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..nn.bn_lif import _BatchNormLIF, running_average_factor
+from ..nn.bn_lif import ConvBatchNormLIF, _BatchNormLIF, running_average_factor
 from ..nn.containers import SeqToBatch
 from ..nn.neurons import LIF
 from ..ops.common import compute_dtype
@@ -644,6 +644,8 @@ def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
     container)."""
     if isinstance(module, _BatchNormLIF):
         return TimeSplitBatchNormLIF(module, group)
+    if isinstance(module, ConvBatchNormLIF):  # the convolution's output is kept again
+        return nn.Sequential(SeqToBatch(module.conv), TimeSplitBatchNormLIF(module.bn_lif, group))
     if isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm):
         return TimeSplitBatchNorm.from_batchnorm(module.module, group, channel_dim=2)
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm):
@@ -667,6 +669,8 @@ def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Modu
         return TimeSplitLIF.from_lif(module, group, chunks)
     if isinstance(module, _BatchNormLIF):
         module = TimeSplitBatchNormLIF(module, group)  # its neuron is converted below
+    if isinstance(module, ConvBatchNormLIF):
+        module = nn.Sequential(SeqToBatch(module.conv), module.bn_lif)  # converted below
     is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm)
     if is_bn or (isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm)):
         return convert_batchnorm(module, group)

@@ -1,13 +1,13 @@
 """Modules: multi-step neurons, layers fed by spikes, helpers for ``[T, B, ...]`` tensors, and the memory-lean
 conversion :func:`to_lean`."""
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .lean import ShapeOnlyAvgPool2d, to_lean
 from .neurons import IF, LIF
 from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear, debug_enabled, set_debug
 
 __all__ = [
-    "LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
+    "LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
     "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d",
 ]  # fmt: skip

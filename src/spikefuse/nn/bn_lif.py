@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _NormBase
 
-from ..bn_functional import batchnorm_lif
+from ..bn_functional import batchnorm_lif, conv_batchnorm_lif
 from ..surrogate import Sigmoid
 from .neurons import NeuronOptions
 from .spike_layers import check_binary, debug_enabled
 
-__all__ = ["BatchNormLIF1d", "BatchNormLIF2d"]
+__all__ = ["BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF"]
 
 
 def running_average_factor(bn: _NormBase) -> float:
@@ -84,25 +84,22 @@ class _BatchNormLIF(NeuronOptions, _NormBase):
         self._check_input_dim(x)
         if residual_binary and residual is not None and debug_enabled():
             check_binary(self, residual, "residual")
-        factor = running_average_factor(self)
-        bn_training = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
         spikes, state = batchnorm_lif(
-            x,
-            self.running_mean if track else None,
-            self.running_var if track else None,
-            self.weight,
-            self.bias,
-            bn_training,
-            factor,
-            self.eps,
-            residual=residual,
-            residual_binary=residual_binary,
+            x, *self._batchnorm_args(), residual=residual, residual_binary=residual_binary,
             **self._neuron_call_kwargs(x),
-        )
+        )  # fmt: skip
         if self.stateful:
             self.state = state.detach()
         return spikes
+
+    def _batchnorm_args(self) -> tuple:
+        """``(running_mean, running_var, weight, bias, training, momentum, eps)`` of a call in this module's mode,
+        as ``nn.BatchNorm`` decides them (counting the batch in training)."""
+        factor = running_average_factor(self)
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        return (self.running_mean if track else None, self.running_var if track else None, self.weight, self.bias,
+                bn_training, factor, self.eps)  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self._neuron_options_repr()}"
@@ -120,3 +117,39 @@ class BatchNormLIF2d(_BatchNormLIF):
 
     _ndims = (5,)
     _layout = "[T, B, C, H, W]"
+
+
+class ConvBatchNormLIF(torch.nn.Module):
+    """``conv`` (an ``nn.Conv1d/2d/3d`` over ``[T, B, C, ...]``, T*B merged) then ``bn_lif`` (a
+    :class:`BatchNormLIF1d`/``2d``), in one call whose backward recomputes the convolution's output instead of
+    keeping it (:func:`spikefuse.functional.conv_batchnorm_lif`): it keeps only the convolution's input, which the
+    convolution's weight gradient needs anyway. Same spikes, gradients and running statistics as
+    ``bn_lif(SeqToBatch(conv)(x))``. Meant for a convolution that reads real values, e.g. the first layer on
+    images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.nn.lean`).
+    ``conv`` and ``bn_lif`` stay the modules holding the parameters and buffers."""
+
+    def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_lif: _BatchNormLIF):
+        super().__init__()
+        if not isinstance(conv, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+            raise TypeError(f"conv must be an nn.Conv1d, Conv2d or Conv3d, got {type(conv).__name__}")
+        if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ValueError(f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
+                             f"padding_mode={conv.padding_mode!r}")  # fmt: skip
+        if not isinstance(bn_lif, _BatchNormLIF):
+            raise TypeError(f"bn_lif must be a BatchNormLIF1d or BatchNormLIF2d, got {type(bn_lif).__name__}")
+        if bn_lif.num_features != conv.out_channels:
+            raise ValueError(f"bn_lif has {bn_lif.num_features} channels but conv gives {conv.out_channels}")
+        if bn_lif.stateful:
+            raise ValueError("a stateful BatchNormLIF keeps its state between calls; ConvBatchNormLIF starts every "
+                             "call from the reset value: use the two modules in sequence")  # fmt: skip
+        self.conv = conv
+        self.bn_lif = bn_lif
+        self.training = bn_lif.training
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.conv
+        neuron = self.bn_lif._neuron_call_kwargs(x)
+        for key in ("v_init", "return_state"):
+            del neuron[key]
+        return conv_batchnorm_lif(x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups,
+                                  *self.bn_lif._batchnorm_args(), **neuron)  # fmt: skip

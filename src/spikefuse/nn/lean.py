@@ -10,8 +10,8 @@ The contract, for any model made of torch layers, :class:`~spikefuse.nn.SeqToBat
 neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
 
 1. **Modules that know their structure convert themselves first.** A module with a ``convert_to_lean(counts)``
-   method (the :mod:`spikefuse.models` ResNet blocks and the ResNet stem) replaces its own children and adds what
-   it changed to ``counts``. That is how the last neuron of a residual block, ``LIF(BN(conv(x)) + shortcut)``,
+   method (the :mod:`spikefuse.models` ResNet blocks and the ResNet stem, whose conv, BatchNorm and neuron become
+   one :class:`~spikefuse.nn.ConvBatchNormLIF`) replaces its own children and adds what it changed to ``counts``. That is how the last neuron of a residual block, ``LIF(BN(conv(x)) + shortcut)``,
    becomes one :class:`~spikefuse.nn.BatchNormLIF2d` call with a residual (the shortcut saved as bits when it is
    the block's input spikes). A user block with a residual add can do the same.
 2. **In every** ``nn.Sequential``, by position:
@@ -23,6 +23,10 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
    - ``SeqToBatch(nn.BatchNorm1d/2d)`` directly followed by a spikefuse neuron becomes one
      :class:`~spikefuse.nn.BatchNormLIF1d`/``2d`` (the BatchNorm's parameters and running statistics, the neuron's
      options and learnable decay) and the neuron becomes ``nn.Identity``;
+   - a ``SeqToBatch(nn.ConvNd)`` that reads real values (not spikes: the first layer on images) directly followed
+     by such a fused BatchNorm+LIF becomes one :class:`~spikefuse.nn.ConvBatchNormLIF`, which keeps only the
+     convolution's input (the convolution keeps it anyway) and recomputes the convolution in backward, instead of
+     keeping its output;
    - ``SeqToBatch(nn.AvgPool2d)`` becomes :class:`ShapeOnlyAvgPool2d` (its backward needs only the input's shape;
      torch's saves the input).
 3. **Every other spikefuse neuron** recomputes its potentials in backward (``memory="recompute"``).
@@ -38,15 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, _BatchNormLIF
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF, _BatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .neurons import LIF
 from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
 
-__all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "batchnorm_lif_from", "LEAN_COUNTS"]
+__all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "batchnorm_lif_from", "conv_batchnorm_lif_from",
+           "LEAN_COUNTS"]
 
 #: The keys of the report :func:`to_lean` returns.
-LEAN_COUNTS = ("bn_lif", "bn_add_lif", "spike_layers", "recompute_neurons", "pools")
+LEAN_COUNTS = ("bn_lif", "bn_add_lif", "conv_bn_lif", "spike_layers", "recompute_neurons", "pools")
 
 _SPIKE_LAYERS = {nn.Conv1d: SpikeConv1d, nn.Conv2d: SpikeConv2d, nn.Conv3d: SpikeConv3d, nn.Linear: SpikeLinear}
 _BN_LIF = {nn.BatchNorm1d: BatchNormLIF1d, nn.BatchNorm2d: BatchNormLIF2d}
@@ -101,6 +106,17 @@ def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None
     return new
 
 
+def conv_batchnorm_lif_from(conv_layer: nn.Module, bn_lif: nn.Module) -> ConvBatchNormLIF | None:
+    """One :class:`~spikefuse.nn.ConvBatchNormLIF` of ``conv_layer`` (``SeqToBatch(nn.ConvNd)`` with zero padding)
+    and ``bn_lif`` (a non-stateful fused BatchNorm+LIF), sharing their modules; None when they are not those."""
+    conv = conv_layer.module if isinstance(conv_layer, SeqToBatch) else None
+    if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) or conv.padding_mode != "zeros":
+        return None
+    if isinstance(conv.padding, str) or not isinstance(bn_lif, _BatchNormLIF) or bn_lif.stateful:
+        return None
+    return ConvBatchNormLIF(conv, bn_lif)
+
+
 class _ShapeOnlyAvgPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
@@ -142,13 +158,19 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
             if new is not None:
                 seq[i] = new
                 counts["spike_layers"] += 1
-        spikes = isinstance(m, (LIF, _BatchNormLIF)) or (spikes and _keeps_spikes(m))
+        spikes = isinstance(m, (LIF, _BatchNormLIF, ConvBatchNormLIF)) or (spikes and _keeps_spikes(m))
     for i in range(len(items) - 1):
         if isinstance(items[i], SeqToBatch) and isinstance(items[i + 1], LIF):
             new = batchnorm_lif_from(items[i], items[i + 1])
             if new is not None:
                 seq[i], seq[i + 1] = new, nn.Identity()
                 counts["bn_lif"] += 1
+    for i in range(len(seq) - 1):  # a conv reading real values, then a fused BatchNorm+LIF
+        if isinstance(seq[i], SeqToBatch) and spike_layer_from(seq[i]) is not None:
+            new = conv_batchnorm_lif_from(seq[i], seq[i + 1])
+            if new is not None:
+                seq[i], seq[i + 1] = new, nn.Identity()
+                counts["conv_bn_lif"] += 1
     for m in items:
         if isinstance(m, SeqToBatch) and type(m.module) is nn.AvgPool2d:
             p = m.module
