@@ -21,7 +21,7 @@ from spikefuse.nn import (
     SpikeLinear,
     to_lean,
 )
-from spikefuse.nn.lean import LEAN_COUNTS, ShapeOnlyAvgPool2d
+from spikefuse.nn.lean import LEAN_COUNTS, RECOMPUTE_MAX_MACS, ShapeOnlyAvgPool2d
 
 
 def _saved_bytes(model, fn):
@@ -120,6 +120,11 @@ def test_liang_medium_counts():
     assert sum(isinstance(m, SpikeConv2d) for m in lean.modules()) == 4
     assert sum(isinstance(m, SpikeLinear) for m in lean.modules()) == 2
     assert sum(isinstance(m, ShapeOnlyAvgPool2d) for m in lean.modules()) == 3
+    # the first conv (3 channels x 3x3 per output) is recomputed; those after pooling (128 or 256 channels x 3x3)
+    # read real values too, but cost too much to recompute
+    recomputed = [m for m in lean.modules() if isinstance(m, ConvBatchNormLIF)]
+    assert len(recomputed) == 1 and recomputed[0].conv.in_channels == 3
+    assert RECOMPUTE_MAX_MACS < 128 * 9
 
 
 def _user_net():

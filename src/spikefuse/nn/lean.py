@@ -26,7 +26,9 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
    - a ``SeqToBatch(nn.ConvNd)`` that reads real values (not spikes: the first layer on images) directly followed
      by such a fused BatchNorm+LIF becomes one :class:`~spikefuse.nn.ConvBatchNormLIF`, which keeps only the
      convolution's input (the convolution keeps it anyway) and recomputes the convolution in backward, instead of
-     keeping its output;
+     keeping its output -- where that is cheap: at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output
+     element (input channels per group x kernel volume: a first layer on 2-3 channels, not a convolution of
+     pooled spikes over many channels);
    - ``SeqToBatch(nn.AvgPool2d)`` becomes :class:`ShapeOnlyAvgPool2d` (its backward needs only the input's shape;
      torch's saves the input).
 3. **Every other spikefuse neuron** recomputes its potentials in backward (``memory="recompute"``).
@@ -38,6 +40,8 @@ modules are new modules holding copies of the old parameters.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,10 +52,14 @@ from .neurons import LIF
 from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
 
 __all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "batchnorm_lif_from", "conv_batchnorm_lif_from",
-           "LEAN_COUNTS"]
+           "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
 
 #: The keys of the report :func:`to_lean` returns.
 LEAN_COUNTS = ("bn_lif", "bn_add_lif", "conv_bn_lif", "spike_layers", "recompute_neurons", "pools")
+
+#: The most multiply-adds per output element of a convolution that the lean form recomputes in backward rather
+#: than keep its output: the time it costs grows with them, the memory it saves does not.
+RECOMPUTE_MAX_MACS = 256
 
 _SPIKE_LAYERS = {nn.Conv1d: SpikeConv1d, nn.Conv2d: SpikeConv2d, nn.Conv3d: SpikeConv3d, nn.Linear: SpikeLinear}
 _BN_LIF = {nn.BatchNorm1d: BatchNormLIF1d, nn.BatchNorm2d: BatchNormLIF2d}
@@ -107,10 +115,13 @@ def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None
 
 
 def conv_batchnorm_lif_from(conv_layer: nn.Module, bn_lif: nn.Module) -> ConvBatchNormLIF | None:
-    """One :class:`~spikefuse.nn.ConvBatchNormLIF` of ``conv_layer`` (``SeqToBatch(nn.ConvNd)`` with zero padding)
-    and ``bn_lif`` (a non-stateful fused BatchNorm+LIF), sharing their modules; None when they are not those."""
+    """One :class:`~spikefuse.nn.ConvBatchNormLIF` of ``conv_layer`` (``SeqToBatch(nn.ConvNd)`` with zero padding,
+    at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output element) and ``bn_lif`` (a non-stateful fused
+    BatchNorm+LIF), sharing their modules; None when they are not those."""
     conv = conv_layer.module if isinstance(conv_layer, SeqToBatch) else None
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) or conv.padding_mode != "zeros":
+        return None
+    if conv.in_channels // conv.groups * math.prod(conv.kernel_size) > RECOMPUTE_MAX_MACS:
         return None
     if isinstance(conv.padding, str) or not isinstance(bn_lif, _BatchNormLIF) or bn_lif.stateful:
         return None
