@@ -4,13 +4,14 @@ Time-fused multi-step spiking neurons (forward and backward over all T steps in 
 CPU (numba) and GPU (Triton), checked against a plain PyTorch reference.
 """
 
-from . import surrogate
+from . import neurons, surrogate
 from .functional import batchnorm_lif, if_neuron, lif, spiking_neuron
+from .neuron_functional import neuron
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 from .params import NeuronSpec
 
 __all__ = [
-    "lif", "if_neuron", "batchnorm_lif", "spiking_neuron", "surrogate", "NeuronSpec",
+    "lif", "if_neuron", "batchnorm_lif", "spiking_neuron", "neuron", "neurons", "surrogate", "NeuronSpec",
     "set_cpu_cache_limit", "cpu_cache_limit", "empty_cpu_cache", "cpu_cache_bytes",
 ]
 __version__ = "0.1.0"

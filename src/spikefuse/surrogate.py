@@ -30,6 +30,12 @@ class Surrogate:
     def derivative(self, u: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        """The derivative as a sympy expression of ``u`` and the two values of :meth:`params` (symbols), from
+        which the generated kernels of :mod:`spikefuse.ops.engine` emit their code."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Sigmoid(Surrogate):
@@ -45,6 +51,13 @@ class Sigmoid(Surrogate):
         s = torch.sigmoid(self.alpha * u)
         return (1 - s) * s * self.alpha
 
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        import sympy
+
+        s = 1 / (1 + sympy.exp(-p1 * u))
+        return (1 - s) * s * p1
+
 
 @dataclass(frozen=True)
 class ATan(Surrogate):
@@ -59,6 +72,13 @@ class ATan(Surrogate):
     def derivative(self, u):
         z = u * (math.pi / 2 * self.alpha)
         return (self.alpha / 2) / (1 + z * z)
+
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        import sympy
+
+        z = u * (sympy.pi / 2 * p1)
+        return (p1 / 2) / (1 + z * z)
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,12 @@ class Rectangle(Surrogate):
     def derivative(self, u):
         return torch.where(u.abs() < self.width / 2, self.height, 0.0).to(u.dtype)
 
+    @staticmethod
+    def sympy_derivative(u, p1, p2):  # p1 = width / 2, p2 = height
+        import sympy
+
+        return sympy.Piecewise((p2, sympy.Abs(u) < p1), (0, True))
+
 
 @dataclass(frozen=True)
 class Triangle(Surrogate):
@@ -96,6 +122,12 @@ class Triangle(Surrogate):
     def derivative(self, u):
         return (self.alpha - self.alpha * self.alpha * u.abs()).clamp_min(0)
 
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        import sympy
+
+        return sympy.Max(0, p1 - p1 * p1 * sympy.Abs(u))
+
 
 @dataclass(frozen=True)
 class FastSigmoid(Surrogate):
@@ -110,6 +142,13 @@ class FastSigmoid(Surrogate):
     def derivative(self, u):
         z = self.slope * u.abs() + 1.0
         return 1.0 / (z * z)
+
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        import sympy
+
+        z = p1 * sympy.Abs(u) + 1
+        return 1 / (z * z)
 
 
 SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "rectangle": Rectangle, "triangle": Triangle, "fast_sigmoid": FastSigmoid}

@@ -1,4 +1,4 @@
-"""snnTorch 1.0's ``Leaky`` neuron on spikefuse's fused kernels, over whole sequences.
+"""snnTorch 1.0's ``Leaky`` and ``Synaptic`` neurons on spikefuse's fused kernels, over whole sequences.
 
 ``Leaky(beta, threshold, spike_grad, reset_mechanism, learn_beta, ...)`` takes snnTorch's constructor arguments,
 but **its call convention is multi-step**: ``forward(x_seq, mem=None)`` takes ``[T, ...]`` input and returns
@@ -43,9 +43,11 @@ from torch import nn
 
 from .. import params as P
 from ..functional import spiking_neuron
+from ..neuron_functional import neuron
+from ..neurons import CUBA_LIF_MODELS
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 
-__all__ = ["Leaky", "to_surrogate"]
+__all__ = ["Leaky", "Synaptic", "to_surrogate"]
 
 _RESETS = {"subtract": P.SOFT, "zero": P.HARD, "none": P.NONE}
 # snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
@@ -244,6 +246,126 @@ class Leaky(nn.Module):
         if self.init_hidden and not self.output:
             return spikes[0]
         return spikes[0], mem
+
+    def extra_repr(self):
+        return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}"
+
+
+class Synaptic(nn.Module):
+    """snnTorch's second-order (current-based) LIF neuron, multi-step, on :class:`spikefuse.nn.CubaLIF`'s kernels.
+
+    ``syn[t] = alpha.clamp(0, 1) * syn[t-1] + x[t]``, ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] *
+    threshold`` with the detached reset ``R[t] = (mem[t-1] > threshold)`` (``reset_mechanism="subtract"``;
+    ``"zero"`` sets the membrane of a step after a spike to 0), ``spk[t] = (mem[t] > threshold)``, in snnTorch's
+    order of operations: spikes, ``syn`` and ``mem`` bit for bit what a loop over snnTorch's ``Synaptic`` gives
+    (float32 spikes whatever the input dtype, as there), gradients up to rounding.
+
+    Call convention multi-step, as :class:`Leaky`: ``forward(x_seq, syn=None, mem=None)`` takes ``[T, ...]`` and
+    returns ``(spk_seq, syn_last, mem_last)`` (``spk_seq`` alone with ``init_hidden=True`` unless ``output=True``);
+    states not given continue from the previous call (zeros at first, or when the input shape changes), and
+    :meth:`reset_mem` zeros them. :meth:`step` is snnTorch's single-step call.
+
+    Not supported (clear errors): ``reset_mechanism="none"``, ``reset_delay=False``, ``learn_threshold``,
+    per-neuron ``alpha``/``beta``/``threshold``, ``state_quant``, and the surrogates :func:`to_surrogate` does not
+    know. Extra keyword argument of ours: ``backend`` ("auto", "cpu", "reference").
+    """
+
+    def __init__(
+        self,
+        alpha,
+        beta,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable: bool = False,
+        init_hidden: bool = False,
+        inhibition: bool = False,
+        learn_alpha: bool = False,
+        learn_beta: bool = False,
+        learn_threshold: bool = False,
+        reset_mechanism: str = "subtract",
+        state_quant=False,
+        output: bool = False,
+        reset_delay: bool = True,
+        *,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        if not reset_delay:
+            raise NotImplementedError("reset_delay=False is not supported: use the default reset_delay=True")
+        if learn_threshold:
+            raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
+        if inhibition:
+            raise NotImplementedError("inhibition=True is not supported")
+        if state_quant:
+            raise NotImplementedError("state_quant is not supported")
+        if reset_mechanism not in CUBA_LIF_MODELS:
+            raise ValueError(f"reset_mechanism must be one of {sorted(CUBA_LIF_MODELS)} here, got {reset_mechanism!r}")
+        self.model = CUBA_LIF_MODELS[reset_mechanism]
+        self.surrogate_disable = bool(surrogate_disable)
+        self._surrogate = Rectangle(width=1.0, height=0.0) if self.surrogate_disable else to_surrogate(spike_grad)
+        self.spike_grad = spike_grad
+        self.init_hidden = bool(init_hidden)
+        self.output = bool(output)
+        self.reset_mechanism = reset_mechanism
+        self.backend = backend
+        for name, value, learn in (("alpha", alpha, learn_alpha), ("beta", beta, learn_beta)):
+            t = torch.as_tensor(value)  # as snnTorch: a Python number becomes a float32 tensor
+            if t.numel() != 1 or t.dtype == torch.bool:
+                raise ValueError(f"{name} must be a single number here (per-neuron values are not supported), got {value!r}")
+            if not t.is_floating_point():
+                t = t.to(torch.get_default_dtype())
+            if learn:
+                setattr(self, name, nn.Parameter(t))
+            else:
+                self.register_buffer(name, t)
+        threshold_t = torch.as_tensor(threshold)
+        if threshold_t.numel() != 1 or threshold_t.dtype == torch.bool:
+            raise ValueError(f"threshold must be a single number, got {threshold!r}")
+        self.register_buffer("threshold", threshold_t.to(torch.get_default_dtype()).reshape(()))
+        self.register_buffer("syn", torch.zeros(0), False)
+        self.register_buffer("mem", torch.zeros(0), False)
+
+    def reset_mem(self):
+        """Zero the stored states (snnTorch's ``reset_mem``); returns ``(syn, mem)``."""
+        self.syn = torch.zeros_like(self.syn, device=self.syn.device)
+        self.mem = torch.zeros_like(self.mem, device=self.mem.device)
+        return self.syn, self.mem
+
+    init_synaptic = reset_mem
+
+    def detach_hidden(self):
+        self.syn, self.mem = self.syn.detach(), self.mem.detach()
+
+    def _run(self, x_seq: torch.Tensor, syn, mem):
+        if self.init_hidden and (syn is not None or mem is not None):
+            raise TypeError("`syn` and `mem` should not be passed as arguments while `init_hidden=True`")
+        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim == 0:
+            raise ValueError("x_seq must be a tensor with a time dimension first: shape [T, ...]")
+        for name, given in (("syn", syn), ("mem", mem)):
+            if given is not None:
+                setattr(self, name, given)
+            if getattr(self, name).shape != x_seq.shape[1:]:
+                setattr(self, name, torch.zeros_like(x_seq[0], device=getattr(self, name).device))
+        dtype = x_seq.dtype  # snnTorch's float32 parameters meet the input in its dtype
+        spikes, (self.syn, self.mem) = neuron(
+            x_seq, self.model, surrogate=self._surrogate, detach_reset=True, state=(self.syn, self.mem),
+            return_state=True, backend=self.backend, alpha=self.alpha.clamp(0, 1).to(dtype),
+            beta=self.beta.clamp(0, 1).to(dtype), threshold=self.threshold.to(dtype),
+        )  # fmt: skip
+        return spikes.float(), self.syn, self.mem
+
+    def forward(self, x_seq: torch.Tensor, syn: torch.Tensor | None = None, mem: torch.Tensor | None = None):
+        spikes, syn, mem = self._run(x_seq, syn, mem)
+        if self.init_hidden and not self.output:
+            return spikes
+        return spikes, syn, mem
+
+    def step(self, x: torch.Tensor, syn: torch.Tensor | None = None, mem: torch.Tensor | None = None):
+        """One time step, snnTorch's ``Synaptic.forward(input_, syn, mem) -> (spk, syn, mem)``."""
+        spikes, syn, mem = self._run(x.unsqueeze(0), syn, mem)
+        if self.init_hidden and not self.output:
+            return spikes[0]
+        return spikes[0], syn, mem
 
     def extra_repr(self):
         return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}"

@@ -1,0 +1,148 @@
+"""``spikefuse.neuron``: any :class:`~spikefuse.neurons.NeuronModel` over all T steps in one fused call.
+
+Re-exported as :func:`spikefuse.functional.neuron`; the backends are :mod:`spikefuse.ops.engine`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from .functional import _check_finite, _check_input, _check_no_functorch, channel_layout
+from .neurons import NeuronModel
+from .ops import engine
+from .surrogate import Surrogate, resolve
+
+__all__ = ["neuron"]
+
+ENGINE_DTYPES = (torch.float32, torch.float64)
+
+
+def _backend(backend: str, device: torch.device) -> str:
+    if backend not in ("auto", "cpu", "reference", "triton"):
+        raise ValueError(f"unknown backend {backend!r}: use 'auto', 'cpu' or 'reference'")
+    if backend == "triton" or (backend == "auto" and device.type != "cpu"):
+        raise ValueError(f"the neuron engine has no GPU kernels yet (tensors on {device}): use backend='reference' "
+                         "(plain PyTorch, any device) or CPU tensors")  # fmt: skip
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors, got a tensor on {device}: use backend='reference'")
+    return "cpu" if backend == "auto" else backend
+
+
+def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
+    """A parameter as ``[1]`` or ``[C]`` (per channel) in x's dtype, differentiable when it is a tensor."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point():
+            raise TypeError(f"{model.name}: {name} must be a floating-point tensor, got {value.dtype}")
+        if value.device != x.device:
+            raise ValueError(f"{model.name}: {name} is on {value.device} but x is on {x.device}: put both on one device")
+        if value.ndim > 1:
+            raise ValueError(f"{model.name}: {name} must be a number, a scalar or a 1-D per-channel tensor, got "
+                             f"shape {tuple(value.shape)}")  # fmt: skip
+        _check_finite(value, f"{model.name}: {name}")
+        channel_layout(x.shape, value.numel())
+        return value.reshape(-1).to(x.dtype)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"{model.name}: {name} must be a finite number or a tensor, got {value!r}")
+    return torch.full((1,), float(value), dtype=x.dtype, device=x.device)
+
+
+class _EngineNeuron(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, inner, model, surrogate, detach_reset, backend, n_params, *tensors):
+        params, init = list(tensors[:n_params]), list(tensors[n_params:])
+        spikes, final = engine.module(backend).forward(model, x2, params, inner, init, surrogate, detach_reset)
+        ctx.save_for_backward(x2, *tensors)
+        ctx.args = (inner, model, surrogate, detach_reset, backend, n_params)
+        return (spikes, *final)
+
+    @staticmethod
+    def backward(ctx, grad_spikes, *grad_final):
+        x2, *tensors = ctx.saved_tensors
+        inner, model, surrogate, detach_reset, backend, n_params = ctx.args
+        params, init = tensors[:n_params], tensors[n_params:]
+        need = ctx.needs_input_grad
+        n = x2.shape[1]
+        grad_final = [g.contiguous() if g is not None else x2.new_zeros(1) for g in grad_final]
+        grad_x, grad_init, grad_params = engine.module(backend).backward(
+            model, grad_spikes.contiguous(), grad_final, x2, list(params), inner, list(init), surrogate,
+            detach_reset, [bool(need[7 + i]) for i in range(n_params)],
+        )  # fmt: skip
+        grad_init = [g if v.numel() == n else None for g, v in zip(grad_init, init)]
+        return (grad_x, None, None, None, None, None, None, *grad_params, *grad_init)
+
+
+def neuron(
+    x: torch.Tensor,
+    model: NeuronModel,
+    *,
+    surrogate: Surrogate | str = "atan",
+    detach_reset: bool = False,
+    state=None,
+    return_state: bool = False,
+    backend: str = "auto",
+    **params,
+):
+    """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
+    parameters); returns the spikes (shape and dtype of ``x``) and, with ``return_state=True``, a tuple of the final
+    states (``model.states`` order, each of shape ``x.shape[1:]``), which continue the sequence exactly when passed
+    back as ``state``.
+
+    ``params``: every parameter of the model (those with a default may be left out): a number, or a tensor of one
+    value or one per channel that may require grad. ``state``: None (the model's initial values) or the states, as
+    a tuple in ``model.states`` order or a dict, each of shape ``x.shape[1:]``. ``surrogate``: the spike's
+    derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
+    the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused CPU kernels for CPU tensors),
+    "cpu" or "reference" (the serial PyTorch loop, any device)."""
+    _check_input(x)
+    if not isinstance(model, NeuronModel):
+        raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
+    if x.dtype not in ENGINE_DTYPES:
+        raise TypeError(f"{model.name} neurons run in float32 or float64, got x of {x.dtype}: cast x first")
+    concrete = _backend(backend, x.device)
+    if concrete == "cpu":
+        _check_no_functorch(f"the fused {model.name} kernels")
+    surrogate = resolve(surrogate)
+    unknown = set(params) - set(model.params)
+    if unknown:
+        raise TypeError(f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: {', '.join(model.params)}")
+    defaults = dict(model.defaults)
+    missing = [p for p in model.params if p not in params and p not in defaults]
+    if missing:
+        raise TypeError(f"{model.name} needs the parameter {missing[0]!r} (no default)")
+    tensors = [_param_tensor(model, p, params.get(p, defaults.get(p)), x) for p in model.params]
+    channels = {t.numel() for t in tensors if t.numel() > 1}
+    if len(channels) > 1:
+        raise ValueError(f"{model.name}: per-channel parameters must have one length, got {sorted(channels)}")
+    inner = channel_layout(x.shape, channels.pop()) if channels else 1
+    trailing = x.shape[1:]
+    if state is None:
+        init = [torch.full((1,), model.initial_value(k), dtype=x.dtype, device=x.device) for k in model.states]
+    else:
+        if isinstance(state, dict):
+            missing = [k for k in model.states if k not in state]
+            if missing or set(state) - set(model.states):
+                raise ValueError(f"{model.name}: state must hold exactly {', '.join(model.states)}, got {sorted(state)}")
+            state = [state[k] for k in model.states]
+        if not isinstance(state, (tuple, list)) or len(state) != len(model.states):
+            raise ValueError(f"{model.name}: state must be a tuple of {len(model.states)} tensors "
+                             f"({', '.join(model.states)}) or a dict, got {type(state).__name__}")  # fmt: skip
+        init = []
+        for k, v in zip(model.states, state):
+            if not isinstance(v, torch.Tensor) or v.shape != trailing:
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} (x.shape[1:]), got {got}")
+            if v.device != x.device:
+                raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
+            init.append(v.reshape(-1).to(x.dtype).contiguous())
+    t_steps = x.shape[0]
+    x2 = x.reshape(t_steps, -1)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    out = _EngineNeuron.apply(x2, inner, model, surrogate, bool(detach_reset), concrete, len(tensors), *tensors, *init)
+    spikes = out[0].reshape(x.shape)
+    if not return_state:
+        return spikes
+    return spikes, tuple(v.reshape(trailing) for v in out[1:])

@@ -1,0 +1,9 @@
+"""Spiking neuron models beyond LIF, each defined once (:class:`NeuronModel`, one file per family) and run by every
+engine backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :mod:`spikefuse.nn` modules.
+"""
+
+from .alif import ALIF_MODEL
+from .cuba_lif import CUBA_LIF, CUBA_LIF_MODELS, CUBA_LIF_ZERO
+from .model import FUNCTIONS, Derivatives, NeuronModel
+
+__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_MODELS", "ALIF_MODEL"]

@@ -1,0 +1,41 @@
+"""The current-based LIF neuron (CubaLIF): a synaptic current ``i`` that integrates the input and a membrane ``v``
+that integrates the current, each with its own decay (snnTorch ``Synaptic``, NIR ``CubaLIF``, Lava-DL CUBA)::
+
+    i[t] = alpha * i[t-1] + x[t]
+    v[t] = beta * v[t-1] + i[t] - s[t-1] * threshold        (reset="subtract")
+    v[t] = m - m * s[t-1],  m = beta * v[t-1] + i[t]        (reset="zero": the membrane of a step after a spike is 0)
+    s[t] = 1 if v[t] > threshold else 0
+
+The reset of a spike applies in the next step (``v`` is the pre-reset membrane, as in snnTorch), and the
+operations are written in snnTorch's order, so :class:`spikefuse.compat.snntorch.Synaptic` gives snnTorch's
+spikes and states bit for bit.
+"""
+
+from .model import NeuronModel
+
+__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_MODELS"]
+
+CUBA_LIF = NeuronModel(
+    name="cuba_lif",
+    states=("i", "v"),
+    params=("alpha", "beta", "threshold"),
+    step=(("i", "alpha*i + x"), ("v", "beta*v + i - s*threshold")),
+    fire="v - threshold",
+    strict=True,
+    defaults=(("threshold", 1.0),),
+    equations="i[t] = alpha i[t-1] + x[t];  v[t] = beta v[t-1] + i[t] - threshold s[t-1];  s[t] = H(v[t] - threshold)",
+)
+
+CUBA_LIF_ZERO = NeuronModel(
+    name="cuba_lif_zero",
+    states=("i", "v"),
+    params=("alpha", "beta", "threshold"),
+    step=(("i", "alpha*i + x"), ("v", "beta*v + i"), ("v", "v - v*s")),
+    fire="v - threshold",
+    strict=True,
+    defaults=(("threshold", 1.0),),
+    equations="i[t] = alpha i[t-1] + x[t];  v[t] = (beta v[t-1] + i[t]) (1 - s[t-1]);  s[t] = H(v[t] - threshold)",
+)
+
+#: By reset mechanism.
+CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO}

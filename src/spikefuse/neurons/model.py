@@ -1,0 +1,160 @@
+"""A spiking neuron defined once, as a :class:`NeuronModel`; every backend is generated from it.
+
+A neuron has state variables (``states``, e.g. the synaptic current ``i`` and the membrane ``v``) and parameters
+(``params``: numbers, or tensors with one value or one per channel). One time step runs the assignments of
+``step`` in order, like Python statements, then fires::
+
+    for name, expression in step:          # e.g. ("i", "alpha*i + x"), ("v", "beta*v + i - s*threshold")
+        name = expression                  # x: this step's input; s: the previous step's spike (0 or 1)
+    u = fire                               # e.g. "v - threshold"
+    s = 1 if u >= 0 else 0                 # u > 0 with strict=True
+
+An expression reads ``x``, ``s``, the parameters and the states (a state assigned earlier in the step has its new
+value, as in Python). Operators ``+ - * /`` and parentheses; the functions of :data:`FUNCTIONS`. The state handed
+between calls is the states after the last step; the next call's first step sees the spike of that state
+(``s = fire(state)``), so a spike in the last step of one call resets at the start of the next, and a run split
+in two calls equals one call.
+
+The expressions are evaluated as written, in the same floating-point order, by every backend (the serial PyTorch
+reference and the generated kernels), so their spikes and states agree bit for bit. The backward pass is derived
+from the same expressions symbolically (:meth:`NeuronModel.derivatives`, with sympy): the chain rule through the
+step, the surrogate derivative of the spike at ``u``, and nothing written by hand per neuron or per backend.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import keyword
+from dataclasses import dataclass
+
+__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives"]
+
+#: The functions an expression may call, with their sympy names.
+FUNCTIONS = {"exp": "exp", "log": "log", "sqrt": "sqrt"}
+
+_RESERVED = {"x", "s", "u"} | set(FUNCTIONS)
+
+
+def _names(expression: str, what: str) -> set[str]:
+    """The variable names an expression reads; rejects anything but arithmetic on names, numbers and FUNCTIONS."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as err:
+        raise ValueError(f"{what}: {expression!r} is not an expression: {err.msg}") from None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd,
+               ast.Name, ast.Load, ast.Constant, ast.Call)  # fmt: skip
+    names = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            raise ValueError(f"{what}: {expression!r} uses {type(node).__name__}; expressions may use + - * /, "
+                             f"numbers, names and {', '.join(FUNCTIONS)}")  # fmt: skip
+        if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, (int, float))):
+            raise ValueError(f"{what}: {expression!r} holds the constant {node.value!r}; only numbers")
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords or len(node.args) != 1:
+                raise ValueError(f"{what}: {expression!r} calls something other than {', '.join(FUNCTIONS)} of one "
+                                 "argument")  # fmt: skip
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+    return names - set(FUNCTIONS)
+
+
+@dataclass(frozen=True)
+class Derivatives:
+    """The partial derivatives of one step, as sympy expressions of the symbols ``old_<state>``, ``x``, ``s``, the
+    parameters and ``new_<state>`` (the step's result; only in ``fire``):
+
+    - ``state[k][i]``: d new_k / d old_i; ``spike[k]``: d new_k / d s; ``input[k]``: d new_k / d x;
+      ``param[k][p]``: d new_k / d p;
+    - ``fire[k]``: d u / d new_k; ``fire_param[p]``: d u / d p.
+    """
+
+    state: tuple
+    spike: tuple
+    input: tuple
+    param: tuple
+    fire: tuple
+    fire_param: tuple
+
+
+@dataclass(frozen=True)
+class NeuronModel:
+    """One neuron's dynamics (see the module docstring). ``defaults``: parameter values used when a call leaves a
+    parameter out (a parameter without one must be given); ``initial``: the states' values before the first step
+    (default 0). ``equations``: the dynamics in the notation of the literature, for documentation."""
+
+    name: str
+    states: tuple[str, ...]
+    params: tuple[str, ...]
+    step: tuple[tuple[str, str], ...]
+    fire: str
+    strict: bool = False
+    defaults: tuple[tuple[str, float], ...] = ()
+    initial: tuple[tuple[str, float], ...] = ()
+    equations: str = ""
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"a neuron's name must be an identifier, got {self.name!r}")
+        for kind, names in (("state", self.states), ("parameter", self.params)):
+            if not names and kind == "state":
+                raise ValueError(f"neuron {self.name!r}: it needs at least one state variable")
+            for n in names:
+                if not n.isidentifier() or keyword.iskeyword(n) or n in _RESERVED or n.startswith(("old_", "new_")):
+                    raise ValueError(f"neuron {self.name!r}: {kind} name {n!r} is not allowed (identifiers other "
+                                     f"than {sorted(_RESERVED)} and old_*/new_*)")  # fmt: skip
+        if len(set(self.states) | set(self.params)) != len(self.states) + len(self.params):
+            raise ValueError(f"neuron {self.name!r}: state and parameter names must be distinct")
+        known = set(self.states) | set(self.params) | {"x", "s"}
+        for target, expression in self.step:
+            if target not in self.states:
+                raise ValueError(f"neuron {self.name!r}: step assigns {target!r}, which is not a state "
+                                 f"({', '.join(self.states)})")  # fmt: skip
+            unknown = _names(expression, f"neuron {self.name!r}, {target} =") - known
+            if unknown:
+                raise ValueError(f"neuron {self.name!r}: {target} = {expression} reads unknown names "
+                                 f"{sorted(unknown)}")  # fmt: skip
+        unknown = _names(self.fire, f"neuron {self.name!r}, fire") - (set(self.states) | set(self.params))
+        if unknown:
+            raise ValueError(f"neuron {self.name!r}: fire = {self.fire} reads unknown names {sorted(unknown)} "
+                             "(it sees the states after the step and the parameters)")  # fmt: skip
+        for name, _ in self.defaults:
+            if name not in self.params:
+                raise ValueError(f"neuron {self.name!r}: a default for {name!r}, which is not a parameter")
+        for name, _ in self.initial:
+            if name not in self.states:
+                raise ValueError(f"neuron {self.name!r}: an initial value for {name!r}, which is not a state")
+
+    @property
+    def key(self) -> str:
+        """A short hash of the dynamics: generated kernels are cached under it."""
+        text = repr((self.name, self.states, self.params, self.step, self.fire, self.strict))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def initial_value(self, state: str) -> float:
+        return dict(self.initial).get(state, 0.0)
+
+    @functools.cached_property
+    def derivatives(self) -> Derivatives:
+        import sympy
+
+        old = {n: sympy.Symbol(f"old_{n}") for n in self.states}
+        new = {n: sympy.Symbol(f"new_{n}") for n in self.states}
+        params = {p: sympy.Symbol(p) for p in self.params}
+        x, s = sympy.Symbol("x"), sympy.Symbol("s")
+        functions = {name: getattr(sympy, target) for name, target in FUNCTIONS.items()}
+        env = dict(old)
+        for target, expression in self.step:
+            env[target] = sympy.sympify(expression, locals={**env, **params, "x": x, "s": s, **functions})
+        result = [env[n] for n in self.states]  # as functions of old_*, x, s and the parameters
+        u = sympy.sympify(self.fire, locals={**new, **params, **functions})
+        return Derivatives(
+            state=tuple(tuple(sympy.diff(f, old[i]) for i in self.states) for f in result),
+            spike=tuple(sympy.diff(f, s) for f in result),
+            input=tuple(sympy.diff(f, x) for f in result),
+            param=tuple(tuple(sympy.diff(f, params[p]) for p in self.params) for f in result),
+            fire=tuple(sympy.diff(u, new[k]) for k in self.states),
+            fire_param=tuple(sympy.diff(u, params[p]) for p in self.params),
+        )

@@ -1,0 +1,138 @@
+"""``nn`` modules of the engine's neuron models (:mod:`spikefuse.neurons`): :class:`CubaLIF`, :class:`ALIF`, and
+:class:`EngineNeuron` for any :class:`~spikefuse.neurons.NeuronModel`, including one defined in user code."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from ..functional import check_decay
+from ..neuron_functional import neuron
+from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
+from ..ops import check_backend_name
+from ..surrogate import ATan, Sigmoid, resolve
+
+__all__ = ["EngineNeuron", "CubaLIF", "ALIF"]
+
+
+class EngineNeuron(nn.Module):
+    """A layer of ``model``'s neurons over ``[T, ...]`` inputs, all T steps in one fused call
+    (:func:`spikefuse.neuron`).
+
+    Args:
+        model: the :class:`~spikefuse.neurons.NeuronModel`.
+        surrogate: the spike's derivative in backward (a :mod:`spikefuse.surrogate` instance or name).
+        detach_reset: no gradient through the previous step's spike in the step.
+        learnable: names of parameters to learn (``nn.Parameter``), one value each, or one per channel (dim 2 of
+            ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
+        stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
+        backend: "auto", "cpu" or "reference".
+        **params: the model's parameters as numbers (those with a default may be left out).
+    """
+
+    #: Parameters that must lie in [0, 1] (decays), checked at construction and, when learnable, at every call.
+    unit_interval: tuple[str, ...] = ()
+
+    def __init__(self, model: NeuronModel, *, surrogate="atan", detach_reset: bool = False, learnable=(),
+                 channels: int | None = None, stateful: bool = False, backend: str = "auto", **params):  # fmt: skip
+        super().__init__()
+        if not isinstance(model, NeuronModel):
+            raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
+        check_backend_name(backend)
+        self.model = model
+        self.surrogate = resolve(surrogate)
+        self.detach_reset = bool(detach_reset)
+        self.stateful = bool(stateful)
+        self.backend = backend
+        learnable = tuple(learnable)
+        unknown = (set(params) | set(learnable)) - set(model.params)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: no parameter {sorted(unknown)[0]!r}; the parameters of "
+                            f"{model.name}: {', '.join(model.params)}")  # fmt: skip
+        if channels is not None and (not learnable or isinstance(channels, bool) or not isinstance(channels, int)
+                                     or channels < 1):  # fmt: skip
+            raise ValueError(f"channels sets the size of learnable per-channel parameters: a positive int with "
+                             f"learnable=..., got channels={channels!r}, learnable={learnable}")  # fmt: skip
+        values = {**dict(model.defaults), **params}
+        for name in model.params:
+            if name not in values:
+                raise TypeError(f"{type(self).__name__} needs the parameter {name!r}")
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            if name in self.unit_interval:
+                check_decay(value, name)
+            if name in learnable:
+                shape = () if channels is None else (channels,)
+                setattr(self, name, nn.Parameter(torch.full(shape, float(value))))
+            else:
+                setattr(self, name, float(value))
+        self.state: tuple[torch.Tensor, ...] | None = None
+
+    def reset_state(self) -> None:
+        self.state = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = {name: getattr(self, name) for name in self.model.params}
+        for name in self.unit_interval:
+            if isinstance(params[name], torch.Tensor):
+                check_decay(params[name], name)
+        state = self.state if self.stateful else None
+        if state is not None and state[0].shape != x.shape[1:]:
+            raise ValueError(f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
+                             f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape")  # fmt: skip
+        spikes, final = neuron(x, self.model, surrogate=self.surrogate, detach_reset=self.detach_reset, state=state,
+                               return_state=True, backend=self.backend, **params)  # fmt: skip
+        if self.stateful:
+            self.state = tuple(v.detach() for v in final)
+        return spikes
+
+    def extra_repr(self) -> str:
+        params = ", ".join(
+            f"{p}={getattr(self, p)}" if isinstance(getattr(self, p), float)
+            else f"{p}=learnable{tuple(getattr(self, p).shape)}"
+            for p in self.model.params
+        )  # fmt: skip
+        return (f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
+                f"backend={self.backend!r}")  # fmt: skip
+
+
+class CubaLIF(EngineNeuron):
+    """Current-based LIF neurons (:mod:`spikefuse.neurons.cuba_lif`): synaptic current decay ``alpha``, membrane
+    decay ``beta`` (both in [0, 1]), spikes where ``v > threshold``; ``reset`` "subtract" (the threshold) or
+    "zero". ``learnable`` may name "alpha", "beta" and "threshold". Defaults as snnTorch's ``Synaptic``
+    (surrogate ``ATan(2)``)."""
+
+    unit_interval = ("alpha", "beta")
+
+    def __init__(self, alpha: float, beta: float, threshold: float = 1.0, reset: str = "subtract",
+                 surrogate=ATan(2.0), detach_reset: bool = False, learnable=(), channels: int | None = None,
+                 stateful: bool = False, backend: str = "auto"):  # fmt: skip
+        if reset not in CUBA_LIF_MODELS:
+            raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
+        if not (isinstance(threshold, numbers.Real) and threshold > 0):
+            raise ValueError(f"threshold must be a positive number, got {threshold!r}")
+        self.reset = reset
+        super().__init__(CUBA_LIF_MODELS[reset], surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
+                         channels=channels, stateful=stateful, backend=backend, alpha=alpha, beta=beta,
+                         threshold=threshold)  # fmt: skip
+
+
+class ALIF(EngineNeuron):
+    """Adaptive-threshold LIF neurons (Bellec et al. 2018; :mod:`spikefuse.neurons.alif`): membrane decay
+    ``decay``, threshold ``b0 + beta * a`` where ``a`` decays by ``rho`` and jumps by one on each spike (``decay``
+    and ``rho`` in [0, 1]); a spike subtracts the threshold it crossed."""
+
+    unit_interval = ("decay", "rho")
+
+    def __init__(self, decay: float, rho: float, b0: float = 1.0, beta: float = 1.8, surrogate=Sigmoid(4.0),
+                 detach_reset: bool = False, learnable=(), channels: int | None = None, stateful: bool = False,
+                 backend: str = "auto"):  # fmt: skip
+        if not (isinstance(b0, numbers.Real) and b0 > 0):
+            raise ValueError(f"b0 (the baseline threshold) must be a positive number, got {b0!r}")
+        super().__init__(ALIF_MODEL, surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
+                         channels=channels, stateful=stateful, backend=backend, decay=decay, rho=rho, b0=b0,
+                         beta=beta)  # fmt: skip

@@ -1,0 +1,80 @@
+"""The oracle of a :class:`~spikefuse.neurons.NeuronModel`: its step, evaluated as written on PyTorch tensors, in a
+serial loop over time, differentiated by autograd (the surrogate through :class:`spikefuse.ops.reference._Fire`).
+
+Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T, N]`` in the compute dtype;
+``params`` one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``;
+``init`` one tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
+
+- ``forward(model, x2, params, inner, init, surrogate, detach_reset) -> (spikes [T, N], final states [N] each)``
+- ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads)
+  -> (grad_x, grad_init per state (None for a shared one), grad_params per parameter (None where not needed))``
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...surrogate import Surrogate
+from ..reference import _Fire
+
+_TORCH_FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt}
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(expression: str):
+    return compile(expression, "<neuron expression>", "eval")
+
+
+def per_neuron(t: torch.Tensor, n: int, inner: int) -> torch.Tensor:
+    """``[1]`` or ``[C]`` values -> ``[N]`` (neuron ``n`` gets ``t[(n // inner) % C]``)."""
+    c = t.numel()
+    if c == 1:
+        return t.expand(n)
+    return t.reshape(1, c, 1).expand(n // (c * inner), c, inner).reshape(n)
+
+
+def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool):
+    """Differentiable serial loop: ``(spikes [T, N], [final state [N] per state])``."""
+    n = x2.shape[1]
+    env_params = {name: per_neuron(p, n, inner) for name, p in zip(model.params, params)}
+    states = {name: v.expand(n) for name, v in zip(model.states, init)}
+
+    def fire(states):
+        u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env_params, **states})
+        return _Fire.apply(u, surrogate, model.strict)
+
+    s = fire(states)
+    spikes = []
+    for x_t in x2.unbind(0):  # unbind, not x2[t]: indexing makes autograd's backward quadratic in T
+        env = {**_TORCH_FUNCTIONS, **env_params, **states, "x": x_t, "s": s.detach() if detach_reset else s}
+        for target, expression in model.step:
+            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
+        states = {name: env[name] for name in model.states}
+        s = fire(states)
+        spikes.append(s)
+    return torch.stack(spikes), [states[name] for name in model.states]
+
+
+def forward(model, x2, params, inner, init, surrogate, detach_reset):
+    with torch.no_grad():
+        return run(model, x2, params, inner, init, surrogate, detach_reset)
+
+
+def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads):
+    n = x2.shape[1]
+    with torch.enable_grad():
+        x2 = x2.detach().requires_grad_(True)
+        init = [v.detach().requires_grad_(v.numel() == n) for v in init]
+        params = [p.detach().requires_grad_(bool(need)) for p, need in zip(params, need_param_grads)]
+        spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset)
+        leaves = [x2] + [v for v in init if v.requires_grad] + [p for p in params if p.requires_grad]
+        grads = torch.autograd.grad(
+            (spikes, *final), leaves, (grad_spikes, *(g.expand(n) for g in grad_final)), allow_unused=True
+        )
+    grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
+    grad_x, rest = grads[0], iter(grads[1:])
+    grad_init = [next(rest) if v.requires_grad else None for v in init]
+    grad_params = [next(rest) if p.requires_grad else None for p in params]
+    return grad_x, grad_init, grad_params
