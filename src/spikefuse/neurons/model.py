@@ -16,7 +16,8 @@ between calls is the states after the last step; the next call's first step sees
 in two calls equals one call.
 
 The expressions are evaluated as written, in the same floating-point order, by every backend (the serial PyTorch
-reference and the generated kernels), so their spikes and states agree bit for bit. The backward pass is derived
+reference and the generated kernels), so their spikes and states agree bit for bit (except that ``exp`` and
+``log`` come from each backend's math library, which may round the last bit differently). The backward pass is derived
 from the same expressions symbolically (:meth:`NeuronModel.derivatives`, with sympy): the chain rule through the
 step, the surrogate derivative of the spike at ``u``, and nothing written by hand per neuron or per backend.
 """

@@ -1,0 +1,168 @@
+"""The neuron engine's conformance suite: every shipped model (and one defined only in this file) on every engine
+backend against the reference loop evaluated from the same definition.
+
+Spikes and final states bit-identical in float32 and float64 (states to a few ulps where the step calls exp or log,
+which each backend's math library rounds in its own way); gradients of the input, the initial states and every
+parameter (scalar and per channel) within 1e-5 relative; gradcheck in float64 where the derivative is exact;
+hypothesis over shapes (T=1, N=1, odd sizes, trailing dims); a run split in two calls through the returned state
+equals one call.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spikefuse
+import spikefuse.nn
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_ZERO, NeuronModel
+from spikefuse.ops.engine import cpu, reference
+from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
+
+# Defined here, not in the package: an exponential integrate-and-fire neuron (Fourcaud-Trocme et al. 2003),
+# forward Euler with step dt, reset to v_reset after a spike. Nothing in spikefuse knows it.
+EIF = NeuronModel(
+    name="test_eif",
+    states=("v",),
+    params=("dt", "v_rest", "delta", "v_t", "v_reset", "threshold"),
+    step=(("v", "v - s*(v - v_reset)"), ("v", "v + dt*((v_rest - v) + delta*exp((v - v_t)/delta) + x)")),
+    fire="v - threshold",
+    defaults=(("dt", 0.5), ("v_rest", 0.0), ("delta", 0.5), ("v_t", 0.6), ("v_reset", 0.0), ("threshold", 1.2)),
+)
+
+MODELS = {
+    "cuba_lif": (CUBA_LIF, {"alpha": 0.8, "beta": 0.7, "threshold": 1.0}),
+    "cuba_lif_zero": (CUBA_LIF_ZERO, {"alpha": 0.6, "beta": 0.9, "threshold": 0.8}),
+    "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
+    "eif": (EIF, {}),
+}
+BACKENDS = {"cpu": cpu}
+
+
+def _inputs(model, params, shape, dtype, seed, per_channel=None):
+    """Input, parameter tensors ([1], or [C] for the names in ``per_channel``) and initial states ([N])."""
+    g = torch.Generator().manual_seed(seed)
+    t_steps, n = shape[0], int(torch.tensor(shape[1:]).prod())
+    x = (torch.rand(shape, generator=g, dtype=dtype) * 1.2 - 0.1).reshape(t_steps, n)
+    values = {**dict(model.defaults), **params}
+    channels = shape[2] if len(shape) >= 3 else 1
+    inner = n // (shape[1] * channels) if per_channel else 1
+    tensors = []
+    for p in model.params:
+        if per_channel and p in per_channel:
+            scale = torch.linspace(0.9, 1.0, channels, dtype=dtype)
+            tensors.append(values[p] * scale)
+        else:
+            tensors.append(torch.full((1,), values[p], dtype=dtype))
+    init = [torch.rand(n, generator=g, dtype=dtype) * 0.5 for _ in model.states]
+    return x, tensors, inner, init
+
+
+def _close(a, b, what):
+    scale = max(float(b.abs().max()), 1e-6) if b.numel() else 1.0
+    err = float((a - b).abs().max()) if b.numel() else 0.0
+    assert err <= 1e-5 * scale, f"{what}: max abs diff {err:.3g}, scale {scale:.3g}"
+
+
+def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=None, seed=0):
+    x, tensors, inner, init = _inputs(model, params, shape, dtype, seed, per_channel)
+    ops = BACKENDS[backend]
+    spikes, final = ops.forward(model, x, tensors, inner, init, surrogate, detach)
+    ref_spikes, ref_final = reference.forward(model, x, tensors, inner, init, surrogate, detach)
+    assert torch.equal(spikes, ref_spikes), "spikes differ"
+    transcendental = any(f"{name}(" in e for _, e in model.step for name in ("exp", "log"))
+    for k, a, b in zip(model.states, final, ref_final):
+        if transcendental:  # each backend's exp/log may round the last bit differently
+            torch.testing.assert_close(a, b, rtol=4 * torch.finfo(dtype).eps, atol=0, msg=f"final state {k}")
+        else:
+            assert torch.equal(a, b), f"final state {k} differs"
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_spikes = torch.rand(x.shape, generator=g, dtype=dtype)
+    grad_final = [torch.rand(x.shape[1], generator=g, dtype=dtype) for _ in model.states]
+    need = [True] * len(model.params)
+    got = ops.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
+    want = reference.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
+    _close(got[0], want[0], "grad x")
+    for k, a, b in zip(model.states, got[1], want[1]):
+        _close(a, b, f"grad initial {k}")
+    for p, a, b in zip(model.params, got[2], want[2]):
+        assert a.shape == b.shape, p
+        _close(a, b, f"grad {p}")
+    return spikes
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_matches_the_reference(name, detach, dtype, backend):
+    model, params = MODELS[name]
+    spikes = _check(model, params, (9, 3, 70), dtype, backend, Sigmoid(4.0), detach)
+    assert 0 < float(spikes.mean()) < 1, "the case must spike and not spike"
+
+
+@pytest.mark.parametrize("surrogate", [Sigmoid(3.0), ATan(2.0), Rectangle(0.8, 1.2), Triangle(1.5), FastSigmoid(10.0)],
+                         ids=lambda s: type(s).__name__)  # fmt: skip
+def test_every_surrogate(surrogate):
+    model, params = MODELS["cuba_lif"]
+    _check(model, params, (6, 2, 40), torch.float32, "cpu", surrogate, False)
+
+
+@pytest.mark.parametrize("name", ["cuba_lif", "alif"])
+def test_per_channel_parameters(name):
+    model, params = MODELS[name]
+    per_channel = model.params[:2]
+    _check(model, params, (5, 2, 3, 4, 5), torch.float64, "cpu", ATan(2.0), False, per_channel=per_channel)
+
+
+@settings(max_examples=15, deadline=None)
+@given(t_steps=st.integers(1, 6), dims=st.lists(st.integers(1, 7), min_size=1, max_size=3), seed=st.integers(0, 99))
+def test_shapes(t_steps, dims, seed):
+    model, params = MODELS["cuba_lif"]
+    _check(model, params, (t_steps, *dims), torch.float32, "cpu", ATan(2.0), False, seed=seed)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradcheck_fp64(name, backend):
+    """The final states with a detached reset are smooth in the input and parameters (inputs kept away from the
+    threshold): gradcheck against finite differences."""
+    model, params = MODELS[name]
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(4, 3, generator=g, dtype=torch.float64) * 0.6
+    values = {**dict(model.defaults), **params}
+    tensors = [torch.tensor(values[p], dtype=torch.float64, requires_grad=True) for p in model.params]
+
+    def final_states(x, *tensors):
+        _, final = spikefuse.neuron(x, model, surrogate="sigmoid", detach_reset=True, return_state=True,
+                                    backend=backend, **dict(zip(model.params, tensors)))  # fmt: skip
+        return final
+
+    assert torch.autograd.gradcheck(final_states, (x.requires_grad_(), *tensors), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_continuation_through_the_state(name):
+    model, params = MODELS[name]
+    x = torch.rand(10, 2, 6) * 1.2
+    whole, whole_state = spikefuse.neuron(x, model, return_state=True, **params)
+    first, state = spikefuse.neuron(x[:4], model, return_state=True, **params)
+    second, last = spikefuse.neuron(x[4:], model, state=state, return_state=True, **params)
+    assert torch.equal(torch.cat([first, second]), whole)
+    for a, b in zip(last, whole_state):
+        assert torch.equal(a, b)
+    as_dict = spikefuse.neuron(x[4:], model, state=dict(zip(model.states, state)), **params)
+    assert torch.equal(as_dict, second)
+
+
+def test_user_model_through_the_public_api_and_module():
+    """The test-file neuron on the public entry points: functional and nn module, learnable per-channel parameter."""
+    layer = spikefuse.nn.EngineNeuron(EIF, learnable=("delta",), channels=3, surrogate="atan")
+    x = (torch.rand(6, 2, 3, 4) * 1.5).requires_grad_()
+    out = layer(x)
+    assert out.shape == x.shape and set(out.unique().tolist()) <= {0.0, 1.0}
+    out.sum().backward()
+    assert layer.delta.grad.shape == (3,) and x.grad is not None
+    reference_out = spikefuse.neuron(x.detach(), EIF, surrogate="atan", backend="reference",
+                                     delta=layer.delta.detach())  # fmt: skip
+    assert torch.equal(out.detach(), reference_out)

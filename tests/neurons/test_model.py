@@ -1,0 +1,52 @@
+"""A NeuronModel rejects what no backend could run, with a message that says what; its derivatives are sympy's."""
+
+import pytest
+import sympy
+
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, NeuronModel
+
+
+def _model(**kw):
+    base = dict(name="m", states=("v",), params=("k",), step=(("v", "k*v + x"),), fire="v - 1")
+    base.update(kw)
+    return NeuronModel(**base)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(name="not a name"), "must be an identifier"),
+        (dict(states=()), "at least one state variable"),
+        (dict(states=("x",)), "state name 'x' is not allowed"),
+        (dict(params=("v",)), "names must be distinct"),
+        (dict(step=(("w", "x"),)), "assigns 'w', which is not a state"),
+        (dict(step=(("v", "k*v + y"),)), r"reads unknown names \['y'\]"),
+        (dict(step=(("v", "k*v if x else v"),)), "uses IfExp"),
+        (dict(step=(("v", "v ** 2"),)), "uses Pow"),
+        (dict(step=(("v", "sin(v)"),)), "calls something other than exp, log, sqrt"),
+        (dict(step=(("v", "k*v +"),)), "is not an expression"),
+        (dict(fire="v - x"), r"fire = v - x reads unknown names \['x'\]"),
+        (dict(defaults=(("q", 1.0),)), "a default for 'q', which is not a parameter"),
+        (dict(initial=(("q", 1.0),)), "an initial value for 'q', which is not a state"),
+    ],
+)
+def test_bad_definitions(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _model(**kw)
+
+
+def test_derivatives_follow_the_assignments_in_order():
+    d = CUBA_LIF.derivatives
+    old_i, old_v, alpha, beta, threshold = sympy.symbols("old_i old_v alpha beta threshold")
+    # v = beta*v + (alpha*i + x) - s*threshold: v depends on the old current through the new one
+    assert d.state[1] == (alpha, beta)
+    assert d.spike == (0, -threshold)
+    assert d.param[1] == (old_i, old_v, -sympy.Symbol("s"))
+    assert d.fire == (0, 1) and d.fire_param == (0, 0, -1)
+    # the adaptive threshold enters the spike's derivative through a
+    assert ALIF_MODEL.derivatives.fire == (1, -sympy.Symbol("beta"))
+
+
+def test_key_changes_with_the_dynamics_only():
+    assert _model().key == _model(equations="text").key
+    assert _model().key != _model(step=(("v", "k*v + 2*x"),)).key

@@ -1,0 +1,78 @@
+"""``spikefuse.nn.CubaLIF``, ``ALIF`` and ``EngineNeuron``: same spikes as the functional call, learnable scalar and
+per-channel parameters, stateful streaming, and bad input refused by message."""
+
+import pytest
+import torch
+
+import spikefuse
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF_ZERO
+from spikefuse.nn import ALIF, CubaLIF, EngineNeuron
+
+
+def test_cuba_lif_module_equals_functional_and_learns_per_channel():
+    layer = CubaLIF(0.8, 0.9, threshold=0.7, reset="zero", learnable=("alpha", "beta"), channels=3)
+    x = (torch.rand(5, 2, 3, 4) * 0.8).requires_grad_()
+    out = layer(x)
+    want = spikefuse.neuron(x.detach(), CUBA_LIF_ZERO, surrogate=layer.surrogate, alpha=torch.full((3,), 0.8),
+                            beta=torch.full((3,), 0.9), threshold=0.7, backend="reference")  # fmt: skip
+    assert torch.equal(out.detach(), want)
+    (out * torch.rand_like(out)).sum().backward()
+    assert layer.alpha.grad.shape == (3,) and layer.beta.grad.shape == (3,) and float(layer.beta.grad.abs().sum()) > 0
+
+
+def test_alif_stateful_streaming_equals_one_call():
+    x = torch.rand(12, 2, 7) * 1.5
+    whole = ALIF(0.9, 0.8, b0=0.5, beta=0.3)(x)
+    streaming = ALIF(0.9, 0.8, b0=0.5, beta=0.3, stateful=True)
+    out = torch.cat([streaming(x[:5]), streaming(x[5:])])
+    assert torch.equal(out, whole) and 0 < float(whole.mean()) < 1
+    with pytest.raises(ValueError, match="call reset_state"):
+        streaming(torch.rand(3, 4, 7))
+    streaming.reset_state()
+    assert streaming(torch.rand(3, 4, 7)).shape == (3, 4, 7)
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: CubaLIF(1.5, 0.5), ValueError, "alpha"),
+        (lambda: CubaLIF(0.5, 0.5, reset="soft"), ValueError, "unknown reset 'soft': use one of subtract, zero"),
+        (lambda: CubaLIF(0.5, 0.5, threshold=0.0), ValueError, "threshold must be a positive number"),
+        (lambda: CubaLIF(0.5, 0.5, learnable=("gamma",)), TypeError, "no parameter 'gamma'"),
+        (lambda: CubaLIF(0.5, 0.5, channels=4), ValueError, "channels sets the size of learnable"),
+        (lambda: ALIF(0.5, float("nan")), ValueError, "rho"),
+        (lambda: ALIF(0.5, 0.5, b0=-1.0), ValueError, "b0 .the baseline threshold. must be a positive number"),
+        (lambda: EngineNeuron("alif"), TypeError, "model must be a spikefuse.neurons.NeuronModel"),
+        (lambda: EngineNeuron(ALIF_MODEL, decay=0.5), TypeError, "needs the parameter 'rho'"),
+        (lambda: CubaLIF(0.5, 0.5, backend="gpu"), ValueError, "unknown backend"),
+    ],
+)
+def test_bad_construction(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_bad_calls():
+    layer = CubaLIF(0.5, 0.5)
+    with pytest.raises(TypeError, match="cuba_lif neurons run in float32 or float64, got x of torch.float16"):
+        layer(torch.rand(3, 4).half())
+    with pytest.raises(ValueError, match="T=0 time steps"):
+        layer(torch.rand(0, 4))
+    with pytest.raises(TypeError, match="floating-point dtype"):
+        layer(torch.ones(3, 4, dtype=torch.int32))
+    learn = CubaLIF(0.5, 0.5, learnable=("alpha",))
+    with torch.no_grad():
+        learn.alpha.fill_(float("nan"))
+    with pytest.raises(ValueError, match="alpha"):
+        learn(torch.rand(3, 4))
+    x = torch.rand(3, 2, 4)
+    with pytest.raises(ValueError, match=r"state v must be a tensor of shape \(2, 4\)"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, state=(torch.zeros(2, 4), torch.zeros(3)))
+    with pytest.raises(ValueError, match="state must hold exactly i, v"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, state={"v": torch.zeros(2, 4)})
+    with pytest.raises(TypeError, match="needs the parameter 'alpha'"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, beta=0.5)
+    with pytest.raises(ValueError, match="per-channel parameter has 3 entries but the input"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=torch.rand(3), beta=0.5)
+    with pytest.raises(ValueError, match="no GPU kernels yet"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="triton")
