@@ -239,6 +239,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             f"    gS = np.empty(({len(S)}, m), F)",
             "    gs = np.zeros(m, F)",
             f"    acc = np.zeros(({max(len(P), 1)}, m), F)",
+            # loop-invariant flags: LLVM unswitches the loop on them, so unneeded parameter gradients cost nothing
+            *[f"    need_{p} = need_params[{pi}]" for pi, p in enumerate(P)],
             "    for j in range(m):",
             *[f"        gS[{i}, j] = gfinal_{k}[(n0 + j) % gfinal_{k}.shape[0]]" for i, k in enumerate(S)],
             "    for t in range(T - 1, -1, -1):",
@@ -258,8 +260,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             f"{ind}g_s = gr[j] + gs[j]",
             *[f"{ind}g_{k} = gS[{i}, j] + g_s * sg_ * df_{k}" for i, k in enumerate(S)],
             f"{ind}gxr[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
-            *[f"{ind}acc[{pi}, j] += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
-              for pi, p in enumerate(P)],
+            *[f"{ind}if need_{p}:\n{ind}    acc[{pi}, j] += g_s * sg_ * dF_{p} + "
+              + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S) for pi, p in enumerate(P)],
             *[f"{ind}gS[{i}, j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for i, old in enumerate(S)],
             f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
             # the first step's s is the spike of the initial state: its gradient flows into that state
