@@ -35,6 +35,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.train",
     "spikefuse.bench.table1",
     "spikefuse.bench.neuron",
+    "spikefuse.bench.engine",
     "spikefuse.bench.memory",
     "spikefuse.bench.timesplit",
     "spikefuse.bench.gpu_static",

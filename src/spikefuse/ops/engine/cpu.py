@@ -18,7 +18,9 @@ elimination. Entry points as :mod:`spikefuse.ops.engine.reference`.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -32,6 +34,7 @@ from ..common import reduce_leak_grad
 
 BLOCK = 2048  # neurons per parallel task (the backward's scratch, (T+1) x states x BLOCK, stays in cache)
 _NP_FUNCTIONS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"}
+_GENERATOR = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # this file: the generator's version
 
 
 def cache_dir() -> Path:
@@ -306,17 +309,20 @@ def kernels(model, surrogate_type, dtype: torch.dtype):
     key = (model, surrogate_type, dtype)
     if key in _MODULES:
         return _MODULES[key]
-    source = kernel_source(model, surrogate_type, dtype)
     tag = {torch.float32: "f32", torch.float64: "f64"}[dtype]
-    name = f"spikefuse_{model.name}_{model.key}_{surrogate_type.__name__}_{tag}"
+    # The file name holds everything the source depends on (the dynamics, the surrogate's formula, this
+    # generator), so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
+    inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), _GENERATOR, tag)
+    digest = hashlib.sha256(repr(inputs).encode()).hexdigest()[:12]
+    name = f"spikefuse_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
-    # Rewritten only when it differs: numba's on-disk cache is keyed by the file's modification time.
-    if not path.exists() or path.read_text() != source:
+    if not path.exists():
+        source = kernel_source(model, surrogate_type, dtype)
         tmp = folder / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(source)
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # atomic: processes starting together (data-parallel ranks) never read half a file
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

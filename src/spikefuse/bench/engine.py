@@ -1,0 +1,208 @@
+"""``spikefuse bench engine``: the neuron engine's generated kernels against the peers' own neurons and the
+bandwidth floor, and their cold start.
+
+One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf input) at each T, medians of
+round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
+``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
+Norse's ``LSNN`` module (likewise). The floor is the bytes a recomputing fused layer must move (forward: read x,
+write spikes; backward: read x and the upstream gradient, write grad_x; 20 per neuron-step) over the copy bandwidth
+measured in the same run.
+
+Cold start: each model's first forward+backward in a fresh process with fresh kernel and numba cache folders
+(what a new user's first call costs), then the same in another fresh process with the folders now filled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..threads import set_threads
+from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, write_csv
+
+_FIRST_CALL = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch, spikefuse
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+from spikefuse.compat.norse import NORSE_LSNN
+t_import = time.perf_counter() - t0
+models = {"cuba_lif": (CUBA_LIF, {"alpha": 0.8, "beta": 0.9}), "alif": (ALIF_MODEL, {"decay": 0.9, "rho": 0.9})}
+model, params = models[sys.argv[1]]
+x = torch.rand(8, 64, requires_grad=True)
+t0 = time.perf_counter()
+y = spikefuse.neuron(x, model, **params)
+t_forward = time.perf_counter() - t0
+t0 = time.perf_counter()
+y.sum().backward()
+t_backward = time.perf_counter() - t0
+print(json.dumps({"import_s": t_import, "forward_s": t_forward, "backward_s": t_backward}))
+"""
+
+
+def _first_call(model: str, cache: Path) -> dict:
+    env = dict(os.environ, SPIKEFUSE_CACHE_DIR=str(cache / "kernels"), NUMBA_CACHE_DIR=str(cache / "numba"))
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, model], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"bench engine: the first call of {model} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cold_start(models=("cuba_lif", "alif")) -> list[dict]:
+    rows = []
+    for model in models:
+        with tempfile.TemporaryDirectory() as tmp:
+            cold = _first_call(model, Path(tmp))
+            warm = _first_call(model, Path(tmp))
+        for kind, r in (("empty caches", cold), ("warm caches", warm)):
+            rows.append({"model": model, "caches": kind, **{k: round(v, 3) for k, v in r.items()},
+                         "first_fwd_bwd_s": round(r["forward_s"] + r["backward_s"], 3)})  # fmt: skip
+    return rows
+
+
+def _layer_cases():
+    """name -> (run(x) -> spikes, the reference name whose spikes it must equal)."""
+    import spikefuse
+    from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
+    from spikefuse.neurons import CUBA_LIF
+
+    alpha, beta = 0.8, 0.9
+    cases = {
+        "spikefuse CubaLIF (cpu)": (lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True), "cuba"),
+    }
+    try:
+        import snntorch
+
+        def snntorch_synaptic(x):
+            layer = snntorch.Synaptic(alpha=alpha, beta=beta)
+            syn = mem = torch.zeros_like(x[0])
+            out = []
+            for x_t in x.unbind(0):
+                s, syn, mem = layer(x_t, syn, mem)
+                out.append(s)
+            return torch.stack(out)
+
+        cases["snnTorch Synaptic (loop)"] = (snntorch_synaptic, "cuba")
+    except ImportError:
+        pass
+    params = lsnn_params()
+    v_th = float(params["v_th"])
+
+    def ours_lsnn(x):
+        state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], v_th))
+        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **params)
+
+    cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
+    try:
+        import norse.torch as norse
+
+        cases["Norse LSNN"] = (lambda x: norse.LSNN()(x)[0], "lsnn")
+    except ImportError:
+        pass
+    return cases
+
+
+def run(args) -> None:
+    set_threads(args.threads)
+    rows = []
+    for t_steps in args.T:
+        g = torch.Generator().manual_seed(t_steps)
+        x = {"cuba": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
+             "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0}  # fmt: skip
+        upstream = torch.rand(t_steps, args.neurons, generator=g)
+        cases = _layer_cases()
+        spikes = {name: fn(x[ref]) for name, (fn, ref) in cases.items()}
+        first = {}
+        for name, (_, ref) in cases.items():
+            first.setdefault(ref, name)
+        mismatch = {name: float((spikes[name].float() != spikes[first[ref]].float()).float().mean())
+                    for name, (_, ref) in cases.items()}  # fmt: skip
+        leaves = {name: x[ref].clone().requires_grad_() for name, (_, ref) in cases.items()}
+
+        def step(name):
+            fn = cases[name][0]
+            leaf = leaves[name]
+
+            def go():
+                fn(leaf).backward(upstream)
+                leaf.grad = None
+
+            return go
+
+        buf = torch.empty_like(upstream)
+        timed = {name: step(name) for name in cases}
+        timed["copy"] = lambda: buf.copy_(upstream)
+        medians = round_robin(timed, args.repeats)
+        copy_bw = 2 * upstream.nbytes / medians["copy"]
+        floor_s = 20 * t_steps * args.neurons / copy_bw
+        for name, (_, ref) in cases.items():
+            rows.append({"T": t_steps, "neurons": args.neurons, "implementation": name, "model": ref,
+                         "fwd_bwd_ms": round(medians[name] * 1e3, 2), "floor_20B_ms": round(floor_s * 1e3, 2),
+                         "floor_fraction": round(floor_s / medians[name], 3),
+                         "spike_mismatch": mismatch[name], "copy_GBps": round(copy_bw / 1e9, 2)})  # fmt: skip
+    for r in rows:  # speed-up of ours over the peer of the same model
+        peer = next((q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and not q["implementation"].startswith("spikefuse")), None)
+        ours = next(q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and q["implementation"].startswith("spikefuse"))
+        r["ours_speedup"] = round(r["fwd_bwd_ms"] / ours["fwd_bwd_ms"], 2) if peer else ""
+    starts = cold_start() if not args.no_cold_start else []
+    out = Path(args.out)
+    stem = out / f"engine_{args.tag}"
+    write_csv(stem.with_suffix(".csv"), rows + starts)
+    table = markdown_table(
+        ["T", "implementation", "fwd+bwd ms", "floor fraction (20 B/neuron-step)", "spikefuse speed-up", "spikes differing"],
+        [[r["T"], r["implementation"], r["fwd_bwd_ms"], r["floor_fraction"], r["ours_speedup"], f"{r['spike_mismatch']:.1e}"]
+         for r in rows],
+    )  # fmt: skip
+    text = [
+        f"# Neuron engine: one layer of {args.neurons:,} neurons, fp32, forward+backward",
+        "",
+        f"Machine: {machine_info()}",
+        f"Command: `{command_line()}`",
+        "",
+        f"Medians of {args.repeats} round-robin runs after one warm-up. Floor: 20 bytes per neuron-step over the "
+        "copy bandwidth of the same run. 'spikefuse speed-up': the implementation's time over spikefuse's for the "
+        "same model; 'spikes differing': fraction of spikes that differ from the first implementation of the model.",
+        "",
+        table,
+    ]
+    if starts:
+        text += [
+            "",
+            "First forward+backward of an [8, 64] input in a fresh process (fresh kernel and numba cache folders: "
+            "'empty caches'; the same folders again: 'warm caches'), seconds:",
+            "",
+            markdown_table(["model", "caches", "import", "first forward", "first backward", "first fwd+bwd"],
+                           [[r["model"], r["caches"], r["import_s"], r["forward_s"], r["backward_s"], r["first_fwd_bwd_s"]]
+                            for r in starts]),  # fmt: skip
+        ]
+    stem.with_suffix(".md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {stem}.md/.csv")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("engine", help="the neuron engine's CubaLIF / LSNN kernels vs snnTorch and Norse")
+    p.add_argument("--neurons", type=int, default=1_000_000)
+    p.add_argument("--T", type=int, nargs="+", default=[32])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-cold-start", action="store_true", help="skip the fresh-process first-call measurement")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> None:
+    if args.quick:
+        args.neurons, args.T, args.repeats = min(args.neurons, 5000), [4], 2
+    args.tag = args.tag or ("quick" if args.quick else "full")
+    if args.neurons <= 0 or min(args.T) <= 0:
+        raise SystemExit("--neurons and --T must be positive")
+    run(args)
