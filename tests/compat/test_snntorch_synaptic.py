@@ -20,13 +20,15 @@ def _snntorch_loop(layer, x, syn=None, mem=None):
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("reset", ["subtract", "zero"])
+@pytest.mark.parametrize("reset,delay", [("subtract", True), ("zero", True), ("zero", False)],
+                         ids=["subtract", "zero", "zero-no-delay"])
 @pytest.mark.parametrize("learn", [False, True])
-def test_synaptic_matches_snntorch(backend, dtype, reset, learn):
+def test_synaptic_matches_snntorch(backend, dtype, reset, delay, learn):
     g = torch.Generator().manual_seed(5)
     x = (torch.rand(12, 3, 8, generator=g, dtype=dtype) * 0.9).requires_grad_()
     x_ours = x.detach().clone().requires_grad_()
-    kw = dict(alpha=0.7, beta=0.85, threshold=0.9, reset_mechanism=reset, learn_alpha=learn, learn_beta=learn)
+    kw = dict(alpha=0.7, beta=0.85, threshold=0.9, reset_mechanism=reset, learn_alpha=learn, learn_beta=learn,
+              reset_delay=delay)
     ref, ours = snntorch.Synaptic(**kw), Synaptic(**kw, backend=backend)
     spk, syn, mem = _snntorch_loop(ref, x)
     o_spk, o_syn, o_mem = ours(x_ours)
@@ -59,7 +61,7 @@ def test_state_continues_between_calls_and_step():
     "kw, error, message",
     [
         (dict(reset_mechanism="none"), ValueError, "reset_mechanism must be one of"),
-        (dict(reset_delay=False), NotImplementedError, "reset_delay=False is not supported"),
+        (dict(reset_delay=False), NotImplementedError, "reset_delay=False is supported with reset_mechanism='zero'"),
         (dict(learn_threshold=True), NotImplementedError, "learn_threshold=True is not supported"),
         (dict(alpha=torch.rand(4)), ValueError, "alpha must be a single number here"),
     ],

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import spikefuse
 import spikefuse.nn
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_ZERO, NeuronModel
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, NeuronModel
 from spikefuse.ops.engine import cpu, reference
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
 
@@ -33,6 +33,7 @@ EIF = NeuronModel(
 MODELS = {
     "cuba_lif": (CUBA_LIF, {"alpha": 0.8, "beta": 0.7, "threshold": 1.0}),
     "cuba_lif_zero": (CUBA_LIF_ZERO, {"alpha": 0.6, "beta": 0.9, "threshold": 0.8}),
+    "cuba_lif_hard": (CUBA_LIF_HARD, {"alpha": 0.7, "beta": 0.8, "threshold": 0.9}),
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
     "eif": (EIF, {}),
 }

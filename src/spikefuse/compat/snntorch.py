@@ -265,7 +265,10 @@ class Synaptic(nn.Module):
     states not given continue from the previous call (zeros at first, or when the input shape changes), and
     :meth:`reset_mem` zeros them. :meth:`step` is snnTorch's single-step call.
 
-    Not supported (clear errors): ``reset_mechanism="none"``, ``reset_delay=False``, ``learn_threshold``,
+    ``reset_delay=False`` (the membrane zeroed in the step of the spike; with ``reset_mechanism="zero"`` only) is
+    supported: it is what snnTorch's NIR import builds for a CubaLIF node.
+
+    Not supported (clear errors): ``reset_mechanism="none"``, ``reset_delay=False`` with "subtract", ``learn_threshold``,
     per-neuron ``alpha``/``beta``/``threshold``, ``state_quant``, and the surrogates :func:`to_surrogate` does not
     know. Extra keyword argument of ours: ``backend`` ("auto", "cpu", "reference").
     """
@@ -290,17 +293,20 @@ class Synaptic(nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
-        if not reset_delay:
-            raise NotImplementedError("reset_delay=False is not supported: use the default reset_delay=True")
         if learn_threshold:
             raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
         if inhibition:
             raise NotImplementedError("inhibition=True is not supported")
         if state_quant:
             raise NotImplementedError("state_quant is not supported")
-        if reset_mechanism not in CUBA_LIF_MODELS:
-            raise ValueError(f"reset_mechanism must be one of {sorted(CUBA_LIF_MODELS)} here, got {reset_mechanism!r}")
-        self.model = CUBA_LIF_MODELS[reset_mechanism]
+        if reset_mechanism not in ("subtract", "zero"):
+            raise ValueError(f"reset_mechanism must be one of ['subtract', 'zero'] here, got {reset_mechanism!r}")
+        if not reset_delay and reset_mechanism != "zero":
+            raise NotImplementedError("reset_delay=False is supported with reset_mechanism='zero' (what snnTorch's NIR "
+                                      "import builds), not with 'subtract'")  # fmt: skip
+        # reset_delay=False zeroes the membrane in the step of the spike: the "hard" CubaLIF
+        self.model = CUBA_LIF_MODELS["hard" if not reset_delay else reset_mechanism]
+        self.reset_delay = bool(reset_delay)
         self.surrogate_disable = bool(surrogate_disable)
         self._surrogate = Rectangle(width=1.0, height=0.0) if self.surrogate_disable else to_surrogate(spike_grad)
         self.spike_grad = spike_grad
@@ -347,11 +353,16 @@ class Synaptic(nn.Module):
             if getattr(self, name).shape != x_seq.shape[1:]:
                 setattr(self, name, torch.zeros_like(x_seq[0], device=getattr(self, name).device))
         dtype = x_seq.dtype  # snnTorch's float32 parameters meet the input in its dtype
-        spikes, (self.syn, self.mem) = neuron(
-            x_seq, self.model, surrogate=self._surrogate, detach_reset=True, state=(self.syn, self.mem),
+        # snnTorch detaches the delayed reset; without the delay its in-step reset keeps the spike's gradient
+        spikes, (self.syn, mem) = neuron(
+            x_seq, self.model, surrogate=self._surrogate, detach_reset=self.reset_delay, state=(self.syn, self.mem),
             return_state=True, backend=self.backend, alpha=self.alpha.clamp(0, 1).to(dtype),
             beta=self.beta.clamp(0, 1).to(dtype), threshold=self.threshold.to(dtype),
         )  # fmt: skip
+        if not self.reset_delay:  # snnTorch returns the membrane after the in-step reset (the same op as the model's)
+            last = spikes[-1]
+            mem = mem - mem * last
+        self.mem = mem
         return spikes.float(), self.syn, self.mem
 
     def forward(self, x_seq: torch.Tensor, syn: torch.Tensor | None = None, mem: torch.Tensor | None = None):

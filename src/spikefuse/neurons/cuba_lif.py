@@ -4,7 +4,12 @@ that integrates the current, each with its own decay (snnTorch ``Synaptic``, NIR
     i[t] = alpha * i[t-1] + x[t]
     v[t] = beta * v[t-1] + i[t] - s[t-1] * threshold        (reset="subtract")
     v[t] = m - m * s[t-1],  m = beta * v[t-1] + i[t]        (reset="zero": the membrane of a step after a spike is 0)
+    v[t] = beta * (u - u * s[t-1]) + i[t],  u = v[t-1]      (reset="hard": the membrane is 0 right after the spike)
     s[t] = 1 if v[t] > threshold else 0
+
+"hard" is NIR's CubaLIF reset (to v_reset = 0 when the neuron fires) and snnTorch's ``Synaptic(reset_mechanism="zero",
+reset_delay=False)``, what snnTorch's NIR import builds: the membrane starts the step after a spike from 0, so a
+neuron can fire again in that step (with "zero" it cannot).
 
 The reset of a spike applies in the next step (``v`` is the pre-reset membrane, as in snnTorch), and the
 operations are written in snnTorch's order, so :class:`spikefuse.compat.snntorch.Synaptic` gives snnTorch's
@@ -13,7 +18,7 @@ spikes and states bit for bit.
 
 from .model import NeuronModel
 
-__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_MODELS"]
+__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_MODELS"]
 
 CUBA_LIF = NeuronModel(
     name="cuba_lif",
@@ -37,5 +42,16 @@ CUBA_LIF_ZERO = NeuronModel(
     equations="i[t] = alpha i[t-1] + x[t];  v[t] = (beta v[t-1] + i[t]) (1 - s[t-1]);  s[t] = H(v[t] - threshold)",
 )
 
+CUBA_LIF_HARD = NeuronModel(
+    name="cuba_lif_hard",
+    states=("i", "v"),
+    params=("alpha", "beta", "threshold"),
+    step=(("i", "alpha*i + x"), ("v", "v - v*s"), ("v", "beta*v + i")),
+    fire="v - threshold",
+    strict=True,
+    defaults=(("threshold", 1.0),),
+    equations="i[t] = alpha i[t-1] + x[t];  v[t] = beta v[t-1] (1 - s[t-1]) + i[t];  s[t] = H(v[t] - threshold)",
+)
+
 #: By reset mechanism.
-CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO}
+CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO, "hard": CUBA_LIF_HARD}

@@ -102,8 +102,9 @@ class EngineNeuron(nn.Module):
 
 class CubaLIF(EngineNeuron):
     """Current-based LIF neurons (:mod:`spikefuse.neurons.cuba_lif`): synaptic current decay ``alpha``, membrane
-    decay ``beta`` (both in [0, 1]), spikes where ``v > threshold``; ``reset`` "subtract" (the threshold) or
-    "zero". ``learnable`` may name "alpha", "beta" and "threshold". Defaults as snnTorch's ``Synaptic``
+    decay ``beta`` (both in [0, 1]), spikes where ``v > threshold``; ``reset`` "subtract" (the threshold, at the
+    next step), "zero" (the membrane of the next step is 0) or "hard" (the membrane is 0 right after the spike,
+    NIR's reset). ``learnable`` may name "alpha", "beta" and "threshold". Defaults as snnTorch's ``Synaptic``
     (surrogate ``ATan(2)``)."""
 
     unit_interval = ("alpha", "beta")
