@@ -3,7 +3,7 @@ engine backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` an
 """
 
 from .alif import ALIF_MODEL
-from .cuba_lif import CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_ZERO
+from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_ZERO
 from .model import FUNCTIONS, Derivatives, NeuronModel
 
-__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_MODELS", "ALIF_MODEL"]
+__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_EULER", "CUBA_LIF_MODELS", "ALIF_MODEL"]

@@ -18,7 +18,7 @@ spikes and states bit for bit.
 
 from .model import NeuronModel
 
-__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_MODELS"]
+__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_EULER", "CUBA_LIF_MODELS"]
 
 CUBA_LIF = NeuronModel(
     name="cuba_lif",
@@ -55,3 +55,24 @@ CUBA_LIF_HARD = NeuronModel(
 
 #: By reset mechanism.
 CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO, "hard": CUBA_LIF_HARD}
+
+#: NIR's CubaLIF integrated by forward Euler as written (``a_syn = dt/tau_syn``, ``a_mem = dt/tau_mem``), with
+#: Norse's arithmetic (its NIR import: a box synapse then a box LIF)::
+#:
+#:     i[t] = i[t-1] + a_syn * ((0 - i[t-1]) + w_in * x[t])
+#:     v[t] = u + a_mem * ((v_leak - u) + r * i[t]),  u = v_reset if s[t-1] else v[t-1]
+#:     s[t] = 1 if v[t] > v_threshold else 0
+CUBA_LIF_EULER = NeuronModel(
+    name="cuba_lif_euler",
+    states=("i", "v"),
+    params=("a_syn", "a_mem", "w_in", "r", "v_leak", "v_threshold", "v_reset"),
+    step=(
+        ("i", "i + a_syn*((0 - i) + w_in*x)"),
+        ("v", "(1 - s)*v + s*v_reset"),
+        ("v", "v + a_mem*((v_leak - v) + r*i)"),
+    ),
+    fire="v - v_threshold",
+    strict=True,
+    equations="i += dt/tau_syn (-i + w_in x);  v = v_reset after a spike;  v += dt/tau_mem ((v_leak - v) + r i);  "
+    "s = H(v - v_threshold)",
+)

@@ -9,15 +9,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..nn import LIF, Flatten, SeqToBatch
+from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, SeqToBatch
 from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from ._common import check_dt
 from ._trace import INPUT, OUTPUT, trace
-from .modules import EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+from .modules import CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
 
 _LAYERS = (
     SeqToBatch, LIF, Flatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, BatchNormLIF1d, BatchNormLIF2d,
-    Scale, Threshold, LeakyIntegrator, Integrator, EulerLIF,
+    Scale, Threshold, LeakyIntegrator, Integrator, EulerLIF, EngineNeuron, CubaLIFNode,
 )
 
 
@@ -131,11 +131,41 @@ def _lif_node(m: LIF, what: str, shape: tuple[int, ...], dt: float):
     return nir.LIF(tau=tau, r=tau / dt, v_leak=full(0.0), v_threshold=full(m.threshold), v_reset=full(0.0))
 
 
+def _values(value) -> np.ndarray:
+    return value.detach().cpu().double().numpy() if isinstance(value, torch.Tensor) else np.float64(value)
+
+
+def _cuba_lif_node(m: CubaLIF, what: str, shape: tuple[int, ...], dt: float):
+    if m.reset != "hard":
+        raise ValueError(
+            f"{what}: reset={m.reset!r} has no NIR node: NIR's CubaLIF sets the membrane to v_reset in the step of "
+            "the spike, which is CubaLIF(reset='hard')"
+        )
+    alpha, beta = _values(m.alpha), _values(m.beta)
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if not np.all((value >= 0) & (value < 1)):
+            raise ValueError(f"{what}: {name} must lie in [0, 1) for a NIR time constant dt/(1 - {name}), got {value}")
+    tau_syn = _channels_to_shape(dt / (1 - alpha), shape)
+    tau_mem = _channels_to_shape(dt / (1 - beta), shape)
+    # r = tau_mem/dt and w_in = tau_syn/dt make dt*r/tau_mem = dt*w_in/tau_syn = 1: i = alpha*i + x, v = beta*v + i
+    return nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=tau_mem / dt, w_in=tau_syn / dt,
+                       v_leak=np.zeros(shape), v_threshold=_channels_to_shape(_values(m.threshold), shape),
+                       v_reset=np.zeros(shape))  # fmt: skip
+
+
 def _node(module: nn.Module, name: str, shape: tuple[int, ...], dt: float):
     """The NIR node of one layer call on input of per-sample ``shape``; ValueError if NIR cannot express it."""
     what = f"{name} ({type(module).__name__})"
     if isinstance(module, LIF):
         return _lif_node(module, what, shape, dt)
+    if isinstance(module, CubaLIF):
+        return _cuba_lif_node(module, what, shape, dt)
+    if isinstance(module, EngineNeuron):
+        raise ValueError(f"{what}: the neuron model {module.model.name!r} has no NIR node")
+    if isinstance(module, CubaLIFNode):
+        scale = 1.0 if dt == module.dt else dt / module.dt  # the same fraction of tau per step with this dt
+        return nir.CubaLIF(**{k: np.broadcast_to(v * scale if k.startswith("tau") else v, shape).copy()
+                              for k, v in module.fields.items()})  # fmt: skip
     if isinstance(module, (BatchNormLIF1d, BatchNormLIF2d)):
         raise ValueError(
             f"{what}: a fused BatchNorm + LIF layer has no NIR node (NIR has no BatchNorm); build the model with "
@@ -192,7 +222,7 @@ def export(model: nn.Module, sample_input: torch.Tensor, dt: float = 1e-4, path=
     dt = check_dt(dt)
     if not isinstance(sample_input, torch.Tensor) or sample_input.ndim < 3:
         raise ValueError("sample_input must be a tensor of shape [T, B, *shape] (time and batch first)")
-    stored_states = {m: m.state for m in model.modules() if isinstance(m, LIF)}
+    stored_states = {m: m.state for m in model.modules() if isinstance(m, (LIF, EngineNeuron))}
     try:
         graph_trace = trace(model, sample_input, _is_layer, lambda m, name, shape: _node(m, name, shape, dt))
     finally:

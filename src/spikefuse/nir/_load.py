@@ -14,7 +14,7 @@ from torch import nn
 from ..nn import IF, LIF, Flatten, SeqToBatch
 from ..surrogate import Sigmoid, Surrogate, resolve
 from ._common import check_dt
-from .modules import EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+from .modules import CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
 
 LIF_FORMS = ("decay", "euler")
 
@@ -167,9 +167,44 @@ def _lif(what: str, node: nir.LIF, opts: _Options) -> nn.Module:
     return _after_scale(opts.dt * r / _array(node.tau), neuron)
 
 
+def _cuba_lif(what: str, node: nir.CubaLIF, opts: _Options) -> nn.Module:
+    from ..neurons import CUBA_LIF_EULER, CUBA_LIF_HARD
+
+    tau_syn = _per_channel(what, "tau_syn", node.tau_syn)
+    tau_mem = _per_channel(what, "tau_mem", node.tau_mem)
+    threshold = _uniform(what, "v_threshold", node.v_threshold)
+    v_reset = _uniform(what, "v_reset", node.v_reset)
+    if _uniform(what, "v_leak", node.v_leak) != 0:
+        raise ValueError(f"{what}: v_leak must be 0: spikefuse's CubaLIF starts from and leaks toward 0")
+    fields = {"tau_syn": _array(node.tau_syn), "tau_mem": _array(node.tau_mem), "r": _array(node.r),
+              "w_in": _array(node.w_in), "v_leak": _array(node.v_leak), "v_threshold": _array(node.v_threshold),
+              "v_reset": _array(node.v_reset)}  # fmt: skip
+
+    def f32(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=torch.float32).reshape(-1)
+
+    if opts.lif_form == "euler":
+        params = {"a_syn": euler_coefficient(tau_syn, opts.dt).reshape(-1),
+                  "a_mem": euler_coefficient(tau_mem, opts.dt).reshape(-1),
+                  "w_in": _uniform(what, "w_in", node.w_in), "r": _uniform(what, "r", node.r), "v_leak": 0.0,
+                  "v_threshold": threshold, "v_reset": v_reset}  # fmt: skip
+        return CubaLIFNode(CUBA_LIF_EULER, params, fields, opts.dt, None, opts.surrogate, opts.backend)
+    if v_reset != 0:
+        raise ValueError(f"{what}: v_reset must be 0 for lif_form='decay' (its reset zeroes the membrane); "
+                         "lif_form='euler' resets to any v_reset")  # fmt: skip
+    membrane_scale = (_array(node.r) * opts.dt / _array(node.tau_mem)).astype(np.float32)
+    if np.any(membrane_scale != 1):
+        raise ValueError(f"{what}: lif_form='decay' needs r = tau_mem/dt (the current enters the membrane unscaled, "
+                         f"as snnTorch and spikefuse export it), got r*dt/tau_mem = {membrane_scale.reshape(-1)[:4]}; "
+                         "lif_form='euler' takes any r")  # fmt: skip
+    input_scale = _uniform(what, "w_in*dt/tau_syn",
+                           (_array(node.w_in) * opts.dt / _array(node.tau_syn)).astype(np.float32))  # fmt: skip
+    params = {"alpha": f32(1 - opts.dt / tau_syn), "beta": f32(1 - opts.dt / tau_mem), "threshold": threshold}
+    return CubaLIFNode(CUBA_LIF_HARD, params, fields, opts.dt, None if input_scale == 1 else input_scale,
+                       opts.surrogate, opts.backend)  # fmt: skip
+
+
 _NOT_YET = {
-    nir.CubaLIF: "it needs a current-based neuron (a synaptic current with its own time constant tau_syn feeding "
-    "the membrane), which spikefuse's fused kernels do not have yet",
     nir.CubaLI: "it needs a current-based leaky integrator (a synaptic current with its own time constant tau_syn "
     "feeding the membrane), which spikefuse does not have yet",
     nir.Delay: "spikefuse has no delay layer yet",
@@ -239,6 +274,8 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         return _after_scale(_array(node.r), neuron)
     if isinstance(node, nir.LIF):
         return _lif(what, node, opts)
+    if isinstance(node, nir.CubaLIF):
+        return _cuba_lif(what, node, opts)
     raise ValueError(f"{what}: not a NIR node type spikefuse knows")
 
 
@@ -294,10 +331,16 @@ def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(
     - ``"euler"``: :class:`EulerLIF`, ``v + dt/tau*((v_leak - v) + r*x)`` as written (Norse's arithmetic);
       needs ``v_reset = v_leak``.
 
+    NIR's CubaLIF likewise (:class:`CubaLIFNode`, on the neuron engine; ``v_leak = 0``): ``"decay"`` is snnTorch's
+    ``i = alpha*i + x``, ``v = beta*v + i`` with the membrane zeroed in the step of a spike (``alpha = 1 -
+    dt/tau_syn``, ``beta = 1 - dt/tau_mem``, input scaled by ``w_in*dt/tau_syn``; needs ``r = tau_mem/dt`` and
+    ``v_reset = 0``), ``"euler"`` the Euler steps as written with Norse's arithmetic (any ``r``, ``w_in``,
+    ``v_reset``).
+
     Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training; parameters are
     float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
     thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
-    (CubaLIF, CubaLI, Delay).
+    (CubaLI, Delay).
     """
     if lif_form not in LIF_FORMS:
         raise ValueError(f"lif_form must be one of {LIF_FORMS}, got {lif_form!r}")

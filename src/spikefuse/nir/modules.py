@@ -22,7 +22,7 @@ from .. import params as P
 from ..functional import spiking_neuron
 from ..surrogate import Sigmoid, resolve
 
-__all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF"]
+__all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF", "CubaLIFNode"]
 
 
 def _float32(values) -> torch.Tensor:
@@ -192,3 +192,37 @@ class EulerLIF(nn.Module):
             f"tau_shape={self.tau.shape}, dt={self.dt}, v_leak={self.v_leak}, threshold={self.threshold}, "
             f"surrogate={self.surrogate}, backend={self.backend!r}"
         )
+
+
+class CubaLIFNode(nn.Module):
+    """NIR ``CubaLIF`` on the neuron engine's kernels (:func:`spikefuse.neuron`): ``model`` is
+    :data:`~spikefuse.neurons.CUBA_LIF_HARD` (``lif_form="decay"``, snnTorch's arithmetic) or
+    :data:`~spikefuse.neurons.CUBA_LIF_EULER` (``lif_form="euler"``, Norse's), ``params`` its parameters (numbers
+    or float32 tensors of one value or one per channel), ``input_scale`` a number the input is multiplied by first
+    (None: not scaled). ``fields`` keeps the NIR node's parameters, so that :func:`spikefuse.nir.export` writes the
+    same node back; :func:`spikefuse.nir.load` builds it (see there for the mapping)."""
+
+    def __init__(self, model, params: dict, fields: dict, dt: float, input_scale=None, surrogate=Sigmoid(4.0),
+                 backend="auto"):  # fmt: skip
+        super().__init__()
+        self.model, self.fields, self.dt = model, {k: _float64(v) for k, v in fields.items()}, float(dt)
+        self.surrogate, self.backend = resolve(surrogate), backend
+        self.scalars = {k: float(v) for k, v in params.items() if not isinstance(v, torch.Tensor)}
+        self.tensor_names = [k for k, v in params.items() if isinstance(v, torch.Tensor)]
+        for k in self.tensor_names:
+            self.register_buffer(f"param_{k}", params[k])
+        self.input_scale = None if input_scale is None else float(input_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ..neuron_functional import neuron
+
+        _check_multistep(self, x)
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        params = {**self.scalars, **{k: getattr(self, f"param_{k}") for k in self.tensor_names}}
+        return neuron(x, self.model, surrogate=self.surrogate, backend=self.backend, **params)
+
+    def extra_repr(self) -> str:
+        return f"model={self.model.name}, dt={self.dt}, surrogate={self.surrogate}, backend={self.backend!r}"
+
+
