@@ -13,11 +13,11 @@ from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, SeqToBatch
 from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from ._common import check_dt
 from ._trace import INPUT, OUTPUT, trace
-from .modules import CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
 
 _LAYERS = (
     SeqToBatch, LIF, Flatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, BatchNormLIF1d, BatchNormLIF2d,
-    Scale, Threshold, LeakyIntegrator, Integrator, EulerLIF, EngineNeuron, CubaLIFNode,
+    Scale, Threshold, LeakyIntegrator, Integrator, EulerLIF, EngineNeuron, CubaLIFNode, CubaLeakyIntegrator,
 )
 
 
@@ -192,6 +192,10 @@ def _node(module: nn.Module, name: str, shape: tuple[int, ...], dt: float):
             r=np.broadcast_to(module.r, shape).copy(),
             v_leak=np.broadcast_to(module.v_leak, shape).copy(),
         )
+    if isinstance(module, CubaLeakyIntegrator):
+        scale = 1.0 if dt == module.dt else dt / module.dt
+        return nir.CubaLI(**{k: np.broadcast_to(getattr(module, k) * (scale if k.startswith("tau") else 1), shape).copy()
+                             for k in ("tau_syn", "tau_mem", "r", "v_leak", "w_in")})  # fmt: skip
     if isinstance(module, EulerLIF):
         tau = module.tau if dt == module.dt else module.tau * (dt / module.dt)
 

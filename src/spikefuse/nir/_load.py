@@ -14,7 +14,7 @@ from torch import nn
 from ..nn import IF, LIF, Flatten, SeqToBatch
 from ..surrogate import Sigmoid, Surrogate, resolve
 from ._common import check_dt
-from .modules import CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
+from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
 
 LIF_FORMS = ("decay", "euler")
 
@@ -205,8 +205,6 @@ def _cuba_lif(what: str, node: nir.CubaLIF, opts: _Options) -> nn.Module:
 
 
 _NOT_YET = {
-    nir.CubaLI: "it needs a current-based leaky integrator (a synaptic current with its own time constant tau_syn "
-    "feeding the membrane), which spikefuse does not have yet",
     nir.Delay: "spikefuse has no delay layer yet",
 }
 
@@ -262,6 +260,9 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         return Threshold(_array(node.threshold))
     if isinstance(node, nir.I):
         return Integrator(_array(node.r))
+    if isinstance(node, nir.CubaLI):
+        return CubaLeakyIntegrator(_positive(what, "tau_syn", node.tau_syn), _positive(what, "tau_mem", node.tau_mem),
+                                   _array(node.r), _array(node.v_leak), _array(node.w_in), opts.dt)  # fmt: skip
     if isinstance(node, nir.LI):
         return LeakyIntegrator(_positive(what, "tau", node.tau), _array(node.r), _array(node.v_leak), opts.dt)
     if isinstance(node, nir.IF):
@@ -340,7 +341,7 @@ def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(
     Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training; parameters are
     float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
     thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
-    (CubaLI, Delay).
+    (Delay).
     """
     if lif_form not in LIF_FORMS:
         raise ValueError(f"lif_form must be one of {LIF_FORMS}, got {lif_form!r}")

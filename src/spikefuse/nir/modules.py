@@ -22,7 +22,7 @@ from .. import params as P
 from ..functional import spiking_neuron
 from ..surrogate import Sigmoid, resolve
 
-__all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF", "CubaLIFNode"]
+__all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF", "CubaLIFNode", "CubaLeakyIntegrator"]
 
 
 def _float32(values) -> torch.Tensor:
@@ -117,6 +117,42 @@ class LeakyIntegrator(nn.Module):
 
     def extra_repr(self) -> str:
         return f"shape={self.tau.shape}, dt={self.dt}"
+
+
+class CubaLeakyIntegrator(nn.Module):
+    """NIR ``CubaLI``: ``tau_syn dI/dt = -I + w_in*S``, ``tau_mem dv/dt = (v_leak - v) + r*I`` by forward Euler,
+    outputs ``v`` at every step (no spikes): the current-based twin of :class:`LeakyIntegrator`, with the same
+    arithmetic (Norse's box cells)::
+
+        I[t] = I[t-1] + a_syn * ((0 - I[t-1]) + w_in*x[t])
+        v[t] = v[t-1] + a_mem * ((v_leak - v[t-1]) + r*I[t])
+
+    ``a = dt/tau`` (:func:`euler_coefficient`), ``I[0] = 0``, ``v[0] = v_leak``. Not fused (a loop over T).
+    """
+
+    def __init__(self, tau_syn, tau_mem, r, v_leak, w_in, dt: float):
+        super().__init__()
+        self.tau_syn, self.tau_mem = _float64(tau_syn), _float64(tau_mem)
+        self.r, self.v_leak, self.w_in, self.dt = _float64(r), _float64(v_leak), _float64(w_in), float(dt)
+        self.register_buffer("a_syn", euler_coefficient(self.tau_syn, self.dt))
+        self.register_buffer("a_mem", euler_coefficient(self.tau_mem, self.dt))
+        self.register_buffer("resistance", _float32(self.r))
+        self.register_buffer("input_weight", _float32(self.w_in))
+        self.register_buffer("leak_potential", _float32(self.v_leak))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_multistep(self, x)
+        i = torch.zeros_like(x[0])
+        v = self.leak_potential.expand(x.shape[1:])
+        potentials = []
+        for x_t in x.unbind(0):
+            i = i + self.a_syn * ((0 - i) + self.input_weight * x_t)
+            v = v + self.a_mem * ((self.leak_potential - v) + self.resistance * i)
+            potentials.append(v)
+        return torch.stack(potentials)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.tau_mem.shape}, dt={self.dt}"
 
 
 class Integrator(nn.Module):
