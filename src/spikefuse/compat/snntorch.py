@@ -64,6 +64,16 @@ _SUPPORTED = (
 )
 
 
+def _refuse_unsupported(learn_threshold, inhibition, state_quant) -> None:
+    """The snnTorch options neither neuron here supports."""
+    if learn_threshold:
+        raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
+    if inhibition:
+        raise NotImplementedError("inhibition=True is not supported")
+    if state_quant:
+        raise NotImplementedError("state_quant is not supported")
+
+
 def to_surrogate(spike_grad) -> Surrogate:
     """The spikefuse surrogate with the derivative of an snnTorch ``spike_grad`` (``None``: snnTorch's atan())."""
     if spike_grad is None:
@@ -123,12 +133,7 @@ class Leaky(nn.Module):
                 "reset_delay=False (snnTorch resets in the same step, through the undetached spike) is not "
                 "supported: use the default reset_delay=True"
             )
-        if learn_threshold:
-            raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
-        if inhibition:
-            raise NotImplementedError("inhibition=True is not supported")
-        if state_quant:
-            raise NotImplementedError("state_quant is not supported")
+        _refuse_unsupported(learn_threshold, inhibition, state_quant)
         if reset_mechanism not in _RESETS:
             raise ValueError(f"reset_mechanism must be one of {sorted(_RESETS)}, got {reset_mechanism!r}")
         threshold_t = torch.as_tensor(threshold)
@@ -293,12 +298,7 @@ class Synaptic(nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
-        if learn_threshold:
-            raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
-        if inhibition:
-            raise NotImplementedError("inhibition=True is not supported")
-        if state_quant:
-            raise NotImplementedError("state_quant is not supported")
+        _refuse_unsupported(learn_threshold, inhibition, state_quant)
         if reset_mechanism not in ("subtract", "zero"):
             raise ValueError(f"reset_mechanism must be one of ['subtract', 'zero'] here, got {reset_mechanism!r}")
         if not reset_delay and reset_mechanism != "zero":
