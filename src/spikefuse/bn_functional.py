@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from . import ops
-from .functional import _check_input, _check_no_functorch, _leak_tensor, _paper_spec, channel_layout, check_decay
+from .validation import channel_layout, check_decay, check_input, check_no_functorch, leak_tensor, paper_spec
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
 
@@ -71,11 +71,11 @@ def batchnorm_lif(
 
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
-    _check_input(x)
+    check_input(x)
     if x.ndim < 3:
         raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
     concrete = ops.resolve_backend(backend, x.device)
-    _check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
+    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
     channels = x.shape[2]
     if channels == 0:
         raise ValueError(f"batchnorm_lif needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
@@ -89,9 +89,9 @@ def batchnorm_lif(
         raise TypeError(f"momentum must be a number (the module handles momentum=None), got {momentum!r}")
     if training and x.numel() // channels <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    spec = _paper_spec(threshold, v_reset, surrogate, detach_reset)
+    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
     check_decay(decay)
-    k = _leak_tensor(decay, x, "decay")
+    k = leak_tensor(decay, x, "decay")
     channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
     trailing = x.shape[1:]
     if v_init is not None:
@@ -219,7 +219,7 @@ def conv_batchnorm_lif(
     form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward and BatchNorm
     + neuron forward in backward. The neurons start from their reset value (no ``v_init``); ``return_state=True``
     also returns the final state, as :func:`batchnorm_lif` does. Not for double backward."""
-    _check_input(x)
+    check_input(x)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
         raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")
     if x.ndim != conv_weight.ndim + 1:

@@ -10,7 +10,7 @@ import numbers
 
 import torch
 
-from .functional import _check_finite, _check_input, _check_no_functorch, channel_layout
+from .validation import channel_layout, check_finite, check_input, check_no_functorch
 from .neurons import NeuronModel
 from .ops import engine
 from .surrogate import Surrogate, resolve
@@ -41,7 +41,7 @@ def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torc
         if value.ndim > 1:
             raise ValueError(f"{model.name}: {name} must be a number, a scalar or a 1-D per-channel tensor, got "
                              f"shape {tuple(value.shape)}")  # fmt: skip
-        _check_finite(value, f"{model.name}: {name}")
+        check_finite(value, f"{model.name}: {name}")
         channel_layout(x.shape, value.numel())
         return value.reshape(-1).to(x.dtype)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -96,14 +96,14 @@ def neuron(
     derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
     the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused CPU kernels for CPU tensors),
     "cpu" or "reference" (the serial PyTorch loop, any device)."""
-    _check_input(x)
+    check_input(x)
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
         raise TypeError(f"{model.name} neurons run in float32 or float64, got x of {x.dtype}: cast x first")
     concrete = _backend(backend, x.device)
     if concrete == "cpu":
-        _check_no_functorch(f"the fused {model.name} kernels")
+        check_no_functorch(f"the fused {model.name} kernels")
     surrogate = resolve(surrogate)
     unknown = set(params) - set(model.params)
     if unknown:

@@ -25,6 +25,7 @@ from .. import functional
 from .. import params as P
 from ..ops import buffers, cpu
 from ..surrogate import Sigmoid
+from ..validation import paper_spec
 from ..threads import set_threads
 from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, timed, write_csv
 
@@ -182,7 +183,7 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     is kept; its stores must first read their cache lines (16 instead of 12 bytes of traffic per neuron-step).
     """
     t_steps, n = x.shape
-    spec = functional._paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_args()
+    spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_args()
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
     leak, v_init, zero_state = torch.full((1,), DECAY), torch.zeros(1), torch.zeros(1)
     spikes, state, h = cpu.forward(x, leak, 1, v_init, spec, P.SAVE_POTENTIAL)

@@ -9,7 +9,7 @@ import numbers
 import torch
 from torch import nn
 
-from ..functional import check_decay
+from ..validation import check_decay
 from ..neuron_functional import neuron
 from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
 from ..ops import check_backend_name

@@ -12,6 +12,7 @@ from .. import functional as F
 from ..ops import check_backend_name
 from ..params import check_memory_mode
 from ..surrogate import Sigmoid
+from ..validation import check_decay, paper_spec
 
 __all__ = ["LIF", "IF"]
 
@@ -27,10 +28,10 @@ class NeuronOptions:
         device=None,
     ) -> None:
         # The checks the functional API makes at every call, made here once so a bad option fails where it is set.
-        spec = F._paper_spec(threshold, v_reset, surrogate, detach_reset)
+        spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
         if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
             raise ValueError(f"decay must be a finite number, got {decay!r}")
-        F.check_decay(decay)
+        check_decay(decay)
         check_backend_name(backend)
         self.threshold = spec.threshold
         self.v_reset = None if v_reset is None else spec.v_reset

@@ -1,0 +1,131 @@
+"""Input checks shared by the functional entry points (:mod:`spikefuse.functional`,
+:mod:`spikefuse.bn_functional`, :mod:`spikefuse.neuron_functional`) and the ``nn`` modules: one place for each
+message, and no import between the entry points themselves."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import params as P
+from .ops.common import compute_dtype
+from .surrogate import resolve
+
+__all__ = ["channel_layout", "check_input", "checks_values", "leak_tensor", "check_finite", "check_decay",
+           "check_no_functorch", "paper_spec"]
+
+
+def channel_layout(shape: torch.Size, channels: int) -> int:
+    """``inner`` for a per-channel leak of ``channels`` entries on an input of ``shape`` ``[T, *]``.
+
+    The channel dimension is dim 2 of ``[T, B, C, ...]`` inputs and dim 1 of ``[T, C]`` inputs; ``inner`` is the
+    number of neurons that follow one channel entry in memory (H*W for ``[T, B, C, H, W]``).
+    """
+    if channels == 1:
+        return 1
+    if len(shape) < 2:
+        raise ValueError(f"a per-channel parameter of {channels} entries needs an input of rank >= 2, got {tuple(shape)}")
+    dim = 2 if len(shape) >= 3 else 1
+    if shape[dim] != channels:
+        raise ValueError(
+            f"per-channel parameter has {channels} entries but the input {tuple(shape)} has {shape[dim]} channels "
+            f"in dim {dim} (inputs are [T, B, C, ...] or [T, C])"
+        )
+    return math.prod(shape[dim + 1 :])
+
+
+def check_input(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must have a floating-point dtype (float32, float64, float16, bfloat16), got {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError("x must have a time dimension first: shape [T, *], got a 0-dim tensor")
+    if x.shape[0] == 0:
+        raise ValueError(f"x has T=0 time steps (shape {tuple(x.shape)}); a spiking layer needs T >= 1")
+
+
+def checks_values(t: torch.Tensor | None = None) -> bool:
+    """Whether to look at tensor values (a sync on GPUs): not while torch.compile traces, nor in meta tensors,
+    which have none."""
+    return not torch.compiler.is_compiling() and (t is None or t.device.type != "meta")
+
+
+def leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
+    cdt = compute_dtype(x.dtype)
+    if isinstance(leak, torch.Tensor):
+        if not leak.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {leak.dtype}")
+        if leak.device != x.device:
+            raise ValueError(f"{name} is on {leak.device} but x is on {x.device}: put both on the same device")
+        if leak.ndim > 1:
+            raise ValueError(f"{name} must be a scalar or a 1-D per-channel tensor, got shape {tuple(leak.shape)}")
+        check_finite(leak, name)
+        return leak.reshape(-1).to(cdt).contiguous()
+    if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not math.isfinite(leak):
+        raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
+    return torch.full((1,), float(leak), dtype=cdt, device=x.device)
+
+
+def first_bad(values: torch.Tensor, bad: torch.Tensor) -> str:
+    """``"channel i: value"`` of the first flagged entry (``"value"`` for a scalar), for error messages."""
+    flat, flags = values.detach().reshape(-1), bad.reshape(-1)
+    i = int(flags.nonzero()[0, 0])
+    return f"{flat[i].item()}" if flat.numel() == 1 else f"channel {i}: {flat[i].item()}"
+
+
+def check_finite(values: torch.Tensor, name: str) -> None:
+    if checks_values(values) and not bool(torch.isfinite(values).all()):
+        raise ValueError(
+            f"{name} holds NaN or inf ({first_bad(values, ~torch.isfinite(values))}); a learnable {name} gets "
+            "there when training diverges: lower the learning rate"
+        )
+
+
+def check_decay(decay, name: str = "decay") -> None:
+    """The paper's leak ``k`` lies in ``[0, 1]``: 0 forgets at every step, 1 integrates without leak (IF).
+
+    Outside that range the membrane grows without bound (``k > 1``) or flips sign every step (``k < 0``): no
+    dynamics of the papers or peers, so it is rejected, for numbers and tensors alike (a learnable decay too, at
+    forward time; NaN and inf with their own message). Non-finite numbers are left to :func:`leak_tensor`.
+    """
+    if isinstance(decay, torch.Tensor):
+        if not checks_values(decay) or not decay.numel():
+            return
+        bad = ~((decay >= 0) & (decay <= 1))  # NaN too: every comparison with it is False
+        if bool(bad.any()):  # the only sync when the values are fine
+            check_finite(decay, name)
+            raise ValueError(
+                f"{name} must lie in [0, 1], got {first_bad(decay, bad)}; keep a learnable {name} in range, e.g. "
+                f"with `{name}.data.clamp_(0, 1)` after each optimizer step"
+            )
+    elif isinstance(decay, numbers.Real) and math.isfinite(decay) and not 0.0 <= decay <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1] (0: no memory, 1: no leak), got {decay}")
+
+
+def check_no_functorch(what: str, remedy: str = "use backend='reference' (plain PyTorch ops) under torch.func") -> None:
+    if checks_values() and torch._C._are_functorch_transforms_active():
+        raise RuntimeError(f"torch.func transforms (grad, vmap, jacrev, ...) cannot look inside {what}; {remedy}")
+
+
+def paper_spec(threshold, v_reset, surrogate, detach_reset) -> P.NeuronSpec:
+    """The spec of the paper's LIF, with its parameter ranges: Eq. (1) leaks toward 0, so the resting potential
+    is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >= threshold`` would fire forever."""
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise TypeError(f"threshold must be a number, got {threshold!r}")
+    if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
+        raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
+    if math.isfinite(threshold) and threshold <= 0:
+        raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
+    if v_reset is not None and math.isfinite(v_reset) and math.isfinite(threshold) and v_reset >= threshold:
+        raise ValueError(f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
+                         "v_reset would fire again at once")
+    return P.NeuronSpec(
+        threshold=float(threshold),
+        v_reset=0.0 if v_reset is None else float(v_reset),
+        reset=P.SOFT if v_reset is None else P.HARD,
+        surrogate=resolve(surrogate),
+        detach_reset=bool(detach_reset),
+    )
