@@ -1,16 +1,13 @@
 """``spikefuse.neuron``: any :class:`~spikefuse.neurons.NeuronModel` over all T steps in one fused call.
 
-Re-exported as :func:`spikefuse.functional.neuron`; the backends are :mod:`spikefuse.ops.engine`.
+Exported as :func:`spikefuse.neuron`; the backends are :mod:`spikefuse.ops.engine`.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-from .validation import channel_layout, check_finite, check_input, check_no_functorch
+from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
 from .ops import engine
 from .surrogate import Surrogate, resolve
@@ -32,21 +29,11 @@ def _backend(backend: str, device: torch.device) -> str:
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
-    """A parameter as ``[1]`` or ``[C]`` (per channel) in x's dtype, differentiable when it is a tensor."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{model.name}: {name} must be a floating-point tensor, got {value.dtype}")
-        if value.device != x.device:
-            raise ValueError(f"{model.name}: {name} is on {value.device} but x is on {x.device}: put both on one device")
-        if value.ndim > 1:
-            raise ValueError(f"{model.name}: {name} must be a number, a scalar or a 1-D per-channel tensor, got "
-                             f"shape {tuple(value.shape)}")  # fmt: skip
-        check_finite(value, f"{model.name}: {name}")
-        channel_layout(x.shape, value.numel())
-        return value.reshape(-1).to(x.dtype)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise TypeError(f"{model.name}: {name} must be a finite number or a tensor, got {value!r}")
-    return torch.full((1,), float(value), dtype=x.dtype, device=x.device)
+    """A parameter as ``[1]`` or ``[C]`` (per channel) in x's dtype, differentiable when it is a tensor: the checks
+    and conversion of LIF's leak, then the channel layout."""
+    tensor = leak_tensor(value, x, f"{model.name}: {name}")
+    channel_layout(x.shape, tensor.numel())
+    return tensor
 
 
 class _EngineNeuron(torch.autograd.Function):

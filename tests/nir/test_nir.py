@@ -208,14 +208,10 @@ def test_norse_to_spikefuse(lif_form):
     assert float(norse_torch.to_nir(model, torch.randn(1, 6)).nodes["1"].tau) == pytest.approx(1e-3 / NORSE_TAU_INV)
     graph = norse_torch.to_nir(model, torch.randn(1, 6), dt=1.0)
     x = torch.randn(40, 4, 6) * 2 + 1
-    with torch.no_grad():
-        state, outputs = None, []
-        for x_t in x:
-            out, state = model(x_t, state)
-            outputs.append(out)
+    expected = _run_stateful(model, x)
     loaded = sfnir.load(graph, dt=1e-3, lif_form=lif_form)
     y, spikes = _neuron_outputs(loaded, x)
-    assert torch.equal(y, torch.stack(outputs))  # the LI read-out's potentials, downstream of LIF and IF spikes
+    assert torch.equal(y, expected)  # the LI read-out's potentials, downstream of LIF and IF spikes
     assert all(s.sum() > 0 for s in spikes)
 
 
@@ -276,6 +272,27 @@ def _snntorch_net(snn, scalar_parameters=False):
     return nn.Sequential(nn.Linear(6, 16), leaky(16, 0.8, 0.5), nn.Linear(16, 8), leaky(8, 0.9, 0.3, output=True))
 
 
+def _run_stateful(net, x):
+    """``net`` stepped through ``x`` one time step at a time, ``(x_t, state) -> (out, state)`` (snnTorch's imported
+    graphs, Norse's modules), outputs stacked."""
+    state, outputs = None, []
+    with torch.no_grad():
+        for x_t in x:
+            out, state = net(x_t, state)
+            outputs.append(out)
+    return torch.stack(outputs)
+
+
+def _check_snntorch_import(model):
+    """``model`` -> NIR -> snnTorch's importer gives ``model``'s output, and every spikefuse neuron spikes."""
+    from snntorch.import_nir import import_from_nir
+
+    x = torch.randn(50, 4, 6) + 0.5
+    peer = import_from_nir(sfnir.export(model, x[:1], dt=1e-4))  # snnTorch's importer assumes dt = 1e-4
+    y, spikes = _neuron_outputs(model, x)
+    assert torch.equal(y, _run_stateful(peer, x)) and all(s.sum() > 0 for s in spikes)
+
+
 def _run_snntorch_steps(step, x):
     outputs = []
     with torch.no_grad():
@@ -314,23 +331,9 @@ def test_snntorch_export_of_scalar_beta():
 
 def test_spikefuse_to_snntorch():
     _snntorch()
-    from snntorch.import_nir import import_from_nir
-
     torch.manual_seed(0)
-    model = nn.Sequential(SeqToBatch(nn.Linear(6, 16)), LIF(decay=0.8, threshold=0.5), SeqToBatch(nn.Linear(16, 8)),
-                          LIF(decay=0.9, threshold=0.3))
-    x = torch.randn(50, 4, 6) + 0.5
-    peer = import_from_nir(sfnir.export(model, x[:1], dt=1e-4))  # snnTorch's importer assumes dt = 1e-4
-    state = None
-
-    def step(x_t):
-        nonlocal state
-        out, state = peer(x_t, state)
-        return out
-
-    expected = _run_snntorch_steps(step, x)
-    y, spikes = _neuron_outputs(model, x)
-    assert torch.equal(y, expected) and all(s.sum() > 0 for s in spikes)
+    _check_snntorch_import(nn.Sequential(SeqToBatch(nn.Linear(6, 16)), LIF(decay=0.8, threshold=0.5),
+                                         SeqToBatch(nn.Linear(16, 8)), LIF(decay=0.9, threshold=0.3)))
 
 
 @pytest.mark.xfail(
@@ -482,21 +485,7 @@ def test_snntorch_synaptic_to_spikefuse():
 
 def test_spikefuse_cuba_lif_to_snntorch():
     _snntorch()
-    from snntorch.import_nir import import_from_nir
-
-    model = _cuba_mlp()
-    x = torch.randn(50, 4, 6) + 0.5
-    peer = import_from_nir(sfnir.export(model, x[:1], dt=1e-4))  # Synaptic(reset_mechanism="zero", reset_delay=False)
-    state = None
-
-    def step(x_t):
-        nonlocal state
-        out, state = peer(x_t, state)
-        return out
-
-    expected = _run_snntorch_steps(step, x)
-    y, spikes = _neuron_outputs(model, x)
-    assert torch.equal(y, expected) and all(s.sum() > 0 for s in spikes)
+    _check_snntorch_import(_cuba_mlp())  # snnTorch builds Synaptic(reset_mechanism="zero", reset_delay=False)
 
 
 def test_norse_cuba_lif_to_spikefuse():
@@ -510,19 +499,10 @@ def test_norse_cuba_lif_to_spikefuse():
     model = norse_torch.SequentialState(nn.Linear(6, 16), norse_torch.LIFCell(params), nn.Linear(16, 8))
     graph = norse_torch.to_nir(model, torch.randn(1, 6), dt=1.0)
     x = torch.randn(60, 4, 6) * 2 + 3
-
-    def run(net):
-        state, outputs = None, []
-        with torch.no_grad():
-            for x_t in x:
-                out, state = net(x_t, state)
-                outputs.append(out)
-        return torch.stack(outputs)
-
     ours, spikes = _neuron_outputs(sfnir.load(graph, dt=1e-3, lif_form="euler"), x)
     assert spikes[0].sum() > 0
-    assert torch.equal(ours, run(norse_torch.from_nir(graph, dt=1e-3)))
-    assert not torch.equal(ours, run(model))
+    assert torch.equal(ours, _run_stateful(norse_torch.from_nir(graph, dt=1e-3), x))
+    assert not torch.equal(ours, _run_stateful(model, x))
 
 
 @pytest.mark.parametrize("fields, lif_form, message", [

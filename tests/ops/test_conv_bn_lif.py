@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from spikefuse.bn_functional import batchnorm_lif, conv_batchnorm_lif  # noqa: E402
+from spikefuse.bn_functional import conv_batchnorm_lif  # noqa: E402
 from spikefuse.nn import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF, SeqToBatch  # noqa: E402
 
 from tests.ops.cases import saved_storages  # noqa: E402

@@ -615,10 +615,8 @@ class TimeSplitBatchNormLIF(nn.Module):
 
     def __init__(self, fused: _BatchNormLIF, group=None):
         super().__init__()
-        self.bn = TimeSplitBatchNorm(fused.num_features, fused.eps, fused.momentum, fused.affine,
-                                     fused.track_running_stats, group=group, channel_dim=2)  # fmt: skip
-        self.bn._parameters = {k: v for k, v in fused._parameters.items() if k in ("weight", "bias")}
-        self.bn._buffers = dict(fused._buffers)
+        self.bn = TimeSplitBatchNorm.from_batchnorm(fused, group, channel_dim=2)
+        self.bn._parameters.pop("decay", None)  # the neuron's, shared with the neuron below
         learnable = isinstance(fused.decay, nn.Parameter)
         self.neuron = LIF(0.5 if learnable else fused.decay, fused.threshold, fused.v_reset, fused.surrogate,
                           fused.detach_reset, stateful=fused.stateful, backend=fused.backend, memory="recompute")

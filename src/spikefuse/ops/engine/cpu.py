@@ -34,6 +34,7 @@ from ..common import reduce_leak_grad
 
 BLOCK = 2048  # neurons per parallel task (the backward's scratch, (T+1) x states x BLOCK, stays in cache)
 _NP_FUNCTIONS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"}
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _GENERATOR = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # this file: the generator's version
 
 
@@ -137,7 +138,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     import sympy
 
     S, P = model.states, model.params
-    np_dtype = {torch.float32: "np.float32", torch.float64: "np.float64"}[dtype]
+    np_dtype = f"np.{_NP_DTYPES[dtype].__name__}"
     step_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_"}
     fire_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}}
     params_arg = "".join(f"par_{p}, " for p in P)
@@ -309,7 +310,7 @@ def kernels(model, surrogate_type, dtype: torch.dtype):
     key = (model, surrogate_type, dtype)
     if key in _MODULES:
         return _MODULES[key]
-    tag = {torch.float32: "f32", torch.float64: "f64"}[dtype]
+    tag = _NP_DTYPES[dtype].__name__
     # The file name holds everything the source depends on (the dynamics, the surrogate's formula, this
     # generator), so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
     inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), _GENERATOR, tag)
@@ -341,15 +342,13 @@ def _np(t: torch.Tensor):
 def _params(params: list, dtype: torch.dtype) -> tuple[str, list]:
     """The kernel variant's suffix and its parameter arguments: scalars when every parameter has one value."""
     if all(p.numel() == 1 for p in params):
-        cast = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
-        return "_scalar", [cast(float(p)) for p in params]
+        return "_scalar", [_NP_DTYPES[dtype](float(p)) for p in params]
     return "", [_np(p) for p in params]
 
 
 def _surrogate_args(surrogate, dtype) -> tuple:
     """The surrogate's two parameters as scalars of the compute dtype."""
-    cast = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
-    return tuple(cast(v) for v in surrogate.params())
+    return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
 def forward(model, x2, params, inner, init, surrogate, detach_reset):
