@@ -29,6 +29,53 @@ def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put both on the same device")
 
 
+def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, threshold, v_reset, surrogate,
+             detach_reset, v_init, backend, residual, residual_binary):  # fmt: skip
+    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, spec)`` resolved for the op."""
+    check_input(x)
+    if x.ndim < 3:
+        raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
+    concrete = ops.resolve_backend(backend, x.device)
+    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
+    channels = x.shape[2]
+    if channels == 0:
+        raise ValueError(f"batchnorm_lif needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
+    for t, name in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
+        _check_param(t, name, channels, x)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("pass both running_mean and running_var, or neither")
+    if not training and running_mean is None:
+        raise ValueError("training=False normalizes with the running statistics: pass running_mean and running_var")
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+        raise TypeError(f"momentum must be a number (the module handles momentum=None), got {momentum!r}")
+    if training and x.numel() // channels <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
+    check_decay(decay)
+    k = leak_tensor(decay, x, "decay")
+    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
+    trailing = x.shape[1:]
+    if v_init is not None:
+        if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
+            raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
+        if v_init.shape != trailing:
+            raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
+        if v_init.device != x.device:
+            raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a tensor shaped like x or None, got {type(residual).__name__}")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}: they are added")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"residual is {residual.dtype} but x is {x.dtype}: pass both in one dtype")
+        if residual.device != x.device:
+            raise ValueError(f"residual is on {residual.device} but x is on {x.device}: put both on the same device")
+    elif residual_binary:
+        raise ValueError("residual_binary=True describes a residual, but residual is None")
+    return concrete, k, spec
+
+
 def batchnorm_lif(
     x: torch.Tensor,
     running_mean: torch.Tensor | None,
@@ -71,47 +118,10 @@ def batchnorm_lif(
 
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
-    check_input(x)
-    if x.ndim < 3:
-        raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
-    concrete = ops.resolve_backend(backend, x.device)
-    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
-    channels = x.shape[2]
-    if channels == 0:
-        raise ValueError(f"batchnorm_lif needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
-    for t, name in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
-        _check_param(t, name, channels, x)
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("pass both running_mean and running_var, or neither")
-    if not training and running_mean is None:
-        raise ValueError("training=False normalizes with the running statistics: pass running_mean and running_var")
-    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
-        raise TypeError(f"momentum must be a number (the module handles momentum=None), got {momentum!r}")
-    if training and x.numel() // channels <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
-    check_decay(decay)
-    k = leak_tensor(decay, x, "decay")
-    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
-    trailing = x.shape[1:]
-    if v_init is not None:
-        if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
-            raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
-        if v_init.shape != trailing:
-            raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
-        if v_init.device != x.device:
-            raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
-    if residual is not None:
-        if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"residual must be a tensor shaped like x or None, got {type(residual).__name__}")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}: they are added")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"residual is {residual.dtype} but x is {x.dtype}: pass both in one dtype")
-        if residual.device != x.device:
-            raise ValueError(f"residual is on {residual.device} but x is on {x.device}: put both on the same device")
-    elif residual_binary:
-        raise ValueError("residual_binary=True describes a residual, but residual is None")
+    concrete, k, spec = _checked(
+        x, running_mean, running_var, weight, bias, training, momentum, decay, threshold, v_reset, surrogate,
+        detach_reset, v_init, backend, residual, residual_binary,
+    )  # fmt: skip
     spikes, state = _bn_lif.bn_spiking_neuron(
         x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init,
         concrete, residual, bool(residual_binary),
@@ -126,62 +136,57 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias, conv: tuple) -> torch.Ten
 
 
 class _ConvThenBatchNormNeuron(torch.autograd.Function):
-    """``batchnorm_lif(conv(x))`` saving ``x`` (which the convolution saves anyway), not the conv output: backward
-    recomputes the convolution, then runs ``batchnorm_lif`` on it again under autograd (in training with the
-    batch's statistics and no running-statistics update), so the fused op's own backward gives its gradients, and
-    last the convolution's backward."""
+    """``batchnorm_lif(conv(x))`` saving ``x`` (which the convolution saves anyway) and the per-channel batch
+    statistics, not the conv output: backward recomputes the convolution, runs the fused op's backward on it (which
+    recomputes the normalized input and the potentials), then the convolution's backward."""
 
     @staticmethod
     def forward(ctx, x, conv_weight, conv_bias, bn_weight, bn_bias, decay, conv, bn, neuron):
         t_steps = x.shape[0]
         z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
         running_mean, running_var, training, momentum, eps = bn
-        spikes, state = batchnorm_lif(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps,
-                                      decay=decay, return_state=True, **neuron)  # fmt: skip
-        optional = (conv_bias, bn_weight, bn_bias, decay if isinstance(decay, torch.Tensor) else None)
+        backend, k, spec = _checked(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay,
+                                    neuron["threshold"], neuron["v_reset"], neuron["surrogate"],
+                                    neuron["detach_reset"], None, neuron["backend"], None, False)  # fmt: skip
+        spikes, state, (mean, invstd) = _bn_lif.bn_spiking_neuron(
+            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, k, spec, None, backend,
+            return_stats=True,
+        )  # fmt: skip
+        optional = (conv_bias, bn_weight, bn_bias)
         ctx.present = [t is not None for t in optional]
         empty = x.new_empty(0)
-        ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional))
-        ctx.decay, ctx.conv, ctx.bn, ctx.neuron = decay, conv, bn, neuron
+        ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional), k, mean, invstd)
+        ctx.decay_like = decay if isinstance(decay, torch.Tensor) else None
+        ctx.conv, ctx.bn, ctx.spec, ctx.backend = conv, bn, spec, backend
         return spikes, state
 
     @staticmethod
     def backward(ctx, grad_spikes, grad_state):
-        x, conv_weight, *rest = ctx.saved_tensors
-        conv_bias, bn_weight, bn_bias, decay = (t if keep else None for t, keep in zip(rest, ctx.present))
+        x, conv_weight, *rest, k, mean, invstd = ctx.saved_tensors
+        conv_bias, bn_weight, bn_bias = (t if keep else None for t, keep in zip(rest, ctx.present))
         running_mean, running_var, training, _, eps = ctx.bn
         need = ctx.needs_input_grad
         t_steps = x.shape[0]
         xb = x.flatten(0, 1)
-        with torch.no_grad():
-            z = _conv(xb, conv_weight, conv_bias, ctx.conv)
-        with torch.enable_grad():
-            leaves = {
-                "z": z.requires_grad_(),
-                "bn_weight": None if bn_weight is None else bn_weight.detach().requires_grad_(bool(need[3])),
-                "bn_bias": None if bn_bias is None else bn_bias.detach().requires_grad_(bool(need[4])),
-                "decay": None if decay is None else decay.detach().requires_grad_(bool(need[5])),
-            }
-            stats = (None, None) if training else (running_mean, running_var)
-            spikes, state = batchnorm_lif(
-                z.unflatten(0, (t_steps, -1)), *stats, leaves["bn_weight"], leaves["bn_bias"], training, 0.0, eps,
-                decay=ctx.decay if leaves["decay"] is None else leaves["decay"], return_state=True, **ctx.neuron,
-            )
-            wanted = [k for k, t in leaves.items() if t is not None and t.requires_grad]
-            grads = torch.autograd.grad((spikes, state), [leaves[k] for k in wanted], (grad_spikes, grad_state))
-            grads = dict(zip(wanted, grads))
+        z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
+        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_lif.bn_spiking_neuron_backward(
+            grad_spikes, grad_state, z, (mean, invstd), running_mean, running_var, bn_weight, bn_bias, training, eps,
+            k, ctx.spec, ctx.backend, bool(need[3] or need[4]), bool(need[5]),
+        )  # fmt: skip
+        del z
         has_bias = conv_bias is not None
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grads["z"], xb, conv_weight, list(conv_bias.shape) if has_bias else None, *ctx.conv[:3], False,
+            grad_z.flatten(0, 1), xb, conv_weight, list(conv_bias.shape) if has_bias else None, *ctx.conv[:3], False,
             [0] * (conv_weight.ndim - 2), ctx.conv[3], [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
         )  # fmt: skip
+        decay = ctx.decay_like
         return (
             grad_x.unflatten(0, (t_steps, -1)) if need[0] else None,
             grad_w if need[1] else None,
             grad_b if need[2] and has_bias else None,
-            grads.get("bn_weight"),
-            grads.get("bn_bias"),
-            grads.get("decay"),
+            grad_bn_w if need[3] else None,
+            grad_bn_b if need[4] else None,
+            grad_leak.reshape(decay.shape).to(decay.dtype) if need[5] else None,
             None,
             None,
             None,
@@ -216,8 +221,7 @@ def conv_batchnorm_lif(
     merged to ``[T*B, ...]``, then :func:`batchnorm_lif`; the same spikes, gradients and running statistics as the
     composition. Backward gets only ``x`` (which the convolution's weight gradient needs anyway) and recomputes
     the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes (those the lean
-    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward and BatchNorm
-    + neuron forward in backward. The neurons start from their reset value (no ``v_init``); ``return_state=True``
+    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward in backward. The neurons start from their reset value (no ``v_init``); ``return_state=True``
     also returns the final state, as :func:`batchnorm_lif` does. Not for double backward."""
     check_input(x)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):

@@ -14,7 +14,7 @@ bits when it was saved as bits. The output comes from :mod:`.buffers` (no fresh 
 BatchNorm's own backward stays torch's ``native_batch_norm_backward``: a numba version accumulating in float64
 was 4x slower on ``[128, 64, 8, 8]``.
 
-Inputs are ``[B', C, S]`` views of contiguous tensors (``B' = T*B``, ``S`` the spatial size), float32 or float64.
+Inputs are contiguous ``[B', C, ...]`` tensors (``B' = T*B``), float32 or float64.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def _fma(typingctx, a, b, c):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _normalize_kernel(x, mean, invstd, weight, bias, has_weight, has_bias, residual, bits, mode, out):
-    nb, channels, size = x.shape
+def _normalize_kernel(x, mean, invstd, weight, bias, has_weight, has_bias, residual, bits, mode, channels, size, out):
+    """Flat arrays, one parallel iteration per sample row ``[C, ...]`` (views or a division per plane cost more
+    than a plane of 1-16 elements, as in a late ResNet layer)."""
     one = x.dtype.type(1.0)
     zero = x.dtype.type(0.0)
     alpha = np.empty(channels, dtype=x.dtype)
@@ -63,31 +64,26 @@ def _normalize_kernel(x, mean, invstd, weight, bias, has_weight, has_bias, resid
         a = invstd[c] * weight[c] if has_weight else invstd[c]
         alpha[c] = a
         beta[c] = _fma(-mean[c], a, bias[c] if has_bias else zero)
-    for p in prange(nb * channels):
-        i = p // channels
-        c = p - i * channels
-        a = alpha[c]
-        b = beta[c]
-        xr = x[i, c]
-        orow = out[i, c]
-        if mode == _NO_RESIDUAL:
-            for j in range(size):
-                orow[j] = _fma(xr[j], a, b)
-        elif mode == _FLOAT_RESIDUAL:
-            rr = residual[i, c]
-            for j in range(size):
-                orow[j] = _fma(xr[j], a, b) + rr[j]
-        else:
-            base = p * size
-            for j in range(size):
-                k = base + j
-                r = one if (bits[k >> 3] >> (k & 7)) & 1 else zero
-                orow[j] = _fma(xr[j], a, b) + r
+    row = channels * size
+    for i in prange(x.shape[0] // row):
+        for c in range(channels):
+            a = alpha[c]
+            b = beta[c]
+            base = i * row + c * size
+            if mode == _NO_RESIDUAL:
+                for k in range(base, base + size):
+                    out[k] = _fma(x[k], a, b)
+            elif mode == _FLOAT_RESIDUAL:
+                for k in range(base, base + size):
+                    out[k] = _fma(x[k], a, b) + residual[k]
+            else:
+                for k in range(base, base + size):
+                    r = one if (bits[k >> 3] >> (k & 7)) & 1 else zero
+                    out[k] = _fma(x[k], a, b) + r
 
 
-def _planes(t: torch.Tensor) -> np.ndarray:
-    """``[B', C, S]`` numpy view of a contiguous ``[B', C, ...]`` tensor."""
-    return t.reshape(t.shape[0], t.shape[1], -1).numpy()
+def _flat(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).numpy()
 
 
 def _per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
@@ -110,16 +106,18 @@ def normalize(
     ``native_batch_norm(x, weight, bias, training=True)[0] + residual`` (see the module docstring)."""
     _check(x, mean, invstd)
     out = buffers.empty(x.shape, x.dtype)
+    none = np.empty(0, dtype=_flat(x).dtype)
     if residual is not None:
-        mode, res, bits = _FLOAT_RESIDUAL, _planes(residual.contiguous()), np.empty(0, dtype=np.uint8)
+        mode, res, bits = _FLOAT_RESIDUAL, _flat(residual.contiguous()), np.empty(0, dtype=np.uint8)
     elif residual_bits is not None and residual_bits.numel():
-        mode, res, bits = _BIT_RESIDUAL, np.empty((0, 0, 0), dtype=_planes(x).dtype), residual_bits.numpy()
+        mode, res, bits = _BIT_RESIDUAL, none, residual_bits.numpy()
     else:
-        mode, res, bits = _NO_RESIDUAL, np.empty((0, 0, 0), dtype=_planes(x).dtype), np.empty(0, dtype=np.uint8)
+        mode, res, bits = _NO_RESIDUAL, none, np.empty(0, dtype=np.uint8)
     match_numba_threads(x.numel(), _SERIAL_WORK)
     _normalize_kernel(
-        _planes(x), _per_channel(mean, x.dtype), _per_channel(invstd, x.dtype), _per_channel(weight, x.dtype),
-        _per_channel(bias, x.dtype), weight is not None, bias is not None, res, bits, mode, _planes(out),
+        _flat(x), _per_channel(mean, x.dtype), _per_channel(invstd, x.dtype), _per_channel(weight, x.dtype),
+        _per_channel(bias, x.dtype), weight is not None, bias is not None, res, bits, mode, x.shape[1],
+        x.numel() // (x.shape[0] * x.shape[1]), _flat(out),
     )  # fmt: skip
     return out
 

@@ -51,7 +51,7 @@ from . import batchnorm_cpu, module
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
-__all__ = ["bn_spiking_neuron", "bn_lif_forward", "bn_lif_backward"]
+__all__ = ["bn_spiking_neuron", "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
 
 
 def _spec(ints: list[int], floats: list[float]) -> tuple:
@@ -323,30 +323,27 @@ def bn_spiking_neuron(
     backend: str,
     residual: Tensor | None = None,
     residual_binary: bool = False,
-) -> tuple[Tensor, Tensor]:
+    return_stats: bool = False,
+):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then the
     neuron of ``spec``.
 
     Arguments are already validated and resolved (``backend`` concrete, ``leak`` a 1-D compute-dtype tensor of
     1 or C entries, ``v_init`` of shape ``x.shape[1:]`` or None, ``residual`` of ``x``'s shape, dtype and device
     or None; ``residual_binary``: it holds only 0 and 1 and is saved as bits). Returns ``(spikes, state)``, shaped
-    like ``x`` and ``x.shape[1:]``. ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
+    like ``x`` and ``x.shape[1:]``, and with ``return_stats`` also the batch statistics ``(mean, invstd)`` that
+    :func:`bn_spiking_neuron_backward` takes (for a caller with its own backward, run without autograd).
+    ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
     """
     t_steps, trailing = x.shape[0], x.shape[1:]
     n = math.prod(trailing)
-    inner = math.prod(x.shape[3:]) if leak.numel() > 1 else 1
+    inner = _inner(x, leak)
     cdt = compute_dtype(x.dtype)
-    xb = x.flatten(0, 1)
-    if not xb.is_contiguous():
-        xb = xb.contiguous()
-    rb = None
-    if residual is not None:
-        rb = residual.flatten(0, 1)
-        if not rb.is_contiguous():
-            rb = rb.contiguous()
+    xb = _merged(x)
+    rb = None if residual is None else _merged(residual)
     v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
     args = spec.kernel_args()
-    spikes, state, _, _, new_rm, new_rv, _ = bn_lif_forward(
+    spikes, state, mean, invstd, new_rm, new_rv, _ = bn_lif_forward(
         xb, rb, bool(residual_binary), weight, bias, running_mean, running_var, leak, v0, bool(training),
         float(momentum), float(eps), t_steps, inner, list(args[:7]), list(args[7:]), backend,
     )  # fmt: skip
@@ -354,4 +351,57 @@ def bn_spiking_neuron(
         with torch.no_grad():
             running_mean.copy_(new_rm)
             running_var.copy_(new_rv)
-    return spikes.reshape(x.shape), state.reshape(trailing)
+    out = spikes.reshape(x.shape), state.reshape(trailing)
+    return (*out, (mean, invstd)) if return_stats else out
+
+
+def bn_spiking_neuron_backward(
+    grad_spikes: Tensor,
+    grad_state: Tensor,
+    x: Tensor,
+    stats: tuple[Tensor, Tensor],
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    training: bool,
+    eps: float,
+    leak: Tensor,
+    spec: P.NeuronSpec,
+    backend: str,
+    need_affine: bool,
+    need_leak: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """The backward of :func:`bn_spiking_neuron` (no residual, ``v_init`` None) from its input ``x`` and the
+    ``stats`` it returned: ``(grad_x, grad_weight, grad_bias, grad_leak)``, None where not needed. The same op as
+    the fused module's backward: recomputes the normalized input and the potentials, nothing of the forward again."""
+    t_steps = x.shape[0]
+    n = x.numel() // t_steps
+    cdt = compute_dtype(x.dtype)
+    args = spec.kernel_args()
+    mean, invstd = stats
+    fn = _backward_impl if backend == "reference" else bn_lif_backward
+    grad_x, grad_w, grad_b, grad_leak, _, _ = fn(
+        grad_spikes.reshape(t_steps, n).contiguous(), grad_state.reshape(n).to(cdt).contiguous(), _merged(x), None,
+        x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
+        None if training else running_var, leak, x.new_empty(0, dtype=cdt), _inner(x, leak), list(args[:7]),
+        list(args[7:]), backend, bool(training), float(eps), bool(need_leak), bool(need_affine), False,
+    )  # fmt: skip
+    affine = weight is not None and need_affine
+    return (
+        grad_x.reshape(x.shape),
+        grad_w if affine else None,
+        grad_b if affine and bias is not None else None,
+        grad_leak if need_leak else None,
+    )
+
+
+def _inner(x: Tensor, leak: Tensor) -> int:
+    """Neurons per channel run (the spatial size) for a per-channel leak, else 1 (see :mod:`spikefuse.ops.cpu`)."""
+    return math.prod(x.shape[3:]) if leak.numel() > 1 else 1
+
+
+def _merged(x: Tensor) -> Tensor:
+    """``x [T, B, C, ...]`` as the contiguous ``[T*B, C, ...]`` BatchNorm normalizes."""
+    xb = x.flatten(0, 1)
+    return xb if xb.is_contiguous() else xb.contiguous()
