@@ -113,6 +113,13 @@ def test_kernels_match_reference(spec, per_channel, dtype):
                 _assert_close(grads[2], ref_grads[2], "grad_leak", **_tol(dtype, leak=True))
             else:
                 assert grads[2] is None
+            if save == P.SAVE_INPUT:  # grad_x written over a transient x: the same numbers, in x's memory
+                scratch = x2.clone()
+                over = cpu.backward(gs, gst, scratch, leak, inner, v2, None, args, save, need_leak, overwrite_x=True)
+                for a, b in zip(over, grads):
+                    assert (a is None and b is None) or torch.equal(a, b)
+                x_term = spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_MUL_INPUT and need_leak
+                assert (over[0].data_ptr() == scratch.data_ptr()) != x_term
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ Backward (``spikefuse::bn_lif_backward``):
    (training: the statistics again from ``x``, which torch computes deterministically, so ``y`` is bit-identical
    to the forward's; eval: from the saved running statistics);
 2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
-   returns ``grad_y`` (and the leak / ``v_init`` gradients);
+   returns ``grad_y`` (and the leak / ``v_init`` gradients); the cpu backend writes both over ``y`` (its
+   ``overwrite_x``), so backward holds one transient of ``x``'s size, not two;
 3. ``aten.native_batch_norm_backward`` -- the per-channel reduction torch's BatchNorm backward runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself.
@@ -180,9 +181,11 @@ def _backward_impl(
         if residual is not None:
             y += residual
     del residual
+    # y is this function's own transient: the cpu backend writes grad_y over it
+    overwrite = {"overwrite_x": True} if backend == "cpu" else {}
     grad_y, grad_v, grad_leak = module(backend).backward(
         grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
-        need_leak_grad,
+        need_leak_grad, **overwrite,
     )
     del y
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)

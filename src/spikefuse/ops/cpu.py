@@ -787,8 +787,10 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False, out=None):
+             overwrite_saved=False, overwrite_x=False, out=None):
     """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it.
+    ``overwrite_x``: likewise for ``x`` in recompute mode (a transient of the caller's, as the fused BatchNorm+LIF
+    op's recomputed input): the recomputed potentials, then grad_x, go over it instead of into a new buffer.
     ``out``: a ``[T, N]`` compute-dtype buffer for grad_x instead of a fresh one (for kernel-only timing)."""
     spec = SpecArgs(*spec_args)
     cdt = compute_dtype(grad_spikes.dtype)
@@ -816,9 +818,15 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         _check_out("out grad_x", out, (t_steps, n), cdt)
     # grad_x over h (same index read before written): no fresh [T, N] buffer to page in.
     over_h = not recompute and overwrite_saved and out is None and hsaved is saved
+    # over x: the recompute reads x[t, i] before it writes h[t, i]; the reverse loop reads x only for a leak
+    # gradient with an x term (c3 of the MUL_INPUT charge), so then it keeps its own buffer
+    x_term = spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_MUL_INPUT and need_leak_grad
+    over_x = recompute and overwrite_x and out is None and xc is x2 and not x_term
     inplace = recompute or over_h
     if over_h:
         gx = hsaved
+    elif over_x:
+        gx = xc
     else:
         gx = buffers.empty((t_steps, n), cdt) if out is None else out
     gv = buffers.empty((n,) if v_init.numel() == n else (0,), cdt)  # none for a shared v_init
