@@ -11,7 +11,9 @@ import numbers
 import torch
 
 from . import ops
-from .validation import channel_layout, check_decay, check_input, check_no_functorch, leak_tensor, paper_spec
+from .validation import (
+    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_spec,
+)  # fmt: skip
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
 
@@ -54,14 +56,8 @@ def _checked(x, running_mean, running_var, weight, bias, training, momentum, dec
     check_decay(decay)
     k = leak_tensor(decay, x, "decay")
     channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
-    trailing = x.shape[1:]
     if v_init is not None:
-        if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
-            raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
-        if v_init.shape != trailing:
-            raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
-        if v_init.device != x.device:
-            raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
+        check_v_init(v_init, x)
     if residual is not None:
         if not isinstance(residual, torch.Tensor):
             raise TypeError(f"residual must be a tensor shaped like x or None, got {type(residual).__name__}")

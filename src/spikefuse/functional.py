@@ -18,6 +18,7 @@ from .validation import (
     check_decay,
     check_input,
     check_no_functorch,
+    check_v_init,
     leak_tensor,
     paper_spec,
 )
@@ -45,12 +46,7 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     if v_init is None:  # one start value shared by every neuron: the kernels read nothing of size N for it
         v0 = torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
     else:
-        if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
-            raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
-        if v_init.shape != trailing:
-            raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(trailing)}")
-        if v_init.device != x.device:
-            raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
+        check_v_init(v_init, x)
         v0 = v_init.reshape(n).to(cdt)
     x2 = x.reshape(t_steps, n)
     if concrete == "reference" or n == 0:

@@ -13,7 +13,7 @@ from . import params as P
 from .ops.common import compute_dtype
 from .surrogate import resolve
 
-__all__ = ["channel_layout", "check_input", "checks_values", "leak_tensor", "check_finite", "check_decay",
+__all__ = ["channel_layout", "check_input", "check_v_init", "checks_values", "leak_tensor", "check_finite", "check_decay",
            "check_no_functorch", "paper_spec"]
 
 
@@ -45,6 +45,16 @@ def check_input(x: torch.Tensor) -> None:
         raise ValueError("x must have a time dimension first: shape [T, *], got a 0-dim tensor")
     if x.shape[0] == 0:
         raise ValueError(f"x has T=0 time steps (shape {tuple(x.shape)}); a spiking layer needs T >= 1")
+
+
+def check_v_init(v_init, x: torch.Tensor) -> None:
+    """A start state given as ``v_init``: a floating-point tensor of shape ``x.shape[1:]`` on ``x``'s device."""
+    if not isinstance(v_init, torch.Tensor) or not v_init.is_floating_point():
+        raise TypeError("v_init must be a floating-point tensor of shape x.shape[1:]")
+    if v_init.shape != x.shape[1:]:
+        raise ValueError(f"v_init has shape {tuple(v_init.shape)} but x.shape[1:] is {tuple(x.shape[1:])}")
+    if v_init.device != x.device:
+        raise ValueError(f"v_init is on {v_init.device} but x is on {x.device}: put both on the same device")
 
 
 def checks_values(t: torch.Tensor | None = None) -> bool:
