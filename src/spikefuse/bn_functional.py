@@ -31,8 +31,8 @@ def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put both on the same device")
 
 
-def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, threshold, v_reset, surrogate,
-             detach_reset, v_init, backend, residual, residual_binary):  # fmt: skip
+def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, *, threshold, v_reset,
+             surrogate, detach_reset, backend, v_init=None, residual=None, residual_binary=False):  # fmt: skip
     """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, spec)`` resolved for the op."""
     check_input(x)
     if x.ndim < 3:
@@ -115,8 +115,9 @@ def batchnorm_lif(
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
     concrete, k, spec = _checked(
-        x, running_mean, running_var, weight, bias, training, momentum, decay, threshold, v_reset, surrogate,
-        detach_reset, v_init, backend, residual, residual_binary,
+        x, running_mean, running_var, weight, bias, training, momentum, decay, threshold=threshold, v_reset=v_reset,
+        surrogate=surrogate, detach_reset=detach_reset, backend=backend, v_init=v_init, residual=residual,
+        residual_binary=residual_binary,
     )  # fmt: skip
     spikes, state = _bn_lif.bn_spiking_neuron(
         x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init,
@@ -142,8 +143,7 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
         running_mean, running_var, training, momentum, eps = bn
         backend, k, spec = _checked(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay,
-                                    neuron["threshold"], neuron["v_reset"], neuron["surrogate"],
-                                    neuron["detach_reset"], None, neuron["backend"], None, False)  # fmt: skip
+                                    **neuron)  # fmt: skip
         spikes, state, (mean, invstd) = _bn_lif.bn_spiking_neuron(
             z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, k, spec, None, backend,
             return_stats=True,
@@ -217,8 +217,9 @@ def conv_batchnorm_lif(
     merged to ``[T*B, ...]``, then :func:`batchnorm_lif`; the same spikes, gradients and running statistics as the
     composition. Backward gets only ``x`` (which the convolution's weight gradient needs anyway) and recomputes
     the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes (those the lean
-    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward in backward. The neurons start from their reset value (no ``v_init``); ``return_state=True``
-    also returns the final state, as :func:`batchnorm_lif` does. Not for double backward."""
+    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward in backward.
+    The neurons start from their reset value (no ``v_init``); ``return_state=True`` also returns the final state,
+    as :func:`batchnorm_lif` does. Not for double backward."""
     check_input(x)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
         raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")

@@ -106,7 +106,8 @@ def normalize(
     ``native_batch_norm(x, weight, bias, training=True)[0] + residual`` (see the module docstring)."""
     _check(x, mean, invstd)
     out = buffers.empty(x.shape, x.dtype)
-    none = np.empty(0, dtype=_flat(x).dtype)
+    xf = _flat(x)
+    none = np.empty(0, dtype=xf.dtype)
     if residual is not None:
         mode, res, bits = _FLOAT_RESIDUAL, _flat(residual.contiguous()), np.empty(0, dtype=np.uint8)
     elif residual_bits is not None and residual_bits.numel():
@@ -115,7 +116,7 @@ def normalize(
         mode, res, bits = _NO_RESIDUAL, none, np.empty(0, dtype=np.uint8)
     match_numba_threads(x.numel(), _SERIAL_WORK)
     _normalize_kernel(
-        _flat(x), _per_channel(mean, x.dtype), _per_channel(invstd, x.dtype), _per_channel(weight, x.dtype),
+        xf, _per_channel(mean, x.dtype), _per_channel(invstd, x.dtype), _per_channel(weight, x.dtype),
         _per_channel(bias, x.dtype), weight is not None, bias is not None, res, bits, mode, x.shape[1],
         x.numel() // (x.shape[0] * x.shape[1]), _flat(out),
     )  # fmt: skip

@@ -181,11 +181,9 @@ def _backward_impl(
         if residual is not None:
             y += residual
     del residual
-    # y is this function's own transient: the cpu backend writes grad_y over it
-    overwrite = {"overwrite_x": True} if backend == "cpu" else {}
     grad_y, grad_v, grad_leak = module(backend).backward(
         grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
-        need_leak_grad, **overwrite,
+        need_leak_grad, overwrite_x=True,  # y is this function's own transient
     )
     del y
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
@@ -236,6 +234,12 @@ def _(grad_spikes, grad_state, xb, residual, residual_bits, weight, bias, mean, 
     )
 
 
+def _backward_for(backend: str):
+    """The backward op, or for the reference backend its implementation: the reference differentiates its loop
+    with autograd, which a custom op's body cannot use (the dispatcher runs it below autograd)."""
+    return _backward_impl if backend == "reference" else bn_lif_backward
+
+
 # Inputs of bn_lif_forward, by position.
 (_X, _RES, _PACK, _W, _B, _RM, _RV, _LEAK, _V, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _INTS, _FLOATS,
  _BACKEND) = range(17)  # fmt: skip
@@ -275,10 +279,7 @@ def _backward(ctx, grad_spikes, grad_state, *_unused):
     )
     need = ctx.needs_input_grad
     need_affine = bool(need[_W] or need[_B])
-    # The reference backend differentiates its loop with autograd, which a custom op's body cannot use (the
-    # dispatcher runs it below autograd): call the implementation directly there.
-    fn = _backward_impl if backend == "reference" else bn_lif_backward
-    grad_x, grad_w, grad_b, grad_leak, grad_v, grad_res = fn(
+    grad_x, grad_w, grad_b, grad_leak, grad_v, grad_res = _backward_for(backend)(
         grad_spikes.contiguous(),
         grad_state.contiguous(),
         xb,
@@ -383,8 +384,7 @@ def bn_spiking_neuron_backward(
     cdt = compute_dtype(x.dtype)
     args = spec.kernel_args()
     mean, invstd = stats
-    fn = _backward_impl if backend == "reference" else bn_lif_backward
-    grad_x, grad_w, grad_b, grad_leak, _, _ = fn(
+    grad_x, grad_w, grad_b, grad_leak, _, _ = _backward_for(backend)(
         grad_spikes.reshape(t_steps, n).contiguous(), grad_state.reshape(n).to(cdt).contiguous(), _merged(x), None,
         x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
         None if training else running_var, leak, x.new_empty(0, dtype=cdt), _inner(x, leak), list(args[:7]),

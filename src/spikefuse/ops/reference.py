@@ -118,11 +118,11 @@ def forward(x2, leak, inner, v_init, spec_args, save):
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False):
+             overwrite_saved=False, overwrite_x=False):
     """Recompute the loop with autograd and differentiate it (the reference has no hand-written backward).
 
-    ``overwrite_saved`` allows writing grad_x over ``saved``; the reference saves nothing, so it has nothing to
-    overwrite (the argument keeps the backends' entry points alike)."""
+    ``overwrite_saved`` / ``overwrite_x`` allow writing grad_x over ``saved`` / ``x``; autograd gives the reference
+    fresh tensors, so it overwrites nothing (the arguments keep the backends' entry points alike)."""
     n = grad_spikes.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)

@@ -633,11 +633,12 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, block=None):
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False, block=None):
+             overwrite_saved=False, overwrite_x=False, block=None):
     """Gradients ``(grad_x, grad_v_init, grad_leak)`` of one fused BPTT pass (see :mod:`spikefuse.ops.reference`).
 
     ``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it (when it has
-    the compute dtype): backward then allocates nothing of size ``[T, N]``."""
+    the compute dtype): backward then allocates nothing of size ``[T, N]``. ``overwrite_x`` (the cpu backend
+    writes over a transient ``x``) is accepted and not used here: grad_x gets its own buffer."""
     spec = SpecArgs(*spec_args)
     _check_dtype(grad_spikes)
     t_steps, n = grad_spikes.shape
