@@ -10,7 +10,7 @@ from spikefuse.cli import main
 
 def test_bench_engine_quick(tmp_path):
     pytest.importorskip("snntorch")
-    assert main(["bench", "engine", "--quick", "--no-cold-start", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "engine", "--quick", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "engine_quick.csv")))
     names = {r["implementation"] for r in rows}
     assert {"spikefuse CubaLIF (cpu)", "snnTorch Synaptic (loop)", "spikefuse Norse-LSNN definition (cpu)"} <= names

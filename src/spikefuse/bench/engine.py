@@ -1,5 +1,5 @@
 """``spikefuse bench engine``: the neuron engine's generated kernels against the peers' own neurons and the
-bandwidth floor, and their cold start.
+bandwidth floor (their cold start: ``spikefuse bench compile``).
 
 One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf input) at each T, medians of
 round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
@@ -7,63 +7,16 @@ round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) aga
 Norse's ``LSNN`` module (likewise). The floor is the bytes a recomputing fused layer must move (forward: read x,
 write spikes; backward: read x and the upstream gradient, write grad_x; 20 per neuron-step) over the copy bandwidth
 measured in the same run.
-
-Cold start: each model's first forward+backward in a fresh process with fresh kernel and numba cache folders
-(what a new user's first call costs), then the same in another fresh process with the folders now filled.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..threads import set_threads
 from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, write_csv
-
-_FIRST_CALL = """
-import json, sys, time
-t0 = time.perf_counter()
-import torch, spikefuse
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
-from spikefuse.compat.norse import NORSE_LSNN
-t_import = time.perf_counter() - t0
-models = {"cuba_lif": (CUBA_LIF, {"alpha": 0.8, "beta": 0.9}), "alif": (ALIF_MODEL, {"decay": 0.9, "rho": 0.9})}
-model, params = models[sys.argv[1]]
-x = torch.rand(8, 64, requires_grad=True)
-t0 = time.perf_counter()
-y = spikefuse.neuron(x, model, **params)
-t_forward = time.perf_counter() - t0
-t0 = time.perf_counter()
-y.sum().backward()
-t_backward = time.perf_counter() - t0
-print(json.dumps({"import_s": t_import, "forward_s": t_forward, "backward_s": t_backward}))
-"""
-
-
-def _first_call(model: str, cache: Path) -> dict:
-    env = dict(os.environ, SPIKEFUSE_CACHE_DIR=str(cache / "kernels"), NUMBA_CACHE_DIR=str(cache / "numba"))
-    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, model], env=env, capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"bench engine: the first call of {model} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cold_start(models=("cuba_lif", "alif")) -> list[dict]:
-    rows = []
-    for model in models:
-        with tempfile.TemporaryDirectory() as tmp:
-            cold = _first_call(model, Path(tmp))
-            warm = _first_call(model, Path(tmp))
-        for kind, r in (("empty caches", cold), ("warm caches", warm)):
-            rows.append({"model": model, "caches": kind, **{k: round(v, 3) for k, v in r.items()},
-                         "first_fwd_bwd_s": round(r["forward_s"] + r["backward_s"], 3)})  # fmt: skip
-    return rows
 
 
 def _layer_cases():
@@ -150,10 +103,9 @@ def run(args) -> None:
         peer = next((q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and not q["implementation"].startswith("spikefuse")), None)
         ours = next(q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and q["implementation"].startswith("spikefuse"))
         r["ours_speedup"] = round(r["fwd_bwd_ms"] / ours["fwd_bwd_ms"], 2) if peer else ""
-    starts = cold_start() if not args.no_cold_start else []
     out = Path(args.out)
     stem = out / f"engine_{args.tag}"
-    write_csv(stem.with_suffix(".csv"), rows + starts)
+    write_csv(stem.with_suffix(".csv"), rows)
     table = markdown_table(
         ["T", "implementation", "fwd+bwd ms", "floor fraction (20 B/neuron-step)", "spikefuse speed-up", "spikes differing"],
         [[r["T"], r["implementation"], r["fwd_bwd_ms"], r["floor_fraction"], r["ours_speedup"], f"{r['spike_mismatch']:.1e}"]
@@ -171,16 +123,6 @@ def run(args) -> None:
         "",
         table,
     ]
-    if starts:
-        text += [
-            "",
-            "First forward+backward of an [8, 64] input in a fresh process (fresh kernel and numba cache folders: "
-            "'empty caches'; the same folders again: 'warm caches'), seconds:",
-            "",
-            markdown_table(["model", "caches", "import", "first forward", "first backward", "first fwd+bwd"],
-                           [[r["model"], r["caches"], r["import_s"], r["forward_s"], r["backward_s"], r["first_fwd_bwd_s"]]
-                            for r in starts]),  # fmt: skip
-        ]
     stem.with_suffix(".md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     print(f"wrote {stem}.md/.csv")
@@ -192,7 +134,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--T", type=int, nargs="+", default=[32])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-cold-start", action="store_true", help="skip the fresh-process first-call measurement")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")

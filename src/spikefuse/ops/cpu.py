@@ -1,18 +1,20 @@
 """The fused CPU backend: numba kernels that run all T time steps of a block of neurons in one pass.
 
-Layout of the work: the ``N`` neurons are cut into blocks; blocks run in parallel (``prange``), and each block
+Layout of the work: the ``N`` neurons are cut into blocks; blocks run on torch's thread count
+(:func:`spikefuse.threads.run_blocks`: contiguous chunks of blocks, kernels compiled ``nogil``), and each block
 loops over time with its membrane potentials in a small local array (cache-resident), the inner loop running over
-the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). The parallel kernels are
-tiny (``prange`` over blocks calling a per-block function), so numba's parfor passes stay cheap.
+the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). Plain threads instead of a
+numba ``prange``: numba's parallel compilation cost more than a second of every kernel's first call.
 
-Mode switches are integer flags. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
+A call compiles only what it runs. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
 generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
-keeps the whole loop scalar), so the loops are specialized where it matters: block loops are called with literal
-family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
-surrogate loops, 4 reverse-step loops), each twice: with the leak and the backward's coefficients as scalars (one
-leak for the layer) or as per-neuron arrays (per-channel leak, see :func:`_at`). The remaining differences are
-branch-free, loop-invariant selects. The parallel kernels are one per forward family and one per backward surrogate
-(:data:`_FORWARD_KERNELS`, :data:`_BACKWARD_KERNELS`), each compiled on its first call and cached on disk.
+keeps the whole loop scalar), and compiling every variant at once took 25 s before a user's first gradient. So
+the kernels are made per call shape (:func:`_forward_kernel`, :func:`_backward_kernel`, each compiled on its
+first call and cached on disk), with the family, surrogate, memory mode and flags as constants of the compiled
+code: branches on them are pruned before anything in them is compiled, block loops are called with literal
+arguments (numba compiles one specialization per literal value), and :func:`_first_if_shared` passes the leak and
+the backward's coefficients as scalars (one leak for the layer) or per-neuron arrays (per-channel leak, see
+:func:`_at`). The remaining differences are branch-free, loop-invariant selects.
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
 array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
@@ -45,11 +47,11 @@ import math
 import llvmlite.ir as llvmir
 import numpy as np
 import torch
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .. import params as P
-from ..threads import match_numba_threads
+from ..threads import kernel_threads, run_blocks
 from . import buffers
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 
@@ -305,30 +307,21 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
             hb[i] = hn
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """The block loop of the literal family ``fam``; ``kk``: the leak per neuron, or one entry for all (see
-    :func:`_at`)."""
-    if kk.shape[0] == 1:
-        _fwd_block(fam, x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    else:
-        _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+def _first_if_shared(shared, arrays):
+    """``arrays`` as they are, or (``shared``, a literal bool) their first entries: the per-neuron arrays of the leak
+    or of the backward's coefficients, or the scalars every neuron shares (see :func:`_at`). The caller's literal
+    picks one at typing time, so a kernel compiles the loops of only one of the two forms."""
 
 
-@njit(inline="always", error_model="numpy")
-def _fwd_any_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """:func:`_fwd_dispatch` for the family in ``fl`` (the backward's recompute, compiled with every family)."""
-    fam = fl[_I_FAM]
-    if fam == _FAM_LIF:
-        _fwd_dispatch(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_DIV_INPUT:
-        _fwd_dispatch(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_MUL_INPUT:
-        _fwd_dispatch(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_DIV:
-        _fwd_dispatch(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    else:
-        _fwd_dispatch(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+@overload(_first_if_shared, prefer_literal=True)
+def _first_if_shared_overload(shared, arrays):
+    if not isinstance(shared, types.BooleanLiteral):
+        return None
+    if not shared.literal_value:
+        return lambda shared, arrays: arrays
+    if isinstance(arrays, types.Array):
+        return lambda shared, arrays: arrays[0]
+    return lambda shared, arrays: (arrays[0][0], arrays[1][0], arrays[2][0], arrays[3][0], arrays[4][0], arrays[5][0])
 
 
 @njit(inline="always", error_model="numpy")
@@ -380,7 +373,7 @@ def _post_reset(h, s, th, vr, ron, rhard):
 
 
 @njit(error_model="numpy")
-def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+def _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
@@ -391,7 +384,7 @@ def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, s
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    _fwd_block(fam, x, _first_if_shared(shared, kk), hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -400,21 +393,17 @@ def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, s
             state[n0 + i] = h
 
 
-def _make_forward_kernel(fam: int):
-    """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
+@functools.cache
+def _forward_kernel(fam: int, shared: bool):
+    """The parallel forward of family ``fam`` with a leak shared by every neuron (``shared``) or per neuron; both
+    are constants of the compiled code, so a call compiles only its own loop."""
 
-    @njit(parallel=True, cache=True, error_model="numpy")
-    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
-        nblocks = (x.shape[1] + block - 1) // block
-        for b in prange(nblocks):
-            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def forward_kernel(b0, b1, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+        for b in range(b0, b1):
+            _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
 
     return forward_kernel
-
-
-# One kernel per family and (below) per surrogate, each compiled on first use and cached on disk: a user pays for
-# the loops of the neuron they run (~6 s forward, ~30 s backward here), not for all of them at once (~100 s).
-_FORWARD_KERNELS = tuple(_make_forward_kernel(fam) for fam in range(_FAM_MUL + 1))
 
 
 @njit(error_model="numpy")
@@ -451,40 +440,14 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
         g[i] = gt
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: the literal code reaches _bwd_row
-def _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    if inplace:
-        if need_leak:
-            _bwd_row(code, True, True, rows, coef, m, zos, pfire, fl, fp, c3)
-        else:
-            _bwd_row(code, False, True, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif need_leak:
-        _bwd_row(code, True, False, rows, coef, m, zos, pfire, fl, fp, c3)
-    else:
-        _bwd_row(code, False, False, rows, coef, m, zos, pfire, fl, fp, c3)
-
-
-@njit(inline="always", error_model="numpy")
-def _bwd_row_coef(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    if coef[0].shape[0] == 1:  # one entry for all neurons: scalars (see :func:`_at`)
-        _bwd_row_flags(code, need_leak, inplace, rows, _shared(coef), m, zos, pfire, fl, fp, c3)
-    else:
-        _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-
-
-@njit(inline="always", error_model="numpy")
-def _shared(coef):
-    k1, al, be, bb, c1, c2 = coef
-    return k1[0], al[0], be[0], bb[0], c1[0], c2[0]
-
-
 @njit(error_model="numpy")
-def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
+def _grad_v_init(code, v, g, gv, coef, zos, fl, fp):
     """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
     a loop of its own per surrogate, like the rows: a scalar libm exp here cost a quarter of the backward."""
     th, thf, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
     ec = _exp_consts(fp)
+    k1, al, be = coef[0], coef[1], coef[2]
     for i in range(v.shape[0]):
         u = v[i] - th
         s = _fire(v[i], thf)
@@ -492,12 +455,18 @@ def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
         gv[i] = g[i] * _reverse_factor(v[i], s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
 
 
-@njit(inline="always", error_model="numpy")
-def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
-    if k1.shape[0] == 1:
-        _grad_v_init(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
-    else:
-        _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp)
+def _grad_v_init_if(grad_v, code, v, g, gv, coef, zos, fl, fp):
+    """:func:`_grad_v_init` when the literal ``grad_v`` is true (a v_init per neuron), nothing (and nothing
+    compiled) otherwise."""
+
+
+@overload(_grad_v_init_if, prefer_literal=True)
+def _grad_v_init_if_overload(grad_v, code, v, g, gv, coef, zos, fl, fp):
+    if not isinstance(grad_v, types.BooleanLiteral):
+        return None
+    if grad_v.literal_value:
+        return lambda grad_v, code, v, g, gv, coef, zos, fl, fp: _grad_v_init(code, v, g, gv, coef, zos, fl, fp)
+    return lambda grad_v, code, v, g, gv, coef, zos, fl, fp: None
 
 
 @njit(error_model="numpy")
@@ -559,8 +528,23 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x,
-                    gx, gv, gl, block):
+def _recompute_block(fam, shared, blk, x, leak, inner, v_init, fl, fp, hh, block):
+    """The forward's potentials of block ``blk`` into its columns of ``hh`` (no spikes): the recompute mode's
+    first half, with the forward's own loop."""
+    n = hh.shape[1]
+    n0 = blk * block
+    m = min(block, n - n0)
+    kf = np.empty(m if leak.shape[0] > 1 else 1, fp.dtype)  # the forward's k (zero for IF)
+    hb = np.empty(m, fp.dtype)  # the running potential
+    _fill_leak(kf, leak, n0, inner, fl, fp[_F_ZERO])
+    _load_row(hb, v_init, n0, m)
+    # run-time bools (False, True): the same compiled loop as the forward's (no spikes, write h into hh)
+    _fwd_block(fam, x, _first_if_shared(shared, kf), hb, hh, hh, fp[:2], n0, m, fl, fp, block < 0, block > 0)
+
+
+@njit(error_model="numpy")
+def _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, leak, inner, v_init, hh, fl, fp,
+                    has_x, gx, gv, gl, block):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
@@ -576,62 +560,56 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
     bb = np.empty(mc, fp.dtype)
     c1 = np.empty(mc, fp.dtype)
     c2 = np.empty(mc, fp.dtype)
+    coef = (k1, al, be, bb, c1, c2)
     no_x = np.zeros(m if need_leak and c3 == zero else 0, fp.dtype)  # the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
     v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
     _load_row(v0, v_init, n0, v0.shape[0])
     _leak_row(kk, leak, n0, inner)
-    if recompute:
-        hb = g  # scratch for the running potential
-        _load_row(hb, v_init, n0, m)
-        kf = c1  # scratch for the forward's k (zero for IF)
-        _fill_leak(kf, leak, n0, inner, fl, zero)
-        # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
-        _fwd_any_family(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
-        hh = gx
-    else:
-        hh = hsaved
     _load_row(g, gst, n0, m)
-    zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
-    zos = _coefficients(True, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
+    # last: run-time bools, so that one compiled _coefficients serves both
+    zos_a = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
+    zos = _coefficients(t_steps > 0, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
     for t in range(t_steps - 1, -1, -1):
         if t == t_steps - 2:
-            zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+            zos = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)
         hrow = hh[t, n0 : n0 + m]
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
         xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
-        _bwd_row_coef(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
-                      (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
+        _bwd_row(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
+                 _first_if_shared(shared, coef), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
-        zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+        zos_a = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)
     if gv.shape[0] > 0:  # (none for a v_init shared by every neuron)
         if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
             for i in range(m):
                 gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
         else:
-            _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
+            _grad_v_init_if(grad_v, code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], _first_if_shared(shared, coef),
+                            zos_a, fl, fp)
     if need_leak:
         for i in range(m):
             gl[n0 + i] = la[i]
 
 
-def _make_backward_kernel(code: int):
-    """The parallel backward with surrogate ``code`` (a constant of the compiled code, like the forward's family)."""
+@functools.cache
+def _backward_kernel(code: int, fam: int, shared: bool, recompute: bool, inplace: bool, need_leak: bool,
+                     grad_v: bool):
+    """The backward for one surrogate ``code``, forward family ``fam`` (read only to recompute), shared or
+    per-neuron coefficients, memory mode, grad_x over its input or not, with or without the leak's and a per-neuron
+    v_init's gradient: all constants of the compiled code, so a call compiles only the loops it runs."""
 
-    @njit(parallel=True, cache=True, error_model="numpy")
-    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
-                        gv, gl, block):
-        nblocks = (gx.shape[1] + block - 1) // block
-        for blk in prange(nblocks):
-            _backward_block(code, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
-                            inplace, need_leak, has_x, gx, gv, gl, block)
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def backward_kernel(b0, b1, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, has_x, gx, gv, gl, block):
+        for blk in range(b0, b1):
+            if recompute:  # a constant: numba prunes the branch not taken before compiling anything in it
+                _recompute_block(fam, shared, blk, x, leak, inner, v_init, fl, fp, gx, block)
+            _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, leak, inner, v_init,
+                            gx if recompute else hsaved, fl, fp, has_x, gx, gv, gl, block)
 
     return backward_kernel
-
-
-_BACKWARD_KERNELS = tuple(_make_backward_kernel(code) for code in range(5))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -767,7 +745,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         _check_out("out state", out[1], (n,), cdt)
         if save_h:
             _check_out("out h", out[2], x2.shape, cdt)
-    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
+    threads = kernel_threads(t_steps * n, _SERIAL_WORK)
     xc = _as_compute(x2, cdt)
     spikes = buffers.empty(x2.shape, x2.dtype) if out is None else out[0]
     if x2.dtype in _ONE_BITS:
@@ -779,9 +757,11 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    _FORWARD_KERNELS[fl[_I_FAM]](
+    block = _block_for(n, threads, _FORWARD_BLOCK)
+    run_blocks(
+        _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1), -(-n // block), threads,
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
-        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
+        state.numpy(), hs.numpy(), bool(save_h), block,
     )
     return spikes, state, (hs if save_h else None)
 
@@ -803,7 +783,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     t_steps, n = grad_spikes.shape
     check_per_neuron("cpu", "grad_state", grad_state, n)
     check_per_neuron("cpu", "v_init", v_init, n)
-    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
+    threads = kernel_threads(t_steps * n, _SERIAL_WORK)
     recompute = save == P.SAVE_INPUT
     if recompute and x2 is None:
         raise ValueError("cpu backend: recompute mode (SAVE_INPUT) needs x in backward")
@@ -836,10 +816,13 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    _BACKWARD_KERNELS[spec.surrogate_code](
-        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
-        v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
-        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+    kernel = _backward_kernel(spec.surrogate_code, int(fl[_I_FAM]) if recompute else -1, leak.numel() == 1,
+                              bool(recompute), bool(inplace), bool(need_leak_grad), gv.numel() > 0)
+    block = _block_for(n, threads, block)
+    run_blocks(
+        kernel, -(-n // block), threads,
+        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
+        _constants(spec, cdt), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), block,
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
