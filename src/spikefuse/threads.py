@@ -1,10 +1,6 @@
-"""One place to fix the CPU thread count of torch and of the fused CPU kernels' numba, and the thread pool that
-runs the fused LIF kernels' blocks."""
+"""One place to fix the CPU thread count of torch and of the fused CPU kernels' numba."""
 
 from __future__ import annotations
-
-import os
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -28,12 +24,6 @@ def _start_numba_threads() -> None:
         _numba_started = True
 
 
-def kernel_threads(work: int, serial_below: int) -> int:
-    """The threads a kernel over ``work`` elements gets: torch's count (users set it in one place), or one below
-    ``serial_below``, where waking other threads costs more than it saves."""
-    return 1 if work < serial_below else max(1, torch.get_num_threads())
-
-
 def match_numba_threads(work: int | None = None, serial_below: int = 0) -> int:
     """Give numba as many threads as torch has (so users set the count in one place); one thread when ``work`` is
     below ``serial_below``, where waking the thread pool costs more than it saves. Returns the count set."""
@@ -55,39 +45,3 @@ def set_threads(threads: int) -> None:
         match_numba_threads()
     except ImportError:  # the fused CPU backend's numba is optional
         return
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = -1
-_pool_workers = 0
-
-
-def _block_pool(workers: int) -> ThreadPoolExecutor:
-    """A pool with at least ``workers`` threads, made again in a forked child (whose copy has no threads)."""
-    global _pool, _pool_pid, _pool_workers
-    if _pool is None or _pool_pid != os.getpid() or _pool_workers < workers:
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spikefuse-blocks")
-        _pool_pid, _pool_workers = os.getpid(), workers
-    return _pool
-
-
-def run_blocks(kernel, nblocks: int, threads: int, *args) -> None:
-    """``kernel(b0, b1, *args)`` over blocks ``[0, nblocks)`` in ``threads`` contiguous chunks, one on this thread.
-
-    For numba functions compiled ``nogil=True``: the same static split as a ``prange`` over the blocks, without
-    numba's parallel compilation, which cost more than a second of a kernel's first call (its compile time is
-    what a user waits for before the first gradient).
-    """
-    parts = max(1, min(threads, nblocks))
-    if parts == 1:
-        kernel(0, nblocks, *args)
-        return
-    bounds = [nblocks * i // parts for i in range(parts + 1)]
-    pool = _block_pool(parts - 1)
-    futures = [pool.submit(kernel, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
-    try:
-        kernel(bounds[0], bounds[1], *args)
-    finally:
-        wait(futures)  # no chunk still writing into the caller's tensors when an error leaves here
-    for f in futures:
-        f.result()

@@ -1,10 +1,12 @@
 """The fused CPU backend: numba kernels that run all T time steps of a block of neurons in one pass.
 
-Layout of the work: the ``N`` neurons are cut into blocks; blocks run on torch's thread count
-(:func:`spikefuse.threads.run_blocks`: contiguous chunks of blocks, kernels compiled ``nogil``), and each block
+Layout of the work: the ``N`` neurons are cut into blocks; blocks run in parallel (``prange``), and each block
 loops over time with its membrane potentials in a small local array (cache-resident), the inner loop running over
-the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). Plain threads instead of a
-numba ``prange``: numba's parallel compilation cost more than a second of every kernel's first call.
+the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). The parallel kernels are
+tiny (``prange`` over blocks calling a per-block function), so numba's parfor passes stay cheap. Not plain Python
+threads over ``nogil`` kernels, which compile faster: right after a torch op they share the cores with torch's
+OpenMP workers, which keep spinning for a while after each parallel region; numba's OpenMP layer runs on those
+same workers.
 
 A call compiles only what it runs. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
 generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
@@ -47,11 +49,11 @@ import math
 import llvmlite.ir as llvmir
 import numpy as np
 import torch
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from .. import params as P
-from ..threads import kernel_threads, run_blocks
+from ..threads import match_numba_threads
 from . import buffers
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 
@@ -280,7 +282,7 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
 # literal value, in which the switches are constants, so every loop holds only its own arithmetic.
 
 
-@njit(error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit.
 
@@ -398,15 +400,17 @@ def _forward_kernel(fam: int, shared: bool):
     """The parallel forward of family ``fam`` with a leak shared by every neuron (``shared``) or per neuron; both
     are constants of the compiled code, so a call compiles only its own loop."""
 
-    @njit(nogil=True, cache=True, error_model="numpy")
-    def forward_kernel(b0, b1, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
-        for b in range(b0, b1):
-            _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+    @njit(parallel=True, cache=True, error_model="numpy")
+    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+        nblocks = (x.shape[1] + block - 1) // block
+        for b in prange(nblocks):
+            _forward_block(fam, shared, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h,
+                           block)
 
     return forward_kernel
 
 
-@njit(error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
 
@@ -601,9 +605,11 @@ def _backward_kernel(code: int, fam: int, shared: bool, recompute: bool, inplace
     per-neuron coefficients, memory mode, grad_x over its input or not, with or without the leak's and a per-neuron
     v_init's gradient: all constants of the compiled code, so a call compiles only the loops it runs."""
 
-    @njit(nogil=True, cache=True, error_model="numpy")
-    def backward_kernel(b0, b1, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, has_x, gx, gv, gl, block):
-        for blk in range(b0, b1):
+    @njit(parallel=True, cache=True, error_model="numpy")
+    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, has_x, gx, gv, gl, block):
+        nblocks = (gx.shape[1] + block - 1) // block
+        for b in prange(nblocks):
+            blk = np.int64(b)
             if recompute:  # a constant: numba prunes the branch not taken before compiling anything in it
                 _recompute_block(fam, shared, blk, x, leak, inner, v_init, fl, fp, gx, block)
             _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, leak, inner, v_init,
@@ -745,7 +751,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
         _check_out("out state", out[1], (n,), cdt)
         if save_h:
             _check_out("out h", out[2], x2.shape, cdt)
-    threads = kernel_threads(t_steps * n, _SERIAL_WORK)
+    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     xc = _as_compute(x2, cdt)
     spikes = buffers.empty(x2.shape, x2.dtype) if out is None else out[0]
     if x2.dtype in _ONE_BITS:
@@ -757,11 +763,9 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    block = _block_for(n, threads, _FORWARD_BLOCK)
-    run_blocks(
-        _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1), -(-n // block), threads,
+    _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1)(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
-        state.numpy(), hs.numpy(), bool(save_h), block,
+        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
     )
     return spikes, state, (hs if save_h else None)
 
@@ -783,7 +787,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     t_steps, n = grad_spikes.shape
     check_per_neuron("cpu", "grad_state", grad_state, n)
     check_per_neuron("cpu", "v_init", v_init, n)
-    threads = kernel_threads(t_steps * n, _SERIAL_WORK)
+    threads = match_numba_threads(t_steps * n, _SERIAL_WORK)
     recompute = save == P.SAVE_INPUT
     if recompute and x2 is None:
         raise ValueError("cpu backend: recompute mode (SAVE_INPUT) needs x in backward")
@@ -818,11 +822,9 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     fl = _flags(spec)  # validates the codes before one picks the kernel
     kernel = _backward_kernel(spec.surrogate_code, int(fl[_I_FAM]) if recompute else -1, leak.numel() == 1,
                               bool(recompute), bool(inplace), bool(need_leak_grad), gv.numel() > 0)
-    block = _block_for(n, threads, block)
-    run_blocks(
-        kernel, -(-n // block), threads,
+    kernel(
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
-        _constants(spec, cdt), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), block,
+        _constants(spec, cdt), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
