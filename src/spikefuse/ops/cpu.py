@@ -3,20 +3,16 @@
 Layout of the work: the ``N`` neurons are cut into blocks; blocks run in parallel (``prange``), and each block
 loops over time with its membrane potentials in a small local array (cache-resident), the inner loop running over
 the block's neurons contiguously so that LLVM vectorizes it (AVX2/AVX-512 on x86). The parallel kernels are
-tiny (``prange`` over blocks calling a per-block function), so numba's parfor passes stay cheap. Not plain Python
-threads over ``nogil`` kernels, which compile faster: right after a torch op they share the cores with torch's
-OpenMP workers, which keep spinning for a while after each parallel region; numba's OpenMP layer runs on those
-same workers.
+tiny (``prange`` over blocks calling a per-block function), so numba's parfor passes stay cheap.
 
-A call compiles only what it runs. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
+Mode switches are integer flags. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
 generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
-keeps the whole loop scalar), and compiling every variant at once took 25 s before a user's first gradient. So
-the kernels are made per call shape (:func:`_forward_kernel`, :func:`_backward_kernel`, each compiled on its
-first call and cached on disk), with the family, surrogate, memory mode and flags as constants of the compiled
-code: branches on them are pruned before anything in them is compiled, block loops are called with literal
-arguments (numba compiles one specialization per literal value), and :func:`_first_if_shared` passes the leak and
-the backward's coefficients as scalars (one leak for the layer) or per-neuron arrays (per-channel leak, see
-:func:`_at`). The remaining differences are branch-free, loop-invariant selects.
+keeps the whole loop scalar), so the loops are specialized where it matters: block loops are called with literal
+family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
+surrogate loops, 4 reverse-step loops), each twice: with the leak and the backward's coefficients as scalars (one
+leak for the layer) or as per-neuron arrays (per-channel leak, see :func:`_at`). The remaining differences are
+branch-free, loop-invariant selects. The parallel kernels are one per forward family and one per backward surrogate
+(:data:`_FORWARD_KERNELS`, :data:`_BACKWARD_KERNELS`), each compiled on its first call and cached on disk.
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
 array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
@@ -282,7 +278,7 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
 # literal value, in which the switches are constants, so every loop holds only its own arithmetic.
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit.
 
@@ -309,21 +305,30 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
             hb[i] = hn
 
 
-def _first_if_shared(shared, arrays):
-    """``arrays`` as they are, or (``shared``, a literal bool) their first entries: the per-neuron arrays of the leak
-    or of the backward's coefficients, or the scalars every neuron shares (see :func:`_at`). The caller's literal
-    picks one at typing time, so a kernel compiles the loops of only one of the two forms."""
+@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
+def _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """The block loop of the literal family ``fam``; ``kk``: the leak per neuron, or one entry for all (see
+    :func:`_at`)."""
+    if kk.shape[0] == 1:
+        _fwd_block(fam, x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    else:
+        _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
-@overload(_first_if_shared, prefer_literal=True)
-def _first_if_shared_overload(shared, arrays):
-    if not isinstance(shared, types.BooleanLiteral):
-        return None
-    if not shared.literal_value:
-        return lambda shared, arrays: arrays
-    if isinstance(arrays, types.Array):
-        return lambda shared, arrays: arrays[0]
-    return lambda shared, arrays: (arrays[0][0], arrays[1][0], arrays[2][0], arrays[3][0], arrays[4][0], arrays[5][0])
+@njit(inline="always", error_model="numpy")
+def _fwd_any_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """:func:`_fwd_dispatch` for the family in ``fl`` (the backward's recompute, compiled with every family)."""
+    fam = fl[_I_FAM]
+    if fam == _FAM_LIF:
+        _fwd_dispatch(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_DIV_INPUT:
+        _fwd_dispatch(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_MUL_INPUT:
+        _fwd_dispatch(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    elif fam == _FAM_DIV:
+        _fwd_dispatch(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+    else:
+        _fwd_dispatch(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
 @njit(inline="always", error_model="numpy")
@@ -375,7 +380,7 @@ def _post_reset(h, s, th, vr, ron, rhard):
 
 
 @njit(error_model="numpy")
-def _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
@@ -386,7 +391,7 @@ def _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, stat
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    _fwd_block(fam, x, _first_if_shared(shared, kk), hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -395,22 +400,24 @@ def _forward_block(fam, shared, b, x, leak, inner, v_init, fl, fp, sv, spk, stat
             state[n0 + i] = h
 
 
-@functools.cache
-def _forward_kernel(fam: int, shared: bool):
-    """The parallel forward of family ``fam`` with a leak shared by every neuron (``shared``) or per neuron; both
-    are constants of the compiled code, so a call compiles only its own loop."""
+def _make_forward_kernel(fam: int):
+    """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
     def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
         nblocks = (x.shape[1] + block - 1) // block
         for b in prange(nblocks):
-            _forward_block(fam, shared, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h,
-                           block)
+            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
 
     return forward_kernel
 
 
-@njit(inline="always", error_model="numpy")
+# One kernel per family and (below) per surrogate, each compiled on first use and cached on disk: a user pays for
+# the loops of the neuron they run (~6 s forward, ~30 s backward here), not for all of them at once (~100 s).
+_FORWARD_KERNELS = tuple(_make_forward_kernel(fam) for fam in range(_FAM_MUL + 1))
+
+
+@njit(error_model="numpy")
 def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     """One reverse step over a block: ``G = gs*d + G_next*A``, ``grad_x = G*B``, leak partial ``+= G*Cleak``.
 
@@ -444,14 +451,40 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
         g[i] = gt
 
 
+@njit(inline="always", error_model="numpy")  # numba-level inlining: the literal code reaches _bwd_row
+def _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
+    if inplace:
+        if need_leak:
+            _bwd_row(code, True, True, rows, coef, m, zos, pfire, fl, fp, c3)
+        else:
+            _bwd_row(code, False, True, rows, coef, m, zos, pfire, fl, fp, c3)
+    elif need_leak:
+        _bwd_row(code, True, False, rows, coef, m, zos, pfire, fl, fp, c3)
+    else:
+        _bwd_row(code, False, False, rows, coef, m, zos, pfire, fl, fp, c3)
+
+
+@njit(inline="always", error_model="numpy")
+def _bwd_row_coef(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
+    if coef[0].shape[0] == 1:  # one entry for all neurons: scalars (see :func:`_at`)
+        _bwd_row_flags(code, need_leak, inplace, rows, _shared(coef), m, zos, pfire, fl, fp, c3)
+    else:
+        _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
+
+
+@njit(inline="always", error_model="numpy")
+def _shared(coef):
+    k1, al, be, bb, c1, c2 = coef
+    return k1[0], al[0], be[0], bb[0], c1[0], c2[0]
+
+
 @njit(error_model="numpy")
-def _grad_v_init(code, v, g, gv, coef, zos, fl, fp):
+def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
     """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
     a loop of its own per surrogate, like the rows: a scalar libm exp here cost a quarter of the backward."""
     th, thf, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_ZERO], fp[_F_ONE]
     a_sg, b_sg = fp[_F_SG_A], fp[_F_SG_B]
     ec = _exp_consts(fp)
-    k1, al, be = coef[0], coef[1], coef[2]
     for i in range(v.shape[0]):
         u = v[i] - th
         s = _fire(v[i], thf)
@@ -459,18 +492,12 @@ def _grad_v_init(code, v, g, gv, coef, zos, fl, fp):
         gv[i] = g[i] * _reverse_factor(v[i], s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
 
 
-def _grad_v_init_if(grad_v, code, v, g, gv, coef, zos, fl, fp):
-    """:func:`_grad_v_init` when the literal ``grad_v`` is true (a v_init per neuron), nothing (and nothing
-    compiled) otherwise."""
-
-
-@overload(_grad_v_init_if, prefer_literal=True)
-def _grad_v_init_if_overload(grad_v, code, v, g, gv, coef, zos, fl, fp):
-    if not isinstance(grad_v, types.BooleanLiteral):
-        return None
-    if grad_v.literal_value:
-        return lambda grad_v, code, v, g, gv, coef, zos, fl, fp: _grad_v_init(code, v, g, gv, coef, zos, fl, fp)
-    return lambda grad_v, code, v, g, gv, coef, zos, fl, fp: None
+@njit(inline="always", error_model="numpy")
+def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
+    if k1.shape[0] == 1:
+        _grad_v_init(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
+    else:
+        _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp)
 
 
 @njit(error_model="numpy")
@@ -532,23 +559,8 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _recompute_block(fam, shared, blk, x, leak, inner, v_init, fl, fp, hh, block):
-    """The forward's potentials of block ``blk`` into its columns of ``hh`` (no spikes): the recompute mode's
-    first half, with the forward's own loop."""
-    n = hh.shape[1]
-    n0 = blk * block
-    m = min(block, n - n0)
-    kf = np.empty(m if leak.shape[0] > 1 else 1, fp.dtype)  # the forward's k (zero for IF)
-    hb = np.empty(m, fp.dtype)  # the running potential
-    _fill_leak(kf, leak, n0, inner, fl, fp[_F_ZERO])
-    _load_row(hb, v_init, n0, m)
-    # run-time bools (False, True): the same compiled loop as the forward's (no spikes, write h into hh)
-    _fwd_block(fam, x, _first_if_shared(shared, kf), hb, hh, hh, fp[:2], n0, m, fl, fp, block < 0, block > 0)
-
-
-@njit(error_model="numpy")
-def _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, leak, inner, v_init, hh, fl, fp,
-                    has_x, gx, gv, gl, block):
+def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x,
+                    gx, gv, gl, block):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
@@ -564,58 +576,62 @@ def _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, l
     bb = np.empty(mc, fp.dtype)
     c1 = np.empty(mc, fp.dtype)
     c2 = np.empty(mc, fp.dtype)
-    coef = (k1, al, be, bb, c1, c2)
     no_x = np.zeros(m if need_leak and c3 == zero else 0, fp.dtype)  # the x row when Cleak has no x term
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
     v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
     _load_row(v0, v_init, n0, v0.shape[0])
     _leak_row(kk, leak, n0, inner)
+    if recompute:
+        hb = g  # scratch for the running potential
+        _load_row(hb, v_init, n0, m)
+        kf = c1  # scratch for the forward's k (zero for IF)
+        _fill_leak(kf, leak, n0, inner, fl, zero)
+        # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
+        _fwd_any_family(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
+        hh = gx
+    else:
+        hh = hsaved
     _load_row(g, gst, n0, m)
-    # last: run-time bools, so that one compiled _coefficients serves both
-    zos_a = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
-    zos = _coefficients(t_steps > 0, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
+    zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
+    zos = _coefficients(True, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
     for t in range(t_steps - 1, -1, -1):
         if t == t_steps - 2:
-            zos = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)
+            zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
         hrow = hh[t, n0 : n0 + m]
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
         xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
-        _bwd_row(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
-                 _first_if_shared(shared, coef), m, zos, pfire, fl, fp, c3)
+        _bwd_row_coef(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
+                      (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
-        zos_a = _coefficients(t_steps < 0, kk, k1, al, be, bb, c1, c2, fl, fp)
+        zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
     if gv.shape[0] > 0:  # (none for a v_init shared by every neuron)
         if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
             for i in range(m):
                 gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
         else:
-            _grad_v_init_if(grad_v, code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], _first_if_shared(shared, coef),
-                            zos_a, fl, fp)
+            _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
     if need_leak:
         for i in range(m):
             gl[n0 + i] = la[i]
 
 
-@functools.cache
-def _backward_kernel(code: int, fam: int, shared: bool, recompute: bool, inplace: bool, need_leak: bool,
-                     grad_v: bool):
-    """The backward for one surrogate ``code``, forward family ``fam`` (read only to recompute), shared or
-    per-neuron coefficients, memory mode, grad_x over its input or not, with or without the leak's and a per-neuron
-    v_init's gradient: all constants of the compiled code, so a call compiles only the loops it runs."""
+def _make_backward_kernel(code: int):
+    """The parallel backward with surrogate ``code`` (a constant of the compiled code, like the forward's family)."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, has_x, gx, gv, gl, block):
+    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
+                        gv, gl, block):
         nblocks = (gx.shape[1] + block - 1) // block
-        for b in prange(nblocks):
-            blk = np.int64(b)
-            if recompute:  # a constant: numba prunes the branch not taken before compiling anything in it
-                _recompute_block(fam, shared, blk, x, leak, inner, v_init, fl, fp, gx, block)
-            _backward_block(code, shared, inplace, need_leak, grad_v, blk, gs, gst, x, leak, inner, v_init,
-                            gx if recompute else hsaved, fl, fp, has_x, gx, gv, gl, block)
+        for blk in prange(nblocks):
+            _backward_block(code, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
+                            inplace, need_leak, has_x, gx, gv, gl, block)
 
     return backward_kernel
+
+
+_BACKWARD_KERNELS = tuple(_make_backward_kernel(code) for code in range(5))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -763,7 +779,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1)(
+    _FORWARD_KERNELS[fl[_I_FAM]](
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
     )
@@ -820,11 +836,10 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    kernel = _backward_kernel(spec.surrogate_code, int(fl[_I_FAM]) if recompute else -1, leak.numel() == 1,
-                              bool(recompute), bool(inplace), bool(need_leak_grad), gv.numel() > 0)
-    kernel(
-        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
-        _constants(spec, cdt), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+    _BACKWARD_KERNELS[spec.surrogate_code](
+        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
+        v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
+        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
