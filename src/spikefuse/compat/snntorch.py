@@ -74,6 +74,26 @@ def _refuse_unsupported(learn_threshold, inhibition, state_quant) -> None:
         raise NotImplementedError("state_quant is not supported")
 
 
+def _surrogate_of(spike_grad, surrogate_disable: bool) -> Surrogate:
+    """The surrogate a neuron runs with, validated now: snnTorch replaces ``spike_grad`` by a bypass without
+    gradient when ``surrogate_disable``."""
+    return Rectangle(width=1.0, height=0.0) if surrogate_disable else to_surrogate(spike_grad)
+
+
+def _float_tensor(value) -> torch.Tensor:
+    """``value`` as snnTorch keeps a parameter: a tensor, in the default float dtype unless already floating."""
+    t = torch.as_tensor(value)
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def _threshold_buffer(threshold) -> torch.Tensor:
+    """The fixed threshold as a 0-d tensor of the default float dtype (one number for every neuron)."""
+    t = torch.as_tensor(threshold)
+    if t.numel() != 1 or t.dtype == torch.bool:
+        raise ValueError(f"threshold must be a single number, got {threshold!r}")
+    return t.to(torch.get_default_dtype()).reshape(())
+
+
 def to_surrogate(spike_grad) -> Surrogate:
     """The spikefuse surrogate with the derivative of an snnTorch ``spike_grad`` (``None``: snnTorch's atan())."""
     if spike_grad is None:
@@ -136,29 +156,22 @@ class Leaky(nn.Module):
         _refuse_unsupported(learn_threshold, inhibition, state_quant)
         if reset_mechanism not in _RESETS:
             raise ValueError(f"reset_mechanism must be one of {sorted(_RESETS)}, got {reset_mechanism!r}")
-        threshold_t = torch.as_tensor(threshold)
-        if threshold_t.numel() != 1 or threshold_t.dtype == torch.bool:
-            raise ValueError(f"threshold must be a single number, got {threshold!r}")
+        threshold_t = _threshold_buffer(threshold)
         self.surrogate_disable = bool(surrogate_disable)
-        # Validate now; snnTorch replaces spike_grad by a bypass without gradient when surrogate_disable.
-        self._surrogate = Rectangle(width=1.0, height=0.0) if self.surrogate_disable else to_surrogate(spike_grad)
+        self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
         self.spike_grad = spike_grad
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
         self.reset_mechanism = reset_mechanism
         self.reset_delay = True
         self.learn_beta = bool(learn_beta)
-        beta = torch.as_tensor(beta)
-        if not beta.is_floating_point():
-            beta = beta.to(torch.get_default_dtype())
+        beta = _float_tensor(beta)
         if learn_beta:
             self.beta = nn.Parameter(beta)
         else:
             self.register_buffer("beta", beta)
-        self.register_buffer("threshold", threshold_t.to(torch.get_default_dtype()).reshape(()))
-        factor = torch.as_tensor(graded_spikes_factor)
-        if not factor.is_floating_point():
-            factor = factor.to(torch.get_default_dtype())
+        self.register_buffer("threshold", threshold_t)
+        factor = _float_tensor(graded_spikes_factor)
         if learn_graded_spikes_factor:
             self.graded_spikes_factor = nn.Parameter(factor)
         else:
@@ -308,26 +321,22 @@ class Synaptic(nn.Module):
         self.model = CUBA_LIF_MODELS["hard" if not reset_delay else reset_mechanism]
         self.reset_delay = bool(reset_delay)
         self.surrogate_disable = bool(surrogate_disable)
-        self._surrogate = Rectangle(width=1.0, height=0.0) if self.surrogate_disable else to_surrogate(spike_grad)
+        self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
         self.spike_grad = spike_grad
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
         self.reset_mechanism = reset_mechanism
         self.backend = backend
         for name, value, learn in (("alpha", alpha, learn_alpha), ("beta", beta, learn_beta)):
-            t = torch.as_tensor(value)  # as snnTorch: a Python number becomes a float32 tensor
+            t = torch.as_tensor(value)
             if t.numel() != 1 or t.dtype == torch.bool:
                 raise ValueError(f"{name} must be a single number here (per-neuron values are not supported), got {value!r}")
-            if not t.is_floating_point():
-                t = t.to(torch.get_default_dtype())
+            t = _float_tensor(t)  # as snnTorch: a Python number becomes a float32 tensor
             if learn:
                 setattr(self, name, nn.Parameter(t))
             else:
                 self.register_buffer(name, t)
-        threshold_t = torch.as_tensor(threshold)
-        if threshold_t.numel() != 1 or threshold_t.dtype == torch.bool:
-            raise ValueError(f"threshold must be a single number, got {threshold!r}")
-        self.register_buffer("threshold", threshold_t.to(torch.get_default_dtype()).reshape(()))
+        self.register_buffer("threshold", _threshold_buffer(threshold))
         self.register_buffer("syn", torch.zeros(0), False)
         self.register_buffer("mem", torch.zeros(0), False)
 
