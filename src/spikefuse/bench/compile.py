@@ -59,10 +59,11 @@ def cold_start(cases, repeats: int) -> list[dict]:
     rows = []
     for case in cases:
         colds = []
-        for _ in range(repeats):
+        for i in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 colds.append(first_call(case, Path(tmp)))
-                warm = first_call(case, Path(tmp))
+                if i == repeats - 1:
+                    warm = first_call(case, Path(tmp))
         cold = {k: statistics.median(r[k] for r in colds) for k in colds[0]}
         cold["fwd_bwd_s"] = statistics.median(r["forward_s"] + r["backward_s"] for r in colds)
         warm["fwd_bwd_s"] = warm["forward_s"] + warm["backward_s"]
