@@ -9,23 +9,12 @@ import torch
 
 from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
-from .ops import engine
+from .ops import engine, resolve_backend
 from .surrogate import Surrogate, resolve
 
 __all__ = ["neuron"]
 
 ENGINE_DTYPES = (torch.float32, torch.float64)
-
-
-def _backend(backend: str, device: torch.device) -> str:
-    if backend not in ("auto", "cpu", "reference", "triton"):
-        raise ValueError(f"unknown backend {backend!r}: use 'auto', 'cpu' or 'reference'")
-    if backend == "triton" or (backend == "auto" and device.type != "cpu"):
-        raise ValueError(f"the neuron engine has no GPU kernels yet (tensors on {device}): use backend='reference' "
-                         "(plain PyTorch, any device) or CPU tensors")  # fmt: skip
-    if backend == "cpu" and device.type != "cpu":
-        raise ValueError(f"backend='cpu' needs CPU tensors, got a tensor on {device}: use backend='reference'")
-    return "cpu" if backend == "auto" else backend
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
@@ -81,14 +70,15 @@ def neuron(
     value or one per channel that may require grad. ``state``: None (the model's initial values) or the states, as
     a tuple in ``model.states`` order or a dict, each of shape ``x.shape[1:]``. ``surrogate``: the spike's
     derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
-    the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused CPU kernels for CPU tensors),
-    "cpu" or "reference" (the serial PyTorch loop, any device)."""
+    the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused kernels generated for the tensors'
+    device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
+    device)."""
     check_input(x)
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
         raise TypeError(f"{model.name} neurons run in float32 or float64, got x of {x.dtype}: cast x first")
-    concrete = _backend(backend, x.device)
+    concrete = resolve_backend(backend, x.device)
     if concrete == "cpu":
         check_no_functorch(f"the fused {model.name} kernels")
     surrogate = resolve(surrogate)

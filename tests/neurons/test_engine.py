@@ -1,5 +1,6 @@
 """The neuron engine's conformance suite: every shipped model (and one defined only in this file) on every engine
-backend against the reference loop evaluated from the same definition.
+backend (the generated numba kernels, and the generated Triton kernels through Triton's interpreter) against the
+reference loop evaluated from the same definition.
 
 Spikes and final states bit-identical in float32 and float64 (states to a few ulps where the step calls exp or log,
 which each backend's math library rounds in its own way); gradients of the input, the initial states and every
@@ -7,6 +8,10 @@ parameter (scalar and per channel) within 1e-5 relative; gradcheck in float64 wh
 hypothesis over shapes (T=1, N=1, odd sizes, trailing dims); a run split in two calls through the returned state
 equals one call.
 """
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
 
 import pytest
 import torch
@@ -16,7 +21,7 @@ from hypothesis import strategies as st
 import spikefuse
 import spikefuse.nn
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, NeuronModel
-from spikefuse.ops.engine import cpu, reference
+from spikefuse.ops.engine import cpu, reference, triton
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
 
 # Defined here, not in the package: an exponential integrate-and-fire neuron (Fourcaud-Trocme et al. 2003),
@@ -37,7 +42,7 @@ MODELS = {
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
     "eif": (EIF, {}),
 }
-BACKENDS = {"cpu": cpu}
+BACKENDS = {"cpu": cpu, "triton": triton}
 
 
 def _inputs(model, params, shape, dtype, seed, per_channel=None):
@@ -104,26 +109,36 @@ def test_every_model_matches_the_reference(name, detach, dtype, backend):
 
 @pytest.mark.parametrize("surrogate", [Sigmoid(3.0), ATan(2.0), Rectangle(0.8, 1.2), Triangle(1.5), FastSigmoid(10.0)],
                          ids=lambda s: type(s).__name__)  # fmt: skip
-def test_every_surrogate(surrogate):
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_every_surrogate(surrogate, backend):
     model, params = MODELS["cuba_lif"]
-    _check(model, params, (6, 2, 40), torch.float32, "cpu", surrogate, False)
+    _check(model, params, (6, 2, 40), torch.float32, backend, surrogate, False)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("name", ["cuba_lif", "alif"])
-def test_per_channel_parameters(name):
+def test_per_channel_parameters(name, backend):
     model, params = MODELS[name]
     per_channel = model.params[:2]
-    _check(model, params, (5, 2, 3, 4, 5), torch.float64, "cpu", ATan(2.0), False, per_channel=per_channel)
+    _check(model, params, (5, 2, 3, 4, 5), torch.float64, backend, ATan(2.0), False, per_channel=per_channel)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @settings(max_examples=15, deadline=None)
 @given(t_steps=st.integers(1, 6), dims=st.lists(st.integers(1, 7), min_size=1, max_size=3), seed=st.integers(0, 99))
-def test_shapes(t_steps, dims, seed):
+def test_shapes(backend, t_steps, dims, seed):
     model, params = MODELS["cuba_lif"]
-    _check(model, params, (t_steps, *dims), torch.float32, "cpu", ATan(2.0), False, seed=seed)
+    _check(model, params, (t_steps, *dims), torch.float32, backend, ATan(2.0), False, seed=seed)
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_many_blocks(backend):
+    """More neurons than one parallel task / program holds, the last block partial."""
+    model, params = MODELS["alif"]
+    _check(model, params, (3, 2 * cpu.BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False)
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_gradcheck_fp64(name, backend):
     """The final states with a detached reset are smooth in the input and parameters (inputs kept away from the
@@ -142,9 +157,11 @@ def test_gradcheck_fp64(name, backend):
     assert torch.autograd.gradcheck(final_states, (x.requires_grad_(), *tensors), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_continuation_through_the_state(name):
+def test_continuation_through_the_state(name, backend):
     model, params = MODELS[name]
+    params = {**params, "backend": backend}
     x = torch.rand(10, 2, 6) * 1.2
     whole, whole_state = spikefuse.neuron(x, model, return_state=True, **params)
     first, state = spikefuse.neuron(x[:4], model, return_state=True, **params)
@@ -156,9 +173,10 @@ def test_continuation_through_the_state(name):
     assert torch.equal(as_dict, second)
 
 
-def test_user_model_through_the_public_api_and_module():
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_user_model_through_the_public_api_and_module(backend):
     """The test-file neuron on the public entry points: functional and nn module, learnable per-channel parameter."""
-    layer = spikefuse.nn.EngineNeuron(EIF, learnable=("delta",), channels=3, surrogate="atan")
+    layer = spikefuse.nn.EngineNeuron(EIF, learnable=("delta",), channels=3, surrogate="atan", backend=backend)
     x = (torch.rand(6, 2, 3, 4) * 1.5).requires_grad_()
     out = layer(x)
     assert out.shape == x.shape and set(out.unique().tolist()) <= {0.0, 1.0}

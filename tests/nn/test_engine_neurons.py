@@ -74,5 +74,11 @@ def test_bad_calls():
         spikefuse.neuron(x, CUBA_LIF_ZERO, beta=0.5)
     with pytest.raises(ValueError, match="per-channel parameter has 3 entries but the input"):
         spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=torch.rand(3), beta=0.5)
-    with pytest.raises(ValueError, match="no GPU kernels yet"):
-        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="triton")
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="gpu")
+
+
+def test_triton_backend_on_cpu_tensors_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        spikefuse.neuron(torch.rand(3, 4), CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="triton")

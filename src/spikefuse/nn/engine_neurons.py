@@ -29,7 +29,7 @@ class EngineNeuron(nn.Module):
         learnable: names of parameters to learn (``nn.Parameter``), one value each, or one per channel (dim 2 of
             ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
         stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
-        backend: "auto", "cpu" or "reference".
+        backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
         **params: the model's parameters as numbers (those with a default may be left out).
     """
 

@@ -49,11 +49,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def module(backend: str):
-    """The module implementing a concrete backend; raises with an install hint when its compiler is missing."""
+def module(backend: str, package: str = __name__):
+    """The module implementing a concrete backend (in ``package``: these ops, or the neuron engine's); raises with an
+    install hint when its compiler is missing."""
     name = {"reference": "reference", "cpu": "cpu", "triton": "triton"}[backend]
     try:
-        return importlib.import_module(f"spikefuse.ops.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError as err:
         package = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
         raise RuntimeError(

@@ -1,19 +1,22 @@
 """The neuron engine's backends: every :class:`~spikefuse.neurons.NeuronModel` runs on each, from its one definition.
 
 - :mod:`.reference`: the serial PyTorch loop, differentiated by autograd (the oracle);
-- :mod:`.cpu`: fused numba kernels generated from the definition (forward; backward from sympy's derivatives).
+- :mod:`.cpu`: fused numba kernels generated from the definition (forward; backward from sympy's derivatives);
+- :mod:`.triton`: fused Triton kernels generated from the same definition (CUDA; the interpreter on the CPU).
 
-Both expose ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`).
+Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`). The generated backends
+are imported on first use: numba and Triton load only when a call needs them.
 """
 
 from __future__ import annotations
 
-from . import cpu, reference
+from .. import module as _import_backend
 
 __all__ = ["BACKENDS", "module"]
 
-BACKENDS = {"reference": reference, "cpu": cpu}
+BACKENDS = ("reference", "cpu", "triton")
 
 
 def module(backend: str):
-    return BACKENDS[backend]
+    """The module of a concrete backend; raises with an install hint when its compiler is missing."""
+    return _import_backend(backend, __name__)

@@ -1,7 +1,7 @@
 """Fused CPU kernels (numba) generated from a :class:`~spikefuse.neurons.NeuronModel`.
 
 For each (neuron, surrogate type, dtype) this module writes the Python source of two parallel numba kernels into
-the kernel cache folder (:func:`cache_dir`) and imports it, so numba compiles each once per machine and caches
+the kernel cache folder (:func:`.emit.cache_dir`) and imports it, so numba compiles each once per machine and caches
 the machine code beside it:
 
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it (neurons innermost, so the
@@ -17,12 +17,7 @@ elimination. Entry points as :mod:`spikefuse.ops.engine.reference`.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
-import inspect
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,103 +26,26 @@ import torch
 from ...threads import match_numba_threads
 from .. import buffers
 from ..common import reduce_leak_grad
+from . import emit
+from .emit import Dialect
 
 BLOCK = 2048  # neurons per parallel task (the backward's scratch, (T+1) x states x BLOCK, stays in cache)
-_NP_FUNCTIONS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"}
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
-_GENERATOR = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # this file: the generator's version
+# The generator's version: this file and the emitters.
+_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
 
 
-def cache_dir() -> Path:
-    """Where generated kernel sources (and numba's cache of them) live: ``$SPIKEFUSE_CACHE_DIR``, else
-    ``~/.cache/spikefuse/kernels``."""
-    base = os.environ.get("SPIKEFUSE_CACHE_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "spikefuse" / "kernels"
-
-
-# ----------------------------------------------------------------------------------------------- code emitters
-
-
-class _Renamer(ast.NodeTransformer):
-    """A step expression -> numba source: names to locals, numbers cast to the compute dtype ``F``."""
-
-    def __init__(self, names: dict[str, str]):
-        self.names = names
-
-    def visit_Name(self, node):
-        return ast.copy_location(ast.Name(id=self.names[node.id], ctx=node.ctx), node)
-
-    def visit_Constant(self, node):
-        call = ast.Call(func=ast.Name(id="F", ctx=ast.Load()), args=[ast.Constant(float(node.value))], keywords=[])
-        return ast.copy_location(call, node)
-
-    def visit_Call(self, node):
-        module, function = _NP_FUNCTIONS[node.func.id].split(".")
-        func = ast.Attribute(value=ast.Name(id=module, ctx=ast.Load()), attr=function, ctx=ast.Load())
-        return ast.copy_location(ast.Call(func=func, args=[self.visit(a) for a in node.args], keywords=[]), node)
-
-
-def _step_source(expression: str, names: dict[str, str]) -> str:
-    tree = _Renamer(names).visit(ast.parse(expression, mode="eval"))
-    return ast.unparse(ast.fix_missing_locations(tree))
-
-
-def _sympy_source(e, names: dict[str, str]) -> str:
-    """A sympy expression -> numba source (numbers cast to ``F``, integer powers as products)."""
-    import sympy
-
-    def emit(e) -> str:
-        if e.is_Symbol:
-            return names[e.name]
-        if e.is_Number or isinstance(e, sympy.NumberSymbol):
-            return f"F({float(e)!r})"
-        if e.is_Add:
-            return "(" + " + ".join(emit(a) for a in e.args) + ")"
-        if e.is_Mul:
-            return "(" + " * ".join(emit(a) for a in e.args) + ")"
-        if e.is_Pow:
-            base, exponent = e.args
-            if exponent.is_Integer and 0 < int(exponent) <= 4:
-                return "(" + " * ".join([emit(base)] * int(exponent)) + ")"
-            if exponent.is_Integer and -4 <= int(exponent) < 0:
-                return f"(F(1.0) / ({' * '.join([emit(base)] * -int(exponent))}))"
-            if exponent == sympy.Rational(1, 2):
-                return f"np.sqrt({emit(base)})"
-            return f"np.power({emit(base)}, {emit(exponent)})"
-        if isinstance(e, (sympy.exp, sympy.log)):
-            return f"np.{type(e).__name__}({emit(e.args[0])})"
-        if isinstance(e, sympy.Abs):
-            return f"abs({emit(e.args[0])})"
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            out = emit(e.args[0])
-            for a in e.args[1:]:
-                out = f"{type(e).__name__.lower()}({out}, {emit(a)})"
-            return out
-        if isinstance(e, sympy.Piecewise):
-            out = "F(0.0)"
-            for value, condition in reversed(e.args):
-                out = emit(value) if condition == sympy.true else f"({emit(value)} if {emit(condition)} else {out})"
-            return out
-        if isinstance(e, sympy.core.relational.Relational):
-            return f"({emit(e.lhs)} {e.rel_op} {emit(e.rhs)})"
-        raise ValueError(f"the CPU kernel generator cannot emit {type(e).__name__} ({e})")
-
-    return emit(e)
-
-
-def _assignments(exprs: dict[str, object], names: dict[str, str], indent: str) -> list[str]:
-    """``name = expression`` lines for sympy expressions, common subexpressions first."""
-    import sympy
-
-    keys = list(exprs)
-    shared, reduced = sympy.cse([exprs[k] for k in keys], symbols=sympy.numbered_symbols("cse_"))
-    names = dict(names)
-    lines = []
-    for symbol, value in shared:
-        names[symbol.name] = symbol.name
-        lines.append(f"{indent}{symbol.name} = {_sympy_source(value, names)}")
-    lines += [f"{indent}{k} = {_sympy_source(v, names)}" for k, v in zip(keys, reduced)]
-    return lines
+#: How the numba kernels spell a neuron's expressions (numbers cast to the compute dtype ``F``).
+NUMBA = Dialect(
+    number=lambda v: f"F({v!r})",
+    functions={"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"},
+    divide=lambda a, b: f"({a} / {b})",
+    select=lambda c, a, b: f"({a} if {c} else {b})",
+    abs="abs",
+    maximum="max",
+    minimum="min",
+    power="np.power",
+)
 
 
 # --------------------------------------------------------------------------------------------- kernel sources
@@ -135,15 +53,13 @@ def _assignments(exprs: dict[str, object], names: dict[str, str], indent: str) -
 
 def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     """The Python source of the forward and backward kernels of ``model`` with ``surrogate_type``'s derivative."""
-    import sympy
-
     S, P = model.states, model.params
     np_dtype = f"np.{_NP_DTYPES[dtype].__name__}"
     step_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_"}
     fire_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}}
     params_arg = "".join(f"par_{p}, " for p in P)
     init_arg = "".join(f"init_{k}, " for k in S)
-    fire = _step_source(model.fire, fire_names)
+    fire = emit.step_source(model.fire, fire_names, NUMBA)
     fired = "(u_ > F(0.0))" if model.strict else "(u_ >= F(0.0))"  # a constant of the code: no branch
 
     def variant(scalar: bool) -> list[str]:
@@ -159,7 +75,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def locals_at(j: str, indent: str) -> list[str]:
             return [f"{indent}p_{p} = par_{p}" if scalar else f"{indent}p_{p} = pv_{p}[{j}]" for p in P]
 
-        step_lines = [f"v_{t} = {_step_source(e, step_names)}" for t, e in model.step]
+        step_lines = [f"v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.step]
         finals_arg = "".join(f"final_{k}, " for k in S)
         gfinal_arg = "".join(f"gfinal_{k}, " for k in S)
         ginit_arg = "".join(f"ginit_{k}, " for k in S)
@@ -204,21 +120,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             f"        _forward_block{sfx}(x, {params_arg}{init_arg}inner, spikes, {finals_arg}n0, min(BLOCK, N - n0))",
         ]
 
-        d = model.derivatives
-        sg_u = sympy.Symbol("u_")
-        sg_expr = surrogate_type.sympy_derivative(sg_u, sympy.Symbol("sg_p1"), sympy.Symbol("sg_p2"))
-        sym_names = {**{f"old_{k}": f"o_{k}" for k in S}, **{f"new_{k}": f"v_{k}" for k in S},
-                     **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", "u_": "u_", "sg_p1": "sg_p1", "sg_p2": "sg_p2"}
-        fire_derivs = {f"df_{k}": d.fire[i] for i, k in enumerate(S)}
-        fire_derivs.update({f"dF_{p}": d.fire_param[i] for i, p in enumerate(P)})
-        step_derivs = {}
-        for i, k in enumerate(S):
-            step_derivs[f"dx_{k}"] = d.input[i]
-            step_derivs[f"ds_{k}"] = d.spike[i]
-            for j, old in enumerate(S):
-                step_derivs[f"dS_{k}_{old}"] = d.state[i][j]
-            for j, p in enumerate(P):
-                step_derivs[f"dP_{k}_{p}"] = d.param[i][j]
+        sym_names, fire_derivs, step_derivs = emit.backward_expressions(model, surrogate_type)
         ind = "            "
         bwd_args = (f"grad_spikes, {gfinal_arg}x, {params_arg}{init_arg}sg_p1, sg_p2, detach, inner, need_params, "
                     f"grad_x, {ginit_arg}{gpar_arg}")  # fmt: skip
@@ -260,7 +162,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *[f"{ind}v_{k} = hist[t + 1, {i}, j]" for i, k in enumerate(S)],
             f"{ind}u_ = {fire}",
             f"{ind}x_ = xr[j]",
-            *_assignments({"sg_": sg_expr, **fire_derivs, **step_derivs}, sym_names, ind),
+            *emit.assignments({**fire_derivs, **step_derivs}, sym_names, ind, NUMBA),
             f"{ind}g_s = gr[j] + gs[j]",
             *[f"{ind}g_{k} = gS[{i}, j] + g_s * sg_ * df_{k}" for i, k in enumerate(S)],
             f"{ind}gxr[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
@@ -274,7 +176,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *locals_at("j", "        "),
             *[f"        v_{k} = hist[0, {i}, j]" for i, k in enumerate(S)],
             f"        u_ = {fire}",
-            *_assignments({"sg_": sg_expr, **fire_derivs}, sym_names, "        "),
+            *emit.assignments(fire_derivs, sym_names, "        ", NUMBA),
             *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS[{i}, j] + gs[j] * sg_ * df_{k}"
               for i, k in enumerate(S)],
             *[f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc[{pi}, j] + gs[j] * sg_ * dF_{p}"
@@ -302,34 +204,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     return "\n".join(header + variant(False) + ["", ""] + variant(True)) + "\n"
 
 
-_MODULES: dict[tuple, object] = {}
-
-
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s kernels (generated on first use, then cached on disk)."""
-    key = (model, surrogate_type, dtype)
-    if key in _MODULES:
-        return _MODULES[key]
     tag = _NP_DTYPES[dtype].__name__
-    # The file name holds everything the source depends on (the dynamics, the surrogate's formula, this
-    # generator), so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
-    inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), _GENERATOR, tag)
-    digest = hashlib.sha256(repr(inputs).encode()).hexdigest()[:12]
-    name = f"spikefuse_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.py"
-    if not path.exists():
-        source = kernel_source(model, surrogate_type, dtype)
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(source)
-        os.replace(tmp, path)  # atomic: processes starting together (data-parallel ranks) never read half a file
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    _MODULES[key] = module
-    return module
+    return emit.load_generated("cpu", model, surrogate_type, tag, _GENERATOR,
+                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------- entry points

@@ -1,0 +1,192 @@
+"""What the engine's generated backends share: emitting a neuron's expressions as one backend's kernel code, and
+the folder of generated kernel modules.
+
+A :class:`Dialect` says how a backend spells numbers, functions, divisions and selections; the emitters walk
+
+- the step and fire expressions of a :class:`~spikefuse.neurons.NeuronModel` (Python ``ast``), every operation
+  parenthesized as parsed, so a kernel performs the reference's floating-point operations in its order;
+- the sympy derivatives (:meth:`NeuronModel.derivatives`, a surrogate's ``sympy_derivative``), after common
+  subexpression elimination, for the backward pass.
+
+:func:`backward_expressions` gathers what a backward step needs, in the names both kernel generators use;
+:func:`load_generated` writes a generated module into :func:`cache_dir` once and imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["Dialect", "step_source", "sympy_source", "assignments", "backward_expressions", "cache_dir",
+           "load_generated"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one backend writes the pieces of an expression."""
+
+    number: Callable[[float], str]  # a constant in the compute dtype
+    functions: dict[str, str]  # exp / log / sqrt -> the callee
+    divide: Callable[[str, str], str]  # correctly rounded division (the forward step)
+    select: Callable[[str, str, str], str]  # (condition, if true, if false)
+    abs: str
+    maximum: str
+    minimum: str
+    power: str | None = None  # a general power's callee; None: the backend has none
+
+
+_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
+
+
+def step_source(expression: str, names: dict[str, str], dialect: Dialect) -> str:
+    """A step or fire expression (validated by :class:`NeuronModel`) -> source, names mapped through ``names``."""
+
+    def emit(node) -> str:
+        if isinstance(node, ast.BinOp):
+            left, right = emit(node.left), emit(node.right)
+            if isinstance(node.op, ast.Div):
+                return dialect.divide(left, right)
+            return f"({left} {_BINARY[type(node.op)]} {right})"
+        if isinstance(node, ast.UnaryOp):
+            return f"(-{emit(node.operand)})" if isinstance(node.op, ast.USub) else emit(node.operand)
+        if isinstance(node, ast.Name):
+            return names[node.id]
+        if isinstance(node, ast.Constant):
+            return dialect.number(float(node.value))
+        if isinstance(node, ast.Call):
+            return f"{dialect.functions[node.func.id]}({emit(node.args[0])})"
+        raise ValueError(f"cannot emit {type(node).__name__}")  # NeuronModel admits nothing else
+
+    return emit(ast.parse(expression, mode="eval").body)
+
+
+def sympy_source(e, names: dict[str, str], dialect: Dialect) -> str:
+    """A sympy expression -> source (integer powers as products, x**(1/2) as sqrt)."""
+    import sympy
+
+    def emit(e) -> str:
+        if e.is_Symbol:
+            return names[e.name]
+        if e.is_Number or isinstance(e, sympy.NumberSymbol):
+            return dialect.number(float(e))
+        if e.is_Add:
+            return "(" + " + ".join(emit(a) for a in e.args) + ")"
+        if e.is_Mul:
+            return "(" + " * ".join(emit(a) for a in e.args) + ")"
+        if e.is_Pow:
+            base, exponent = e.args
+            if exponent.is_Integer and 0 < int(exponent) <= 4:
+                return "(" + " * ".join([emit(base)] * int(exponent)) + ")"
+            if exponent.is_Integer and -4 <= int(exponent) < 0:
+                return f"({dialect.number(1.0)} / ({' * '.join([emit(base)] * -int(exponent))}))"
+            if exponent == sympy.Rational(1, 2):
+                return f"{dialect.functions['sqrt']}({emit(base)})"
+            if dialect.power is None:
+                raise ValueError(f"this backend's kernel generator cannot emit the power {e}")
+            return f"{dialect.power}({emit(base)}, {emit(exponent)})"
+        if isinstance(e, (sympy.exp, sympy.log)):
+            return f"{dialect.functions[type(e).__name__]}({emit(e.args[0])})"
+        if isinstance(e, sympy.Abs):
+            return f"{dialect.abs}({emit(e.args[0])})"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            callee = dialect.maximum if isinstance(e, sympy.Max) else dialect.minimum
+            out = emit(e.args[0])
+            for a in e.args[1:]:
+                out = f"{callee}({out}, {emit(a)})"
+            return out
+        if isinstance(e, sympy.Piecewise):
+            out = dialect.number(0.0)
+            for value, condition in reversed(e.args):
+                out = emit(value) if condition == sympy.true else dialect.select(emit(condition), emit(value), out)
+            return out
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"({emit(e.lhs)} {e.rel_op} {emit(e.rhs)})"
+        raise ValueError(f"the kernel generator cannot emit {type(e).__name__} ({e})")
+
+    return emit(e)
+
+
+def assignments(exprs: dict[str, object], names: dict[str, str], indent: str, dialect: Dialect) -> list[str]:
+    """``name = expression`` lines for sympy expressions, common subexpressions first."""
+    import sympy
+
+    keys = list(exprs)
+    shared, reduced = sympy.cse([exprs[k] for k in keys], symbols=sympy.numbered_symbols("cse_"))
+    names = dict(names)
+    lines = []
+    for symbol, value in shared:
+        names[symbol.name] = symbol.name
+        lines.append(f"{indent}{symbol.name} = {sympy_source(value, names, dialect)}")
+    lines += [f"{indent}{k} = {sympy_source(v, names, dialect)}" for k, v in zip(keys, reduced)]
+    return lines
+
+
+def backward_expressions(model, surrogate_type) -> tuple[dict, dict, dict]:
+    """What one reverse step needs, as sympy expressions: ``(names, fire, step)``.
+
+    ``fire``: ``sg_`` (the surrogate derivative at ``u_``), ``df_<k>`` (du/d new state k) and ``dF_<p>``
+    (du/d parameter p); ``step``: ``dx_<k>``, ``ds_<k>``, ``dS_<k>_<old>``, ``dP_<k>_<p>`` (d new state k by
+    the input, the previous spike, an old state, a parameter). ``names`` maps their symbols to the kernels'
+    locals: ``o_<k>`` old states, ``v_<k>`` new ones, ``p_<p>``, ``x_``, ``s_``, ``u_``, ``sg_p1``, ``sg_p2``.
+    """
+    import sympy
+
+    S, P, d = model.states, model.params, model.derivatives
+    names = {**{f"old_{k}": f"o_{k}" for k in S}, **{f"new_{k}": f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P},
+             "x": "x_", "s": "s_", "u_": "u_", "sg_p1": "sg_p1", "sg_p2": "sg_p2"}  # fmt: skip
+    sg = surrogate_type.sympy_derivative(sympy.Symbol("u_"), sympy.Symbol("sg_p1"), sympy.Symbol("sg_p2"))
+    fire = {"sg_": sg, **{f"df_{k}": d.fire[i] for i, k in enumerate(S)},
+            **{f"dF_{p}": d.fire_param[i] for i, p in enumerate(P)}}  # fmt: skip
+    step = {}
+    for i, k in enumerate(S):
+        step[f"dx_{k}"] = d.input[i]
+        step[f"ds_{k}"] = d.spike[i]
+        for j, old in enumerate(S):
+            step[f"dS_{k}_{old}"] = d.state[i][j]
+        for j, p in enumerate(P):
+            step[f"dP_{k}_{p}"] = d.param[i][j]
+    return names, fire, step
+
+
+def cache_dir() -> Path:
+    """Where generated kernel sources (and numba's cache of them) live: ``$SPIKEFUSE_CACHE_DIR``, else
+    ``~/.cache/spikefuse/kernels``."""
+    base = os.environ.get("SPIKEFUSE_CACHE_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "spikefuse" / "kernels"
+
+
+_MODULES: dict[tuple, object] = {}
+
+
+def load_generated(backend: str, model, surrogate_type, tag: str, generator: str, make_source: Callable[[], str]):
+    """The module of ``backend``'s kernels for ``model`` with ``surrogate_type`` (``tag``: the dtype), imported from
+    :func:`cache_dir`; ``make_source()`` writes it the first time. ``generator``: a hash of the generating code."""
+    key = (backend, model, surrogate_type, tag)
+    if key in _MODULES:
+        return _MODULES[key]
+    # The file name holds everything the source depends on (the dynamics, the surrogate's formula, the generator),
+    # so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
+    inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), generator, tag)
+    digest = hashlib.sha256(repr(inputs).encode()).hexdigest()[:12]
+    prefix = "spikefuse" if backend == "cpu" else f"spikefuse_{backend}"
+    name = f"{prefix}_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    if not path.exists():
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(make_source())
+        os.replace(tmp, path)  # atomic: processes starting together (data-parallel ranks) never read half a file
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _MODULES[key] = module
+    return module

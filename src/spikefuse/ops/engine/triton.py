@@ -1,0 +1,254 @@
+"""Fused Triton kernels generated from a :class:`~spikefuse.neurons.NeuronModel` (CUDA tensors; CPU tensors under
+``TRITON_INTERPRET=1`` for testing).
+
+For each (neuron, surrogate type, dtype) this module writes the source of two ``@triton.jit`` kernels into the
+kernel cache folder (:func:`.emit.cache_dir`) and imports it; Triton compiles each specialization once and caches
+it. Each program owns ``BLOCK`` neurons and loops over all T steps with the states in registers:
+
+- ``forward`` writes the spikes and the final states; nothing is saved for backward;
+- ``backward`` first re-runs the recursion, writing every step's states into a scratch ``[T+1, states, N]`` (a
+  program writes and reads back only its own neurons' columns), then runs back through time with the derivatives
+  of :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and per-neuron
+  parameter gradients (reduced per channel afterwards).
+
+Numerics. The step is emitted as written, numbers as constants of the compute dtype, divisions and square roots
+correctly rounded (``div_rn``, ``sqrt_rn``; Triton's plain float32 ``/`` and ``sqrt`` may be approximate on NVIDIA
+GPUs), and kernels launch with ``enable_fp_fusion=False`` (no FMA contraction): spikes and states equal the
+reference's bit for bit, except through ``exp`` and ``log``, which each math library rounds its own way. Parameters
+and the surrogate's two values are read from tensors of the compute dtype, so float64 loses nothing in transit.
+What changes the code (detach_reset, which parameter and initial-state gradients are needed, scalar vs per-channel
+parameters) is a ``tl.constexpr``.
+
+Entry points as :mod:`spikefuse.ops.engine.reference`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+
+import torch
+import triton
+
+from ..common import reduce_leak_grad
+from ..triton import COMPILE_OPTIONS, block_size
+from . import emit
+from .emit import Dialect
+
+_TAGS = {torch.float32: "float32", torch.float64: "float64"}  # the compute dtypes the kernels are made for
+# The generator's version: this file and the emitters.
+_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+
+
+def dialects(dtype: torch.dtype) -> tuple[Dialect, Dialect]:
+    """``(exact, fast)`` spellings for the compute dtype: the step (forward and its recomputation) is correctly
+    rounded; the derivatives, which only feed gradients, use Triton's fast division and square root."""
+    dt = f"tl.{_TAGS[dtype]}"
+    f64 = dtype == torch.float64
+    common = dict(
+        number=lambda v: f"tl.full((), {v!r}, {dt})",
+        select=lambda c, a, b: f"tl.where({c}, {a}, {b})",
+        abs="tl.abs",
+        maximum="tl.maximum",
+        minimum="tl.minimum",
+    )
+    exact = Dialect(
+        functions={"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt_rn"},
+        divide=(lambda a, b: f"({a} / {b})") if f64 else (lambda a, b: f"tl.math.div_rn({a}, {b})"),
+        **common,
+    )
+    fast = Dialect(functions={"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt"}, divide=lambda a, b: f"({a} / {b})",
+                   **common)  # fmt: skip
+    return exact, fast
+
+
+def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
+    """The source of the forward and backward Triton kernels of ``model`` with ``surrogate_type``'s derivative."""
+    S, P = model.states, model.params
+    exact, fast = dialects(dtype)
+    dt = f"tl.{_TAGS[dtype]}"
+    names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_"}
+    fire = f"u_ = {emit.step_source(model.fire, names, exact)}"
+    zero, one = exact.number(0.0), exact.number(1.0)
+    spike = f"s_ = tl.where(u_ {'>' if model.strict else '>='} {zero}, {one}, {zero})"
+    step = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.step]
+    par_args = "".join(f"par_{p}, size_{p}, " for p in P)
+    init_args = "".join(f"init_{k}, isize_{k}, " for k in S)
+
+    def head(indent="    ") -> list[str]:
+        """The program's neurons, its parameters (one scalar each, or a gather per neuron) and initial states."""
+        lines = [
+            "pid = tl.program_id(0)",
+            "offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+            "mask = offs < N",
+            "N64 = tl.cast(N, tl.int64)",
+            "if SCALAR:",
+            *[f"    p_{p} = tl.load(par_{p})" for p in P],
+            "else:",
+            "    channel = offs // inner",
+            *[f"    p_{p} = tl.load(par_{p} + channel % size_{p}, mask=mask, other=1.0)" for p in P],
+            *[f"v_{k} = tl.load(init_{k} + offs % isize_{k}, mask=mask, other=0.0)" for k in S],
+            fire,
+            spike,
+        ]
+        return [indent + line for line in lines]
+
+    forward = [
+        "@triton.jit",
+        f"def forward(x_ptr, {par_args}{init_args}spikes_ptr, {''.join(f'final_{k}, ' for k in S)}T, N, inner,",
+        "            SCALAR: tl.constexpr, BLOCK: tl.constexpr):",
+        *head(),
+        "    for t in range(0, T):",
+        "        row = tl.cast(t, tl.int64) * N + offs",
+        "        x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
+        *[f"        {line}" for line in step],
+        f"        {fire}",
+        f"        {spike}",
+        "        tl.store(spikes_ptr + row, s_, mask=mask)",
+        *[f"    tl.store(final_{k} + offs, v_{k}, mask=mask)" for k in S],
+    ]
+
+    names_d, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
+    n_s = len(S)
+    flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
+    ind = "        "
+    backward = [
+        "@triton.jit",
+        f"def backward(gs_ptr, {''.join(f'gfinal_{k}, gsize_{k}, ' for k in S)}x_ptr, {par_args}{init_args}sg_ptr,",
+        f"             hist_ptr, gx_ptr, {''.join(f'ginit_{k}, ' for k in S)}{''.join(f'gpar_{p}, ' for p in P)}"
+        "T, N, inner,",
+        f"             SCALAR: tl.constexpr, DETACH: tl.constexpr, {flags}BLOCK: tl.constexpr):",
+        *head(),
+        "    sg_p1 = tl.load(sg_ptr)",
+        "    sg_p2 = tl.load(sg_ptr + 1)",
+        # hist[t, k, n] = state k after step t (t = 0: the initial state), at ((t * S + k) * N + n)
+        *[f"    tl.store(hist_ptr + {i} * N64 + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        "    for t in range(0, T):",
+        "        x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0)",
+        *[f"{ind}{line}" for line in step],
+        f"{ind}{fire}",
+        f"{ind}{spike}",
+        f"{ind}base = tl.cast(t + 1, tl.int64) * {n_s} * N64 + offs",
+        *[f"{ind}tl.store(hist_ptr + base + {i} * N64, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        # each neuron's column is read back by the thread that wrote it; the barrier makes that explicit
+        "    tl.debug_barrier()",
+        *[f"    gS_{k} = tl.load(gfinal_{k} + offs % gsize_{k}, mask=mask, other=0.0)" for k in S],
+        f"    gs = tl.zeros([BLOCK], {dt})",
+        *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
+        "    for i in range(0, T):",
+        "        t = tl.cast(T - 1 - i, tl.int64)",
+        "        row = t * N + offs",
+        f"        base = t * {n_s} * N64 + offs",
+        *[f"{ind}o_{k} = tl.load(hist_ptr + base + {i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        *[f"{ind}v_{k} = o_{k}" for k in S],
+        f"{ind}{fire}",
+        f"{ind}{spike}",
+        *[f"{ind}v_{k} = tl.load(hist_ptr + base + {n_s + i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        f"{ind}{fire}",
+        f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
+        *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
+        f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0) + gs",
+        *[f"{ind}g_{k} = gS_{k} + g_s * sg_ * df_{k}" for k in S],
+        f"{ind}tl.store(gx_ptr + row, " + " + ".join(f"g_{k} * dx_{k}" for k in S) + ", mask=mask)",
+        *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
+          for p in P],  # fmt: skip
+        *[f"{ind}gS_{old} = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
+        f"{ind}if DETACH:",
+        f"{ind}    gs = tl.zeros([BLOCK], {dt})",
+        f"{ind}else:",
+        f"{ind}    gs = " + " + ".join(f"g_{k} * ds_{k}" for k in S),
+        # the first step's s is the spike of the initial state: its gradient flows into that state
+        *[f"    v_{k} = tl.load(hist_ptr + {i} * N64 + offs, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        f"    {fire}",
+        *emit.assignments(fire_d, names_d, "    ", fast),
+        *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)" for k in S],
+        *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)" for p in P],
+    ]
+    header = [
+        f'"""Generated by spikefuse.ops.engine.triton for the neuron {model.name!r} ({model.key}), surrogate '
+        f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
+    return "\n".join(header + forward + ["", ""] + backward) + "\n"
+
+
+def kernels(model, surrogate_type, dtype: torch.dtype):
+    """The imported module of ``model``'s Triton kernels (generated on first use, then cached on disk)."""
+    return emit.load_generated("triton", model, surrogate_type, _TAGS[dtype], _GENERATOR,
+                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- entry points
+
+
+def _on_device(device: torch.device):
+    """Launch on the tensors' GPU (Triton launches on the current device, on its current stream)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
+    """The kernels index raw pointers: every tensor must be contiguous, of x's dtype and on x's device."""
+    if x2.dtype not in _TAGS:
+        raise TypeError(f"the generated Triton kernels run in float32 or float64, got {x2.dtype}")
+    for t in tensors:
+        if not t.is_contiguous() or t.dtype != x2.dtype or t.device != x2.device:
+            raise ValueError(f"spikefuse engine Triton backend: every {what} tensor must be contiguous, of dtype "
+                             f"{x2.dtype} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
+
+
+def _param_args(params: list) -> tuple[bool, list]:
+    """``(SCALAR, [pointer, size] per parameter)``: SCALAR when every parameter has one value."""
+    return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
+
+
+def forward(model, x2, params, inner, init, surrogate, detach_reset):
+    t_steps, n = x2.shape
+    _check(x2, [x2, *params, *init], "input")
+    spikes = torch.empty_like(x2)
+    final = [torch.empty(n, dtype=x2.dtype, device=x2.device) for _ in model.states]
+    if n == 0:
+        return spikes, final
+    module = kernels(model, type(surrogate), x2.dtype)
+    scalar, par = _param_args(params)
+    block = block_size(n)
+    with _on_device(x2.device):
+        module.forward[(triton.cdiv(n, block),)](
+            x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, t_steps, n, int(inner),
+            SCALAR=scalar, BLOCK=block, **COMPILE_OPTIONS,
+        )  # fmt: skip
+    return spikes, final
+
+
+def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads):
+    t_steps, n = x2.shape
+    _check(x2, [x2, grad_spikes, *grad_final, *params, *init], "input and gradient")
+    device = x2.device
+    grad_x = torch.empty_like(x2)
+    grad_init = [torch.empty(n if v.numel() == n else 0, dtype=x2.dtype, device=device) for v in init]
+    per_neuron = [torch.empty(n if need else 0, dtype=x2.dtype, device=device) for need in need_param_grads]
+    if n > 0:
+        module = kernels(model, type(surrogate), x2.dtype)
+        scalar, par = _param_args(params)
+        block = block_size(n)
+        hist = torch.empty((t_steps + 1, len(model.states), n), dtype=x2.dtype, device=device)
+        sg = torch.tensor(surrogate.params(), dtype=x2.dtype, device=device)
+        # a buffer that is not written (its flag is off) still needs a valid pointer: grad_x stands in
+        with _on_device(device):
+            module.backward[(triton.cdiv(n, block),)](
+                grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
+                *(a for v in init for a in (v, v.numel())), sg, hist, grad_x,
+                *(g if g.numel() else grad_x for g in grad_init), *(g if g.numel() else grad_x for g in per_neuron),
+                t_steps, n, int(inner), SCALAR=scalar, DETACH=bool(detach_reset),
+                **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
+                **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
+                BLOCK=block, **COMPILE_OPTIONS,
+            )  # fmt: skip
+    grad_params = [
+        reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
+        for g, p, need in zip(per_neuron, params, need_param_grads)
+    ]
+    return grad_x, [g if g.numel() else None for g in grad_init], grad_params
