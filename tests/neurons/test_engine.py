@@ -185,3 +185,16 @@ def test_user_model_through_the_public_api_and_module(backend):
     reference_out = spikefuse.neuron(x.detach(), EIF, surrogate="atan", backend="reference",
                                      delta=layer.delta.detach())  # fmt: skip
     assert torch.equal(out.detach(), reference_out)
+
+
+def test_triton_block_keeps_eight_words_of_state_per_thread():
+    """The generated Triton kernels' block: the LIF launcher's choice, capped at 8 state words per thread."""
+    from spikefuse.ops.triton import block_size
+
+    n = 2**24
+    assert block_size(n) == 1024
+    expected = {(1, torch.float32): 1024, (2, torch.float32): 512, (3, torch.float32): 256, (2, torch.float64): 256,
+                (3, torch.float64): 128}  # fmt: skip
+    for (states, dtype), block in expected.items():
+        assert triton.engine_block(n, states, dtype) == block, (states, dtype)
+    assert triton.engine_block(1000, 1, torch.float32) == 128

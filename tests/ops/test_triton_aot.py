@@ -244,3 +244,86 @@ def test_non_contiguous_inputs_are_made_contiguous():
         results[backend] = (s.detach(), x.grad)
     assert torch.equal(results["triton"][0], results["reference"][0])
     torch.testing.assert_close(results["triton"][1], results["reference"][1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The neuron engine's generated kernels (spikefuse.ops.engine.triton), for every shipped neuron and the test-file one
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _engine_models():
+    from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN
+    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO
+    from tests.neurons.test_engine import EIF
+
+    return [CUBA_LIF, CUBA_LIF_ZERO, CUBA_LIF_HARD, CUBA_LIF_EULER, ALIF_MODEL, NORSE_LIF, NORSE_LSNN, EIF]
+
+
+def _engine_cases():
+    """Every model's forward and backward (fp32, per-channel parameters, every gradient) with the surrogates cycled
+    and the archs alternated; float64 backward of the models with the most state on both archs; the all-scalar
+    parameter variant; a backward that needs no parameter or initial-state gradient, with detach_reset."""
+    from spikefuse.ops.engine.triton import engine_block
+    from spikefuse.surrogate import SURROGATES
+
+    surrogates = [cls.__name__ for cls in SURROGATES.values()]
+    n = 2**20
+    work = []
+    models = _engine_models()
+    for i, model in enumerate(models):
+        block = engine_block(n, len(model.states), torch.float32)
+        for j, kernel in enumerate(A.ENGINE_KERNELS):
+            case = A.engine_case(model, surrogates[(2 * i + j) % len(surrogates)], kernel, block=block, N=n)
+            work.append((case, (80, 90)[(i + j) % 2]))
+    for model in (m for m in models if m.name in ("alif", "norse_lsnn")):
+        block = engine_block(n, len(model.states), torch.float64)
+        case = A.engine_case(model, "ATan", "engine-bwd", "fp64", block=block, N=n)
+        work += [(case, 80), (case, 90)]
+    cuba = models[0]
+    for kernel in A.ENGINE_KERNELS:
+        work.append((A.engine_case(cuba, "Sigmoid", kernel, per_channel=False, block=512, N=n), 90))
+    quiet = A.engine_case(models[4], "Triangle", "engine-bwd", detach=True, need_params=False, grad_init=False,
+                          block=512, N=n)  # fmt: skip
+    quiet["id"] += "-nograd"
+    work.append((quiet, 80))
+    return work
+
+
+@pytest.fixture(scope="module")
+def engine_compiled(tmp_path_factory):
+    tools = A.toolchain()
+    if not tools["nvidia_backend"] or not tools["ptxas"] or not tools["cuobjdump"]:
+        pytest.skip(f"Triton's NVIDIA backend or its tools are missing from the triton package: {tools}")
+    work = _engine_cases()
+    results = A.compile_cases([], work=work, jobs=2, timeout=900)
+    assert len(results) == len(work)
+    return {c["id"]: c for c, _ in work}, results
+
+
+def test_engine_kernels_compile_without_spills(engine_compiled):
+    """Every generated kernel compiles for its target with no local memory (no spill stores / loads, no stack)."""
+    cases, results = engine_compiled
+    failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
+    assert not failed, failed
+    spilled = {k: {f: r[f] for f in ("reg", "local", "stack", "sass_stl", "sass_ldl")} for k, r in results.items()
+               if r["local"] or r["stack"] or r["sass_stl"] or r["sass_ldl"]}  # fmt: skip
+    assert not spilled, spilled
+    assert {c["model"]["name"] for c in cases.values()} >= {"cuba_lif", "alif", "norse_lsnn", "test_eif"}
+
+
+def test_engine_kernels_numerics_and_memory_access(engine_compiled):
+    """No FMA contraction in any generated kernel (the step is bit-exact, the recompute in backward too); IEEE
+    division where a model's step divides (the test-file EIF); the barrier between recompute and the reverse loop;
+    64-bit offsets; with aligned tensors and N % 16 == 0, time-loop accesses as wide as a thread's neurons allow
+    (up to 128 bits)."""
+    cases, results = engine_compiled
+    for (cid, arch), r in results.items():
+        case = cases[cid]
+        assert r["fma"] == 0, (cid, arch)
+        assert r["i64_offsets"], (cid, arch)
+        width = str(min(128, case["const"]["BLOCK"] // A.NUM_THREADS * ELEM_BITS[case["xdt"]]))
+        assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {width}, (cid, arch, r["loop"])
+        if case["kernel"] == "engine-bwd":
+            assert r["bar"] > 0, (cid, arch)
+        if case["model"]["name"] == "test_eif" and case["xdt"] == "fp32":
+            assert r["div_rn"] > 0, (cid, arch)

@@ -14,7 +14,10 @@ TTGIR -> LLVM -> PTX -> ``ptxas`` -> cubin) on a machine without a GPU. This mod
   thread, stack / local memory (spills) from ``cuobjdump --dump-resource-usage``, the global loads / stores inside
   the time loop of the PTX by access width (``ld.global.v4.b32`` = 128 bits), and whether every pointer offset is
   64-bit (TTIR);
-* counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines.
+* counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines;
+* compiles the kernels the neuron engine generates from a :class:`~spikefuse.neurons.NeuronModel`
+  (:mod:`spikefuse.ops.engine.triton`; :func:`engine_case`): the model's definition travels inside the case, so a
+  neuron defined anywhere (a test file, a user's script) compiles like a shipped one.
 
 ``python -m spikefuse.ops.triton_aot`` is the worker: cases as JSON on stdin, one JSON result per line on stdout.
 Nothing here imports triton at module level (the test-suite runs Triton's interpreter in-process).
@@ -35,6 +38,7 @@ from pathlib import Path
 __all__ = [
     "ARCHS", "DTYPES", "BLOCK_SIZES", "Case", "neuron_specs", "forward_constexprs", "backward_constexprs", "launch_ints",
     "full_counts", "structural_cases", "arithmetic_cases", "compile_cases", "traffic", "toolchain", "ptx_accesses",
+    "engine_case",
 ]  # fmt: skip
 
 ARCHS = {"sm_80": 80, "sm_90": 90}
@@ -243,6 +247,55 @@ def arithmetic_cases(xdt="fp32", block=1024, T=32, N=1_000_000, full=False) -> l
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The neuron engine's generated kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+ENGINE_KERNELS = {"engine-fwd": "forward", "engine-bwd": "backward"}
+
+
+def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_channel: bool = True,
+                detach: bool = False, need_params: bool = True, grad_init: bool = True, block: int = 1024,
+                T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
+    """A generated kernel of ``model`` (a :class:`~spikefuse.neurons.NeuronModel`) with the surrogate class named
+    ``surrogate``, as :func:`spikefuse.ops.engine.triton.forward` / ``backward`` launch it: parameters per channel
+    (2 channels) or all scalar (``SCALAR``), initial states and final-state gradients per neuron, every parameter
+    and initial-state gradient needed or none."""
+    from dataclasses import asdict
+
+    if kernel not in ENGINE_KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
+    const = {"SCALAR": not per_channel, "BLOCK": block}
+    ints = {"T": T, "N": N, "inner": 1}
+    ints.update({f"size_{p}": 2 if per_channel else 1 for p in model.params})
+    ints.update({f"isize_{k}": N for k in model.states})
+    if kernel == "engine-bwd":
+        const["DETACH"] = detach
+        const.update({f"NEED_{p}": need_params for p in model.params})
+        const.update({f"GRAD_INIT_{k}": grad_init for k in model.states})
+        ints.update({f"gsize_{k}": N for k in model.states})
+    group = f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar")
+    case = _case(kernel, xdt, const, ints, group)
+    case.update(model=asdict(model), surrogate=surrogate)
+    return case
+
+
+def _engine_kernel(case):
+    """The generated ``@triton.jit`` function of an engine case (written into the worker's kernel cache folder)."""
+    import torch
+
+    from ..neurons import NeuronModel
+    from ..surrogate import SURROGATES
+    from .engine import triton as E
+
+    fields = {k: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
+              for k, value in case["model"].items()}  # fmt: skip (JSON turned the tuples into lists)
+    model = NeuronModel(**fields)
+    surrogate = {cls.__name__: cls for cls in SURROGATES.values()}[case["surrogate"]]
+    dtype = {"fp32": torch.float32, "fp64": torch.float64}[case["xdt"]]
+    return getattr(E.kernels(model, surrogate, dtype), ENGINE_KERNELS[case["kernel"]]), E.COMPILE_OPTIONS
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Traffic
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -364,7 +417,11 @@ def _signature(case, fn):
     xdt, cdt = case["xdt"], COMPUTE[case["xdt"]]
     sig, constexprs, attrs = {}, {}, {}
     divisible = [["tt.divisibility", 16]]
-    for p, is_x in POINTERS[case["kernel"]].items():
+    if case["kernel"] in ENGINE_KERNELS:  # every argument not an int or a constexpr points at the compute dtype
+        pointers = {p: False for p in names if p not in case["ints"] and p not in case["const"]}
+    else:
+        pointers = POINTERS[case["kernel"]]
+    for p, is_x in pointers.items():
         sig[p] = "*" + (xdt if is_x else cdt)
         if case["aligned"]:
             attrs[(names.index(p),)] = divisible
@@ -377,7 +434,7 @@ def _signature(case, fn):
             sig[p] = ty
             if spec == "D":
                 attrs[(names.index(p),)] = divisible
-    for c in FLOAT_ARGS[case["kernel"]]:
+    for c in FLOAT_ARGS.get(case["kernel"], ()):
         for part in ("hi", "mid", "lo"):
             sig[f"{c}_{part}"] = "fp32"
     for k, v in case["const"].items():
@@ -403,13 +460,16 @@ def compile_one(case: Case, arch: int, tools: dict) -> dict:
 
     from . import triton as K
 
-    fn = getattr(K, KERNELS[case["kernel"]])
     res = {"id": case["id"], "arch": arch}
     start = time.perf_counter()
     try:
+        if case["kernel"] in ENGINE_KERNELS:
+            fn, options = _engine_kernel(case)
+        else:
+            fn, options = getattr(K, KERNELS[case["kernel"]]), K.COMPILE_OPTIONS
         sig, constexprs, attrs = _signature(case, fn)
         src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(K.COMPILE_OPTIONS))
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(options))
     except Exception as err:  # noqa: BLE001 - reported per case; the caller fails on it
         res.update(ok=False, error=f"{type(err).__name__}: {err}"[-4000:], seconds=time.perf_counter() - start)
         return res

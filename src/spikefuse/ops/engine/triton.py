@@ -137,9 +137,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"    gs = tl.zeros([BLOCK], {dt})",
         *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
         "    for i in range(0, T):",
-        "        t = tl.cast(T - 1 - i, tl.int64)",
-        "        row = t * N + offs",
-        f"        base = t * {n_s} * N64 + offs",
+        "        tr = tl.cast(T - 1 - i, tl.int64)",  # a new name: the recompute loop's t is an int32
+        "        row = tr * N + offs",
+        f"        base = tr * {n_s} * N64 + offs",
         *[f"{ind}o_{k} = tl.load(hist_ptr + base + {i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
         *[f"{ind}v_{k} = o_{k}" for k in S],
         f"{ind}{fire}",
@@ -200,6 +200,18 @@ def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
                              f"{x2.dtype} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
 
 
+def engine_block(n: int, states: int, dtype: torch.dtype) -> int:
+    """Neurons per program: :func:`spikefuse.ops.triton.block_size`, capped so that each of the 128 threads holds
+    at most 8 words of state (neurons per thread x states x words per value; a float64 is two): the backward keeps
+    several values per state live across its reverse loop, and more state per thread spills registers to local
+    memory (ALIF in float64 at 1024 neurons did on sm_90). At least 128 (one neuron per thread)."""
+    words = states * (2 if dtype == torch.float64 else 1)
+    cap = 128
+    while cap * 2 * words <= 128 * 8:
+        cap *= 2
+    return min(block_size(n), cap)
+
+
 def _param_args(params: list) -> tuple[bool, list]:
     """``(SCALAR, [pointer, size] per parameter)``: SCALAR when every parameter has one value."""
     return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
@@ -214,7 +226,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset):
         return spikes, final
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
-    block = block_size(n)
+    block = engine_block(n, len(model.states), x2.dtype)
     with _on_device(x2.device):
         module.forward[(triton.cdiv(n, block),)](
             x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, t_steps, n, int(inner),
@@ -233,7 +245,7 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     if n > 0:
         module = kernels(model, type(surrogate), x2.dtype)
         scalar, par = _param_args(params)
-        block = block_size(n)
+        block = engine_block(n, len(model.states), x2.dtype)
         hist = torch.empty((t_steps + 1, len(model.states), n), dtype=x2.dtype, device=device)
         sg = torch.tensor(surrogate.params(), dtype=x2.dtype, device=device)
         # a buffer that is not written (its flag is off) still needs a valid pointer: grad_x stands in
