@@ -54,6 +54,13 @@ SAVE_POTENTIAL, SAVE_INPUT = 0, 1
 MEMORY_MODES = {"potential": SAVE_POTENTIAL, "recompute": SAVE_INPUT}
 
 
+def finite(value) -> bool:
+    """``math.isfinite(value)`` for a real number, also while torch.compile traces it as a symbolic float: a module's
+    float option becomes one once a second module with another value compiles the same code, and ``math.isfinite``
+    cannot take it (a comparison can)."""
+    return abs(value) < math.inf
+
+
 def check_memory_mode(memory: str) -> None:
     if memory not in MEMORY_MODES:
         raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
@@ -75,7 +82,7 @@ class NeuronSpec:
     def __post_init__(self):
         for name in ("threshold", "v_reset"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not finite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.reset != HARD and self.v_reset != 0.0:
             # The SpikingJelly charge uses v_reset as its leak target r, which is 0 without a hard reset.

@@ -74,7 +74,7 @@ def leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
             raise ValueError(f"{name} must be a scalar or a 1-D per-channel tensor, got shape {tuple(leak.shape)}")
         check_finite(leak, name)
         return leak.reshape(-1).to(cdt).contiguous()
-    if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not math.isfinite(leak):
+    if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not P.finite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
     return torch.full((1,), float(leak), dtype=cdt, device=x.device)
 
@@ -111,7 +111,7 @@ def check_decay(decay, name: str = "decay") -> None:
                 f"{name} must lie in [0, 1], got {first_bad(decay, bad)}; keep a learnable {name} in range, e.g. "
                 f"with `{name}.data.clamp_(0, 1)` after each optimizer step"
             )
-    elif isinstance(decay, numbers.Real) and math.isfinite(decay) and not 0.0 <= decay <= 1.0:
+    elif isinstance(decay, numbers.Real) and P.finite(decay) and not 0.0 <= decay <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1] (0: no memory, 1: no leak), got {decay}")
 
 
@@ -127,9 +127,9 @@ def paper_spec(threshold, v_reset, surrogate, detach_reset) -> P.NeuronSpec:
         raise TypeError(f"threshold must be a number, got {threshold!r}")
     if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
         raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
-    if math.isfinite(threshold) and threshold <= 0:
+    if P.finite(threshold) and threshold <= 0:
         raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
-    if v_reset is not None and math.isfinite(v_reset) and math.isfinite(threshold) and v_reset >= threshold:
+    if v_reset is not None and P.finite(v_reset) and P.finite(threshold) and v_reset >= threshold:
         raise ValueError(f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
                          "v_reset would fire again at once")
     return P.NeuronSpec(

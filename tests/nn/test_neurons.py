@@ -75,6 +75,17 @@ def test_torch_compile_fullgraph_matches_eager():
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_torch_compile_of_models_with_different_options_in_one_process():
+    """A second model compiling the same code with other float options turns them into symbolic floats in
+    torch.compile (automatic dynamic); the per-call checks must take those (math.isfinite did not)."""
+    x = torch.rand(5, 3, 8)
+    for decay, threshold, v_reset in ((0.5, 0.4, 0.0), (0.2, 0.3, 0.1), (0.7, 0.6, None)):
+        torch.manual_seed(0)
+        model = nn.Sequential(snn.SeqToBatch(nn.Linear(8, 16)), snn.LIF(decay, threshold, v_reset, backend="cpu"))
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(x), model(x))
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
