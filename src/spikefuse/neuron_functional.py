@@ -9,7 +9,8 @@ import torch
 
 from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
-from .ops import engine, resolve_backend
+from .ops import resolve_backend
+from .ops.engine import autograd as engine_autograd
 from .surrogate import Surrogate, resolve
 
 __all__ = ["neuron"]
@@ -23,31 +24,6 @@ def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torc
     tensor = leak_tensor(value, x, f"{model.name}: {name}")
     channel_layout(x.shape, tensor.numel())
     return tensor
-
-
-class _EngineNeuron(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, inner, model, surrogate, detach_reset, backend, n_params, *tensors):
-        params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        spikes, final = engine.module(backend).forward(model, x2, params, inner, init, surrogate, detach_reset)
-        ctx.save_for_backward(x2, *tensors)
-        ctx.args = (inner, model, surrogate, detach_reset, backend, n_params)
-        return (spikes, *final)
-
-    @staticmethod
-    def backward(ctx, grad_spikes, *grad_final):
-        x2, *tensors = ctx.saved_tensors
-        inner, model, surrogate, detach_reset, backend, n_params = ctx.args
-        params, init = tensors[:n_params], tensors[n_params:]
-        need = ctx.needs_input_grad
-        n = x2.shape[1]
-        grad_final = [g.contiguous() if g is not None else x2.new_zeros(1) for g in grad_final]
-        grad_x, grad_init, grad_params = engine.module(backend).backward(
-            model, grad_spikes.contiguous(), grad_final, x2, list(params), inner, list(init), surrogate,
-            detach_reset, [bool(need[7 + i]) for i in range(n_params)],
-        )  # fmt: skip
-        grad_init = [g if v.numel() == n else None for g, v in zip(grad_init, init)]
-        return (grad_x, None, None, None, None, None, None, *grad_params, *grad_init)
 
 
 def neuron(
@@ -118,7 +94,7 @@ def neuron(
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    out = _EngineNeuron.apply(x2, inner, model, surrogate, bool(detach_reset), concrete, len(tensors), *tensors, *init)
+    out = engine_autograd.neuron(x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete)
     spikes = out[0].reshape(x.shape)
     if not return_state:
         return spikes

@@ -82,3 +82,55 @@ def test_triton_backend_on_cpu_tensors_says_what_to_do(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         spikefuse.neuron(torch.rand(3, 4), CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="triton")
+
+
+def _engine_model(backend):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        spikefuse.nn.SeqToBatch(torch.nn.Linear(8, 16)),
+        CubaLIF(0.5, 0.6, learnable=("alpha", "beta"), channels=16, backend=backend),
+        spikefuse.nn.SeqToBatch(torch.nn.Linear(16, 4)),
+        ALIF(0.8, 0.9, backend=backend),
+    )
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_torch_compile_fullgraph_matches_eager(backend):
+    """The engine's kernels are custom ops with fake kernels: torch.compile traces a model of engine neurons without a
+    graph break and gives the eager spikes and gradients."""
+    x = torch.rand(5, 3, 8) * 2
+    eager, compiled_model = _engine_model(backend), _engine_model(backend)
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    y_eager, y_comp = eager(x), compiled(x)
+    assert torch.equal(y_eager, y_comp) and 0 < float(y_eager.detach().mean()) < 1
+    y_eager.sum().backward()
+    y_comp.sum().backward()
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_engine_custom_ops_pass_opcheck():
+    """torch.library.opcheck: schema, fake kernels against the real ones, autograd registration."""
+    from spikefuse.ops.engine import autograd as E
+    from spikefuse.surrogate import ATan
+
+    x2 = torch.rand(4, 6, dtype=torch.float64)
+    params = [torch.tensor([0.5], dtype=torch.float64, requires_grad=True), torch.full((1,), 0.7, dtype=torch.float64),
+              torch.ones(1, dtype=torch.float64)]  # fmt: skip
+    init = [torch.rand(6, dtype=torch.float64, requires_grad=True), torch.zeros(1, dtype=torch.float64)]
+    model, surrogate = E._register(CUBA_LIF_ZERO), E._register(ATan(2.0))
+    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu"))
+    # the backward op is not differentiable itself (double backward is refused): its inputs do not require grad
+    grad_spikes = torch.rand(4, 6, dtype=torch.float64)
+    grad_final = [torch.rand(6, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
+    params, init = [p.detach() for p in params], [v.detach() for v in init]
+    torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False,
+                                              "cpu", [True, False, False]))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_double_backward_is_refused_not_silently_wrong(backend):
+    x = torch.rand(4, 3, requires_grad=True)
+    spikes = spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, surrogate="sigmoid", backend=backend)
+    with pytest.raises(RuntimeError, match="double backward .* cuba_lif_zero neurons .*first-order gradients only"):
+        torch.autograd.grad(spikes.sum(), x, create_graph=True)

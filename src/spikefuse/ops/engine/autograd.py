@@ -1,0 +1,135 @@
+"""The neuron engine's backends wrapped once with autograd: ``torch.library`` custom ops with fake kernels (so
+``torch.compile(fullgraph=True)`` traces through them), and the same implementation as a plain
+``autograd.Function`` for eager calls (the first call of a custom op imports ``torch._dynamo``, ~2 s per process).
+
+Custom ops take tensors, numbers and strings only: the :class:`~spikefuse.neurons.NeuronModel` and the surrogate
+travel as keys into :data:`_OBJECTS`, where :func:`neuron` puts them on the way in.
+
+``spikefuse::engine_forward`` returns ``[spikes, *final states]``; ``spikefuse::engine_backward`` returns
+``[grad_x, *grad_init, *grad_params]``, an empty tensor where a gradient is not needed (a shared initial state, a
+parameter without ``requires_grad``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..common import refuse_double_backward
+from . import module
+
+_OBJECTS: dict[str, object] = {}  # key -> model or surrogate instance
+
+
+@torch.compiler.assume_constant_result  # run as Python while torch.compile traces: the key is a constant
+def _register(obj) -> str:
+    """Put a model or a surrogate into :data:`_OBJECTS`; returns its key (both are frozen dataclasses: the repr
+    holds every field)."""
+    key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
+    _OBJECTS.setdefault(key, obj)
+    return key
+
+
+def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
+                  detach_reset: bool, backend: str) -> list[Tensor]:  # fmt: skip
+    spikes, final = module(backend).forward(_OBJECTS[model], x2, list(params), inner, list(init), _OBJECTS[surrogate],
+                                            detach_reset)  # fmt: skip
+    return [spikes, *final]
+
+
+engine_forward = torch.library.custom_op("spikefuse::engine_forward", mutates_args=())(_forward_impl)
+
+
+@engine_forward.register_fake
+def _(x2, params, init, inner, model, surrogate, detach_reset, backend):
+    return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1]) for _ in init]
+
+
+def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
+                   init: list[Tensor], inner: int, model: str, surrogate: str, detach_reset: bool, backend: str,
+                   need_param_grads: list[bool]) -> list[Tensor]:  # fmt: skip
+    grad_x, grad_init, grad_params = module(backend).backward(
+        _OBJECTS[model], grad_spikes, list(grad_final), x2, list(params), inner, list(init), _OBJECTS[surrogate],
+        detach_reset, list(need_param_grads),
+    )  # fmt: skip
+    # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
+    return [grad_x, *(x2.new_empty(0) if g is None else g for g in (*grad_init, *grad_params))]
+
+
+engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_args=())(_backward_impl)
+
+
+@engine_backward.register_fake
+def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads):
+    n = x2.shape[1]
+    grad_init = [x2.new_empty(n if v.shape[0] == n else 0) for v in init]
+    grad_params = [torch.empty_like(p) if need else x2.new_empty(0) for p, need in zip(params, need_param_grads)]
+    return [torch.empty_like(x2), *grad_init, *grad_params]
+
+
+def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend):
+    ctx.args = (inner, model, surrogate, detach_reset, backend, len(params))
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x2, *params, *init)
+
+
+def _gradients(ctx, grads, need_params, need_init, backward_op):
+    """``(grad_x, grad per parameter, grad per initial state)``, None where not needed."""
+    grad_spikes, *grad_final = grads
+    x2, *tensors = ctx.saved_tensors
+    inner, model, surrogate, detach_reset, backend, n_params = ctx.args
+    # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
+    refuse_double_backward(f"the {_OBJECTS[model].name} neurons ({backend!r} backend)",
+                           "the neuron engine computes first-order gradients only")  # fmt: skip
+    params, init = list(tensors[:n_params]), list(tensors[n_params:])
+    if grad_spikes is None:  # only the states were used
+        grad_spikes = torch.zeros_like(x2)
+    grad_final = [x2.new_zeros(1) if g is None else g.contiguous() for g in grad_final]
+    out = backward_op(grad_spikes.contiguous(), grad_final, x2, params, init, inner, model, surrogate, detach_reset,
+                      backend, [bool(n) for n in need_params])  # fmt: skip
+    grad_x, grad_init, grad_params = out[0], out[1:1 + len(init)], out[1 + len(init):]
+    grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
+    grad_init = [g if need and g.numel() else None for g, need in zip(grad_init, need_init)]
+    return grad_x, grad_params, grad_init
+
+
+def _setup_context(ctx, inputs, output):
+    _save(ctx, *inputs)
+
+
+def _backward(ctx, grads):
+    grad_x, grad_params, grad_init = _gradients(ctx, grads, ctx.needs_input_grad[1], ctx.needs_input_grad[2],
+                                                engine_backward)  # fmt: skip
+    return grad_x, grad_params, grad_init, None, None, None, None, None
+
+
+torch.library.register_autograd("spikefuse::engine_forward", _backward, setup_context=_setup_context)
+
+
+class _EagerEngineNeuron(torch.autograd.Function):
+    """``engine_forward`` with the same autograd, without the custom-op dispatch (see the module docstring); the
+    parameters and initial states are flat arguments, so that autograd sees them."""
+
+    @staticmethod
+    def forward(ctx, x2, inner, model, surrogate, detach_reset, backend, n_params, *tensors):
+        params, init = list(tensors[:n_params]), list(tensors[n_params:])
+        _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend)
+        return tuple(_forward_impl(x2, params, init, inner, model, surrogate, detach_reset, backend))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n_params = ctx.args[-1]
+        need = ctx.needs_input_grad[7:]
+        grad_x, grad_params, grad_init = _gradients(ctx, grads, need[:n_params], need[n_params:], _backward_impl)
+        return (grad_x, None, None, None, None, None, None, *grad_params, *grad_init)
+
+
+def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_reset: bool, backend: str) -> list:
+    """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``. The custom op under
+    ``torch.compile``, the plain Function in eager mode."""
+    model_key, surrogate_key = _register(model), _register(surrogate)
+    if torch.compiler.is_compiling():
+        return list(engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
+                                   backend))  # fmt: skip
+    return list(_EagerEngineNeuron.apply(x2, inner, model_key, surrogate_key, bool(detach_reset), backend,
+                                         len(params), *params, *init))  # fmt: skip
