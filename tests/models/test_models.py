@@ -11,7 +11,7 @@ from spikefuse.models import (
     LIANG_NEURON,
     MODELS,
     PAPER_NEURON,
-    NeuronOptions,
+    LIFOptions,
     build_model,
     replace_neurons,
     set_neuron_backend,
@@ -86,10 +86,10 @@ def test_neuron_defaults_follow_the_papers():
     assert l.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
     assert PAPER_NEURON.backend == LIANG_NEURON.backend == "auto"
     # explicit options and the backend override
-    opts = NeuronOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
+    opts = LIFOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
     m = build_model("resnet-tiny", 1, 10, neuron=opts, neuron_backend="reference")
     assert all(n.decay == 0.5 and n.detach_reset and n.backend == "reference" for _, n in spiking_neurons(m))
-    assert NeuronOptions.from_dict(opts.to_dict()) == opts
+    assert LIFOptions.from_dict(opts.to_dict()) == opts
 
 
 def test_imagenet_stem_and_odd_sizes():

@@ -109,6 +109,30 @@ def test_module_options_are_validated_at_construction(make, message):
         make()
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(decay=1.5), r"decay must lie in \[0, 1\]"),
+        (dict(decay=float("inf")), "decay must be a finite number"),
+        (dict(threshold=0.0), "threshold must be > 0"),
+        (dict(threshold=0.5, v_reset=0.7), "v_reset must be below the threshold"),
+        (dict(backend="gpu"), "unknown backend 'gpu'"),
+        (dict(memory="nothing"), "unknown memory mode 'nothing'"),
+    ],
+)
+def test_lif_options_record_checks_every_field(options, message):
+    """One record checks the LIF family's options for every module and model (the modules build it)."""
+    with pytest.raises(ValueError, match=message):
+        snn.LIFOptions(**options)
+
+
+def test_lif_options_make_and_round_trip():
+    opts = snn.LIFOptions(decay=0.4, threshold=0.6, v_reset=None, surrogate="atan", memory="recompute")
+    layer = opts.make()
+    assert (layer.decay, layer.threshold, layer.v_reset, layer.memory) == (0.4, 0.6, None, "recompute")
+    assert layer.surrogate == opts.surrogate and snn.LIFOptions.from_dict(opts.to_dict()) == opts
+
+
 def test_learnable_decay_out_of_range_is_rejected_at_forward_time():
     """An optimizer can push a learnable decay to NaN or out of [0, 1]; the next forward says so."""
     m = snn.LIF(decay=0.5, threshold=0.3, learnable_decay=True, channels=3)

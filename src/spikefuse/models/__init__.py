@@ -4,7 +4,7 @@ Every model is built from ordinary layers wrapped in :class:`spikefuse.nn.SeqToB
 T*B samples, pooling, linear) and multi-step :class:`spikefuse.nn.LIF` neurons. The last layer is a plain linear
 readout (no neuron), so the output is a real-valued score per time step; the training loop averages it over T.
 
-The neuron of every layer is described by one :class:`NeuronOptions` record. ``build_model(..., neuron_backend=
+The neuron of every layer is described by one :class:`~spikefuse.nn.LIFOptions` record. ``build_model(..., neuron_backend=
 "reference")`` builds the same network on the serial PyTorch reference (for A/B checks against the fused kernels);
 :func:`set_neuron_backend` switches an existing model, keeping its weights.
 
@@ -19,17 +19,16 @@ Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (S
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from torch import nn
 
-from ..nn import LIF
+from ..nn import LIF, LIFOptions
 from ..nn.lean import to_lean
-from ..surrogate import Rectangle, Sigmoid, Surrogate, resolve
+from ..surrogate import Rectangle
 
 __all__ = [
-    "NeuronOptions",
+    "LIFOptions",
     "PAPER_NEURON",
     "LIANG_NEURON",
     "MODELS",
@@ -42,60 +41,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class NeuronOptions:
-    """The LIF neuron of every layer of a model (see :class:`spikefuse.nn.LIF` for the meaning of each field).
-
-    The defaults are the temporal-fusion paper's (Table 1): decay ``k = 0.2``, threshold 0.3, ``V_rest = 0``,
-    sigmoid surrogate with alpha 4.
-    """
-
-    decay: float = 0.2
-    threshold: float = 0.3
-    v_reset: float | None = 0.0
-    surrogate: Surrogate = field(default_factory=lambda: Sigmoid(4.0))
-    detach_reset: bool = False
-    backend: str = "auto"
-    memory: str = "potential"
-
-    def __post_init__(self):
-        object.__setattr__(self, "surrogate", resolve(self.surrogate))
-
-    def make(self) -> LIF:
-        """A new :class:`~spikefuse.nn.LIF` module with these options."""
-        return LIF(
-            decay=self.decay,
-            threshold=self.threshold,
-            v_reset=self.v_reset,
-            surrogate=self.surrogate,
-            detach_reset=self.detach_reset,
-            backend=self.backend,
-            memory=self.memory,
-        )
-
-    def with_backend(self, backend: str | None) -> "NeuronOptions":
-        return self if backend is None else replace(self, backend=backend)
-
-    def to_dict(self) -> dict:
-        """Plain values (the surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
-        d = asdict(self)
-        d["surrogate"] = {"name": type(self.surrogate).__name__, **asdict(self.surrogate)}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "NeuronOptions":
-        from .. import surrogate as S
-
-        d = dict(d)
-        sg = dict(d.pop("surrogate"))
-        d["surrogate"] = getattr(S, sg.pop("name"))(**sg)
-        return cls(**d)
-
-
 #: The temporal-fusion paper's neuron (Table 1): k = 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4.
-PAPER_NEURON = NeuronOptions()
+PAPER_NEURON = LIFOptions()
 #: The memory-lean BPTT paper's neuron (Table I): alpha = 0.25 decay, th_f = 0.25, rectangle window (-0.25, 0.75).
-LIANG_NEURON = NeuronOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
+LIANG_NEURON = LIFOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
 
 
 def spiking_neurons(model: nn.Module) -> list[tuple[str, LIF]]:
@@ -162,7 +111,7 @@ def build_model(
     name: str,
     in_channels: int,
     num_classes: int,
-    neuron: NeuronOptions | None = None,
+    neuron: LIFOptions | None = None,
     neuron_backend: str | None = None,
     memory: str = "fused",
     **kw,

@@ -142,7 +142,7 @@ class SpikingResNet(nn.Module):
         layers: number of blocks in each of the four stages.
         in_channels: input channels.
         num_classes: classes.
-        neuron: :class:`spikefuse.models.NeuronOptions` of every neuron.
+        neuron: :class:`spikefuse.nn.LIFOptions` of every neuron.
         width: channels of the first stage (64 in SpikingJelly; stages use width, 2x, 4x, 8x).
         stem: ``"imagenet"`` (7x7/2 conv + 3x3/2 max-pool, as SpikingJelly) or ``"cifar"`` (3x3/1 conv, no pool).
         zero_init_residual: zero the last BN weight of every residual branch (SpikingJelly's option, off by default).

@@ -5,11 +5,11 @@ from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .lean import ShapeOnlyAvgPool2d, to_lean
-from .neurons import IF, LIF
+from .neurons import IF, LIF, LIFOptions
 from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear, debug_enabled, set_debug
 
 __all__ = [
-    "LIF", "IF", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
+    "LIF", "IF", "LIFOptions", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
     "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d", "CubaLIF", "ALIF",
     "EngineNeuron",
 ]  # fmt: skip

@@ -15,7 +15,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ..bn_functional import batchnorm_lif, conv_batchnorm_lif
 from ..surrogate import Sigmoid
-from .neurons import NeuronOptions
+from .neurons import _LIFModuleOptions
 from .spike_layers import check_binary, debug_enabled
 
 __all__ = ["BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF"]
@@ -31,7 +31,7 @@ def running_average_factor(bn: _NormBase) -> float:
     return factor
 
 
-class _BatchNormLIF(NeuronOptions, _NormBase):
+class _BatchNormLIF(_LIFModuleOptions, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a

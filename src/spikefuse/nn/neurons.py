@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -11,43 +12,93 @@ from torch import nn
 from .. import functional as F
 from ..ops import check_backend_name
 from ..params import check_memory_mode
-from ..surrogate import Sigmoid
+from ..surrogate import Sigmoid, Surrogate
 from ..validation import check_decay, paper_spec
 
-__all__ = ["LIF", "IF"]
+__all__ = ["LIF", "IF", "LIFOptions"]
 
 
-class NeuronOptions:
-    """The LIF options and the stored state shared by :class:`LIF`, ``BatchNormLIF`` and ``TimeSplitLIF``.
+@dataclass(frozen=True)
+class LIFOptions:
+    """The options of the LIF family, checked once here: :class:`LIF` / :class:`IF`, ``BatchNormLIF1d/2d``,
+    ``ConvBatchNormLIF``, ``TimeSplitLIF`` and every neuron of the :mod:`spikefuse.models` (see :class:`LIF` for
+    the meaning of each field; ``memory`` applies to :class:`LIF`).
 
-    A mixin for ``nn.Module`` subclasses: call :meth:`_set_neuron_options` after ``nn.Module.__init__``.
+    The defaults are the temporal-fusion paper's (Table 1): decay ``k = 0.2``, threshold 0.3, ``V_rest = 0``,
+    sigmoid surrogate with alpha 4.
     """
+
+    decay: float = 0.2
+    threshold: float = 0.3
+    v_reset: float | None = 0.0
+    surrogate: Surrogate = field(default_factory=lambda: Sigmoid(4.0))
+    detach_reset: bool = False
+    backend: str = "auto"
+    memory: str = "potential"
+
+    def __post_init__(self):
+        decay = self.decay
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
+            raise ValueError(f"decay must be a finite number, got {decay!r}")
+        check_decay(decay)
+        spec = paper_spec(self.threshold, self.v_reset, self.surrogate, self.detach_reset)
+        check_backend_name(self.backend)
+        check_memory_mode(self.memory)
+        object.__setattr__(self, "decay", float(decay))
+        object.__setattr__(self, "threshold", spec.threshold)
+        object.__setattr__(self, "v_reset", None if self.v_reset is None else spec.v_reset)
+        object.__setattr__(self, "surrogate", spec.surrogate)
+        object.__setattr__(self, "detach_reset", spec.detach_reset)
+
+    def make(self) -> "LIF":
+        """A new :class:`LIF` module with these options."""
+        return LIF(**asdict(self) | {"surrogate": self.surrogate})
+
+    def with_backend(self, backend: str | None) -> "LIFOptions":
+        return self if backend is None else replace(self, backend=backend)
+
+    def to_dict(self) -> dict:
+        """Plain values (the surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
+        d = asdict(self)
+        d["surrogate"] = {"name": type(self.surrogate).__name__, **asdict(self.surrogate)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LIFOptions":
+        from .. import surrogate as S
+
+        d = dict(d)
+        sg = dict(d.pop("surrogate"))
+        d["surrogate"] = getattr(S, sg.pop("name"))(**sg)
+        return cls(**d)
+
+
+class _LIFModuleOptions:
+    """The :class:`LIFOptions` and the stored state of the modules of the LIF family (:class:`LIF`,
+    ``BatchNormLIF``, ``TimeSplitLIF``), as attributes: a mixin for ``nn.Module`` subclasses; call
+    :meth:`_set_neuron_options` after ``nn.Module.__init__``."""
 
     def _set_neuron_options(
         self, decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
         device=None,
     ) -> None:
-        # The checks the functional API makes at every call, made here once so a bad option fails where it is set.
-        spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
-        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
-            raise ValueError(f"decay must be a finite number, got {decay!r}")
-        check_decay(decay)
-        check_backend_name(backend)
-        self.threshold = spec.threshold
-        self.v_reset = None if v_reset is None else spec.v_reset
-        self.surrogate = spec.surrogate
-        self.detach_reset = spec.detach_reset
+        # Checked where the options are set, so a bad option fails at construction, not at the first call.
+        options = LIFOptions(decay, threshold, v_reset, surrogate, detach_reset, backend)
+        self.threshold = options.threshold
+        self.v_reset = options.v_reset
+        self.surrogate = options.surrogate
+        self.detach_reset = options.detach_reset
         self.stateful = bool(stateful)
-        self.backend = backend
+        self.backend = options.backend
         if channels is not None and not learnable_decay:
             raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
         if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
             raise ValueError(f"channels must be a positive int, got {channels!r}")
         if learnable_decay:
             shape = () if channels is None else (int(channels),)
-            self.decay = nn.Parameter(torch.full(shape, float(decay), device=device))
+            self.decay = nn.Parameter(torch.full(shape, options.decay, device=device))
         else:
-            self.decay = float(decay)
+            self.decay = options.decay
         self.state: torch.Tensor | None = None
 
     def reset_state(self) -> None:
@@ -84,7 +135,7 @@ class NeuronOptions:
         )
 
 
-class LIF(NeuronOptions, nn.Module):
+class LIF(_LIFModuleOptions, nn.Module):
     """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
 
     Args:
@@ -116,10 +167,10 @@ class LIF(NeuronOptions, nn.Module):
         memory: str = "potential",
     ):
         super().__init__()
+        check_memory_mode(memory)
         self._set_neuron_options(
             decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend
         )
-        check_memory_mode(memory)
         self.memory = memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

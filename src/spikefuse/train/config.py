@@ -60,7 +60,7 @@ class TrainConfig:
     width: int | None = None  # ResNets: channels of the first stage (None = the model's: 64, resnet-tiny 16)
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     progress: bool = True
-    neuron: dict | None = field(default=None)  # NeuronOptions.to_dict(); None = the model's paper defaults
+    neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
 
     def validate(self) -> None:
         if self.T < 1:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import NeuronOptions, build_model
+from ..models import LIFOptions, build_model
 from ..threads import set_threads
 from .checkpoints import (
     CHECKPOINT_NAME,
@@ -105,7 +105,7 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
         kw["stem"] = _resolved_stem(cfg, info)
         if cfg.width is not None:
             kw["width"] = cfg.width
-    neuron = None if cfg.neuron is None else NeuronOptions.from_dict(cfg.neuron)
+    neuron = None if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
     model = build_model(cfg.model, info["in_channels"], info["num_classes"], neuron=neuron,
                         neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw)
     if cfg.neurons == "spikingjelly":
