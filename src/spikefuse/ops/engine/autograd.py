@@ -21,13 +21,18 @@ from . import module
 _OBJECTS: dict[str, object] = {}  # key -> model or surrogate instance
 
 
-@torch.compiler.assume_constant_result  # run as Python while torch.compile traces: the key is a constant
 def _register(obj) -> str:
     """Put a model or a surrogate into :data:`_OBJECTS`; returns its key (both are frozen dataclasses: the repr
     holds every field)."""
     key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
     _OBJECTS.setdefault(key, obj)
     return key
+
+
+# torch.compile runs _register as Python and takes its result as a constant (it cannot trace a dataclass repr).
+# This is what torch.compiler.assume_constant_result does; calling that would import torch._dynamo (~2 s, and
+# triton with it) on every `import spikefuse`.
+_register._dynamo_marked_constant = True
 
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
