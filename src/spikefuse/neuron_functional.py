@@ -55,7 +55,7 @@ def neuron(
     if x.dtype not in ENGINE_DTYPES:
         raise TypeError(f"{model.name} neurons run in float32 or float64, got x of {x.dtype}: cast x first")
     concrete = resolve_backend(backend, x.device)
-    if concrete == "cpu":
+    if concrete != "reference":
         check_no_functorch(f"the fused {model.name} kernels")
     surrogate = resolve(surrogate)
     unknown = set(params) - set(model.params)

@@ -134,3 +134,12 @@ def test_double_backward_is_refused_not_silently_wrong(backend):
     spikes = spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, surrogate="sigmoid", backend=backend)
     with pytest.raises(RuntimeError, match="double backward .* cuba_lif_zero neurons .*first-order gradients only"):
         torch.autograd.grad(spikes.sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_torch_func_transforms_are_refused_by_the_fused_kernels(backend):
+    def loss(x):
+        return spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend=backend).sum()
+
+    with pytest.raises(RuntimeError, match="torch.func transforms .* cannot look inside the fused cuba_lif_zero kernels"):
+        torch.func.grad(loss)(torch.rand(4, 3))

@@ -80,10 +80,10 @@ class _LIFModuleOptions:
 
     def _set_neuron_options(
         self, decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
-        device=None,
+        device=None, memory="potential",
     ) -> None:
         # Checked where the options are set, so a bad option fails at construction, not at the first call.
-        options = LIFOptions(decay, threshold, v_reset, surrogate, detach_reset, backend)
+        options = LIFOptions(decay, threshold, v_reset, surrogate, detach_reset, backend, memory)
         self.threshold = options.threshold
         self.v_reset = options.v_reset
         self.surrogate = options.surrogate
@@ -167,9 +167,9 @@ class LIF(_LIFModuleOptions, nn.Module):
         memory: str = "potential",
     ):
         super().__init__()
-        check_memory_mode(memory)
         self._set_neuron_options(
-            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend
+            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
+            memory=memory,
         )
         self.memory = memory
 

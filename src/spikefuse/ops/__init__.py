@@ -56,8 +56,8 @@ def module(backend: str, package: str = __name__):
     try:
         return importlib.import_module(f"{package}.{name}")
     except ImportError as err:
-        package = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
+        requirement = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
         raise RuntimeError(
-            f"backend={backend!r} cannot run: {err}. Install it with `pip install {package}`"
+            f"backend={backend!r} cannot run: {err}. Install it with `pip install {requirement}`"
             + (" or pick backend='reference'" if backend != "reference" else "")
         ) from err

@@ -175,8 +175,7 @@ def load_generated(backend: str, model, surrogate_type, tag: str, generator: str
     # so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
     inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), generator, tag)
     digest = hashlib.sha256(repr(inputs).encode()).hexdigest()[:12]
-    prefix = "spikefuse" if backend == "cpu" else f"spikefuse_{backend}"
-    name = f"{prefix}_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
+    name = f"spikefuse_{backend}_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"

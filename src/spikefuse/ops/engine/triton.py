@@ -24,7 +24,6 @@ Entry points as :mod:`spikefuse.ops.engine.reference`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch
 import triton
 
 from ..common import reduce_leak_grad
-from ..triton import COMPILE_OPTIONS, block_size
+from ..triton import COMPILE_OPTIONS, _on_device, block_size
 from . import emit
 from .emit import Dialect
 
@@ -183,11 +182,6 @@ def kernels(model, surrogate_type, dtype: torch.dtype):
 
 
 # --------------------------------------------------------------------------------------------------- entry points
-
-
-def _on_device(device: torch.device):
-    """Launch on the tensors' GPU (Triton launches on the current device, on its current stream)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
