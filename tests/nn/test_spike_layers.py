@@ -6,7 +6,15 @@ from torch import nn
 
 from spikefuse.nn import SeqToBatch
 from spikefuse.nn import spike_layers as sl
-from spikefuse.nn.spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
+from spikefuse.nn.spike_layers import (
+    SpikeConv1d,
+    SpikeConv2d,
+    SpikeConv3d,
+    SpikeLinear,
+    SpikeMaxPool1d,
+    SpikeMaxPool2d,
+    SpikeMaxPool3d,
+)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
@@ -268,3 +276,56 @@ def test_autocast_casts_like_the_torch_layer(make):
     y_ref.float().sum().backward()
     assert spike_layer.weight.grad.dtype == torch.float32
     assert torch.equal(spike_layer.weight.grad, torch_layer.weight.grad)
+
+
+# ------------------------------------------------------------------------------------------------ max-pooling
+POOL_CASES = [
+    (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=3, stride=2, padding=1), (4, 3, 9, 9)),  # the ResNet stem's
+    (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=2), (4, 3, 8, 8)),
+    (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), ceil_mode=True),
+     (3, 2, 11, 7)),
+    (SpikeMaxPool1d, nn.MaxPool1d, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), (4, 3, 10)),
+    (SpikeMaxPool3d, nn.MaxPool3d, dict(kernel_size=2, stride=(1, 2, 2), padding=1), (2, 3, 4, 6, 5)),
+]
+
+
+@pytest.mark.parametrize("mine_cls,ref_cls,kw,shape", POOL_CASES, ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.95])  # sparse and dense: windows with ties everywhere
+def test_max_pool_equals_torch(mine_cls, ref_cls, kw, shape, dtype, p):
+    x = spikes(shape, seed=3, p=p, dtype=dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = ref_cls(**kw)(xa), mine_cls(**kw)(xb)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ya, yb)
+    assert torch.equal(xa.grad, xb.grad), "the gradient went to another maximum of a window"
+
+
+def test_max_pool_channels_last_and_multi_step():
+    x = spikes((6, 4, 10, 10), seed=5).contiguous(memory_format=torch.channels_last)
+    ref, mine = SeqToBatch(nn.MaxPool2d(3, 2, 1)), SeqToBatch(SpikeMaxPool2d(3, 2, 1))
+    xa, xb = x.unflatten(0, (3, 2)).requires_grad_(), x.unflatten(0, (3, 2)).requires_grad_()  # [T, B, C, H, W]
+    ya, yb = ref(xa), mine(xb)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(6))
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+
+
+def test_max_pool_saves_bits_not_indices():
+    x = spikes((4, 8, 16, 16)).requires_grad_()
+    ref_bytes = saved_bytes(nn.MaxPool2d(3, 2, 1), x, [])
+    mine_bytes = saved_bytes(SpikeMaxPool2d(3, 2, 1), x, [])
+    assert ref_bytes == x.numel() * 4 + (x.numel() // 4) * 8  # the input and the int64 index of each output
+    assert mine_bytes == x.numel() // 8
+
+
+def test_max_pool_contract(debug_on):
+    with pytest.raises(ValueError, match="SpikeMaxPool2d does not return indices"):
+        SpikeMaxPool2d(2, return_indices=True)
+    x = spikes((2, 2, 4, 4))
+    x[1, 0, 2, 3] = 0.25
+    with pytest.raises(ValueError, match=r"SpikeMaxPool2d\(kernel_size=2.*binary.*0\.25 at index \(1, 0, 2, 3\)"):
+        SpikeMaxPool2d(2)(x)

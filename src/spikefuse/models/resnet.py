@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
-from ..nn.lean import batchnorm_lif_from, conv_batchnorm_lif_from, spike_layer_from
+from ..nn.lean import batchnorm_lif_from, conv_batchnorm_lif_from, spike_layer_from, spike_max_pool_from
 
 __all__ = ["BasicBlock", "Bottleneck", "SpikingResNet", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50", "resnet_tiny"]
 
@@ -204,12 +204,17 @@ class SpikingResNet(nn.Module):
 
     def convert_to_lean(self, counts: dict) -> None:
         """The stem's conv, BN and neuron fused (its conv reads the input, not spikes: it is recomputed in backward
-        from that input, which it keeps anyway); the blocks convert themselves."""
+        from that input, which it keeps anyway), its max-pooling saving the spikes as bits; the blocks convert
+        themselves."""
         _fuse_bn_neuron(self, "bn1", "sn1", counts)
         stem = conv_batchnorm_lif_from(self.conv1, self.bn1)
         if stem is not None:
             self.conv1, self.bn1 = nn.Identity(), stem
             counts["conv_bn_lif"] += 1
+        pool = spike_max_pool_from(self.maxpool)
+        if pool is not None:
+            self.maxpool = pool
+            counts["pools"] += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 5:

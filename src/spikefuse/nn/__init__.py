@@ -6,10 +6,20 @@ from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .lean import ShapeOnlyAvgPool2d, to_lean
 from .neurons import IF, LIF, LIFOptions
-from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear, debug_enabled, set_debug
+from .spike_layers import (
+    SpikeConv1d,
+    SpikeConv2d,
+    SpikeConv3d,
+    SpikeLinear,
+    SpikeMaxPool1d,
+    SpikeMaxPool2d,
+    SpikeMaxPool3d,
+    debug_enabled,
+    set_debug,
+)
 
 __all__ = [
     "LIF", "IF", "LIFOptions", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
-    "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d", "CubaLIF", "ALIF",
+    "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d", "SpikeMaxPool3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d", "CubaLIF", "ALIF",
     "EngineNeuron",
 ]  # fmt: skip

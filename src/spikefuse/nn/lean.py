@@ -29,13 +29,16 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
      keeping its output -- where that is cheap: at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output
      element (input channels per group x kernel volume: a first layer on 2-3 channels, not a convolution of
      pooled spikes over many channels);
+   - ``SeqToBatch(nn.MaxPool1d/2d/3d)`` after a spikefuse neuron (likewise) becomes a ``SeqToBatch`` of
+     :class:`~spikefuse.nn.SpikeMaxPool1d`/``2d``/``3d``: the input saved as bits and no indices (torch's
+     layer keeps its input and an int64 index per output);
    - ``SeqToBatch(nn.AvgPool2d)`` becomes :class:`ShapeOnlyAvgPool2d` (its backward needs only the input's shape;
      torch's saves the input).
 3. **Every other spikefuse neuron** recomputes its potentials in backward (``memory="recompute"``).
 
 What is not listed stays as it is (a conv reading real values, a BatchNorm feeding something else than a neuron,
-pooling other than average). Convert before creating the optimizer or move the new parameters there: the fused
-modules are new modules holding copies of the old parameters.
+max-pooling of real values, other pooling). Convert before creating the optimizer or move the new parameters
+there: the fused modules are new modules holding copies of the old parameters.
 """
 
 from __future__ import annotations
@@ -49,10 +52,18 @@ from torch import nn
 from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF, _BatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .neurons import LIF
-from .spike_layers import SpikeConv1d, SpikeConv2d, SpikeConv3d, SpikeLinear
+from .spike_layers import (
+    SpikeConv1d,
+    SpikeConv2d,
+    SpikeConv3d,
+    SpikeLinear,
+    SpikeMaxPool1d,
+    SpikeMaxPool2d,
+    SpikeMaxPool3d,
+)
 
-__all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "batchnorm_lif_from", "conv_batchnorm_lif_from",
-           "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
+__all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "spike_max_pool_from", "batchnorm_lif_from",
+           "conv_batchnorm_lif_from", "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
 
 #: The keys of the report :func:`to_lean` returns.
 LEAN_COUNTS = ("bn_lif", "bn_add_lif", "conv_bn_lif", "spike_layers", "recompute_neurons", "pools")
@@ -63,6 +74,7 @@ RECOMPUTE_MAX_MACS = 256
 
 _SPIKE_LAYERS = {nn.Conv1d: SpikeConv1d, nn.Conv2d: SpikeConv2d, nn.Conv3d: SpikeConv3d, nn.Linear: SpikeLinear}
 _BN_LIF = {nn.BatchNorm1d: BatchNormLIF1d, nn.BatchNorm2d: BatchNormLIF2d}
+_SPIKE_POOLS = {nn.MaxPool1d: SpikeMaxPool1d, nn.MaxPool2d: SpikeMaxPool2d, nn.MaxPool3d: SpikeMaxPool3d}
 
 
 def _unwrap(layer: nn.Module) -> nn.Module:
@@ -91,6 +103,18 @@ def spike_layer_from(layer: nn.Module) -> nn.Module | None:
         new = cls(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
                   m.bias is not None, m.padding_mode)  # fmt: skip
     _like(new, m).load_state_dict(m.state_dict())
+    return new
+
+
+def spike_max_pool_from(pool: nn.Module) -> nn.Module | None:
+    """The :class:`~spikefuse.nn.SpikeMaxPool2d` (1d, 3d) of ``pool`` (a torch max-pooling layer in ``SeqToBatch``,
+    not returning indices): the same wrapper with the spike layer inside, or None when ``pool`` is not one."""
+    m = _unwrap(pool)
+    cls = _SPIKE_POOLS.get(type(m))
+    if not isinstance(pool, SeqToBatch) or cls is None or m.return_indices:
+        return None
+    new = SeqToBatch(cls(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode))
+    new.train(pool.training)
     return new
 
 
@@ -169,6 +193,10 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
             if new is not None:
                 seq[i] = new
                 counts["spike_layers"] += 1
+            new = spike_max_pool_from(m)
+            if new is not None:
+                seq[i] = new
+                counts["pools"] += 1
         spikes = isinstance(m, (LIF, _BatchNormLIF, ConvBatchNormLIF)) or (spikes and _keeps_spikes(m))
     for i in range(len(items) - 1):
         if isinstance(items[i], SeqToBatch) and isinstance(items[i + 1], LIF):

@@ -1,4 +1,4 @@
-"""Linear and convolution layers fed by spikes that save their input for backward as bits.
+"""Linear, convolution and max-pooling layers fed by spikes that save their input for backward as bits.
 
 In BPTT training a linear or convolution layer saves its input to compute the weight gradient
 ``grad_W = grad_y^T x``. When the input is the spike output of a neuron layer it holds only 0 and 1, so saving
@@ -32,7 +32,8 @@ from torch.autograd.function import once_differentiable
 
 from ..ops.bitpack import pack, unpack
 
-__all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "set_debug", "debug_enabled"]
+__all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d",
+           "SpikeMaxPool3d", "set_debug", "debug_enabled"]
 
 
 def _env_flag(name: str) -> bool:
@@ -291,3 +292,72 @@ class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
 class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
     __doc__ = _CONV_DOC.format(d=3, dims="D, H, W")
     forward = _SpikeConvNd.forward
+
+
+# ----------------------------------------------------------------------------------------------------- max-pooling
+class _SpikeMaxPoolFn(torch.autograd.Function):
+    """``pool(x, *args)`` (``F.max_pool1d/2d/3d``) saving ``x`` as bits. torch's max-pooling saves its input and
+    the argmax indices (int64: twice the bytes of a float32 input); backward here unpacks the input and runs
+    torch's own pooling and its backward on it again, which picks the same indices."""
+
+    @staticmethod
+    def forward(ctx, x, pool, args):
+        packed, *meta = _pack_saved(x)
+        ctx.pool, ctx.args, ctx.meta = pool, args, meta
+        ctx.save_for_backward(packed)
+        return pool(x, *args)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        (packed,) = ctx.saved_tensors
+        x = _unpack_saved(packed, *ctx.meta).requires_grad_()
+        with torch.enable_grad():
+            y = ctx.pool(x, *ctx.args)
+        (grad_x,) = torch.autograd.grad(y, x, grad_y)
+        return grad_x, None, None
+
+
+class _SpikeMaxPoolNd:
+    """Mixin over ``nn.MaxPoolNd``: the same forward through :class:`_SpikeMaxPoolFn`."""
+
+    _pool = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.return_indices:
+            raise ValueError(f"{self._get_name()} does not return indices (it keeps none); use the torch layer")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _debug:
+            check_binary(self, x)
+        args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return _SpikeMaxPoolFn.apply(x, type(self)._pool, args)
+
+
+_POOL_DOC = """:class:`torch.nn.MaxPool{d}d` on spikes that saves its input for backward as bits and no indices.
+
+    torch's layer keeps its input and the int64 index of every maximum (together 3x a float32 input); this one
+    keeps 1 bit per input element and finds the indices again in backward with torch's own pooling. Same arguments
+    (except ``return_indices``), output and gradients as :class:`torch.nn.MaxPool{d}d`; like it, it takes
+    ``[N, C, {dims}]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
+    binary (0/1)**, as for :class:`SpikeConv{d}d`: checked only in debug mode.
+    """
+
+
+class SpikeMaxPool1d(_SpikeMaxPoolNd, nn.MaxPool1d):
+    __doc__ = _POOL_DOC.format(d=1, dims="L")
+    _pool = staticmethod(F.max_pool1d)
+    forward = _SpikeMaxPoolNd.forward
+
+
+class SpikeMaxPool2d(_SpikeMaxPoolNd, nn.MaxPool2d):
+    __doc__ = _POOL_DOC.format(d=2, dims="H, W")
+    _pool = staticmethod(F.max_pool2d)
+    forward = _SpikeMaxPoolNd.forward
+
+
+class SpikeMaxPool3d(_SpikeMaxPoolNd, nn.MaxPool3d):
+    __doc__ = _POOL_DOC.format(d=3, dims="D, H, W")
+    _pool = staticmethod(F.max_pool3d)
+    forward = _SpikeMaxPoolNd.forward

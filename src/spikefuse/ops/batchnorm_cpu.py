@@ -11,8 +11,13 @@ mean * alpha``, both compiled to FMAs), so ``y`` is bit-identical to ``native_ba
 silently in a spike). The residual is added as the composition adds it (``y + r``, one rounding), read from its
 bits when it was saved as bits. The output comes from :mod:`.buffers` (no fresh pages to fault in).
 
-BatchNorm's own backward stays torch's ``native_batch_norm_backward``: a numba version accumulating in float64
-was 4x slower on ``[128, 64, 8, 8]``.
+:func:`backward` is BatchNorm's training-mode backward, torch's formula (``grad_weight = dotp*invstd``,
+``grad_bias = sum``, ``grad_x = (gy - sum/N - (x - mean)*dotp*invstd^2/N) * invstd*weight`` with ``sum`` and
+``dotp`` the per-channel sums of ``gy`` and ``(x - mean)*gy``) written over ``gy`` when the caller is done with
+it: ``native_batch_norm_backward`` returns ``grad_x`` in fresh memory, one more tensor of the input's size alive
+at the step's memory peak (the first layer's backward) and fresh pages to fault in. The sums are in another order
+than torch's (one accumulator per sample and channel, then a sum over samples), so gradients agree with torch's
+to rounding, not bit for bit.
 
 Inputs are contiguous ``[B', C, ...]`` tensors (``B' = T*B``), float32 or float64.
 """
@@ -28,7 +33,7 @@ from numba.extending import intrinsic
 from ..threads import match_numba_threads
 from . import buffers
 
-__all__ = ["normalize", "SUPPORTED_DTYPES"]
+__all__ = ["normalize", "backward", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -36,6 +41,10 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SERIAL_WORK = 1 << 15
 
 _NO_RESIDUAL, _FLOAT_RESIDUAL, _BIT_RESIDUAL = 0, 1, 2
+
+# BatchNorm's backward runs one channel at a time (its elements read twice while in cache) when a sample's plane
+# has at least this many elements; below, a loop per plane costs more than a second pass over the input.
+_CHANNEL_LOOP_MIN_SIZE = 16
 
 
 @intrinsic
@@ -80,6 +89,111 @@ def _normalize_kernel(x, mean, invstd, weight, bias, has_weight, has_bias, resid
                 for k in range(base, base + size):
                     r = one if (bits[k >> 3] >> (k & 7)) & 1 else zero
                     out[k] = _fma(x[k], a, b) + r
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _row_sums(x, gy, base, size, m):
+    """``sum(gy)`` and ``sum((x - m) * gy)`` over ``size`` elements from ``base`` (reassociated: vectorized)."""
+    s = gy.dtype.type(0.0)
+    d = gy.dtype.type(0.0)
+    for k in range(base, base + size):
+        g = gy[k]
+        s += g
+        d += (x[k] - m) * g
+    return s, d
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _per_channel_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, sums, dots, out):
+    """Parallel over channels: a channel's sums, then its ``grad_x`` while its ``[samples, size]`` elements are
+    still in cache (two passes over all of ``x`` cost 2x); ``sums``/``dots`` ``[C]`` receive the totals."""
+    samples = x.shape[0] // (channels * size)
+    n = x.dtype.type(samples * size)
+    one = x.dtype.type(1.0)
+    for c in prange(channels):
+        m = mean[c]
+        s = x.dtype.type(0.0)
+        d = x.dtype.type(0.0)
+        for i in range(samples):
+            si, di = _row_sums(x, gy, (i * channels + c) * size, size, m)
+            s += si
+            d += di
+        sums[c] = s
+        dots[c] = d
+        inv = invstd[c]
+        k = d * inv * inv / n
+        gm = s / n
+        a = inv * (weight[c] if has_weight else one)
+        for i in range(samples):
+            base = (i * channels + c) * size
+            for j in range(base, base + size):
+                out[j] = (gy[j] - gm - (x[j] - m) * k) * a
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _partial_sums_kernel(x, gy, mean, channels, size, sums, dots):
+    """Flat arrays; ``sums``/``dots`` ``[samples, C]``: the sums of each sample and channel (parallel over
+    samples: for planes too small to run a channel's elements as one loop, see :func:`backward`)."""
+    for i in prange(x.shape[0] // (channels * size)):
+        if size == 1:  # [B', C] (BatchNorm1d, a 1x1 map): a loop over channels, not one call per element
+            for c in range(channels):
+                g = gy[i * channels + c]
+                sums[i, c] = g
+                dots[i, c] = (x[i * channels + c] - mean[c]) * g
+        else:
+            for c in range(channels):
+                sums[i, c], dots[i, c] = _row_sums(x, gy, (i * channels + c) * size, size, mean[c])
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _grad_x_kernel(x, gy, mean, k, grad_mean, a, channels, size, out):
+    """``out = (gy - grad_mean - (x - mean) * k) * a`` per channel; ``out`` may be ``gy``."""
+    for i in prange(x.shape[0] // (channels * size)):
+        for c in range(channels):
+            kc, gm, ac, m = k[c], grad_mean[c], a[c], mean[c]
+            base = (i * channels + c) * size
+            for j in range(base, base + size):
+                out[j] = (gy[j] - gm - (x[j] - m) * kc) * ac
+
+
+def backward(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    need_affine: bool,
+    overwrite_grad_y: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(grad_x, grad_weight, grad_bias)`` of training-mode BatchNorm from its input ``x`` and saved ``mean`` /
+    ``invstd``, as ``native_batch_norm_backward`` (the affine gradients None without ``need_affine``);
+    ``overwrite_grad_y``: ``grad_x`` goes over ``grad_y`` (the caller's own transient), else into a buffer."""
+    _check(x, mean, invstd)
+    if grad_y.shape != x.shape or grad_y.dtype != x.dtype or not grad_y.is_contiguous():
+        raise ValueError(f"batchnorm_cpu: grad_y must be contiguous, of x's shape {tuple(x.shape)} and dtype")
+    channels = x.shape[1]
+    samples = x.shape[0]
+    out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
+    size = x.numel() // (samples * channels)
+    n = samples * size
+    xf, gyf, mean_np, inv = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), invstd.detach().to(x.dtype)
+    match_numba_threads(x.numel(), _SERIAL_WORK)
+    if size >= _CHANNEL_LOOP_MIN_SIZE:
+        total = torch.empty(channels, dtype=x.dtype)
+        dotp = torch.empty(channels, dtype=x.dtype)
+        _per_channel_kernel(xf, gyf, mean_np, inv.numpy(), _per_channel(weight, x.dtype), weight is not None,
+                            channels, size, total.numpy(), dotp.numpy(), _flat(out))  # fmt: skip
+    else:
+        sums = torch.empty((samples, channels), dtype=x.dtype)
+        dots = torch.empty((samples, channels), dtype=x.dtype)
+        _partial_sums_kernel(xf, gyf, mean_np, channels, size, sums.numpy(), dots.numpy())
+        total, dotp = sums.sum(0), dots.sum(0)
+        k = dotp * inv * inv / n
+        a = inv * weight.detach().to(x.dtype) if weight is not None else inv
+        _grad_x_kernel(xf, gyf, mean_np, k.numpy(), (total / n).numpy(), a.numpy(), channels, size, _flat(out))
+    if not (need_affine and weight is not None):
+        return out, None, None
+    return out, (dotp * inv).to(weight.dtype), total.to(weight.dtype)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:

@@ -29,9 +29,11 @@ Backward (``spikefuse::bn_lif_backward``):
 2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
    returns ``grad_y`` (and the leak / ``v_init`` gradients); the cpu backend writes both over ``y`` (its
    ``overwrite_x``), so backward holds one transient of ``x``'s size, not two;
-3. ``aten.native_batch_norm_backward`` -- the per-channel reduction torch's BatchNorm backward runs:
+3. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
-   in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself.
+   in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
+   backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
+   ``grad_y`` (when that is not also the residual's gradient); elsewhere torch's op.
 
 Every backend works, since only the common ``forward``/``backward`` entry points are used. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them.
@@ -188,18 +190,23 @@ def _backward_impl(
     del y
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
-    grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
-        grad_y,
-        xb,
-        weight,
-        None if training else running_mean,
-        None if training else running_var,
-        mean if training else None,
-        invstd if training else None,
-        training,
-        eps,
-        [True, affine, affine],
-    )
+    if backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES:
+        # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
+        grad_x, grad_w, grad_b = batchnorm_cpu.backward(grad_y, xb, mean, invstd, weight, affine,
+                                                        overwrite_grad_y=not need_residual_grad)  # fmt: skip
+    else:
+        grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
+            grad_y,
+            xb,
+            weight,
+            None if training else running_mean,
+            None if training else running_var,
+            mean if training else None,
+            invstd if training else None,
+            training,
+            eps,
+            [True, affine, affine],
+        )
 
     def empty():  # a fresh one each time: outputs of a custom op must not alias each other
         return xb.new_empty(0)
