@@ -1,4 +1,5 @@
-"""``spikefuse.ops.batchnorm_cpu.normalize`` against torch's ``native_batch_norm``: bit for bit.
+"""``spikefuse.ops.batchnorm_cpu`` against torch: ``normalize`` against ``native_batch_norm`` bit for bit,
+``backward`` against ``native_batch_norm_backward`` to rounding.
 
 The fused BatchNorm+LIF op's backward recomputes the normalized input with it; if torch changes the formula of its
 CPU kernel, this fails (and the spikes of the recomputation would no longer be the forward's).
@@ -37,3 +38,43 @@ def test_bad_input():
         batchnorm_cpu.normalize(x.transpose(0, 2), mean, invstd, None, None)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         batchnorm_cpu.normalize(x, torch.zeros(2), invstd, None, None)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("shape", [(128, 16, 8, 8), (13, 5, 3, 7), (64, 16), (6, 3, 5), (4, 3, 1, 1), (9, 2, 17)])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("overwrite", [True, False], ids=["over_grad_y", "apart"])
+def test_backward_is_native_batch_norm_backward(dtype, rtol, shape, affine, overwrite):
+    """Planes of 16+ elements run the per-channel loop, smaller ones the per-sample sums (both paths)."""
+    g = torch.Generator().manual_seed(sum(shape) + affine)
+    x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
+    channels = shape[1]
+    w = (torch.rand(channels, generator=g) + 0.5).to(dtype) if affine else None
+    _, mean, invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
+    gy = torch.randn(shape, generator=g).to(dtype)
+    ref = torch.ops.aten.native_batch_norm_backward(gy, x, w, None, None, mean, invstd, True, 1e-5,
+                                                    [True, affine, affine])  # fmt: skip
+    given = gy.clone()
+    grad_x, grad_w, grad_b = batchnorm_cpu.backward(given, x, mean, invstd, w, True, overwrite)
+    assert (grad_x.data_ptr() == given.data_ptr()) == overwrite
+    if not overwrite:
+        assert torch.equal(given, gy)
+    # grad_x is gy minus its projections: compared at the scale of gy's contribution, invstd * weight * |gy|
+    scale = float((gy.abs() * invstd.reshape(1, -1, *[1] * (x.dim() - 2)) * (1 if w is None else w.abs().max())).max())
+    assert float((grad_x - ref[0]).abs().max()) <= rtol * scale
+    if affine:
+        torch.testing.assert_close(grad_w, ref[1], rtol=rtol, atol=rtol * float(ref[1].abs().max()))
+        torch.testing.assert_close(grad_b, ref[2], rtol=rtol, atol=rtol * float(ref[2].abs().max()))
+    else:
+        assert grad_w is None and grad_b is None
+
+
+def test_backward_bad_input():
+    x = torch.randn(4, 3, 2)
+    mean, invstd = torch.zeros(3), torch.ones(3)
+    with pytest.raises(ValueError, match="grad_y must be contiguous, of x's shape"):
+        batchnorm_cpu.backward(torch.randn(4, 3, 3), x, mean, invstd, None, False, True)
+    with pytest.raises(ValueError, match="grad_y must be contiguous"):
+        batchnorm_cpu.backward(torch.randn(2, 3, 4).transpose(0, 2), x, mean, invstd, None, False, True)
+    with pytest.raises(ValueError, match="contiguous float32/float64 CPU tensor"):
+        batchnorm_cpu.backward(x.half(), x.half(), mean, invstd, None, False, True)
