@@ -113,9 +113,7 @@ def spike_max_pool_from(pool: nn.Module) -> nn.Module | None:
     cls = _SPIKE_POOLS.get(type(m))
     if not isinstance(pool, SeqToBatch) or cls is None or m.return_indices:
         return None
-    new = SeqToBatch(cls(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode))
-    new.train(pool.training)
-    return new
+    return _like(SeqToBatch(cls(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode)), pool)
 
 
 def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None:

@@ -103,6 +103,20 @@ def _row_sums(x, gy, base, size, m):
     return s, d
 
 
+@njit(inline="always", error_model="numpy")
+def _factors(s, d, inv, w, n):
+    """``(k, grad_mean, a)`` of a channel from its sums ``s`` of ``gy`` and ``d`` of ``(x - mean)*gy``, its
+    ``invstd`` and weight (1 without one) over ``n`` elements: ``grad_x = (gy - grad_mean - (x - mean)*k) * a``."""
+    return d * inv * inv / n, s / n, inv * w
+
+
+@njit(inline="always", error_model="numpy")
+def _grad_x_row(x, gy, out, base, size, m, k, gm, a):
+    """``grad_x`` over ``size`` elements from ``base`` of one channel (see :func:`_factors`); ``out`` may be ``gy``."""
+    for j in range(base, base + size):
+        out[j] = (gy[j] - gm - (x[j] - m) * k) * a
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def _per_channel_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, sums, dots, out):
     """Parallel over channels: a channel's sums, then its ``grad_x`` while its ``[samples, size]`` elements are
@@ -120,14 +134,9 @@ def _per_channel_kernel(x, gy, mean, invstd, weight, has_weight, channels, size,
             d += di
         sums[c] = s
         dots[c] = d
-        inv = invstd[c]
-        k = d * inv * inv / n
-        gm = s / n
-        a = inv * (weight[c] if has_weight else one)
+        k, gm, a = _factors(s, d, invstd[c], weight[c] if has_weight else one, n)
         for i in range(samples):
-            base = (i * channels + c) * size
-            for j in range(base, base + size):
-                out[j] = (gy[j] - gm - (x[j] - m) * k) * a
+            _grad_x_row(x, gy, out, (i * channels + c) * size, size, m, k, gm, a)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -146,14 +155,18 @@ def _partial_sums_kernel(x, gy, mean, channels, size, sums, dots):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _grad_x_kernel(x, gy, mean, k, grad_mean, a, channels, size, out):
-    """``out = (gy - grad_mean - (x - mean) * k) * a`` per channel; ``out`` may be ``gy``."""
+def _grad_x_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, sums, dots, out):
+    """``grad_x`` from the channels' total sums ``sums``/``dots`` ``[C]``, parallel over samples."""
+    n = x.dtype.type(x.shape[0] // channels)
+    one = x.dtype.type(1.0)
+    k = np.empty(channels, dtype=x.dtype)
+    grad_mean = np.empty(channels, dtype=x.dtype)
+    a = np.empty(channels, dtype=x.dtype)
+    for c in range(channels):
+        k[c], grad_mean[c], a[c] = _factors(sums[c], dots[c], invstd[c], weight[c] if has_weight else one, n)
     for i in prange(x.shape[0] // (channels * size)):
         for c in range(channels):
-            kc, gm, ac, m = k[c], grad_mean[c], a[c], mean[c]
-            base = (i * channels + c) * size
-            for j in range(base, base + size):
-                out[j] = (gy[j] - gm - (x[j] - m) * kc) * ac
+            _grad_x_row(x, gy, out, (i * channels + c) * size, size, mean[c], k[c], grad_mean[c], a[c])
 
 
 def backward(
@@ -171,26 +184,23 @@ def backward(
     _check(x, mean, invstd)
     if grad_y.shape != x.shape or grad_y.dtype != x.dtype or not grad_y.is_contiguous():
         raise ValueError(f"batchnorm_cpu: grad_y must be contiguous, of x's shape {tuple(x.shape)} and dtype")
-    channels = x.shape[1]
-    samples = x.shape[0]
-    out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
+    samples, channels = x.shape[:2]
     size = x.numel() // (samples * channels)
-    n = samples * size
-    xf, gyf, mean_np, inv = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), invstd.detach().to(x.dtype)
+    out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
+    inv = invstd.detach().to(x.dtype)
+    xf, gyf, mean_np, outf = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), _flat(out)
+    scale = (inv.numpy(), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight, per channel
     match_numba_threads(x.numel(), _SERIAL_WORK)
     if size >= _CHANNEL_LOOP_MIN_SIZE:
         total = torch.empty(channels, dtype=x.dtype)
         dotp = torch.empty(channels, dtype=x.dtype)
-        _per_channel_kernel(xf, gyf, mean_np, inv.numpy(), _per_channel(weight, x.dtype), weight is not None,
-                            channels, size, total.numpy(), dotp.numpy(), _flat(out))  # fmt: skip
+        _per_channel_kernel(xf, gyf, mean_np, *scale, channels, size, total.numpy(), dotp.numpy(), outf)
     else:
         sums = torch.empty((samples, channels), dtype=x.dtype)
         dots = torch.empty((samples, channels), dtype=x.dtype)
         _partial_sums_kernel(xf, gyf, mean_np, channels, size, sums.numpy(), dots.numpy())
         total, dotp = sums.sum(0), dots.sum(0)
-        k = dotp * inv * inv / n
-        a = inv * weight.detach().to(x.dtype) if weight is not None else inv
-        _grad_x_kernel(xf, gyf, mean_np, k.numpy(), (total / n).numpy(), a.numpy(), channels, size, _flat(out))
+        _grad_x_kernel(xf, gyf, mean_np, *scale, channels, size, total.numpy(), dotp.numpy(), outf)
     if not (need_affine and weight is not None):
         return out, None, None
     return out, (dotp * inv).to(weight.dtype), total.to(weight.dtype)

@@ -173,7 +173,8 @@ def _backward_impl(
     t_steps, n = grad_spikes.shape
     cdt = compute_dtype(xb.dtype)
     v0 = _v0(v_init, floats, ints, cdt, xb.device)
-    if backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES:
+    numba_batch_norm = backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
+    if numba_batch_norm:
         # one pass from the saved statistics, bit-identical to the forward's y (see batchnorm_cpu)
         y = batchnorm_cpu.normalize(xb, mean, invstd, weight, bias, residual, residual_bits)
     else:
@@ -190,7 +191,7 @@ def _backward_impl(
     del y
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
-    if backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES:
+    if numba_batch_norm:
         # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
         grad_x, grad_w, grad_b = batchnorm_cpu.backward(grad_y, xb, mean, invstd, weight, affine,
                                                         overwrite_grad_y=not need_residual_grad)  # fmt: skip
