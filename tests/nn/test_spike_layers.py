@@ -329,3 +329,11 @@ def test_max_pool_contract(debug_on):
     x[1, 0, 2, 3] = 0.25
     with pytest.raises(ValueError, match=r"SpikeMaxPool2d\(kernel_size=2.*binary.*0\.25 at index \(1, 0, 2, 3\)"):
         SpikeMaxPool2d(2)(x)
+
+
+def test_max_pool_bad_arguments_get_torchs_error():
+    x = spikes((2, 2, 4, 4))
+    with pytest.raises(RuntimeError, match="pad should be at most half of effective kernel size"):
+        SpikeMaxPool2d(2, padding=2)(x)
+    with pytest.raises(RuntimeError, match="Output size is too small"):
+        SpikeMaxPool2d(5)(x)

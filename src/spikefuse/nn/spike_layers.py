@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..ops import maxpool_cpu
 from ..ops.bitpack import pack, unpack
 
 __all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d",
@@ -297,25 +298,46 @@ class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
 # ----------------------------------------------------------------------------------------------------- max-pooling
 class _SpikeMaxPoolFn(torch.autograd.Function):
     """``pool(x, *args)`` (``F.max_pool1d/2d/3d``) saving ``x`` as bits. torch's max-pooling saves its input and
-    the argmax indices (int64: twice the bytes of a float32 input); backward here unpacks the input and runs
-    torch's own pooling and its backward on it again, which picks the same indices."""
+    the argmax indices (int64: twice the bytes of a float32 input). A contiguous float32/float64 CPU input runs
+    :mod:`spikefuse.ops.maxpool_cpu` (torch's output; backward finds torch's indices from the bits); any other
+    unpacks the input in backward and runs torch's own pooling and its backward on it again, which picks the same
+    indices."""
 
     @staticmethod
     def forward(ctx, x, pool, args):
         packed, *meta = _pack_saved(x)
         ctx.pool, ctx.args, ctx.meta = pool, args, meta
         ctx.save_for_backward(packed)
-        return pool(x, *args)
+        ctx.numba = x.device.type == "cpu" and x.dtype in maxpool_cpu.SUPPORTED_DTYPES and x.is_contiguous()
+        if not ctx.numba:
+            return pool(x, *args)
+        # torch's pooling on a meta tensor: torch's checks of the arguments and its output shape, no work
+        out_shape = pool(torch.empty(x.shape, dtype=x.dtype, device="meta"), *args).shape
+        return maxpool_cpu.forward(x, out_shape, *_per_dim(x.dim() - 2, args))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
         (packed,) = ctx.saved_tensors
+        if ctx.numba:
+            shape = ctx.meta[0]
+            return maxpool_cpu.backward(grad_y, packed, shape, *_per_dim(len(shape) - 2, ctx.args)), None, None
         x = _unpack_saved(packed, *ctx.meta).requires_grad_()
         with torch.enable_grad():
             y = ctx.pool(x, *ctx.args)
         (grad_x,) = torch.autograd.grad(y, x, grad_y)
         return grad_x, None, None
+
+
+def _per_dim(dims: int, args) -> tuple:
+    """``(kernel, stride, padding, dilation)`` of ``F.max_poolNd``'s ``args`` as tuples of ``dims`` entries (a
+    ``None`` or empty stride is the kernel size, as torch has it)."""
+    kernel, stride, padding, dilation, _ = args
+
+    def tup(v):
+        return (int(v),) * dims if isinstance(v, int) else tuple(int(e) for e in v)
+
+    return tup(kernel), tup(stride) if stride not in (None, (), []) else tup(kernel), tup(padding), tup(dilation)
 
 
 class _SpikeMaxPoolNd:
