@@ -1,21 +1,33 @@
-"""``spikefuse.ops.batchnorm_cpu`` against torch: ``normalize`` against ``native_batch_norm`` bit for bit,
-``backward`` against ``native_batch_norm_backward`` to rounding.
+"""``spikefuse.ops.batchnorm_cpu`` against torch: the normalization the cpu neuron kernels fuse against
+``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to rounding.
 
-The fused BatchNorm+LIF op's backward recomputes the normalized input with it; if torch changes the formula of its
-CPU kernel, this fails (and the spikes of the recomputation would no longer be the forward's).
+The fused BatchNorm+LIF op's backward normalizes with these; if torch changes its CPU kernel, this fails (and the
+spikes of the recomputation would no longer be the forward's).
 """
 
 import pytest
 import torch
 
-from spikefuse.ops import batchnorm_cpu
+from spikefuse import params as P
+from spikefuse.ops import batchnorm_cpu, cpu
 from spikefuse.ops.bitpack import pack
+from spikefuse.surrogate import Sigmoid
+from spikefuse.validation import paper_spec
+
+
+def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalization, t_steps: int) -> torch.Tensor:
+    """BatchNorm of ``x`` as the cpu neuron kernels compute it: a neuron that never fires (threshold 1e30) with
+    decay 0 has ``h = 0*h + y = y``, saved with SAVE_POTENTIAL."""
+    spec = paper_spec(1e30, 0.0, Sigmoid(), False).kernel_args()
+    leak, v0 = torch.zeros(1, dtype=x.dtype), torch.zeros(1, dtype=x.dtype)
+    _, _, h = cpu.forward(x.reshape(t_steps, -1), leak, 1, v0, spec, P.SAVE_POTENTIAL, batch_norm=norm)
+    return h.reshape(x.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-@pytest.mark.parametrize("shape", [(128, 16, 8, 8), (13, 5, 3, 7), (64, 16), (6, 3, 5), (1, 1, 2)])
+@pytest.mark.parametrize("shape", [(128, 16, 8, 8), (14, 5, 3, 7), (64, 16), (6, 3, 5), (2, 1, 2), (4, 600, 3)])
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
-def test_normalize_is_native_batch_norm_bit_for_bit(dtype, shape, affine):
+def test_fused_normalization_is_native_batch_norm_bit_for_bit(dtype, shape, affine):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
     channels = shape[1]
@@ -23,21 +35,34 @@ def test_normalize_is_native_batch_norm_bit_for_bit(dtype, shape, affine):
     b = torch.randn(channels, generator=g).to(dtype) if affine else None
     y, mean, invstd = torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
     residual = (torch.rand(shape, generator=g) < 0.3).to(dtype)
-    assert torch.equal(batchnorm_cpu.normalize(x, mean, invstd, w, b), y)
-    assert torch.equal(batchnorm_cpu.normalize(x, mean, invstd, w, b, residual=residual * 0.7), y + residual * 0.7)
-    bits = pack(residual)[0]
-    assert torch.equal(batchnorm_cpu.normalize(x, mean, invstd, w, b, residual_bits=bits), y + residual)
+    spatial = x[0, 0].numel()
+    for t_steps in (1, 2):  # [T*B, C, ...] merged: the channel of neuron j is (j // spatial) % C at every step
+        norm = batchnorm_cpu.Normalization(mean, invstd, w, b, spatial)
+        assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y)
+        norm = batchnorm_cpu.Normalization(mean, invstd, w, b, spatial, residual=residual * 0.7)
+        assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual * 0.7)
+        norm = batchnorm_cpu.Normalization(mean, invstd, w, b, spatial, residual_bits=pack(residual)[0])
+        assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual)
 
 
 def test_bad_input():
     x = torch.randn(4, 3, 2)
     mean, invstd = torch.zeros(3), torch.ones(3)
-    with pytest.raises(ValueError, match="contiguous float32/float64 CPU tensor"):
-        batchnorm_cpu.normalize(x.half(), mean, invstd, None, None)
-    with pytest.raises(ValueError, match="contiguous"):
-        batchnorm_cpu.normalize(x.transpose(0, 2), mean, invstd, None, None)
-    with pytest.raises(ValueError, match=r"shape \(3,\)"):
-        batchnorm_cpu.normalize(x, torch.zeros(2), invstd, None, None)
+    spec = paper_spec(1.0, 0.0, Sigmoid(), False).kernel_args()
+    one, zero = torch.ones(1), torch.zeros(1)
+    with pytest.raises(ValueError, match=r"not \[B, 3 channels, 5\] merged"):
+        cpu.forward(x.reshape(1, -1), one, 1, zero, spec, P.SAVE_INPUT,
+                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 5))  # fmt: skip
+    with pytest.raises(TypeError, match="fused BatchNorm needs float32 or float64 input"):
+        cpu.forward(x.reshape(1, -1).half(), one, 1, zero, spec, P.SAVE_INPUT,
+                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
+    bad_bits = torch.zeros(2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="residual_bits must be 3 packed uint8 bytes"):
+        cpu.forward(x.reshape(1, -1), one, 1, zero, spec, P.SAVE_INPUT,
+                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
+    with pytest.raises(ValueError, match=r"fused BatchNorm \(batch_norm\) needs recompute mode"):
+        cpu.backward(torch.zeros(1, 24), zero, None, one, 1, zero, torch.zeros(1, 24), spec, P.SAVE_POTENTIAL,
+                     False, batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["fp32", "fp64"])

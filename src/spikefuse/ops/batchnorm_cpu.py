@@ -1,15 +1,18 @@
-"""The recomputation of the fused BatchNorm+LIF op's backward on the CPU backend, as one numba kernel.
+"""Training-mode BatchNorm for the fused BatchNorm+LIF op on the CPU backend (:mod:`spikefuse.ops.bn_lif`), in
+pieces that the neuron kernels of :mod:`spikefuse.ops.cpu` fuse.
 
-The op's backward (:mod:`spikefuse.ops.bn_lif`) recomputes the normalized input from the saved conv output and
-statistics, then runs the neuron's backward and BatchNorm's. With torch's ops the recomputation is a statistics
-pass and a normalization pass (``native_batch_norm`` in training mode), then an unpack and an add for a residual,
-each into fresh memory. :func:`normalize` is one pass from the saved ``mean``/``invstd``:
-``y = fma(x, a, fma(-mean, a, bias)) [+ residual]`` with ``a = invstd * weight``. That is the formula of torch's
-CPU BatchNorm kernel for contiguous input (``x * alpha + beta`` with ``alpha = invstd * weight``, ``beta = bias -
-mean * alpha``, both compiled to FMAs), so ``y`` is bit-identical to ``native_batch_norm``'s
+The op's backward recomputes the normalized input from the saved conv output and statistics. With torch's ops that
+is a statistics pass and a normalization pass (``native_batch_norm``) into fresh memory, then the neuron's
+recompute over it. Instead :class:`Normalization` hands the saved ``mean``/``invstd`` to the neuron kernel, where
+each block of neurons normalizes its own rows into a tile in cache right before its recompute reads them:
+``y = fma(x, alpha, beta) [+ residual]`` with :func:`affine_factors` ``alpha = invstd * weight``,
+``beta = fma(-mean, alpha, bias)``. That is the formula of torch's CPU BatchNorm kernel for contiguous input
+(``x * alpha + beta``, compiled to FMAs), so ``y`` is bit-identical to ``native_batch_norm``'s
 (tests/ops/test_batchnorm_cpu.py checks it against torch, so a torch that changes its kernel fails there, not
 silently in a spike). The residual is added as the composition adds it (``y + r``, one rounding), read from its
-bits when it was saved as bits. The output comes from :mod:`.buffers` (no fresh pages to fault in).
+bits when it was saved as bits. (The forward keeps ``native_batch_norm``: its statistics pass, torch's serial
+double-precision sums that the saved statistics must equal bit for bit, costs more than the normalization a fused
+forward would spare.)
 
 :func:`backward` is BatchNorm's training-mode backward, torch's formula (``grad_weight = dotp*invstd``,
 ``grad_bias = sum``, ``grad_x = (gy - sum/N - (x - mean)*dotp*invstd^2/N) * invstd*weight`` with ``sum`` and
@@ -24,6 +27,8 @@ Inputs are contiguous ``[B', C, ...]`` tensors (``B' = T*B``), float32 or float6
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import llvmlite.ir as llvmir
 import numpy as np
 import torch
@@ -33,14 +38,12 @@ from numba.extending import intrinsic
 from ..threads import match_numba_threads
 from . import buffers
 
-__all__ = ["normalize", "backward", "SUPPORTED_DTYPES"]
+__all__ = ["Normalization", "affine_factors", "backward", "fma", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 # Below this many elements a call runs on one thread (waking the pool costs more than it saves).
 _SERIAL_WORK = 1 << 15
-
-_NO_RESIDUAL, _FLOAT_RESIDUAL, _BIT_RESIDUAL = 0, 1, 2
 
 # BatchNorm's backward runs one channel at a time (its elements read twice while in cache) when a sample's plane
 # has at least this many elements; below, a loop per plane costs more than a second pass over the input.
@@ -48,7 +51,7 @@ _CHANNEL_LOOP_MIN_SIZE = 16
 
 
 @intrinsic
-def _fma(typingctx, a, b, c):
+def fma(typingctx, a, b, c):
     """``a*b + c`` with one rounding (``llvm.fma``: always fused, unlike ``llvm.fmuladd``), as torch's kernel."""
     if not (isinstance(a, types.Float) and a == b == c):
         return None
@@ -61,34 +64,13 @@ def _fma(typingctx, a, b, c):
     return a(a, a, a), codegen
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _normalize_kernel(x, mean, invstd, weight, bias, has_weight, has_bias, residual, bits, mode, channels, size, out):
-    """Flat arrays, one parallel iteration per sample row ``[C, ...]`` (views or a division per plane cost more
-    than a plane of 1-16 elements, as in a late ResNet layer)."""
-    one = x.dtype.type(1.0)
-    zero = x.dtype.type(0.0)
-    alpha = np.empty(channels, dtype=x.dtype)
-    beta = np.empty(channels, dtype=x.dtype)
-    for c in range(channels):
+@njit(cache=True, error_model="numpy")
+def _affine_kernel(mean, invstd, weight, bias, has_weight, has_bias, alpha, beta):
+    zero = alpha.dtype.type(0.0)
+    for c in range(alpha.shape[0]):
         a = invstd[c] * weight[c] if has_weight else invstd[c]
         alpha[c] = a
-        beta[c] = _fma(-mean[c], a, bias[c] if has_bias else zero)
-    row = channels * size
-    for i in prange(x.shape[0] // row):
-        for c in range(channels):
-            a = alpha[c]
-            b = beta[c]
-            base = i * row + c * size
-            if mode == _NO_RESIDUAL:
-                for k in range(base, base + size):
-                    out[k] = _fma(x[k], a, b)
-            elif mode == _FLOAT_RESIDUAL:
-                for k in range(base, base + size):
-                    out[k] = _fma(x[k], a, b) + residual[k]
-            else:
-                for k in range(base, base + size):
-                    r = one if (bits[k >> 3] >> (k & 7)) & 1 else zero
-                    out[k] = _fma(x[k], a, b) + r
+        beta[c] = fma(-mean[c], a, bias[c] if has_bias else zero)
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc"})
@@ -216,35 +198,33 @@ def _per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
     return t.detach().to(dtype).contiguous().numpy()
 
 
-def normalize(
-    x: torch.Tensor,
-    mean: torch.Tensor,
-    invstd: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None = None,
-    residual_bits: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """BatchNorm's output from saved statistics, plus ``residual`` (a tensor shaped like ``x``, or its bits from
-    :func:`spikefuse.ops.bitpack.pack`), in a buffer from :mod:`.buffers`; bit-identical to
-    ``native_batch_norm(x, weight, bias, training=True)[0] + residual`` (see the module docstring)."""
-    _check(x, mean, invstd)
-    out = buffers.empty(x.shape, x.dtype)
-    xf = _flat(x)
-    none = np.empty(0, dtype=xf.dtype)
-    if residual is not None:
-        mode, res, bits = _FLOAT_RESIDUAL, _flat(residual.contiguous()), np.empty(0, dtype=np.uint8)
-    elif residual_bits is not None and residual_bits.numel():
-        mode, res, bits = _BIT_RESIDUAL, none, residual_bits.numpy()
-    else:
-        mode, res, bits = _NO_RESIDUAL, none, np.empty(0, dtype=np.uint8)
-    match_numba_threads(x.numel(), _SERIAL_WORK)
-    _normalize_kernel(
-        xf, _per_channel(mean, x.dtype), _per_channel(invstd, x.dtype), _per_channel(weight, x.dtype),
-        _per_channel(bias, x.dtype), weight is not None, bias is not None, res, bits, mode, x.shape[1],
-        x.numel() // (x.shape[0] * x.shape[1]), _flat(out),
+class Normalization(NamedTuple):
+    """Training-mode BatchNorm fused into the cpu backend's neuron kernels (``spikefuse.ops.cpu.forward`` /
+    ``backward``'s ``batch_norm``), whose ``x [T, N]`` is then the raw input ``[T*B, C, *spatial]`` merged: each
+    block of neurons normalizes its own rows with torch's formula (see the module docstring) and adds ``residual``
+    (``[T, N]``, floats) or ``residual_bits`` (:func:`spikefuse.ops.bitpack.pack` of it) when given."""
+
+    mean: torch.Tensor
+    invstd: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    spatial: int
+    residual: torch.Tensor | None = None
+    residual_bits: torch.Tensor | None = None
+
+
+def affine_factors(norm: Normalization, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Per channel ``alpha = invstd * weight`` and ``beta = fma(-mean, alpha, bias)`` in ``dtype``: torch's CPU
+    kernel's ``y = fma(x, alpha, beta)``."""
+    channels = norm.mean.shape[0]
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    alpha = np.empty(channels, dtype=np_dtype)
+    beta = np.empty(channels, dtype=np_dtype)
+    _affine_kernel(
+        _per_channel(norm.mean, dtype), _per_channel(norm.invstd, dtype), _per_channel(norm.weight, dtype),
+        _per_channel(norm.bias, dtype), norm.weight is not None, norm.bias is not None, alpha, beta,
     )  # fmt: skip
-    return out
+    return alpha, beta
 
 
 def _check(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor) -> None:

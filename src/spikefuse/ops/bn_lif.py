@@ -21,15 +21,15 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
 
 Backward (``spikefuse::bn_lif_backward``):
 
-1. recompute ``y`` plus the residual (unpacked from bits when packed) -- a transient. The cpu backend in training
-   mode does it in one pass from the saved ``mean``/``invstd`` with torch's own formula
-   (:mod:`spikefuse.ops.batchnorm_cpu`, bit-identical); elsewhere the same ``native_batch_norm`` call runs again
-   (training: the statistics again from ``x``, which torch computes deterministically, so ``y`` is bit-identical
-   to the forward's; eval: from the saved running statistics);
-2. the backend's neuron ``backward`` with ``save=SAVE_INPUT`` recomputes the membrane potentials from ``y`` and
-   returns ``grad_y`` (and the leak / ``v_init`` gradients); the cpu backend writes both over ``y`` (its
-   ``overwrite_x``), so backward holds one transient of ``x``'s size, not two;
-3. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
+1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the membrane potentials, and run
+   the neuron's ``backward`` with ``save=SAVE_INPUT``, which returns ``grad_y`` (and the leak / ``v_init``
+   gradients). The cpu backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of
+   neurons normalizes its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
+   :mod:`spikefuse.ops.batchnorm_cpu`, bit-identical), so backward holds one tensor of ``x``'s size, ``grad_y``.
+   Elsewhere the same ``native_batch_norm`` call runs again into a transient (training: the statistics again from
+   ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from the saved
+   running statistics) that the backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``);
+2. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
    backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
@@ -175,25 +175,30 @@ def _backward_impl(
     t_steps, n = grad_spikes.shape
     cdt = compute_dtype(xb.dtype)
     v0 = _v0(v_init, floats, ints, cdt, xb.device)
-    numba_batch_norm = backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
-    if numba_batch_norm:
-        # one pass from the saved statistics, bit-identical to the forward's y (see batchnorm_cpu)
-        y = batchnorm_cpu.normalize(xb, mean, invstd, weight, bias, residual, residual_bits)
+    fused = _fused_batch_norm(backend, training, xb)
+    if fused:
+        # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
+        bits = residual_bits if residual is None and residual_bits.numel() else None
+        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, _spatial(xb), residual, bits)
+        grad_y, grad_v, grad_leak = module(backend).backward(
+            grad_spikes, grad_state, xb.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats),
+            P.SAVE_INPUT, need_leak_grad, batch_norm=norm,
+        )
     else:
         y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
         if residual is None and residual_bits.numel():
             residual = unpack(residual_bits, xb.shape, xb.dtype)
         if residual is not None:
             y += residual
+        grad_y, grad_v, grad_leak = module(backend).backward(
+            grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats),
+            P.SAVE_INPUT, need_leak_grad, overwrite_x=True,  # y is this function's own transient
+        )
+        del y
     del residual
-    grad_y, grad_v, grad_leak = module(backend).backward(
-        grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
-        need_leak_grad, overwrite_x=True,  # y is this function's own transient
-    )
-    del y
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
-    if numba_batch_norm:
+    if fused:
         # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
         grad_x, grad_w, grad_b = batchnorm_cpu.backward(grad_y, xb, mean, invstd, weight, affine,
                                                         overwrite_grad_y=not need_residual_grad)  # fmt: skip
@@ -431,6 +436,15 @@ def bn_spiking_neuron_backward(
         grad_b if affine and bias is not None else None,
         grad_leak if need_leak else None,
     )
+
+
+def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
+    """Whether the neuron kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
+    return backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
+
+
+def _spatial(xb: Tensor) -> int:
+    return math.prod(xb.shape[2:])
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:

@@ -50,7 +50,8 @@ from numba.extending import intrinsic, overload
 
 from .. import params as P
 from ..threads import match_numba_threads
-from . import buffers
+from . import batchnorm_cpu, buffers
+from .batchnorm_cpu import fma as _fma
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 
 __all__ = ["forward", "backward"]
@@ -279,8 +280,9 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
 
 
 @njit(error_model="numpy")
-def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit.
+def _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+    """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit. The block's
+    input is ``x[:, x0 : x0 + m]`` (``x0 = n0``, or 0 in a tile of the block's own, see :func:`_source_rows`).
 
     Spikes / potentials not wanted (``write_s`` / ``write_h`` false) go to a block-sized scratch row that stays
     in cache, so a single loop per family serves the forward with and without saving h and the backward's recompute.
@@ -293,7 +295,7 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     h_scratch = np.empty(m if not write_h else 0, fp.dtype)
     for t in range(x.shape[0]):
         live = (fl[_I_SPR] == 0) | (t > 0)  # state_post_reset: v_init is already post-reset, s[-1] = 0
-        xr = x[t, n0 : n0 + m]
+        xr = x[t, x0 : x0 + m]
         sr = spk[t, n0 : n0 + m] if write_s else s_scratch
         hr = hs[t, n0 : n0 + m] if write_h else h_scratch
         for i in range(m):
@@ -306,29 +308,29 @@ def _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
 
 
 @njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+def _fwd_dispatch(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """The block loop of the literal family ``fam``; ``kk``: the leak per neuron, or one entry for all (see
     :func:`_at`)."""
     if kk.shape[0] == 1:
-        _fwd_block(fam, x, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_block(fam, x, x0, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     else:
-        _fwd_block(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
 @njit(inline="always", error_model="numpy")
-def _fwd_any_family(x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
+def _fwd_any_family(x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """:func:`_fwd_dispatch` for the family in ``fl`` (the backward's recompute, compiled with every family)."""
     fam = fl[_I_FAM]
     if fam == _FAM_LIF:
-        _fwd_dispatch(_FAM_LIF, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_LIF, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_DIV_INPUT:
-        _fwd_dispatch(_FAM_DIV_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_DIV_INPUT, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_MUL_INPUT:
-        _fwd_dispatch(_FAM_MUL_INPUT, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_MUL_INPUT, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     elif fam == _FAM_DIV:
-        _fwd_dispatch(_FAM_DIV, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_DIV, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
     else:
-        _fwd_dispatch(_FAM_MUL, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+        _fwd_dispatch(_FAM_MUL, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
 
 
 @njit(inline="always", error_model="numpy")
@@ -374,13 +376,61 @@ def _load_row(dst, src, n0, m):
             dst[i] = src[n0 + i]
 
 
+# Where a block's input rows come from (``src`` of :func:`_source_rows`): ``x`` itself; a copy of them (``x`` is
+# also the rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the
+# outputs keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
+SOURCE_X, SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(5)
+
+
+@njit(inline="always", error_model="numpy")
+def _source_rows(x, n0, m, src):
+    """``(rows, x0)``: the array and column offset that a block of neurons ``[n0, n0 + m)`` reads its input from
+    (see ``SOURCE_*``). ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are
+    per channel (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
+    ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds
+    ``fma(x, alpha, beta) [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own
+    ``[T, m]``: it stays in cache between its writing and the neuron's reading."""
+    mode, alpha, beta, spatial, residual, bits = src
+    if mode == SOURCE_X:
+        return x, n0
+    t_steps, n = x.shape
+    tile = np.empty((t_steps, m), x.dtype)
+    if mode == SOURCE_COPY:
+        for t in range(t_steps):
+            tile[t, :] = x[t, n0 : n0 + m]
+        return tile, 0
+    na = np.empty(m, x.dtype)
+    nb = np.empty(m, x.dtype)
+    _leak_row(na, alpha, n0, spatial)
+    _leak_row(nb, beta, n0, spatial)
+    one = x.dtype.type(1.0)
+    zero = x.dtype.type(0.0)
+    for t in range(t_steps):
+        xr = x[t, n0 : n0 + m]
+        tr = tile[t]
+        if mode == SOURCE_BN:
+            for i in range(m):
+                tr[i] = _fma(xr[i], na[i], nb[i])
+        elif mode == SOURCE_BN_RESIDUAL:
+            rr = residual[t, n0 : n0 + m]
+            for i in range(m):
+                tr[i] = _fma(xr[i], na[i], nb[i]) + rr[i]
+        else:
+            base = t * n + n0
+            for i in range(m):
+                e = base + i
+                r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
+                tr[i] = _fma(xr[i], na[i], nb[i]) + r
+    return tile, 0
+
+
 @njit(inline="always", error_model="numpy")
 def _post_reset(h, s, th, vr, ron, rhard):
     return ((vr if rhard else h - th) if s & ron else h)
 
 
 @njit(error_model="numpy")
-def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block, src):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
@@ -391,7 +441,8 @@ def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, s
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    _fwd_dispatch(fam, x, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    rows, x0 = _source_rows(x, n0, m, src)
+    _fwd_dispatch(fam, rows, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -404,10 +455,11 @@ def _make_forward_kernel(fam: int):
     """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block, src):
         nblocks = (x.shape[1] + block - 1) // block
         for b in prange(nblocks):
-            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block,
+                           src)
 
     return forward_kernel
 
@@ -560,7 +612,7 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 @njit(error_model="numpy")
 def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x,
-                    gx, gv, gl, block):
+                    gx, gv, gl, block, src):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
@@ -582,13 +634,14 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
     v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
     _load_row(v0, v_init, n0, v0.shape[0])
     _leak_row(kk, leak, n0, inner)
+    rows, x0 = _source_rows(x, n0, m, src)  # the input, for the recompute and the x term of Cleak
     if recompute:
         hb = g  # scratch for the running potential
         _load_row(hb, v_init, n0, m)
         kf = c1  # scratch for the forward's k (zero for IF)
         _fill_leak(kf, leak, n0, inner, fl, zero)
         # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
-        _fwd_any_family(x, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
+        _fwd_any_family(rows, x0, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
         hh = gx
     else:
         hh = hsaved
@@ -601,7 +654,7 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
         hrow = hh[t, n0 : n0 + m]
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
-        xrow = x[t, n0 : n0 + m] if c3 != zero else no_x
+        xrow = rows[t, x0 : x0 + m] if c3 != zero else no_x
         _bwd_row_coef(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
                       (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
     if t_steps == 1:
@@ -622,11 +675,11 @@ def _make_backward_kernel(code: int):
 
     @njit(parallel=True, cache=True, error_model="numpy")
     def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
-                        gv, gl, block):
+                        gv, gl, block, src):
         nblocks = (gx.shape[1] + block - 1) // block
         for blk in prange(nblocks):
             _backward_block(code, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
-                            inplace, need_leak, has_x, gx, gv, gl, block)
+                            inplace, need_leak, has_x, gx, gv, gl, block, src)
 
     return backward_kernel
 
@@ -750,13 +803,54 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> 
         raise ValueError(f"cpu backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
+def _tile_block(t_steps: int) -> int:
+    """Neurons per block whose ``[T, block]`` tile (recomputed h, a normalized input) stays in L2."""
+    return min(4096, max(256, 65536 // t_steps))
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_source(dtype: np.dtype, mode: int) -> tuple:
+    empty = np.empty(0, dtype=dtype)
+    return (mode, empty, empty, 1, np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8))
+
+
+def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple:
+    """The ``src`` argument of the kernels (see :func:`_source_rows`) for compute-dtype input ``x [T, N]``."""
+    np_dtype = np.dtype(np.float32 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else np.float64)
+    if batch_norm is None:
+        return _empty_source(np_dtype, SOURCE_COPY if copy else SOURCE_X)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
+    t_steps, n = x.shape
+    channels = batch_norm.mean.shape[0]
+    if batch_norm.spatial < 1 or n % (channels * batch_norm.spatial):
+        raise ValueError(
+            f"cpu backend: x of {n} neurons per step is not [B, {channels} channels, {batch_norm.spatial}] merged"
+        )
+    alpha, beta = batchnorm_cpu.affine_factors(batch_norm, x.dtype)
+    _, _, _, _, empty_residual, no_bits = _empty_source(np_dtype, SOURCE_X)
+    if batch_norm.residual is not None:
+        residual = batch_norm.residual.reshape(t_steps, n)
+        _check("residual", residual, x.dtype)
+        return SOURCE_BN_RESIDUAL, alpha, beta, int(batch_norm.spatial), residual.numpy(), no_bits
+    if batch_norm.residual_bits is not None:
+        bits = batch_norm.residual_bits
+        if bits.dtype != torch.uint8 or bits.numel() != (x.numel() + 7) // 8:
+            raise ValueError(f"cpu backend: residual_bits must be {(x.numel() + 7) // 8} packed uint8 bytes")
+        return SOURCE_BN_RESIDUAL_BITS, alpha, beta, int(batch_norm.spatial), empty_residual, bits.numpy()
+    return SOURCE_BN, alpha, beta, int(batch_norm.spatial), empty_residual, no_bits
+
+
+def forward(x2, leak, inner, v_init, spec_args, save, *, out=None, batch_norm=None):
     """``out``: ``(spikes, state, h)`` buffers to write into instead of fresh ones (``h`` ignored unless ``save`` is
-    SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults."""
+    SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults.
+    ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`; the neuron's input is then its BatchNorm
+    of ``x2`` (plus residual), computed block by block in cache and never stored."""
     spec = SpecArgs(*spec_args)
     _check_dtype(x2.dtype)
     _check("x", x2)
     cdt = compute_dtype(x2.dtype)
+    src = _source(x2, batch_norm, copy=False)
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = x2.shape
@@ -779,19 +873,22 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
+    # a BatchNorm tile of T x block in cache, as the backward's recompute tile
+    block = _FORWARD_BLOCK if batch_norm is None else _tile_block(t_steps)
     _FORWARD_KERNELS[fl[_I_FAM]](
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
-        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
+        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, block), src,
     )
     return spikes, state, (hs if save_h else None)
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False, overwrite_x=False, out=None):
+             overwrite_saved=False, overwrite_x=False, out=None, batch_norm=None):
     """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over it.
-    ``overwrite_x``: likewise for ``x`` in recompute mode (a transient of the caller's, as the fused BatchNorm+LIF
-    op's recomputed input): the recomputed potentials, then grad_x, go over it instead of into a new buffer.
-    ``out``: a ``[T, N]`` compute-dtype buffer for grad_x instead of a fresh one (for kernel-only timing)."""
+    ``overwrite_x``: likewise for ``x`` in recompute mode (a transient of the caller's): the recomputed potentials,
+    then grad_x, go over it instead of into a new buffer (each block reads its rows of ``x`` into a tile first).
+    ``out``: a ``[T, N]`` compute-dtype buffer for grad_x instead of a fresh one (for kernel-only timing).
+    ``batch_norm``: as :func:`forward`'s (recompute mode only; ``x2`` is the raw input)."""
     spec = SpecArgs(*spec_args)
     cdt = compute_dtype(grad_spikes.dtype)
     _check_dtype(grad_spikes.dtype)
@@ -809,6 +906,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         raise ValueError("cpu backend: recompute mode (SAVE_INPUT) needs x in backward")
     if not recompute and saved is None:
         raise ValueError("cpu backend: memory mode 'potential' needs the saved potentials in backward")
+    if batch_norm is not None and not recompute:
+        raise ValueError("cpu backend: a fused BatchNorm (batch_norm) needs recompute mode (SAVE_INPUT)")
     if spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_MUL_INPUT and need_leak_grad and x2 is None:
         raise ValueError("cpu backend: the leak gradient of the MUL_INPUT charge needs x in backward")
     gs = _as_compute(grad_spikes, cdt)
@@ -821,7 +920,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     # over x: the recompute reads x[t, i] before it writes h[t, i]; the reverse loop reads x only for a leak
     # gradient with an x term (c3 of the MUL_INPUT charge), so then it keeps its own buffer
     x_term = spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_MUL_INPUT and need_leak_grad
-    over_x = recompute and overwrite_x and out is None and xc is x2 and not x_term
+    over_x = recompute and overwrite_x and out is None and xc is x2 and not x_term and batch_norm is None
     inplace = recompute or over_h
     if over_h:
         gx = hsaved
@@ -832,14 +931,15 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     gv = buffers.empty((n,) if v_init.numel() == n else (0,), cdt)  # none for a shared v_init
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
-        block = min(4096, max(256, 65536 // t_steps))
+        block = _tile_block(t_steps)
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
+    src = _source(xc, batch_norm, copy=over_x)
     _BACKWARD_KERNELS[spec.surrogate_code](
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
         v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
-        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block),
+        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block), src,
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
