@@ -66,11 +66,13 @@ def test_bad_input():
 
 
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["fp32", "fp64"])
-@pytest.mark.parametrize("shape", [(128, 16, 8, 8), (13, 5, 3, 7), (64, 16), (6, 3, 5), (4, 3, 1, 1), (9, 2, 17)])
+@pytest.mark.parametrize(
+    "shape", [(128, 16, 8, 8), (13, 5, 3, 7), (64, 16), (6, 3, 5), (4, 3, 1, 1), (9, 2, 17), (6, 3, 16, 17)]
+)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 @pytest.mark.parametrize("overwrite", [True, False], ids=["over_grad_y", "apart"])
 def test_backward_is_native_batch_norm_backward(dtype, rtol, shape, affine, overwrite):
-    """Planes of 16+ elements run the per-channel loop, smaller ones the per-sample sums (both paths)."""
+    """Planes of 256+ elements run the per-channel loop, smaller ones the per-sample sums (both paths)."""
     g = torch.Generator().manual_seed(sum(shape) + affine)
     x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
     channels = shape[1]

@@ -46,8 +46,9 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SERIAL_WORK = 1 << 15
 
 # BatchNorm's backward runs one channel at a time (its elements read twice while in cache) when a sample's plane
-# has at least this many elements; below, a loop per plane costs more than a second pass over the input.
-_CHANNEL_LOOP_MIN_SIZE = 16
+# has at least this many elements; below, a loop per plane costs more than a second pass over the input (planes of
+# 64 and fewer elements were faster per sample, of 256 per channel).
+_CHANNEL_LOOP_MIN_SIZE = 256
 
 
 @intrinsic
@@ -78,10 +79,12 @@ def _row_sums(x, gy, base, size, m):
     """``sum(gy)`` and ``sum((x - m) * gy)`` over ``size`` elements from ``base`` (reassociated: vectorized)."""
     s = gy.dtype.type(0.0)
     d = gy.dtype.type(0.0)
-    for k in range(base, base + size):
-        g = gy[k]
+    xs = x[base : base + size]  # views indexed from 0: no negative-index wraparound in the loop, so it vectorizes
+    gs = gy[base : base + size]
+    for k in range(size):
+        g = gs[k]
         s += g
-        d += (x[k] - m) * g
+        d += (xs[k] - m) * g
     return s, d
 
 
@@ -95,8 +98,15 @@ def _factors(s, d, inv, w, n):
 @njit(inline="always", error_model="numpy")
 def _grad_x_row(x, gy, out, base, size, m, k, gm, a):
     """``grad_x`` over ``size`` elements from ``base`` of one channel (see :func:`_factors`); ``out`` may be ``gy``."""
-    for j in range(base, base + size):
-        out[j] = (gy[j] - gm - (x[j] - m) * k) * a
+    xs = x[base : base + size]
+    gs = gy[base : base + size]
+    if out is gy:  # one array read and written at the same index: LLVM vectorizes it (two that overlap, it cannot)
+        for j in range(size):
+            gs[j] = (gs[j] - gm - (xs[j] - m) * k) * a
+    else:
+        os = out[base : base + size]
+        for j in range(size):
+            os[j] = (gs[j] - gm - (xs[j] - m) * k) * a
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -147,8 +157,26 @@ def _grad_x_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, sums
     for c in range(channels):
         k[c], grad_mean[c], a[c] = _factors(sums[c], dots[c], invstd[c], weight[c] if has_weight else one, n)
     for i in prange(x.shape[0] // (channels * size)):
+        if size == 1:  # [B', C] (BatchNorm1d, a 1x1 map): one loop over the channels, not a row per element
+            _grad_x_row_over_channels(x, gy, out, i * channels, mean, k, grad_mean, a)
+        else:
+            for c in range(channels):
+                _grad_x_row(x, gy, out, (i * channels + c) * size, size, mean[c], k[c], grad_mean[c], a[c])
+
+
+@njit(inline="always", error_model="numpy")
+def _grad_x_row_over_channels(x, gy, out, base, mean, k, gm, a):
+    """:func:`_grad_x_row` of one sample of a ``[B', C]`` input, the factors per channel."""
+    channels = mean.shape[0]
+    xs = x[base : base + channels]
+    gs = gy[base : base + channels]
+    if out is gy:
         for c in range(channels):
-            _grad_x_row(x, gy, out, (i * channels + c) * size, size, mean[c], k[c], grad_mean[c], a[c])
+            gs[c] = (gs[c] - gm[c] - (xs[c] - mean[c]) * k[c]) * a[c]
+    else:
+        os = out[base : base + channels]
+        for c in range(channels):
+            os[c] = (gs[c] - gm[c] - (xs[c] - mean[c]) * k[c]) * a[c]
 
 
 def backward(
