@@ -33,6 +33,11 @@ frees the saved ``h`` after backward (``overwrite_saved``: eager autograd withou
 written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``. The ``[T, N]`` outputs come
 from :mod:`.buffers`, which reuses freed ones instead of page-faulting fresh memory on every call.
 
+A block's input rows (:func:`_source_rows`) are ``x`` itself, or a ``T x block`` tile the block fills first: with a
+fused BatchNorm (``batch_norm``, the fused BatchNorm+LIF op's backward, :mod:`.batchnorm_cpu`) the normalized raw
+input, and when the recompute writes over its own input (``overwrite_x``) a copy of its rows, as rows that alias
+the outputs keep LLVM from vectorizing the loop.
+
 Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
 half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
 """
