@@ -2,14 +2,17 @@
 
 import csv
 
+import pytest
+
 from spikefuse.bench import memory
 from spikefuse.cli import main
 
 
 def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
     code = main(["bench", "memory", "--quick", "--in-process", "--models", "resnet18", "--forms", "fused", "lean", "floor",
-                 "--threads", "1", "--results-dir", str(tmp_path)])
+                 "--threads", "1", "--rounds", "2", "--results-dir", str(tmp_path)])
     assert code == 0
+    assert "resnet18 / lean (round 2 of 2)" in capsys.readouterr().err
     md, csv_path = tmp_path / "bench-memory-quick.md", tmp_path / "bench-memory-quick.csv"
     assert md.exists() and csv_path.exists()
     rows = list(csv.DictReader(csv_path.open()))
@@ -26,3 +29,9 @@ def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
     assert float(by_form["lean"]["stack_vs_vanilla"]) < 0.6
     text = md.read_text()
     assert "Machine:" in text and "Command:" in text and "| resnet18 | lean |" in text
+    assert "then the median over 2 rounds, the forms taking turns" in text
+
+
+def test_bench_memory_rounds_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        main(["bench", "memory", "--quick", "--in-process", "--rounds", "0", "--results-dir", str(tmp_path)])

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-optimizer", dest="optimizer", action="store_false",
                    help="time forward+backward only (default: an Adam update is part of every step)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per form, median reported (default: 3)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every form this many times, the forms taking turns, and report the median of the "
+                        "rounds' step times: a drift of the machine during the run hits every form alike "
+                        "(default: %(default)s)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--in-process", action="store_true",
@@ -212,7 +217,6 @@ def _group(module) -> str | None:
 def run_form(cfg: dict) -> dict:
     """Measure one model in one form (in this process); returns a JSON-able result plus ``grads``."""
     import gc
-    import statistics
     import time
 
     import torch
@@ -398,14 +402,22 @@ def _run(args, cfg0: dict) -> int:
         notes.append("SpikingJelly is not installed: its form is skipped (`pip install spikingjelly --no-deps`).")
     if "vanilla" not in forms:
         forms.insert(0, "vanilla")  # the reference of the comparisons
+    if args.rounds < 1:
+        raise SystemExit(f"bench memory: --rounds must be at least 1, got {args.rounds}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
-            results = {}
-            for form in forms:
-                cfg = {**cfg0, "model": model, "form": form}
-                print(f"bench memory: {model} / {form} ...", file=sys.stderr, flush=True)
-                results[form] = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
+            results, step_times = {}, {form: [] for form in forms}
+            for round_ in range(args.rounds):
+                for form in forms:
+                    cfg = {**cfg0, "model": model, "form": form}
+                    print(f"bench memory: {model} / {form} (round {round_ + 1} of {args.rounds}) ...",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    result = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
+                    results.setdefault(form, result)  # memory and gradients: the same in every round
+                    step_times[form].append(result[0]["step_s"])
+            for form, times in step_times.items():
+                results[form][0]["step_s"] = statistics.median(times)
             ref, ref_grads = results["vanilla"]
             fused_time = results["fused"][0]["step_s"] if "fused" in results else None
             floor_time = results["floor"][0]["step_s"] if "floor" in results else None
@@ -459,7 +471,8 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         f"cross-entropy of the time-averaged output, backward"
         f"{', Adam update' if cfg['optimizer'] else ' (no optimizer update)'}; "
         f"{'all forms in one process' if args.in_process else 'each form in a fresh subprocess'}; "
-        f"median of {cfg['repeats']} timed step(s).",
+        f"median of {cfg['repeats']} timed step(s)"
+        + (f", then the median over {args.rounds} rounds, the forms taking turns." if args.rounds > 1 else "."),
         "",
         "Forms: " + "; ".join(f"`{k}` = {v}" for k, v in FORMS.items()) + ".",
         "",
