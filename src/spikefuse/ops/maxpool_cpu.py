@@ -30,48 +30,38 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Below this many input elements a call runs on one thread (waking the pool costs more than it saves).
 _SERIAL_WORK = 1 << 15
 
+_NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
+
 
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
     """``[2, out_size]``: the first input index of each output's window along one dim, moved past the padding
-    (torch's ``while (start < 0) start += dilation``), and the number of input elements it covers (numba's loops
-    with a run-time step cost 2x ``range(count)``)."""
+    (torch's ``while (start < 0) start += dilation``), and the number of input elements it covers (a loop over a
+    count: numba's loops with a run-time step are slower)."""
     starts = np.arange(out_size, dtype=np.int64) * stride - padding
     ends = np.minimum(starts + (kernel - 1) * dilation + 1, in_size)
     starts = np.where(starts < 0, starts + (-starts + dilation - 1) // dilation * dilation, starts)
     return np.stack([starts, (ends - starts + dilation - 1) // dilation])
 
 
-@njit(parallel=True, cache=True)
-def _forward_kernel(x, planes, isize, osize, bd, bh, bw, dilation, out):
-    """``x`` ``[planes * D*H*W]``, ``out`` ``[planes * oD*oH*oW]``; ``isize``/``osize`` (D, H, W), ``bd``/``bh``/
-    ``bw`` the windows' bounds per dim (:func:`_bounds`)."""
-    d_in, h_in, w_in = isize
-    d_out, h_out, w_out = osize
+@njit(inline="always")
+def _window_max(x, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+    """The maximum of a window in torch's row-major scan: the first of equal maxima, NaN over anything."""
     sd, sh, sw = dilation
-    plane_in = d_in * h_in * w_in
-    plane_out = d_out * h_out * w_out
-    for p in prange(planes):
-        base = p * plane_in
-        o = p * plane_out
-        for od in range(d_out):
-            for oh in range(h_out):
-                for ow in range(w_out):
-                    best = x.dtype.type(-np.inf)
-                    for ii in range(bd[1, od]):
-                        i = bd[0, od] + ii * sd
-                        for jj in range(bh[1, oh]):
-                            row = base + (i * h_in + bh[0, oh] + jj * sh) * w_in + bw[0, ow]
-                            for kk in range(bw[1, ow]):
-                                v = x[row + kk * sw]
-                                if v > best or np.isnan(v):
-                                    best = v
-                    out[o] = best
-                    o += 1
+    best = x.dtype.type(-np.inf)
+    for ii in range(nd):
+        for jj in range(nh):
+            row = base + ((d0 + ii * sd) * h_in + h0 + jj * sh) * w_in + w0
+            for kk in range(nw):
+                v = x[row + kk * sw]
+                if v > best or np.isnan(v):
+                    best = v
+    return best
 
 
 @njit(inline="always")
-def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, sd, sh, sw):
+def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
     """Index of the first set bit of a window in row-major scan order, or of its first element when none is."""
+    sd, sh, sw = dilation
     for ii in range(nd):
         for jj in range(nh):
             row = base + ((d0 + ii * sd) * h_in + h0 + jj * sh) * w_in + w0
@@ -82,24 +72,41 @@ def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, sd, sh, sw):
     return base + (d0 * h_in + h0) * w_in + w0
 
 
-@njit(parallel=True, cache=True)
-def _backward_kernel(grad_y, bits, planes, isize, osize, bd, bh, bw, dilation, grad_x):
-    """``grad_x`` (zeroed) ``[planes * D*H*W]`` += ``grad_y`` at each window's index found from ``bits``."""
-    d_in, h_in, w_in = isize
-    d_out, h_out, w_out = osize
-    sd, sh, sw = dilation
-    plane_in = d_in * h_in * w_in
-    plane_out = d_out * h_out * w_out
-    for p in prange(planes):
-        base = p * plane_in
-        o = p * plane_out
-        for od in range(d_out):
-            for oh in range(h_out):
-                for ow in range(w_out):
-                    e = _first_set(bits, base, h_in, w_in, bd[0, od], bd[1, od], bh[0, oh], bh[1, oh], bw[0, ow],
-                                   bw[1, ow], sd, sh, sw)  # fmt: skip
-                    grad_x[e] += grad_y[o]
-                    o += 1
+@njit(inline="always")
+def _pool_window(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+    """Forward: ``dst[o]`` = the maximum of ``src``'s (the input's) window."""
+    dst[o] = _window_max(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)
+
+
+@njit(inline="always")
+def _unpool_window(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+    """Backward: ``dst`` (grad_x) += ``aux[o]`` (grad_y) at the window's index found from ``src`` (the bits)."""
+    dst[_first_set(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)] += aux[o]
+
+
+def _make_kernel(visit):
+    """A kernel that calls ``visit`` on every window, planes in parallel, the outputs of a plane in order."""
+
+    @njit(parallel=True, cache=True)
+    def kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
+        plane_in = isize[0] * isize[1] * isize[2]
+        plane_out = osize[0] * osize[1] * osize[2]
+        for p in prange(planes):
+            o = p * plane_out
+            for od in range(osize[0]):
+                for oh in range(osize[1]):
+                    for ow in range(osize[2]):
+                        visit(src, aux, dst, p * plane_in, o, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
+                              bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
+                        o += 1
+
+    return kernel
+
+
+# ``x`` / ``bits`` ``[planes * D*H*W]``, ``out`` / ``grad_y`` ``[planes * oD*oH*oW]``; ``isize``/``osize`` (D, H, W),
+# ``bd``/``bh``/``bw`` the windows' bounds per dim (:func:`_bounds`).
+_forward_kernel = _make_kernel(_pool_window)
+_backward_kernel = _make_kernel(_unpool_window)
 
 
 def _launch_args(in_shape, out_shape, kernel, stride, padding, dilation):
@@ -121,7 +128,7 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     if out.numel():
         match_numba_threads(x.numel(), _SERIAL_WORK)
         args = _launch_args(x.shape, out_shape, kernel, stride, padding, dilation)
-        _forward_kernel(x.reshape(-1).numpy(), *args, out.reshape(-1).numpy())
+        _forward_kernel(x.reshape(-1).numpy(), _NO_AUX, *args, out.reshape(-1).numpy())
     return out
 
 
@@ -132,5 +139,5 @@ def backward(grad_y: torch.Tensor, bits: torch.Tensor, in_shape, kernel, stride,
     if grad_y.numel():
         match_numba_threads(grad_x.numel(), _SERIAL_WORK)
         args = _launch_args(in_shape, grad_y.shape, kernel, stride, padding, dilation)
-        _backward_kernel(grad_y.contiguous().reshape(-1).numpy(), bits.numpy(), *args, grad_x.reshape(-1).numpy())
+        _backward_kernel(bits.numpy(), grad_y.contiguous().reshape(-1).numpy(), *args, grad_x.reshape(-1).numpy())
     return grad_x
