@@ -16,12 +16,16 @@ from spikefuse.validation import paper_spec
 
 
 def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalization, t_steps: int) -> torch.Tensor:
-    """BatchNorm of ``x`` as the cpu neuron kernels compute it: a neuron that never fires (threshold 1e30) with
-    decay 0 has ``h = 0*h + y = y``, saved with SAVE_POTENTIAL."""
-    spec = paper_spec(1e30, 0.0, Sigmoid(), False).kernel_args()
-    leak, v0 = torch.zeros(1, dtype=x.dtype), torch.zeros(1, dtype=x.dtype)
-    _, _, h = cpu.forward(x.reshape(t_steps, -1), leak, 1, v0, spec, P.SAVE_POTENTIAL, batch_norm=norm)
-    return h.reshape(x.shape)
+    """BatchNorm of ``x`` as the cpu backend's backward kernels compute it: the rows that blocks of neurons read
+    (``cpu._source_tile``), gathered over blocks of a ragged size."""
+    x2 = x.reshape(t_steps, -1)
+    src = cpu._source(x2, norm, copy=False)
+    out = torch.empty_like(x2)
+    n, block = x2.shape[1], 37
+    for n0 in range(0, n, block):
+        m = min(block, n - n0)
+        out[:, n0 : n0 + m] = torch.from_numpy(cpu._source_tile(x2.numpy(), n0, m, src))
+    return out.reshape(x.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
@@ -49,17 +53,18 @@ def test_bad_input():
     x = torch.randn(4, 3, 2)
     mean, invstd = torch.zeros(3), torch.ones(3)
     spec = paper_spec(1.0, 0.0, Sigmoid(), False).kernel_args()
-    one, zero = torch.ones(1), torch.zeros(1)
+    one, zero, grad = torch.ones(1), torch.zeros(1), torch.zeros(1, 24)
+
+    def backward(x2, norm):
+        return cpu.backward(grad, zero, x2, one, 1, zero, None, spec, P.SAVE_INPUT, False, batch_norm=norm)
+
     with pytest.raises(ValueError, match=r"not \[B, 3 channels, 5\] merged"):
-        cpu.forward(x.reshape(1, -1), one, 1, zero, spec, P.SAVE_INPUT,
-                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 5))  # fmt: skip
+        backward(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 5))
     with pytest.raises(TypeError, match="fused BatchNorm needs float32 or float64 input"):
-        cpu.forward(x.reshape(1, -1).half(), one, 1, zero, spec, P.SAVE_INPUT,
-                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
+        backward(x.reshape(1, -1).half(), batchnorm_cpu.Normalization(mean, invstd, None, None, 2))
     bad_bits = torch.zeros(2, dtype=torch.uint8)
     with pytest.raises(ValueError, match="residual_bits must be 3 packed uint8 bytes"):
-        cpu.forward(x.reshape(1, -1), one, 1, zero, spec, P.SAVE_INPUT,
-                    batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
+        backward(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
     with pytest.raises(ValueError, match=r"fused BatchNorm \(batch_norm\) needs recompute mode"):
         cpu.backward(torch.zeros(1, 24), zero, None, one, 1, zero, torch.zeros(1, 24), spec, P.SAVE_POTENTIAL,
                      False, batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip

@@ -33,10 +33,10 @@ frees the saved ``h`` after backward (``overwrite_saved``: eager autograd withou
 written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``. The ``[T, N]`` outputs come
 from :mod:`.buffers`, which reuses freed ones instead of page-faulting fresh memory on every call.
 
-A block's input rows (:func:`_source_rows`) are ``x`` itself, or a ``T x block`` tile the block fills first: with a
-fused BatchNorm (``batch_norm``, the fused BatchNorm+LIF op's backward, :mod:`.batchnorm_cpu`) the normalized raw
-input, and when the recompute writes over its own input (``overwrite_x``) a copy of its rows, as rows that alias
-the outputs keep LLVM from vectorizing the loop.
+In backward a block's input rows (:func:`_source_tile`) are ``x`` itself, or a ``T x block`` tile the block fills
+first: with a fused BatchNorm (``batch_norm``, the fused BatchNorm+LIF op's backward, :mod:`.batchnorm_cpu`) the
+normalized raw input, and when the recompute writes over its own input (``overwrite_x``) a copy of its rows, as rows
+that alias the outputs keep LLVM from vectorizing the loop.
 
 Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
 half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
@@ -287,7 +287,7 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
 @njit(error_model="numpy")
 def _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit. The block's
-    input is ``x[:, x0 : x0 + m]`` (``x0 = n0``, or 0 in a tile of the block's own, see :func:`_source_rows`).
+    input is ``x[:, x0 : x0 + m]`` (``x0 = n0``, or 0 in a tile of the block's own, see :func:`_source_tile`).
 
     Spikes / potentials not wanted (``write_s`` / ``write_h`` false) go to a block-sized scratch row that stays
     in cache, so a single loop per family serves the forward with and without saving h and the backward's recompute.
@@ -381,29 +381,26 @@ def _load_row(dst, src, n0, m):
             dst[i] = src[n0 + i]
 
 
-# Where a block's input rows come from (``src`` of :func:`_source_rows`): ``x`` itself; a copy of them (``x`` is
-# also the rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the
-# outputs keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
-SOURCE_X, SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(5)
+# Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
+# rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the outputs
+# keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
+SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
 
 
-@njit(inline="always", error_model="numpy")
-def _source_rows(x, n0, m, src):
-    """``(rows, x0)``: the array and column offset that a block of neurons ``[n0, n0 + m)`` reads its input from
-    (see ``SOURCE_*``). ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are
+@njit(cache=True, error_model="numpy")  # not inlined: compiled once for every kernel that calls it, once a block
+def _source_tile(x, n0, m, src):
+    """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``). ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are
     per channel (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
     ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds
     ``fma(x, alpha, beta) [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own
     ``[T, m]``: it stays in cache between its writing and the neuron's reading."""
     mode, alpha, beta, spatial, residual, bits = src
-    if mode == SOURCE_X:
-        return x, n0
     t_steps, n = x.shape
     tile = np.empty((t_steps, m), x.dtype)
     if mode == SOURCE_COPY:
         for t in range(t_steps):
             tile[t, :] = x[t, n0 : n0 + m]
-        return tile, 0
+        return tile
     na = np.empty(m, x.dtype)
     nb = np.empty(m, x.dtype)
     _leak_row(na, alpha, n0, spatial)
@@ -426,7 +423,7 @@ def _source_rows(x, n0, m, src):
                 e = base + i
                 r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
                 tr[i] = _fma(xr[i], na[i], nb[i]) + r
-    return tile, 0
+    return tile
 
 
 @njit(inline="always", error_model="numpy")
@@ -435,7 +432,7 @@ def _post_reset(h, s, th, vr, ron, rhard):
 
 
 @njit(error_model="numpy")
-def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block, src):
+def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
@@ -446,8 +443,7 @@ def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, s
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
     write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    rows, x0 = _source_rows(x, n0, m, src)
-    _fwd_dispatch(fam, rows, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    _fwd_dispatch(fam, x, n0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -460,11 +456,10 @@ def _make_forward_kernel(fam: int):
     """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block, src):
+    def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
         nblocks = (x.shape[1] + block - 1) // block
         for b in prange(nblocks):
-            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block,
-                           src)
+            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
 
     return forward_kernel
 
@@ -639,7 +634,12 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
     v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
     _load_row(v0, v_init, n0, v0.shape[0])
     _leak_row(kk, leak, n0, inner)
-    rows, x0 = _source_rows(x, n0, m, src)  # the input, for the recompute and the x term of Cleak
+    # the input, for the recompute and the x term of Cleak; src None (x itself) is a type of its own, so the kernels
+    # of a plain neuron are compiled without _source_tile
+    if src is None:
+        rows, x0 = x, n0
+    else:
+        rows, x0 = _source_tile(x, n0, m, src), 0
     if recompute:
         hb = g  # scratch for the running potential
         _load_row(hb, v_init, n0, m)
@@ -808,22 +808,18 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> 
         raise ValueError(f"cpu backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-def _tile_block(t_steps: int) -> int:
-    """Neurons per block whose ``[T, block]`` tile (recomputed h, a normalized input) stays in L2."""
-    return min(4096, max(256, 65536 // t_steps))
-
-
 @functools.lru_cache(maxsize=None)
 def _empty_source(dtype: np.dtype, mode: int) -> tuple:
     empty = np.empty(0, dtype=dtype)
     return (mode, empty, empty, 1, np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8))
 
 
-def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple:
-    """The ``src`` argument of the kernels (see :func:`_source_rows`) for compute-dtype input ``x [T, N]``."""
+def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple | None:
+    """The ``src`` argument of the backward kernels (see :func:`_source_tile`) for the input ``x [T, N]``: None
+    for ``x`` itself."""
     np_dtype = np.dtype(np.float32 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else np.float64)
     if batch_norm is None:
-        return _empty_source(np_dtype, SOURCE_COPY if copy else SOURCE_X)
+        return _empty_source(np_dtype, SOURCE_COPY) if copy else None
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
     t_steps, n = x.shape
@@ -833,7 +829,7 @@ def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple:
             f"cpu backend: x of {n} neurons per step is not [B, {channels} channels, {batch_norm.spatial}] merged"
         )
     alpha, beta = batchnorm_cpu.affine_factors(batch_norm, x.dtype)
-    _, _, _, _, empty_residual, no_bits = _empty_source(np_dtype, SOURCE_X)
+    _, _, _, _, empty_residual, no_bits = _empty_source(np_dtype, SOURCE_BN)
     if batch_norm.residual is not None:
         residual = batch_norm.residual.reshape(t_steps, n)
         _check("residual", residual, x.dtype)
@@ -846,16 +842,13 @@ def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple:
     return SOURCE_BN, alpha, beta, int(batch_norm.spatial), empty_residual, no_bits
 
 
-def forward(x2, leak, inner, v_init, spec_args, save, *, out=None, batch_norm=None):
+def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     """``out``: ``(spikes, state, h)`` buffers to write into instead of fresh ones (``h`` ignored unless ``save`` is
-    SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults.
-    ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`; the neuron's input is then its BatchNorm
-    of ``x2`` (plus residual), computed block by block in cache and never stored."""
+    SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults."""
     spec = SpecArgs(*spec_args)
     _check_dtype(x2.dtype)
     _check("x", x2)
     cdt = compute_dtype(x2.dtype)
-    src = _source(x2, batch_norm, copy=False)
     _check("leak", leak, cdt)
     _check("v_init", v_init, cdt)
     t_steps, n = x2.shape
@@ -878,11 +871,9 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None, batch_norm=No
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    # a BatchNorm tile of T x block in cache, as the backward's recompute tile
-    block = _FORWARD_BLOCK if batch_norm is None else _tile_block(t_steps)
     _FORWARD_KERNELS[fl[_I_FAM]](
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
-        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, block), src,
+        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
     )
     return spikes, state, (hs if save_h else None)
 
@@ -893,7 +884,8 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     ``overwrite_x``: likewise for ``x`` in recompute mode (a transient of the caller's): the recomputed potentials,
     then grad_x, go over it instead of into a new buffer (each block reads its rows of ``x`` into a tile first).
     ``out``: a ``[T, N]`` compute-dtype buffer for grad_x instead of a fresh one (for kernel-only timing).
-    ``batch_norm``: as :func:`forward`'s (recompute mode only; ``x2`` is the raw input)."""
+    ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (recompute mode only): ``x2`` is the raw
+    input, and the neuron's is its BatchNorm (plus residual), computed block by block in cache, never stored."""
     spec = SpecArgs(*spec_args)
     cdt = compute_dtype(grad_spikes.dtype)
     _check_dtype(grad_spikes.dtype)
@@ -936,11 +928,11 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     gv = buffers.empty((n,) if v_init.numel() == n else (0,), cdt)  # none for a shared v_init
     gl = torch.empty(n if need_leak_grad else 0, dtype=cdt)
     if recompute:  # the T x block tile of recomputed h stays in L2
-        block = _tile_block(t_steps)
+        block = min(4096, max(256, 65536 // t_steps))
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    src = _source(xc, batch_norm, copy=over_x)
+    src = _source(x2 if x2 is not None else xc, batch_norm, copy=over_x)
     _BACKWARD_KERNELS[spec.surrogate_code](
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
         v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
