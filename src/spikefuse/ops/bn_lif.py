@@ -36,7 +36,8 @@ Backward (``spikefuse::bn_lif_backward``):
    ``grad_y`` (when that is not also the residual's gradient); elsewhere torch's op.
 
 Every backend works, since only the common ``forward``/``backward`` entry points are used. Both ops are
-``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them.
+``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
+calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
 
 On CUDA ``nn.BatchNorm`` goes through cuDNN, whose ``y`` may differ from ``native_batch_norm``'s in the last ulp;
 spikes then agree with the composition except where ``y`` lands within an ulp of the threshold.
@@ -330,7 +331,7 @@ torch.library.register_autograd("spikefuse::bn_lif_forward", _backward, setup_co
 
 class _EagerBatchNormNeuron(torch.autograd.Function):
     """``bn_lif_forward`` with the same autograd, without the custom-op dispatch, which costs more than the kernels
-    of a small layer (about 0.3 ms a call, forward and backward; see :func:`spikefuse.ops.autograd.neuron`)."""
+    of a small layer (as for the neuron op, :func:`spikefuse.ops.autograd.neuron`)."""
 
     @staticmethod
     def forward(*inputs):
