@@ -360,7 +360,8 @@ class _SpikeMaxPoolNd:
 _POOL_DOC = """:class:`torch.nn.MaxPool{d}d` on spikes that saves its input for backward as bits and no indices.
 
     torch's layer keeps its input and the int64 index of every maximum (together 3x a float32 input); this one
-    keeps 1 bit per input element and finds the indices again in backward with torch's own pooling. Same arguments
+    keeps 1 bit per input element and finds torch's indices again from the bits in backward (numba kernels on a
+    contiguous float32/float64 CPU input, torch's own pooling of the unpacked input elsewhere). Same arguments
     (except ``return_indices``), output and gradients as :class:`torch.nn.MaxPool{d}d`; like it, it takes
     ``[N, C, {dims}]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
     binary (0/1)**, as for :class:`SpikeConv{d}d`: checked only in debug mode.

@@ -227,10 +227,10 @@ def _per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
 
 
 class Normalization(NamedTuple):
-    """Training-mode BatchNorm fused into the cpu backend's neuron kernels (``spikefuse.ops.cpu.forward`` /
-    ``backward``'s ``batch_norm``), whose ``x [T, N]`` is then the raw input ``[T*B, C, *spatial]`` merged: each
-    block of neurons normalizes its own rows with torch's formula (see the module docstring) and adds ``residual``
-    (``[T, N]``, floats) or ``residual_bits`` (:func:`spikefuse.ops.bitpack.pack` of it) when given."""
+    """Training-mode BatchNorm fused into the cpu backend's neuron backward (``spikefuse.ops.cpu.backward``'s
+    ``batch_norm``), whose ``x [T, N]`` is then the raw input ``[T*B, C, *spatial]`` merged: each block of neurons
+    normalizes its own rows with torch's formula (see the module docstring) and adds ``residual`` (``[T, N]``,
+    floats) or ``residual_bits`` (:func:`spikefuse.ops.bitpack.pack` of it) when given."""
 
     mean: torch.Tensor
     invstd: torch.Tensor
@@ -244,13 +244,11 @@ class Normalization(NamedTuple):
 def affine_factors(norm: Normalization, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Per channel ``alpha = invstd * weight`` and ``beta = fma(-mean, alpha, bias)`` in ``dtype``: torch's CPU
     kernel's ``y = fma(x, alpha, beta)``."""
-    channels = norm.mean.shape[0]
-    np_dtype = np.float32 if dtype == torch.float32 else np.float64
-    alpha = np.empty(channels, dtype=np_dtype)
-    beta = np.empty(channels, dtype=np_dtype)
+    mean = _per_channel(norm.mean, dtype)
+    alpha, beta = np.empty_like(mean), np.empty_like(mean)
     _affine_kernel(
-        _per_channel(norm.mean, dtype), _per_channel(norm.invstd, dtype), _per_channel(norm.weight, dtype),
-        _per_channel(norm.bias, dtype), norm.weight is not None, norm.bias is not None, alpha, beta,
+        mean, _per_channel(norm.invstd, dtype), _per_channel(norm.weight, dtype), _per_channel(norm.bias, dtype),
+        norm.weight is not None, norm.bias is not None, alpha, beta,
     )  # fmt: skip
     return alpha, beta
 

@@ -809,17 +809,19 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def _empty_source(dtype: np.dtype, mode: int) -> tuple:
-    empty = np.empty(0, dtype=dtype)
-    return (mode, empty, empty, 1, np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8))
+def _empty_arrays(dtype: np.dtype) -> tuple:
+    """Placeholders for the unused arrays of a ``src`` tuple: ``(no alpha/beta, no residual, no bits)``."""
+    return np.empty(0, dtype=dtype), np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8)
 
 
-def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple | None:
+def _source(x: torch.Tensor | None, batch_norm, copy: bool) -> tuple | None:
     """The ``src`` argument of the backward kernels (see :func:`_source_tile`) for the input ``x [T, N]``: None
     for ``x`` itself."""
-    np_dtype = np.dtype(np.float32 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else np.float64)
     if batch_norm is None:
-        return _empty_source(np_dtype, SOURCE_COPY) if copy else None
+        if not copy:
+            return None
+        no_factors, no_residual, no_bits = _empty_arrays(x.numpy().dtype)
+        return SOURCE_COPY, no_factors, no_factors, 1, no_residual, no_bits
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
     t_steps, n = x.shape
@@ -829,17 +831,18 @@ def _source(x: torch.Tensor, batch_norm, copy: bool) -> tuple | None:
             f"cpu backend: x of {n} neurons per step is not [B, {channels} channels, {batch_norm.spatial}] merged"
         )
     alpha, beta = batchnorm_cpu.affine_factors(batch_norm, x.dtype)
-    _, _, _, _, empty_residual, no_bits = _empty_source(np_dtype, SOURCE_BN)
+    _, no_residual, no_bits = _empty_arrays(alpha.dtype)
+    spatial = int(batch_norm.spatial)
     if batch_norm.residual is not None:
         residual = batch_norm.residual.reshape(t_steps, n)
         _check("residual", residual, x.dtype)
-        return SOURCE_BN_RESIDUAL, alpha, beta, int(batch_norm.spatial), residual.numpy(), no_bits
+        return SOURCE_BN_RESIDUAL, alpha, beta, spatial, residual.numpy(), no_bits
     if batch_norm.residual_bits is not None:
         bits = batch_norm.residual_bits
         if bits.dtype != torch.uint8 or bits.numel() != (x.numel() + 7) // 8:
             raise ValueError(f"cpu backend: residual_bits must be {(x.numel() + 7) // 8} packed uint8 bytes")
-        return SOURCE_BN_RESIDUAL_BITS, alpha, beta, int(batch_norm.spatial), empty_residual, bits.numpy()
-    return SOURCE_BN, alpha, beta, int(batch_norm.spatial), empty_residual, no_bits
+        return SOURCE_BN_RESIDUAL_BITS, alpha, beta, spatial, no_residual, bits.numpy()
+    return SOURCE_BN, alpha, beta, spatial, no_residual, no_bits
 
 
 def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
@@ -932,7 +935,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    src = _source(x2 if x2 is not None else xc, batch_norm, copy=over_x)
+    src = _source(x2, batch_norm, copy=over_x)  # x2 is given whenever a tile is (recompute mode)
     _BACKWARD_KERNELS[spec.surrogate_code](
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
         v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
