@@ -7,12 +7,16 @@ tiny (``prange`` over blocks calling a per-block function), so numba's parfor pa
 
 Mode switches are integer flags. LLVM does *not* reliably unswitch many invariant branches out of one loop (a
 generic loop was 3-4x slower than a specialized one in measurements, and a libm ``exp`` anywhere in a loop body
-keeps the whole loop scalar), so the loops are specialized where it matters: block loops are called with literal
-family / surrogate / flag arguments and numba compiles one specialization per literal (5 forward families, 5
-surrogate loops, 4 reverse-step loops), each twice: with the leak and the backward's coefficients as scalars (one
-leak for the layer) or as per-neuron arrays (per-channel leak, see :func:`_at`). The remaining differences are
-branch-free, loop-invariant selects. The parallel kernels are one per forward family and one per backward surrogate
-(:data:`_FORWARD_KERNELS`, :data:`_BACKWARD_KERNELS`), each compiled on its first call and cached on disk.
+keeps the whole loop scalar), so the loops are specialized where it matters. The parallel kernels
+(:func:`_forward_kernel`, :func:`_backward_kernel`) are made per forward family, or per surrogate and backward mode
+(recompute or not, grad_x in place or not), with the leak and the backward's coefficients as scalars (one leak for
+the layer) or per-neuron arrays (per-channel leak, see :func:`_at`). They pass these as literal arguments to the
+block loops, numba compiles one specialization per literal, and an overload on a literal gives numba only the code
+that runs to compile (the recompute's loops only in recompute mode). So a first call compiles the loops it runs
+and no others, and each kernel is cached on disk. The loops and the scalar building blocks are plain numba functions,
+compiled once per signature and linked into every kernel that calls them (LLVM inlines them): a process that runs
+many configurations, as the tests do, compiles each loop once. The remaining differences, the leak gradient among
+them, are branch-free or loop-invariant (LLVM unswitches the loop on them).
 Other things that keep the loops vectorized: ``error_model="numpy"`` (the default Python error model puts a
 ZeroDivisionError branch on every division), constants read into scalars before a loop (loads of a constants
 array inside it may alias the stores, as far as LLVM knows), and a polynomial ``exp2`` for the sigmoid surrogate.
@@ -100,10 +104,10 @@ _BACKWARD_BLOCK = 16384
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Scalar building blocks (inlined by numba into the loops below).
+# Scalar building blocks (inlined by LLVM into the loops below).
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _fire(h, thf):
     """``h - threshold > 0`` (strict, snnTorch) or ``>= 0`` as one comparison ``h >= thf``.
 
@@ -114,7 +118,7 @@ def _fire(h, thf):
     return h >= thf
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _step(fam, hp, s, xv, k, th, vr, rval, hard, psoft, ssoft, ron, rhard, zero):
     """One step ``h = step(h_prev, s_prev, x)`` with the exact operation order of :mod:`spikefuse.params`.
 
@@ -183,7 +187,7 @@ def _exp_consts_for_dtype(fp):
                                                    fp[c + 6], fp[c + 7], fp[c + 8]))
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _horner(x, coefficients):
     """The polynomial with ``coefficients`` (highest power first) at ``x``, one FMA per coefficient."""
     p = coefficients[0]
@@ -226,7 +230,7 @@ def _muladd(typingctx, a, b, c):
     return a(a, a, a), codegen
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _exp2_neg(z, ec):
     """``2^-z`` for ``z >= 0`` in plain arithmetic that LLVM vectorizes (libm's exp is a scalar call).
 
@@ -244,7 +248,7 @@ def _exp2_neg(z, ec):
     return _horner(n - zc, coefficients) * _pow2_neg(n)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _surrogate(code, u, a, b, zero, one, ec):
     """The surrogate derivative of :mod:`spikefuse.surrogate` for ``u = h - threshold``.
 
@@ -270,7 +274,7 @@ def _surrogate(code, u, a, b, zero, one, ec):
     return one / (z * z)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _reverse_factor(h, s, d, k1, al, be, zos, zero):
     """``A = dh[t+1]/dh[t] = (0 if s and zos else k1) + (al*h + be)*d``: the reverse step's factor at potential ``h``
     with spike ``s``, for every dynamics (see :func:`_coefficients`), in two FMAs (the loop is bound by
@@ -312,33 +316,52 @@ def _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
             hb[i] = hn
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
-def _fwd_dispatch(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """The block loop of the literal family ``fam``; ``kk``: the leak per neuron, or one entry for all (see
-    :func:`_at`)."""
-    if kk.shape[0] == 1:
-        _fwd_block(fam, x, x0, kk[0], hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    else:
-        _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+def _shared_or_per_neuron(shared, c):
+    """``c[0]`` when ``shared`` (a literal: one leak / one set of coefficients for every neuron), else ``c``; ``c``
+    is an array or a tuple of them (see :func:`_at`)."""
 
 
-@njit(inline="always", error_model="numpy")
-def _fwd_any_family(x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
-    """:func:`_fwd_dispatch` for the family in ``fl`` (the backward's recompute, compiled with every family)."""
-    fam = fl[_I_FAM]
-    if fam == _FAM_LIF:
-        _fwd_dispatch(_FAM_LIF, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_DIV_INPUT:
-        _fwd_dispatch(_FAM_DIV_INPUT, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_MUL_INPUT:
-        _fwd_dispatch(_FAM_MUL_INPUT, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    elif fam == _FAM_DIV:
-        _fwd_dispatch(_FAM_DIV, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
-    else:
-        _fwd_dispatch(_FAM_MUL, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h)
+@overload(_shared_or_per_neuron, inline="always")
+def _shared_or_per_neuron_overload(shared, c):
+    if not isinstance(shared, types.Literal):
+        return None  # numba retries with the literal
+    if not shared.literal_value:
+        return lambda shared, c: c
+    if isinstance(c, types.Array):
+        return lambda shared, c: c[0]
+    return lambda shared, c: (c[0][0], c[1][0], c[2][0], c[3][0], c[4][0], c[5][0])
 
 
-@njit(inline="always", error_model="numpy")
+def _recompute(recompute, rows, x0, kf, hb, out, fp, n0, m, fl):
+    """The backward's recompute (a literal ``recompute``): the potentials of the family in ``fl`` from ``rows`` into
+    ``out``, no spikes; nothing at all, and no family's loop even compiled, when the potentials were saved."""
+
+
+@overload(_recompute, inline="always")
+def _recompute_overload(recompute, rows, x0, kf, hb, out, fp, n0, m, fl):
+    if not isinstance(recompute, types.Literal):
+        return None
+    if not recompute.literal_value:
+        return lambda recompute, rows, x0, kf, hb, out, fp, n0, m, fl: None
+
+    def impl(recompute, rows, x0, kf, hb, out, fp, n0, m, fl):
+        # write_s / write_h as run-time bools (False, True): the same compiled loops as the forward's
+        fam = fl[_I_FAM]
+        if fam == _FAM_LIF:
+            _fwd_block(_FAM_LIF, rows, x0, kf, hb, out, out, fp[:2], n0, m, fl, fp, m < 0, m >= 0)
+        elif fam == _FAM_DIV_INPUT:
+            _fwd_block(_FAM_DIV_INPUT, rows, x0, kf, hb, out, out, fp[:2], n0, m, fl, fp, m < 0, m >= 0)
+        elif fam == _FAM_MUL_INPUT:
+            _fwd_block(_FAM_MUL_INPUT, rows, x0, kf, hb, out, out, fp[:2], n0, m, fl, fp, m < 0, m >= 0)
+        elif fam == _FAM_DIV:
+            _fwd_block(_FAM_DIV, rows, x0, kf, hb, out, out, fp[:2], n0, m, fl, fp, m < 0, m >= 0)
+        else:
+            _fwd_block(_FAM_MUL, rows, x0, kf, hb, out, out, fp[:2], n0, m, fl, fp, m < 0, m >= 0)
+
+    return impl
+
+
+@njit(error_model="numpy")
 def _leak_row(kk, leak, n0, inner):
     """``kk[i] = leak[((n0 + i) // inner) % C]`` by counting instead of dividing: two 64-bit integer divisions per
     neuron cost as much as a tenth of a whole kernel."""
@@ -359,7 +382,7 @@ def _leak_row(kk, leak, n0, inner):
             ch = ch + 1 if ch + 1 < c else 0
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: no extra library to link and re-optimize
+@njit(error_model="numpy")
 def _fill_leak(kk, leak, n0, inner, fl, zero):
     if fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_IF:
         for i in range(kk.shape[0]):
@@ -368,7 +391,7 @@ def _fill_leak(kk, leak, n0, inner, fl, zero):
         _leak_row(kk, leak, n0, inner)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _load_row(dst, src, n0, m):
     """``dst[:m] = src[n0 : n0 + m]``, or ``src[0]`` everywhere when ``src`` has one entry for all neurons (an
     initial state or state gradient that is the same for every neuron: nothing of size N to read)."""
@@ -426,24 +449,24 @@ def _source_tile(x, n0, m, src):
     return tile
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _post_reset(h, s, th, vr, ron, rhard):
     return ((vr if rhard else h - th) if s & ron else h)
 
 
 @njit(error_model="numpy")
-def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
+def _forward_block(fam, shared_leak, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
     n = x.shape[1]
     th, thf, vr, zero = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO]
     ron, rhard = fl[_I_RON] != 0, fl[_I_RHARD] != 0
     n0 = b * block
     m = min(block, n - n0)
-    kk = np.empty(m if leak.shape[0] > 1 else 1, fp.dtype)
+    kk = np.empty(1 if shared_leak else m, fp.dtype)
     hb = np.empty(m, fp.dtype)
     _fill_leak(kk, leak, n0, inner, fl, zero)
     _load_row(hb, v_init, n0, m)
-    write_s = block > 0  # always true; a run-time bool so that this and the backward's recompute share code
-    _fwd_dispatch(fam, x, n0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, save_h)
+    # write_s: a run-time True, so that this and the backward's recompute share the compiled loop
+    _fwd_block(fam, x, n0, _shared_or_per_neuron(shared_leak, kk), hb, spk, hs, sv, n0, m, fl, fp, m >= 0, save_h)
     for i in range(m):
         h = hb[i]
         if fl[_I_SPR] != 0:
@@ -452,21 +475,20 @@ def _forward_block(fam, b, x, leak, inner, v_init, fl, fp, sv, spk, state, hs, s
             state[n0 + i] = h
 
 
-def _make_forward_kernel(fam: int):
-    """The parallel forward of family ``fam`` (a constant of the compiled code: only its loops are compiled)."""
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(fam: int, shared_leak: bool):
+    """The parallel forward of family ``fam``, with one leak for all neurons or one per neuron: constants of the
+    compiled code, so a call compiles only the loop it runs (cached on disk, like every kernel here: a closure's
+    constants are part of numba's cache key)."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
     def forward_kernel(x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block):
         nblocks = (x.shape[1] + block - 1) // block
         for b in prange(nblocks):
-            _forward_block(fam, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h, block)
+            _forward_block(fam, shared_leak, np.int64(b), x, leak, inner, v_init, fl, fp, sv, spk, state, hs, save_h,
+                           block)
 
     return forward_kernel
-
-
-# One kernel per family and (below) per surrogate, each compiled on first use and cached on disk: a user pays for
-# the loops of the neuron they run (~6 s forward, ~30 s backward here), not for all of them at once (~100 s).
-_FORWARD_KERNELS = tuple(_make_forward_kernel(fam) for fam in range(_FAM_MUL + 1))
 
 
 @njit(error_model="numpy")
@@ -503,33 +525,6 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
         g[i] = gt
 
 
-@njit(inline="always", error_model="numpy")  # numba-level inlining: the literal code reaches _bwd_row
-def _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    if inplace:
-        if need_leak:
-            _bwd_row(code, True, True, rows, coef, m, zos, pfire, fl, fp, c3)
-        else:
-            _bwd_row(code, False, True, rows, coef, m, zos, pfire, fl, fp, c3)
-    elif need_leak:
-        _bwd_row(code, True, False, rows, coef, m, zos, pfire, fl, fp, c3)
-    else:
-        _bwd_row(code, False, False, rows, coef, m, zos, pfire, fl, fp, c3)
-
-
-@njit(inline="always", error_model="numpy")
-def _bwd_row_coef(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
-    if coef[0].shape[0] == 1:  # one entry for all neurons: scalars (see :func:`_at`)
-        _bwd_row_flags(code, need_leak, inplace, rows, _shared(coef), m, zos, pfire, fl, fp, c3)
-    else:
-        _bwd_row_flags(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3)
-
-
-@njit(inline="always", error_model="numpy")
-def _shared(coef):
-    k1, al, be, bb, c1, c2 = coef
-    return k1[0], al[0], be[0], bb[0], c1[0], c2[0]
-
-
 @njit(error_model="numpy")
 def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
     """``dL/dv_init = G[0] * A`` with the reverse step's factor ``A`` at ``h = v_init`` (see :func:`_bwd_row`);
@@ -544,30 +539,43 @@ def _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp):
         gv[i] = g[i] * _reverse_factor(v[i], s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
 
 
-@njit(inline="always", error_model="numpy")
-def _grad_v_init_dispatch(code, v, g, gv, k1, al, be, zos, fl, fp):
-    if k1.shape[0] == 1:
-        _grad_v_init(code, v, g, gv, k1[0], al[0], be[0], zos, fl, fp)
-    else:
-        _grad_v_init(code, v, g, gv, k1, al, be, zos, fl, fp)
+@njit(error_model="numpy")
+def _detach(al, be, fl, fp):
+    """A detached reset has no surrogate term in ``A``: its ``al`` and ``be`` are multiplied by 0 (the same zeros
+    and NaNs as zeroing ``d`` in the loop, one multiplication fewer per neuron and step)."""
+    if fl[_I_DETACH] != 0:
+        zero = fp[_F_ZERO]
+        for i in range(al.shape[0]):
+            al[i] *= zero
+            be[i] *= zero
 
 
 @njit(error_model="numpy")
-def _coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
-    """Per-neuron coefficients of ``A`` (or, ``last``, of the grad_state factor) and of B / Cleak; returns zos.
-    A detached reset has no surrogate term in ``A``: its ``al`` and ``be`` are multiplied by 0 here (the same zeros
-    and NaNs as zeroing ``d`` in the loop, one multiplication fewer per neuron and step)."""
-    zos = _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp)
-    if fl[_I_DETACH] != 0:
-        zero = fp[_F_ZERO]
-        for i in range(kk.shape[0]):
-            al[i] *= zero
-            be[i] *= zero
+def _state_coefficients(k1, al, be, fl, fp):
+    """The coefficients of the grad_state factor that ``A`` takes for ``t = T-1`` (see :func:`_coefficients`):
+    dL/dh[T-1] gets grad_state * (1, or d(post-reset u)/dh for state_post_reset); returns zos."""
+    th, vr, zero, one = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
+    hard, soft = fl[_I_RESET] == P.HARD, fl[_I_RESET] == P.SOFT
+    spr = fl[_I_SPR] != 0
+    for i in range(k1.shape[0]):
+        k1[i] = one
+        al[i] = -one if (spr and hard) else zero
+        be[i] = (vr if hard else (-th if soft else zero)) if spr else zero
+    _detach(al, be, fl, fp)
+    return spr and hard
+
+
+@njit(error_model="numpy")
+def _coefficients(kk, k1, al, be, bb, c1, c2, fl, fp):
+    """Per-neuron coefficients of ``A`` and of B / Cleak (see :func:`_reverse_factor`, :func:`_bwd_row`); returns
+    zos."""
+    zos = _attached_coefficients(kk, k1, al, be, bb, c1, c2, fl, fp)
+    _detach(al, be, fl, fp)
     return zos
 
 
 @njit(inline="always", error_model="numpy")
-def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
+def _attached_coefficients(kk, k1, al, be, bb, c1, c2, fl, fp):
     # Every flag and constant is read into a local before the loops: a load from fl / fp inside them might alias
     # the stores (as far as LLVM knows), which kept the branches in the loop and the loop scalar.
     th, vr, zero, one, rval = fp[_F_TH], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE], fp[_F_RVAL]
@@ -575,14 +583,6 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
     lif_hard, lif_psoft, lif_ssoft = fl[_I_HARD] != 0, fl[_I_PSOFT] != 0, fl[_I_SSOFT] != 0
     hard = reset == P.HARD
     soft = reset == P.SOFT
-    spr = fl[_I_SPR] != 0
-    if last:
-        # dL/dh[T-1] gets grad_state * (1, or d(post-reset u)/dh for state_post_reset).
-        for i in range(kk.shape[0]):
-            k1[i] = one
-            al[i] = -one if (spr and hard) else zero
-            be[i] = (vr if hard else (-th if soft else zero)) if spr else zero
-        return spr and hard
     # One loop per branch, each with only selects on loop-invariant flags inside: a loop that branched per neuron
     # stayed scalar and cost more than 4 of the T reverse steps (it runs for every block of every call).
     if sj:
@@ -611,8 +611,8 @@ def _attached_coefficients(last, kk, k1, al, be, bb, c1, c2, fl, fp):
 
 
 @njit(error_model="numpy")
-def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x,
-                    gx, gv, gl, block, src):
+def _backward_block(code, recompute, inplace, shared, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, need_leak,
+                    has_x, gx, gv, gl, block, src):
     _prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
@@ -620,7 +620,7 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
     c3 = one if (has_x and fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_MUL_INPUT) else zero
     n0 = blk * block
     m = min(block, n - n0)
-    mc = m if leak.shape[0] > 1 else 1  # coefficients per neuron, or one entry for all (see :func:`_at`)
+    mc = 1 if shared else m  # coefficients per neuron, or one entry for all (see :func:`_at`)
     kk = np.empty(mc, fp.dtype)
     k1 = np.empty(mc, fp.dtype)
     al = np.empty(mc, fp.dtype)
@@ -641,55 +641,53 @@ def _backward_block(code, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, 
     else:
         rows, x0 = _source_tile(x, n0, m, src), 0
     if recompute:
-        hb = g  # scratch for the running potential
-        _load_row(hb, v_init, n0, m)
-        kf = c1  # scratch for the forward's k (zero for IF)
-        _fill_leak(kf, leak, n0, inner, fl, zero)
-        # run-time bools (False, True): the same compiled loops as the forward's (no spikes, write h into gx)
-        _fwd_any_family(rows, x0, kf, hb, gx, gx, fp[:2], n0, m, fl, fp, block < 0, block > 0)
-        hh = gx
-    else:
-        hh = hsaved
+        _load_row(g, v_init, n0, m)  # g: scratch for the running potential
+        _fill_leak(c1, leak, n0, inner, fl, zero)  # c1: scratch for the forward's k (zero for IF)
+    _recompute(recompute, rows, x0, _shared_or_per_neuron(shared, c1), g, gx, fp, n0, m, fl)
+    hh = gx if recompute else hsaved
     _load_row(g, gst, n0, m)
-    zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
-    zos = _coefficients(True, kk, k1, al, be, bb, c1, c2, fl, fp)  # grad_state factor for t = T-1
+    zos = _coefficients(kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
+    # for t = T-1, the factor that grad_state takes instead of A (B and Cleak as at any step)
+    k1_last, al_last, be_last = np.empty(mc, fp.dtype), np.empty(mc, fp.dtype), np.empty(mc, fp.dtype)
+    zos_last = _state_coefficients(k1_last, al_last, be_last, fl, fp)
+    coef = _shared_or_per_neuron(shared, (k1, al, be, bb, c1, c2))
+    coef_last = _shared_or_per_neuron(shared, (k1_last, al_last, be_last, bb, c1, c2))
     for t in range(t_steps - 1, -1, -1):
-        if t == t_steps - 2:
-            zos = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+        last = t == t_steps - 1
         hrow = hh[t, n0 : n0 + m]
         prow = hh[t - 1, n0 : n0 + m] if t > 0 else v0
         pfire = (t > 0) | (not spr)
         xrow = rows[t, x0 : x0 + m] if c3 != zero else no_x
-        _bwd_row_coef(code, need_leak, inplace, (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la),
-                      (k1, al, be, bb, c1, c2), m, zos, pfire, fl, fp, c3)
-    if t_steps == 1:
-        zos_a = _coefficients(False, kk, k1, al, be, bb, c1, c2, fl, fp)
+        rows_t = (hrow, gs[t, n0 : n0 + m], gx[t, n0 : n0 + m], prow, xrow, g, la)
+        coef_t, zos_t = (coef_last, zos_last) if last else (coef, zos)
+        _bwd_row(code, need_leak, inplace, rows_t, coef_t, m, zos_t, pfire, fl, fp, c3)
     if gv.shape[0] > 0:  # (none for a v_init shared by every neuron)
         if spr:  # h[0] = C(v_init, x[0]): dh/dv_init = dC/du (k for the paper / snnTorch forms)
             for i in range(m):
                 gv[n0 + i] = g[i] * k1[i if mc > 1 else 0]
         else:
-            _grad_v_init_dispatch(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], k1, al, be, zos_a, fl, fp)
+            _grad_v_init(code, v_init[n0 : n0 + m], g, gv[n0 : n0 + m], _shared_or_per_neuron(shared, k1),
+                         _shared_or_per_neuron(shared, al), _shared_or_per_neuron(shared, be), zos, fl, fp)
     if need_leak:
         for i in range(m):
             gl[n0 + i] = la[i]
 
 
-def _make_backward_kernel(code: int):
-    """The parallel backward with surrogate ``code`` (a constant of the compiled code, like the forward's family)."""
+@functools.lru_cache(maxsize=None)
+def _backward_kernel(code: int, recompute: bool, inplace: bool, shared: bool):
+    """The parallel backward for surrogate ``code``; recomputing the potentials or reading them; grad_x over its
+    input rows (``inplace``) or apart; coefficients ``shared`` by every neuron or per neuron. Constants of the
+    compiled code, like the forward's: a call compiles the reverse loops of its mode (with and without the leak's
+    gradient), and the recompute's loops only in recompute mode."""
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute, inplace, need_leak, has_x, gx,
-                        gv, gl, block, src):
+    def backward_kernel(gs, gst, x, leak, inner, v_init, hsaved, fl, fp, need_leak, has_x, gx, gv, gl, block, src):
         nblocks = (gx.shape[1] + block - 1) // block
         for blk in prange(nblocks):
-            _backward_block(code, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved, fl, fp, recompute,
-                            inplace, need_leak, has_x, gx, gv, gl, block, src)
+            _backward_block(code, recompute, inplace, shared, np.int64(blk), gs, gst, x, leak, inner, v_init, hsaved,
+                            fl, fp, need_leak, has_x, gx, gv, gl, block, src)
 
     return backward_kernel
-
-
-_BACKWARD_KERNELS = tuple(_make_backward_kernel(code) for code in range(5))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -874,7 +872,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     state = buffers.empty((n,), cdt) if out is None else out[1]
     hs = out[2] if out is not None and save_h else buffers.empty((t_steps, n) if save_h else (0, 0), cdt)
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    _FORWARD_KERNELS[fl[_I_FAM]](
+    _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1)(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
         state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
     )
@@ -936,10 +934,10 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
     src = _source(x2, batch_norm, copy=over_x)  # x2 is given whenever a tile is (recompute mode)
-    _BACKWARD_KERNELS[spec.surrogate_code](
-        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner),
-        v_init.numpy(), hsaved.numpy(), fl, _constants(spec, cdt), bool(recompute), bool(inplace),
-        bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(), _block_for(n, threads, block), src,
+    _backward_kernel(spec.surrogate_code, bool(recompute), bool(inplace), leak.numel() == 1)(
+        gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
+        _constants(spec, cdt), bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(),
+        _block_for(n, threads, block), src,
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None
