@@ -329,7 +329,9 @@ def _shared_or_per_neuron_overload(shared, c):
         return lambda shared, c: c
     if isinstance(c, types.Array):
         return lambda shared, c: c[0]
-    return lambda shared, c: (c[0][0], c[1][0], c[2][0], c[3][0], c[4][0], c[5][0])
+    if isinstance(c, types.BaseTuple) and len(c) == 6:  # the backward's (k1, al, be, bb, c1, c2)
+        return lambda shared, c: (c[0][0], c[1][0], c[2][0], c[3][0], c[4][0], c[5][0])
+    return None
 
 
 def _recompute(recompute, rows, x0, kf, hb, out, fp, n0, m, fl):
