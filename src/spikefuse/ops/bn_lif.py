@@ -180,23 +180,22 @@ def _backward_impl(
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
         bits = residual_bits if residual is None and residual_bits.numel() else None
-        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, _spatial(xb), residual, bits)
-        grad_y, grad_v, grad_leak = module(backend).backward(
-            grad_spikes, grad_state, xb.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats),
-            P.SAVE_INPUT, need_leak_grad, batch_norm=norm,
-        )
+        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
+        neuron_input, input_kw = xb.reshape(t_steps, n), {"batch_norm": norm}
     else:
         y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
         if residual is None and residual_bits.numel():
             residual = unpack(residual_bits, xb.shape, xb.dtype)
         if residual is not None:
             y += residual
-        grad_y, grad_v, grad_leak = module(backend).backward(
-            grad_spikes, grad_state, y.reshape(t_steps, n), leak, inner, v0, None, _spec(ints, floats),
-            P.SAVE_INPUT, need_leak_grad, overwrite_x=True,  # y is this function's own transient
-        )
+        neuron_input, input_kw = y.reshape(t_steps, n), {"overwrite_x": True}  # y is this function's own transient
         del y
     del residual
+    grad_y, grad_v, grad_leak = module(backend).backward(
+        grad_spikes, grad_state, neuron_input, leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
+        need_leak_grad, **input_kw,
+    )
+    del neuron_input, input_kw
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
     if fused:
@@ -442,10 +441,6 @@ def bn_spiking_neuron_backward(
 def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
     """Whether the neuron kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
     return backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
-
-
-def _spatial(xb: Tensor) -> int:
-    return math.prod(xb.shape[2:])
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:

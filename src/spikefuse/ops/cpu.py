@@ -501,7 +501,7 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     stored ``d`` cost 2x the whole backward). ``A`` is :func:`_reverse_factor`; ``Cleak = c1*(u - r) + c2*(h - u) +
     c3*x`` with ``u`` the post-reset previous potential. ``inplace`` (recompute mode, or a saved h nobody reads again):
     grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a same-index read-then-write it can vectorize
-    instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the dispatch stays short.
+    instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the call stays short.
     """
     _prefer_wide_vectors()
     hrow, gsrow, gxrow, prow, xrow, g, la = rows
