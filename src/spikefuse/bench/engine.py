@@ -4,7 +4,8 @@ bandwidth floor (their cold start: ``spikefuse bench compile``).
 One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf input) at each T, medians of
 round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
 ``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
-Norse's ``LSNN`` module (likewise). The floor is the bytes a recomputing fused layer must move (forward: read x,
+Norse's ``LSNN`` module (likewise); spikefuse's ALIF (Bellec et al.), which has no peer of the same dynamics, against
+the floor alone. The floor is the bytes a recomputing fused layer must move (forward: read x,
 write spikes; backward: read x and the upstream gradient, write grad_x; 20 per neuron-step) over the copy bandwidth
 measured in the same run.
 """
@@ -23,7 +24,7 @@ def _layer_cases():
     """name -> (run(x) -> spikes, the reference name whose spikes it must equal)."""
     import spikefuse
     from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse.neurons import CUBA_LIF
+    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
 
     alpha, beta = 0.8, 0.9
     cases = {
@@ -52,6 +53,8 @@ def _layer_cases():
         return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **params)
 
     cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
+    cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
+                                     "alif")  # fmt: skip
     try:
         import norse.torch as norse
 
@@ -67,7 +70,8 @@ def run(args) -> None:
     for t_steps in args.T:
         g = torch.Generator().manual_seed(t_steps)
         x = {"cuba": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
-             "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0}  # fmt: skip
+             "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0,
+             "alif": torch.rand(t_steps, args.neurons, generator=g) * 0.6}  # fmt: skip
         upstream = torch.rand(t_steps, args.neurons, generator=g)
         cases = _layer_cases()
         spikes = {name: fn(x[ref]) for name, (fn, ref) in cases.items()}

@@ -51,17 +51,18 @@ from __future__ import annotations
 import functools
 import math
 
-import llvmlite.ir as llvmir
 import numpy as np
 import torch
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from .. import params as P
 from ..threads import match_numba_threads
 from . import batchnorm_cpu, buffers
 from .batchnorm_cpu import fma as _fma
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
+from .numba_common import (EXP2_DEGREE, channel_row, exp2_polynomial, horner, load_row, muladd, pow2,
+                           prefer_wide_vectors)
 
 __all__ = ["forward", "backward"]
 
@@ -74,20 +75,8 @@ _FAM_LIF, _FAM_DIV_INPUT, _FAM_MUL_INPUT, _FAM_DIV, _FAM_MUL = 0, 1, 2, 3, 4
 # Layout of the constants array ``fp`` (compute dtype): scalars, then the constants of the vectorizable exp2.
 _F_TH, _F_THF, _F_VR, _F_SG_A, _F_SG_B, _F_ZERO, _F_ONE, _F_RVAL = range(8)  # _F_THF: see :func:`_fire`
 _F_ZMAX, _F_MAGIC = 8, 9  # largest n for a normal 2^-n; 1.5 * 2^(mantissa bits): (t + M) - M rounds t
-_F_EXPC = 10  # the coefficients of :func:`_exp2_polynomial`, highest power first
+_F_EXPC = 10  # the coefficients of :func:`exp2_polynomial`, highest power first
 _NF = 19
-
-# Degree of the exp2 polynomial per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8) stays
-# below the dtype's own rounding in float32 and ~1e-12 in float64, where the gradient tests allow 1e-10 absolute.
-_EXP2_DEGREE = {np.float32: 6, np.float64: 8}
-
-
-def _exp2_polynomial(degree: int) -> np.ndarray:
-    """``2^f`` for ``|f| <= 1/2`` as a polynomial of ``degree``, coefficients highest power first: least squares on
-    Chebyshev nodes weighted to relative error, within a few percent of the minimax error."""
-    nodes = 0.5 * np.cos(np.pi * (np.arange(4000) + 0.5) / 4000)
-    cheb = np.polynomial.chebyshev.chebfit(nodes, 2.0**nodes, degree, w=2.0**-nodes)
-    return np.polynomial.chebyshev.cheb2poly(cheb)[::-1]
 
 # Layout of the integer flags array ``fl`` (int64).
 (_I_FAM, _I_HARD, _I_PSOFT, _I_SSOFT, _I_RON, _I_RHARD, _I_SPR, _I_DETACH, _I_SJ, _I_CHARGE, _I_RESET) = range(11)
@@ -154,23 +143,6 @@ def _at_overload(c, i):
     return lambda c, i: c
 
 
-@intrinsic
-def _pow2_neg(typingctx, fn):
-    """``2^-n`` for an integer-valued float ``0 <= n < bias``, built from its exponent bits (vectorizable)."""
-    if not isinstance(fn, types.Float):
-        return None
-
-    def codegen(context, builder, signature, args):
-        (v,) = args
-        bits, bias, shift = (32, 127, 23) if fn.bitwidth == 32 else (64, 1023, 52)
-        ity = llvmir.IntType(bits)
-        n = builder.fptosi(v, ity)
-        e = builder.sub(llvmir.Constant(ity, bias), n)
-        return builder.bitcast(builder.shl(e, llvmir.Constant(ity, shift)), v.type)
-
-    return fn(fn), codegen
-
-
 def _exp_consts(fp):
     """The constants of :func:`_exp2_neg` as scalars, read once before a loop (loads from ``fp`` inside the loop
     might alias its stores as far as LLVM knows, which stops it from vectorizing): ``(zmax, magic, coefficients)``,
@@ -180,7 +152,7 @@ def _exp_consts(fp):
 @overload(_exp_consts, inline="always")
 def _exp_consts_for_dtype(fp):
     c = _F_EXPC
-    if fp.dtype == types.float32:  # _EXP2_DEGREE[np.float32] == 6
+    if fp.dtype == types.float32:  # EXP2_DEGREE[np.float32] == 6
         return lambda fp: (fp[_F_ZMAX], fp[_F_MAGIC], (fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5],
                                                        fp[c + 6]))
     return lambda fp: (fp[_F_ZMAX], fp[_F_MAGIC], (fp[c], fp[c + 1], fp[c + 2], fp[c + 3], fp[c + 4], fp[c + 5],
@@ -188,54 +160,11 @@ def _exp_consts_for_dtype(fp):
 
 
 @njit(error_model="numpy")
-def _horner(x, coefficients):
-    """The polynomial with ``coefficients`` (highest power first) at ``x``, one FMA per coefficient."""
-    p = coefficients[0]
-    for c in coefficients[1:]:
-        p = _muladd(p, x, c)
-    return p
-
-
-@intrinsic
-def _prefer_wide_vectors(typingctx):
-    """Mark the calling function ``"prefer-vector-width"="512"``.
-
-    LLVM vectorizes for 256-bit registers on Intel's AVX-512 cores by default (wide instructions used to lower
-    the clock); the backward's reverse loop is bound by floating-point instructions, and 512-bit ones halve their
-    count. Elementwise arithmetic is the same at any width, so results do not change; machines without AVX-512
-    ignore the attribute. llvmlite validates function attributes against a fixed list without string attributes,
-    hence ``set.add``.
-    """
-
-    def codegen(context, builder, signature, args):
-        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-@intrinsic
-def _muladd(typingctx, a, b, c):
-    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``): in the backward only (the
-    exp2 polynomial, ``A`` and ``G``) -- the forward's step formulas keep separate mul and add, for spikes and
-    states bit-identical with the reference."""
-    if not (isinstance(a, types.Float) and a == b == c):
-        return None
-
-    def codegen(context, builder, signature, args):
-        ty = args[0].type
-        fn = builder.module.declare_intrinsic("llvm.fmuladd", [ty], llvmir.FunctionType(ty, [ty, ty, ty]))
-        return builder.call(fn, args)
-
-    return a(a, a, a), codegen
-
-
-@njit(error_model="numpy")
 def _exp2_neg(z, ec):
     """``2^-z`` for ``z >= 0`` in plain arithmetic that LLVM vectorizes (libm's exp is a scalar call).
 
     ``z = n - f`` with ``n`` the nearest integer (``(z + M) - M``, exact) and ``f = n - z`` in [-1/2, 1/2] (exact),
-    ``2^f`` by :func:`_exp2_polynomial` in Horner form with FMAs (the backward is bound by floating-point operations)
+    ``2^f`` by :func:`exp2_polynomial` in Horner form with FMAs (the backward is bound by floating-point operations)
     and ``2^-n`` from its exponent bits. Base 2 instead of e: the caller folds log2(e) into its constant, and
     the reduction needs no two-part ln2 (3 operations fewer than a Cody-Waite exp). ``z`` is clamped where
     ``2^-n`` would leave the normal range (2^-126 in float32, 2^-1022 in float64), far below anything that
@@ -245,7 +174,7 @@ def _exp2_neg(z, ec):
     zmax, magic, coefficients = ec
     zc = min(z, zmax)
     n = (zc + magic) - magic
-    return _horner(n - zc, coefficients) * _pow2_neg(n)
+    return horner(n - zc, coefficients) * pow2(-n)
 
 
 @njit(error_model="numpy")
@@ -280,7 +209,7 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
     with spike ``s``, for every dynamics (see :func:`_coefficients`), in two FMAs (the loop is bound by
     floating-point operations; gradients are compared with the reference to 1e-5, and the fused form rounds once
     where the reference rounds twice)."""
-    return _muladd(_muladd(al, h, be), d, zero if s & zos else k1)
+    return muladd(muladd(al, h, be), d, zero if s & zos else k1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -364,46 +293,12 @@ def _recompute_overload(recompute, rows, x0, kf, hb, out, fp, n0, m, fl):
 
 
 @njit(error_model="numpy")
-def _leak_row(kk, leak, n0, inner):
-    """``kk[i] = leak[((n0 + i) // inner) % C]`` by counting instead of dividing: two 64-bit integer divisions per
-    neuron cost as much as a tenth of a whole kernel."""
-    c = leak.shape[0]
-    if c == 1:
-        k = leak[0]
-        for i in range(kk.shape[0]):
-            kk[i] = k
-        return
-    q = n0 // inner
-    r = n0 - q * inner  # position inside the current channel's run of ``inner`` neurons
-    ch = q % c
-    for i in range(kk.shape[0]):
-        kk[i] = leak[ch]
-        r += 1
-        if r == inner:
-            r = 0
-            ch = ch + 1 if ch + 1 < c else 0
-
-
-@njit(error_model="numpy")
 def _fill_leak(kk, leak, n0, inner, fl, zero):
     if fl[_I_SJ] != 0 and fl[_I_CHARGE] == P.CHARGE_IF:
         for i in range(kk.shape[0]):
             kk[i] = zero  # IF runs as the MUL form with k = 0
     else:
-        _leak_row(kk, leak, n0, inner)
-
-
-@njit(error_model="numpy")
-def _load_row(dst, src, n0, m):
-    """``dst[:m] = src[n0 : n0 + m]``, or ``src[0]`` everywhere when ``src`` has one entry for all neurons (an
-    initial state or state gradient that is the same for every neuron: nothing of size N to read)."""
-    if src.shape[0] == 1:
-        c = src[0]
-        for i in range(m):
-            dst[i] = c
-    else:
-        for i in range(m):
-            dst[i] = src[n0 + i]
+        channel_row(kk, leak, n0, inner)
 
 
 # Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
@@ -414,11 +309,12 @@ SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
 
 @njit(cache=True, error_model="numpy")  # not inlined: compiled once for every kernel that calls it, once a block
 def _source_tile(x, n0, m, src):
-    """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``). ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are
-    per channel (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
-    ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds
-    ``fma(x, alpha, beta) [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own
-    ``[T, m]``: it stays in cache between its writing and the neuron's reading."""
+    """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``).
+    ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are per channel
+    (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
+    ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds ``fma(x, alpha, beta)
+    [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own ``[T, m]``: it stays in cache
+    between its writing and the neuron's reading."""
     mode, alpha, beta, spatial, residual, bits = src
     t_steps, n = x.shape
     tile = np.empty((t_steps, m), x.dtype)
@@ -428,8 +324,8 @@ def _source_tile(x, n0, m, src):
         return tile
     na = np.empty(m, x.dtype)
     nb = np.empty(m, x.dtype)
-    _leak_row(na, alpha, n0, spatial)
-    _leak_row(nb, beta, n0, spatial)
+    channel_row(na, alpha, n0, spatial)
+    channel_row(nb, beta, n0, spatial)
     one = x.dtype.type(1.0)
     zero = x.dtype.type(0.0)
     for t in range(t_steps):
@@ -466,7 +362,7 @@ def _forward_block(fam, shared_leak, b, x, leak, inner, v_init, fl, fp, sv, spk,
     kk = np.empty(1 if shared_leak else m, fp.dtype)
     hb = np.empty(m, fp.dtype)
     _fill_leak(kk, leak, n0, inner, fl, zero)
-    _load_row(hb, v_init, n0, m)
+    load_row(hb, v_init, n0, m)
     # write_s: a run-time True, so that this and the backward's recompute share the compiled loop
     _fwd_block(fam, x, n0, _shared_or_per_neuron(shared_leak, kk), hb, spk, hs, sv, n0, m, fl, fp, m >= 0, save_h)
     for i in range(m):
@@ -503,7 +399,7 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
     grad_x overwrites h in ``hrow``; one pointer, so LLVM sees a same-index read-then-write it can vectorize
     instead of two arrays that overlap at run time. ``rows`` / ``coef`` are tuples so the call stays short.
     """
-    _prefer_wide_vectors()
+    prefer_wide_vectors()
     hrow, gsrow, gxrow, prow, xrow, g, la = rows
     k1, al, be, bb, c1, c2 = coef
     th, thf, vr, zero, one = fp[_F_TH], fp[_F_THF], fp[_F_VR], fp[_F_ZERO], fp[_F_ONE]
@@ -517,7 +413,7 @@ def _bwd_row(code, need_leak, inplace, rows, coef, m, zos, pfire, fl, fp, c3):
         s = _fire(h, thf)
         d = _surrogate(code, h - th, a_sg, b_sg, zero, one, ec)
         a = _reverse_factor(h, s, d, _at(k1, i), _at(al, i), _at(be, i), zos, zero)
-        gt = _muladd(g[i], a, gsrow[i] * d)
+        gt = muladd(g[i], a, gsrow[i] * d)
         if need_leak:
             hp = prow[i]
             sp = pfire & _fire(hp, thf)
@@ -615,7 +511,7 @@ def _attached_coefficients(kk, k1, al, be, bb, c1, c2, fl, fp):
 @njit(error_model="numpy")
 def _backward_block(code, recompute, inplace, shared, blk, gs, gst, x, leak, inner, v_init, hsaved, fl, fp, need_leak,
                     has_x, gx, gv, gl, block, src):
-    _prefer_wide_vectors()  # the reverse loops may be inlined here
+    prefer_wide_vectors()  # the reverse loops may be inlined here
     t_steps, n = gx.shape
     zero, one = fp[_F_ZERO], fp[_F_ONE]
     spr = fl[_I_SPR] != 0
@@ -634,8 +530,8 @@ def _backward_block(code, recompute, inplace, shared, blk, gs, gst, x, leak, inn
     g = np.empty(m, fp.dtype)  # dL/dh[t+1]
     la = np.zeros(m if need_leak else 0, fp.dtype)  # leak-gradient partial sum
     v0 = np.empty(m if need_leak else 0, fp.dtype)  # v_init, the previous potential of t = 0 in Cleak
-    _load_row(v0, v_init, n0, v0.shape[0])
-    _leak_row(kk, leak, n0, inner)
+    load_row(v0, v_init, n0, v0.shape[0])
+    channel_row(kk, leak, n0, inner)
     # the input, for the recompute and the x term of Cleak; src None (x itself) is a type of its own, so the kernels
     # of a plain neuron are compiled without _source_tile
     if src is None:
@@ -643,11 +539,11 @@ def _backward_block(code, recompute, inplace, shared, blk, gs, gst, x, leak, inn
     else:
         rows, x0 = _source_tile(x, n0, m, src), 0
     if recompute:
-        _load_row(g, v_init, n0, m)  # g: scratch for the running potential
+        load_row(g, v_init, n0, m)  # g: scratch for the running potential
         _fill_leak(c1, leak, n0, inner, fl, zero)  # c1: scratch for the forward's k (zero for IF)
     _recompute(recompute, rows, x0, _shared_or_per_neuron(shared, c1), g, gx, fp, n0, m, fl)
     hh = gx if recompute else hsaved
-    _load_row(g, gst, n0, m)
+    load_row(g, gst, n0, m)
     zos = _coefficients(kk, k1, al, be, bb, c1, c2, fl, fp)  # A, B and Cleak
     # for t = T-1, the factor that grad_state takes instead of A (B and Cleak as at any step)
     k1_last, al_last, be_last = np.empty(mc, fp.dtype), np.empty(mc, fp.dtype), np.empty(mc, fp.dtype)
@@ -784,7 +680,7 @@ def _fp_array(vals: tuple, single: bool, strict: bool) -> np.ndarray:
     fp = np.zeros(_NF, dtype=dtype)
     fp[: len(vals)] = vals
     fp[_F_THF] = np.nextafter(fp[_F_TH], dtype(np.inf)) if strict else fp[_F_TH]
-    poly = _exp2_polynomial(_EXP2_DEGREE[dtype])
+    poly = exp2_polynomial(EXP2_DEGREE[dtype])
     fp[_F_EXPC : _F_EXPC + len(poly)] = poly
     fp[_F_ZMAX] = 126.0 if single else 1022.0
     fp[_F_MAGIC] = 1.5 * 2.0 ** (23 if single else 52)

@@ -1,14 +1,22 @@
 """Fused CPU kernels (numba) generated from a :class:`~spikefuse.neurons.NeuronModel`.
 
-For each (neuron, surrogate type, dtype) this module writes the Python source of two parallel numba kernels into
-the kernel cache folder (:func:`.emit.cache_dir`) and imports it, so numba compiles each once per machine and caches
-the machine code beside it:
+For each (neuron, surrogate type, dtype) this module writes the Python source of parallel numba kernels into the
+kernel cache folder (:func:`.emit.cache_dir`) and imports it; numba compiles a kernel on its first call and caches
+the machine code beside the source, so a call compiles only the kernels it runs:
 
-- ``forward``: each parallel task takes a block of neurons and runs all T steps over it (neurons innermost, so the
-  step vectorizes), writing the spikes and the final states; nothing is saved for backward;
-- ``backward``: each task recomputes its block's states over the T steps into a block-sized scratch (it stays in
-  cache), then runs back through time with the derivatives of :attr:`NeuronModel.derivatives`, writing the input
-  gradient, the initial states' gradients and per-neuron parameter gradients (reduced per channel afterwards).
+- ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
+  rows that stay in cache, writing the spikes and the final states; nothing is saved for backward;
+- ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
+  the T steps into a block-sized scratch (it stays in cache), then runs back through time with the derivatives of
+  :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and (``_grads``)
+  per-neuron parameter gradients, reduced per channel afterwards.
+
+Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
+expanded to a block-sized row per parameter. One time step of a block is a row function of its own
+(``_forward_row``, ``_recompute_row``, ``_reverse_row``) looping over the block's neurons: LLVM vectorizes it behind
+a run-time check that its rows do not overlap, which passes. Inlined into the loop over time, that check spans the
+rows of every step, always fails on the reverse pass (its rows move backwards in memory), and the loop runs scalar.
+The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
 The step's expressions are emitted as written, with every number cast to the compute dtype, so the spikes and
 states equal the reference's bit for bit; the derivatives are emitted from sympy after common-subexpression
@@ -17,6 +25,7 @@ elimination. Entry points as :mod:`spikefuse.ops.engine.reference`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -26,16 +35,18 @@ import torch
 from ...threads import match_numba_threads
 from .. import buffers
 from ..common import reduce_leak_grad
+from .. import numba_common
 from . import emit
 from .emit import Dialect
 
 BLOCK = 2048  # neurons per parallel task (the backward's scratch, (T+1) x states x BLOCK, stays in cache)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
-# The generator's version: this file and the emitters.
-_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+# The generator's version: this file, the emitters and the math the kernels call.
+_GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common))
+                            + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
 
 
-#: How the numba kernels spell a neuron's expressions (numbers cast to the compute dtype ``F``).
+#: How the numba kernels spell a neuron's step (numbers cast to the compute dtype ``F``).
 NUMBA = Dialect(
     number=lambda v: f"F({v!r})",
     functions={"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"},
@@ -47,6 +58,9 @@ NUMBA = Dialect(
     power="np.power",
 )
 
+#: The backward's spelling: gradients only, with the vectorizable exp.
+NUMBA_GRAD = dataclasses.replace(NUMBA, functions={**NUMBA.functions, "exp": "vexp"})
+
 
 # --------------------------------------------------------------------------------------------- kernel sources
 
@@ -57,146 +71,164 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     np_dtype = f"np.{_NP_DTYPES[dtype].__name__}"
     step_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_"}
     fire_names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}}
-    params_arg = "".join(f"par_{p}, " for p in P)
-    init_arg = "".join(f"init_{k}, " for k in S)
     fire = emit.step_source(model.fire, fire_names, NUMBA)
     fired = "(u_ > F(0.0))" if model.strict else "(u_ >= F(0.0))"  # a constant of the code: no branch
+    step_lines = [f"v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.step]
+    sym_names, fire_derivs, step_derivs = emit.backward_expressions(model, surrogate_type)
+
+    def args(prefix: str, names) -> str:
+        return "".join(f"{prefix}{n}, " for n in names)
+
+    def rows(prefix: str, t: str, offset: int = 0) -> str:
+        """The state rows of scratch row-block ``t`` (``hist[t*S + i]``) as arguments."""
+        return "".join(f"hist[({t}) * {len(S)} + {i + offset}], " for i in range(len(S)))
 
     def variant(scalar: bool) -> list[str]:
         """The kernels with parameters as per-neuron arrays, or (``scalar``, suffix ``_scalar``) as scalars: when
         every parameter has one value, nothing is gathered or loaded per neuron."""
         sfx = "_scalar" if scalar else ""
-        def load_block(indent: str) -> list[str]:
-            lines = [] if scalar else [f"{indent}pv_{p} = np.empty(m, F)" for p in P]
-            lines += [f"{indent}for j in range(m):", f"{indent}    n = n0 + j"]
-            lines += [] if scalar else [f"{indent}    pv_{p}[j] = par_{p}[(n // inner) % par_{p}.shape[0]]" for p in P]
-            return lines
+        par = args("par_", P)  # the kernels' parameter arguments: scalars or [C] arrays
+        prow = args("p_", P) if scalar else args("pv_", P)  # the row functions': scalars or block rows
+        fin, gfin, ginit, init = args("final_", S), args("gfinal_", S), args("ginit_", S), args("init_", S)
 
-        def locals_at(j: str, indent: str) -> list[str]:
-            return [f"{indent}p_{p} = par_{p}" if scalar else f"{indent}p_{p} = pv_{p}[{j}]" for p in P]
+        def param_locals(indent: str) -> list[str]:
+            return [] if scalar else [f"{indent}p_{p} = pv_{p}[j]" for p in P]
 
-        step_lines = [f"v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.step]
-        finals_arg = "".join(f"final_{k}, " for k in S)
-        gfinal_arg = "".join(f"gfinal_{k}, " for k in S)
-        ginit_arg = "".join(f"ginit_{k}, " for k in S)
-        gpar_arg = "".join(f"gpar_{p}, " for p in P)
+        def load_params(indent: str) -> list[str]:
+            """The block's parameter rows (per-neuron variant) or scalars."""
+            if scalar:
+                return [f"{indent}p_{p} = par_{p}" for p in P]
+            return [f"{indent}pv_{p} = np.empty(m, F)\n{indent}channel_row(pv_{p}, par_{p}, n0, inner)" for p in P]
 
-        # Each parallel task calls a plain (non-parallel) block function: LLVM vectorizes its loops over row slices
-        # (indices from range(m), provably in bounds), which it does not inside a parfor body.
-        fwd = [
+        def load_rows(dst: list[str], src: list[str], indent: str) -> list[str]:
+            """A per-neuron array's block, or its one value for all (:func:`~spikefuse.ops.numba_common.load_row`)."""
+            return [f"{indent}load_row({d}, {s}, n0, m)" for d, s in zip(dst, src)]
+
+        def fire_old(indent: str) -> list[str]:
+            """The previous step's spike, from the states before the step (what the forward wrote)."""
+            return [f"{indent}u_ = {fire}", f"{indent}s_ = F(1.0) if {fired} else F(0.0)"]
+
+        forward = [
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block{sfx}(x, {params_arg}{init_arg}inner, spikes, {finals_arg}n0, m):",
-            *[f"    st_{k} = np.empty(m, F)" for k in S],
-            "    sp = np.empty(m, F)",
-            *load_block("    "),
-            *[f"        st_{k}[j] = init_{k}[n % init_{k}.shape[0]]" for k in S],
+            f"def _forward_row{sfx}(xr, sr, {args('st_', S)}{prow}m):",
+            "    for j in range(m):",
+            *param_locals("        "),
             *[f"        v_{k} = st_{k}[j]" for k in S],
-            *locals_at("j", "        "),
-            f"        u_ = {fire}",
-            f"        sp[j] = F(1.0) if {fired} else F(0.0)",
+            *fire_old("        "),
+            "        x_ = xr[j]",
+            *[f"        {line}" for line in step_lines],
+            *fire_old("        "),
+            *[f"        st_{k}[j] = v_{k}" for k in S],
+            "        sr[j] = s_",
+            "",
+            "",
+            "@njit(cache=True, error_model='numpy')",
+            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, m):",
+            *load_params("    "),
+            *[f"    st_{k} = np.empty(m, F)" for k in S],
+            *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
-            "        xr = x[t, n0:n0 + m]",
-            "        sr = spikes[t, n0:n0 + m]",
-            "        for j in range(m):",
-            *locals_at("j", "            "),
-            "            x_ = xr[j]",
-            "            s_ = sp[j]",
-            *[f"            v_{k} = st_{k}[j]" for k in S],
-            *[f"            {line}" for line in step_lines],
-            f"            u_ = {fire}",
-            f"            s_ = F(1.0) if {fired} else F(0.0)",
-            *[f"            st_{k}[j] = v_{k}" for k in S],
-            "            sp[j] = s_",
-            "            sr[j] = s_",
-            "    for j in range(m):",
-            *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
+            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}{prow}m)",
+            *[f"    final_{k}[n0:n0 + m] = st_{k}" for k in S],
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {params_arg}{init_arg}inner, spikes, {finals_arg}):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, {fin}):",
             "    N = x.shape[1]",
             "    for b in prange((N + BLOCK - 1) // BLOCK):",
             "        n0 = b * BLOCK",
-            f"        _forward_block{sfx}(x, {params_arg}{init_arg}inner, spikes, {finals_arg}n0, min(BLOCK, N - n0))",
+            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, min(BLOCK, N - n0))",
+            "",
+            "",
+            "@njit(cache=True, error_model='numpy')",
+            f"def _recompute_row{sfx}(xr, {args('o_', S)}{args('w_', S)}{prow}m):",
+            "    for j in range(m):",
+            *param_locals("        "),
+            *[f"        v_{k} = o_{k}[j]" for k in S],
+            *fire_old("        "),
+            "        x_ = xr[j]",
+            *[f"        {line}" for line in step_lines],
+            *[f"        w_{k}[j] = v_{k}" for k in S],
         ]
 
-        sym_names, fire_derivs, step_derivs = emit.backward_expressions(model, surrogate_type)
-        ind = "            "
-        bwd_args = (f"grad_spikes, {gfinal_arg}x, {params_arg}{init_arg}sg_p1, sg_p2, detach, inner, need_params, "
-                    f"grad_x, {ginit_arg}{gpar_arg}")  # fmt: skip
-        bwd = [
-            "@njit(cache=True, error_model='numpy')",
-            f"def _backward_block{sfx}({bwd_args}n0, m):",
-            "    T = x.shape[0]",
-            "    N = x.shape[1]",
-            f"    hist = np.empty((T + 1, {len(S)}, m), F)",
-            *load_block("    "),
-            *[f"        hist[0, {i}, j] = init_{k}[n % init_{k}.shape[0]]" for i, k in enumerate(S)],
-            "    for t in range(T):",
-            "        xr = x[t, n0:n0 + m]",
-            "        for j in range(m):",
-            *locals_at("j", "            "),
-            *[f"            v_{k} = hist[t, {i}, j]" for i, k in enumerate(S)],
-            f"            u_ = {fire}",
-            f"            s_ = F(1.0) if {fired} else F(0.0)",
-            "            x_ = xr[j]",
-            *[f"            {line}" for line in step_lines],
-            *[f"            hist[t + 1, {i}, j] = v_{k}" for i, k in enumerate(S)],
-            f"    gS = np.empty(({len(S)}, m), F)",
-            "    gs = np.zeros(m, F)",
-            f"    acc = np.zeros(({max(len(P), 1)}, m), F)",
-            # loop-invariant flags: LLVM unswitches the loop on them, so unneeded parameter gradients cost nothing
-            *[f"    need_{p} = need_params[{pi}]" for pi, p in enumerate(P)],
-            "    for j in range(m):",
-            *[f"        gS[{i}, j] = gfinal_{k}[(n0 + j) % gfinal_{k}.shape[0]]" for i, k in enumerate(S)],
-            "    for t in range(T - 1, -1, -1):",
-            "        xr = x[t, n0:n0 + m]",
-            "        gr = grad_spikes[t, n0:n0 + m]",
-            "        gxr = grad_x[t, n0:n0 + m]",
-            "        for j in range(m):",
-            *locals_at("j", ind),
-            *[f"{ind}o_{k} = hist[t, {i}, j]" for i, k in enumerate(S)],
-            *[f"{ind}v_{k} = o_{k}" for k in S],
-            f"{ind}u_ = {fire}",
-            f"{ind}s_ = F(1.0) if {fired} else F(0.0)",
-            *[f"{ind}v_{k} = hist[t + 1, {i}, j]" for i, k in enumerate(S)],
-            f"{ind}u_ = {fire}",
-            f"{ind}x_ = xr[j]",
-            *emit.assignments({**fire_derivs, **step_derivs}, sym_names, ind, NUMBA),
-            f"{ind}g_s = gr[j] + gs[j]",
-            *[f"{ind}g_{k} = gS[{i}, j] + g_s * sg_ * df_{k}" for i, k in enumerate(S)],
-            f"{ind}gxr[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
-            *[f"{ind}if need_{p}:\n{ind}    acc[{pi}, j] += g_s * sg_ * dF_{p} + "
-              + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S) for pi, p in enumerate(P)],
-            *[f"{ind}gS[{i}, j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for i, old in enumerate(S)],
-            f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
-            # the first step's s is the spike of the initial state: its gradient flows into that state
-            "    for j in range(m):",
-            "        n = n0 + j",
-            *locals_at("j", "        "),
-            *[f"        v_{k} = hist[0, {i}, j]" for i, k in enumerate(S)],
-            f"        u_ = {fire}",
-            *emit.assignments(fire_derivs, sym_names, "        ", NUMBA),
-            *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS[{i}, j] + gs[j] * sg_ * df_{k}"
-              for i, k in enumerate(S)],
-            *[f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc[{pi}, j] + gs[j] * sg_ * dF_{p}"
-              for pi, p in enumerate(P)],
-            "",
-            "",
-            "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def backward{sfx}({bwd_args}):",
-            "    N = x.shape[1]",
-            "    for b in prange((N + BLOCK - 1) // BLOCK):",
-            "        n0 = b * BLOCK",
-            f"        _backward_block{sfx}({bwd_args}n0, min(BLOCK, N - n0))",
-        ]
-        return fwd + ["", ""] + bwd
+        ind = "        "
+
+        def backward(grads: bool) -> list[str]:
+            """The backward kernels; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``)."""
+            g = "_grads" if grads else ""
+            acc = args("acc_", P) if grads else ""
+            bwd_args = (f"grad_spikes, {gfin}x, {par}{init}sg_p1, sg_p2, detach, inner, "
+                        + ("need_params, " if grads else "") + f"grad_x, {ginit}" + (args("gpar_", P) if grads else ""))
+            accumulate = [f"{ind}acc_{p}[j] += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
+                          for p in P] if grads else []  # fmt: skip
+            return [
+                "@njit(cache=True, error_model='numpy')",
+                f"def _reverse_row{g}{sfx}(xr, gr, gxr, {args('o_', S)}{args('w_', S)}{args('gS_', S)}gs, {acc}"
+                f"{prow}sg_p1, sg_p2, detach, m):",
+                "    prefer_wide_vectors()",
+                "    for j in range(m):",
+                *param_locals(ind),
+                *[f"{ind}o_{k}_ = o_{k}[j]" for k in S],
+                *[f"{ind}v_{k} = o_{k}_" for k in S],
+                *fire_old(ind),
+                *[f"{ind}v_{k} = w_{k}[j]" for k in S],
+                f"{ind}u_ = {fire}",
+                f"{ind}x_ = xr[j]",
+                *emit.assignments({**fire_derivs, **step_derivs}, {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}},
+                                  ind, NUMBA_GRAD),
+                f"{ind}g_s = gr[j] + gs[j]",
+                *[f"{ind}g_{k} = gS_{k}[j] + g_s * sg_ * df_{k}" for k in S],
+                f"{ind}gxr[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
+                *accumulate,
+                *[f"{ind}gS_{old}[j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
+                f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
+                "",
+                "",
+                "@njit(cache=True, error_model='numpy')",
+                f"def _backward_block{g}{sfx}({bwd_args}n0, m):",
+                "    T = x.shape[0]",
+                "    N = x.shape[1]",
+                *load_params("    "),
+                f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
+                *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
+                "    for t in range(T):",
+                f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('hist', 't')}{rows('hist', 't + 1')}{prow}m)",
+                *[f"    gS_{k} = np.empty(m, F)" for k in S],
+                *load_rows([f"gS_{k}" for k in S], [f"gfinal_{k}" for k in S], "    "),
+                "    gs = np.zeros(m, F)",
+                *([f"    acc_{p} = np.zeros(m, F)" for p in P] if grads else []),
+                "    for t in range(T - 1, -1, -1):",
+                f"        _reverse_row{g}{sfx}(x[t, n0:n0 + m], grad_spikes[t, n0:n0 + m], grad_x[t, n0:n0 + m], "
+                f"{rows('hist', 't')}{rows('hist', 't + 1')}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m)",
+                # the first step's s is the spike of the initial state: its gradient flows into that state
+                "    for j in range(m):",
+                "        n = n0 + j",
+                *[f"        p_{p} = pv_{p}[j]" for p in ([] if scalar else P)],
+                *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(S)],
+                f"        u_ = {fire}",
+                *emit.assignments(fire_derivs, sym_names, "        ", NUMBA_GRAD),
+                *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
+                  for k in S],
+                *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j] + gs[j] * sg_ * dF_{p}"
+                   for pi, p in enumerate(P)] if grads else []),
+                "",
+                "",
+                "@njit(parallel=True, cache=True, error_model='numpy')",
+                f"def backward{g}{sfx}({bwd_args}):",
+                "    N = x.shape[1]",
+                "    for b in prange((N + BLOCK - 1) // BLOCK):",
+                "        n0 = b * BLOCK",
+                f"        _backward_block{g}{sfx}({bwd_args}n0, min(BLOCK, N - n0))",
+            ]
+
+        return forward + ["", ""] + backward(False) + ["", ""] + backward(True)
 
     header = [
         f'"""Generated by spikefuse.ops.engine.cpu for the neuron {model.name!r} ({model.key}), surrogate '
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
+        "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors",
         f"F = {np_dtype}",
         f"BLOCK = {BLOCK}",
         "",
@@ -250,12 +282,14 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     grad_init = [torch.empty(n if v.numel() == n else 0, dtype=x2.dtype) for v in init]
     per_neuron = [torch.empty(n if need else 0, dtype=x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
-    getattr(module, "backward" + suffix)(
-        _np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
-        *_surrogate_args(surrogate, x2.dtype), bool(detach_reset), int(inner),
-        np.asarray(need_param_grads, dtype=np.bool_), grad_x.numpy(), *(g.numpy() for g in grad_init),
-        *(g.numpy() for g in per_neuron),
-    )  # fmt: skip
+    head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
+            *_surrogate_args(surrogate, x2.dtype), bool(detach_reset), int(inner))  # fmt: skip
+    outputs = (grad_x.numpy(), *(g.numpy() for g in grad_init))
+    if any(need_param_grads):
+        getattr(module, "backward_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
+                                                    *(g.numpy() for g in per_neuron))  # fmt: skip
+    else:
+        getattr(module, "backward" + suffix)(*head, *outputs)
     grad_params = [
         reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
         for g, p, need in zip(per_neuron, params, need_param_grads)
