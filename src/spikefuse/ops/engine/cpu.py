@@ -129,7 +129,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
             f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}{prow}m)",
-            *[f"    final_{k}[n0:n0 + m] = st_{k}" for k in S],
+            # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
+            "    for j in range(m):",
+            *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
