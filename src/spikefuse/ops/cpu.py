@@ -319,8 +319,10 @@ def _source_tile(x, n0, m, src):
     t_steps, n = x.shape
     tile = np.empty((t_steps, m), x.dtype)
     if mode == SOURCE_COPY:
-        for t in range(t_steps):
-            tile[t, :] = x[t, n0 : n0 + m]
+        for t in range(t_steps):  # a loop, not a slice assignment: numba would compile its shape-error formatting
+            tr, xr = tile[t], x[t, n0 : n0 + m]
+            for i in range(m):
+                tr[i] = xr[i]
         return tile
     na = np.empty(m, x.dtype)
     nb = np.empty(m, x.dtype)
