@@ -269,7 +269,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset):
     module = kernels(model, type(surrogate), x2.dtype)
     match_numba_threads(t_steps * n)
     spikes = buffers.empty((t_steps, n), x2.dtype)
-    final = [torch.empty(n, dtype=x2.dtype) for _ in model.states]
+    final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     suffix, par = _params(params, x2.dtype)
     getattr(module, "forward" + suffix)(_np(x2), *par, *(_np(v) for v in init), int(inner), spikes.numpy(),
                                         *(f.numpy() for f in final))  # fmt: skip
@@ -281,8 +281,8 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     module = kernels(model, type(surrogate), x2.dtype)
     match_numba_threads(t_steps * n)
     grad_x = buffers.empty((t_steps, n), x2.dtype)
-    grad_init = [torch.empty(n if v.numel() == n else 0, dtype=x2.dtype) for v in init]
-    per_neuron = [torch.empty(n if need else 0, dtype=x2.dtype) for need in need_param_grads]
+    grad_init = [buffers.empty((n if v.numel() == n else 0,), x2.dtype) for v in init]
+    per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
     head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
             *_surrogate_args(surrogate, x2.dtype), bool(detach_reset), int(inner))  # fmt: skip
