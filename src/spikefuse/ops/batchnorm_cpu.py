@@ -29,16 +29,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import llvmlite.ir as llvmir
 import numpy as np
 import torch
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from ..threads import match_numba_threads
 from . import buffers
+from .numba_common import fma
 
-__all__ = ["Normalization", "affine_factors", "backward", "fma", "SUPPORTED_DTYPES"]
+__all__ = ["Normalization", "affine_factors", "backward", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -49,20 +48,6 @@ _SERIAL_WORK = 1 << 15
 # has at least this many elements; below, a loop per plane costs more than a second pass over the input (planes of
 # 64 and fewer elements were faster per sample, of 256 per channel).
 _CHANNEL_LOOP_MIN_SIZE = 256
-
-
-@intrinsic
-def fma(typingctx, a, b, c):
-    """``a*b + c`` with one rounding (``llvm.fma``: always fused, unlike ``llvm.fmuladd``), as torch's kernel."""
-    if not (isinstance(a, types.Float) and a == b == c):
-        return None
-
-    def codegen(context, builder, signature, args):
-        ty = args[0].type
-        fn = builder.module.declare_intrinsic("llvm.fma", [ty], llvmir.FunctionType(ty, [ty, ty, ty]))
-        return builder.call(fn, args)
-
-    return a(a, a, a), codegen
 
 
 @njit(cache=True, error_model="numpy")

@@ -59,9 +59,8 @@ from numba.extending import overload
 from .. import params as P
 from ..threads import match_numba_threads
 from . import batchnorm_cpu, buffers
-from .batchnorm_cpu import fma as _fma
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
-from .numba_common import (EXP2_DEGREE, channel_row, exp2_polynomial, horner, load_row, muladd, pow2,
+from .numba_common import (EXP2_DEGREE, channel_row, exp2_polynomial, fma, horner, load_row, muladd, pow2,
                            prefer_wide_vectors)
 
 __all__ = ["forward", "backward"]
@@ -335,17 +334,17 @@ def _source_tile(x, n0, m, src):
         tr = tile[t]
         if mode == SOURCE_BN:
             for i in range(m):
-                tr[i] = _fma(xr[i], na[i], nb[i])
+                tr[i] = fma(xr[i], na[i], nb[i])
         elif mode == SOURCE_BN_RESIDUAL:
             rr = residual[t, n0 : n0 + m]
             for i in range(m):
-                tr[i] = _fma(xr[i], na[i], nb[i]) + rr[i]
+                tr[i] = fma(xr[i], na[i], nb[i]) + rr[i]
         else:
             base = t * n + n0
             for i in range(m):
                 e = base + i
                 r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
-                tr[i] = _fma(xr[i], na[i], nb[i]) + r
+                tr[i] = fma(xr[i], na[i], nb[i]) + r
     return tile
 
 

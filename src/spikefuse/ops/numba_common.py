@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["EXP2_DEGREE", "channel_row", "exp", "exp2_polynomial", "horner", "load_row", "muladd", "pow2",
+__all__ = ["EXP2_DEGREE", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd", "pow2",
            "prefer_wide_vectors"]  # fmt: skip
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
@@ -31,18 +31,27 @@ def exp2_polynomial(degree: int) -> np.ndarray:
     return np.polynomial.chebyshev.cheb2poly(cheb)[::-1]
 
 
-@intrinsic
-def muladd(typingctx, a, b, c):
-    """``a*b + c``, fused into one FMA where the machine has one (``llvm.fmuladd``)."""
-    if not (isinstance(a, types.Float) and a == b == c):
-        return None
+def _float_ternary(llvm_name: str, doc: str):
+    """A numba intrinsic ``f(a, b, c)`` of three floats of one type, lowered to the LLVM intrinsic ``llvm_name``."""
 
-    def codegen(context, builder, signature, args):
-        ty = args[0].type
-        fn = builder.module.declare_intrinsic("llvm.fmuladd", [ty], llvmir.FunctionType(ty, [ty, ty, ty]))
-        return builder.call(fn, args)
+    def typer(typingctx, a, b, c):
+        if not (isinstance(a, types.Float) and a == b == c):
+            return None
 
-    return a(a, a, a), codegen
+        def codegen(context, builder, signature, args):
+            ty = args[0].type
+            fn = builder.module.declare_intrinsic(llvm_name, [ty], llvmir.FunctionType(ty, [ty, ty, ty]))
+            return builder.call(fn, args)
+
+        return a(a, a, a), codegen
+
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+muladd = _float_ternary("llvm.fmuladd", "``a*b + c``, fused into one FMA where the machine has one.")
+fma = _float_ternary("llvm.fma", "``a*b + c`` with one rounding (always fused, unlike :func:`muladd`), as torch's CPU "
+                     "BatchNorm kernel computes it.")  # fmt: skip
 
 
 @intrinsic
