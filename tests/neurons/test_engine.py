@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import spikefuse
 import spikefuse.nn
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, NeuronModel
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS, NeuronModel
 from spikefuse.ops.engine import cpu, reference, triton
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
 
@@ -41,6 +41,7 @@ MODELS = {
     "cuba_lif_hard": (CUBA_LIF_HARD, {"alpha": 0.7, "beta": 0.8, "threshold": 0.9}),
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
     "eif": (EIF, {}),
+    "lif_hard": (LIF_MODELS[("paper", "hard")], {"decay": 0.8, "threshold": 0.7, "v_reset": -0.1}),  # where(s, a, b)
 }
 BACKENDS = {"cpu": cpu, "triton": triton}
 

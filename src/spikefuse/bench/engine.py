@@ -5,7 +5,8 @@ One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf in
 round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
 ``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
 Norse's ``LSNN`` module (likewise); spikefuse's ALIF (Bellec et al.), which has no peer of the same dynamics, against
-the floor alone. The floor is the bytes a recomputing fused layer must move (forward: read x,
+the floor alone; and the paper's LIF on the hand-written kernels (recompute mode) and as a definition on the engine
+(:data:`spikefuse.neurons.LIF_MODELS`), checked to give the same spikes. The floor is the bytes a recomputing fused layer must move (forward: read x,
 write spikes; backward: read x and the upstream gradient, write grad_x; 20 per neuron-step) over the copy bandwidth
 measured in the same run.
 """
@@ -23,8 +24,10 @@ from .common import RESULTS, command_line, machine_info, markdown_table, round_r
 def _layer_cases():
     """name -> (run(x) -> spikes, the reference name whose spikes it must equal)."""
     import spikefuse
+    import spikefuse.functional
     from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS
+    from spikefuse.surrogate import Sigmoid
 
     alpha, beta = 0.8, 0.9
     cases = {
@@ -55,6 +58,12 @@ def _layer_cases():
     cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
+    # The paper's LIF twice: the hand-written kernels in their recompute mode (the engine always recomputes), and its
+    # definition on the engine (what moving LIF onto the engine would run).
+    cases["spikefuse LIF, hand-written kernels (cpu, recompute)"] = (
+        lambda x: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory="recompute"), "lif")
+    cases["spikefuse LIF definition (engine cpu)"] = (
+        lambda x: spikefuse.neuron(x, LIF_MODELS[("paper", "hard")], surrogate=Sigmoid(4.0), decay=0.8), "lif")
     try:
         import norse.torch as norse
 
@@ -71,7 +80,8 @@ def run(args) -> None:
         g = torch.Generator().manual_seed(t_steps)
         x = {"cuba": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
              "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0,
-             "alif": torch.rand(t_steps, args.neurons, generator=g) * 0.6}  # fmt: skip
+             "alif": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
+             "lif": torch.rand(t_steps, args.neurons, generator=g) * 0.6}  # fmt: skip
         upstream = torch.rand(t_steps, args.neurons, generator=g)
         cases = _layer_cases()
         spikes = {name: fn(x[ref]) for name, (fn, ref) in cases.items()}

@@ -1,9 +1,11 @@
-"""Spiking neuron models beyond LIF, each defined once (:class:`NeuronModel`, one file per family) and run by every
-engine backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :mod:`spikefuse.nn` modules.
+"""Spiking neuron models, each defined once (:class:`NeuronModel`, one file per family) and run by every engine
+backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :mod:`spikefuse.nn` modules.
 """
 
 from .alif import ALIF_MODEL
 from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_ZERO
-from .model import FUNCTIONS, Derivatives, NeuronModel
+from .lif import LIF_MODELS
+from .model import FUNCTIONS, WHERE, Derivatives, NeuronModel
 
-__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_EULER", "CUBA_LIF_MODELS", "ALIF_MODEL"]
+__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD",
+           "CUBA_LIF_EULER", "CUBA_LIF_MODELS", "ALIF_MODEL", "LIF_MODELS"]  # fmt: skip

@@ -10,7 +10,9 @@ A neuron has state variables (``states``, e.g. the synaptic current ``i`` and th
     s = 1 if u >= 0 else 0                 # u > 0 with strict=True
 
 An expression reads ``x``, ``s``, the parameters and the states (a state assigned earlier in the step has its new
-value, as in Python). Operators ``+ - * /`` and parentheses; the functions of :data:`FUNCTIONS`. The state handed
+value, as in Python). Operators ``+ - * /`` and parentheses; the functions of :data:`FUNCTIONS`; and in a step
+``where(s, a, b)``: ``a`` after a spike, else ``b`` (a reset), exactly (no ``s*a + (1-s)*b`` rounding or
+``0*inf``), with the gradient of ``s*a + (1-s)*b`` (``a - b`` for the spike's). The state handed
 between calls is the states after the last step; the next call's first step sees the spike of that state
 (``s = fire(state)``), so a spike in the last step of one call resets at the start of the next, and a run split
 in two calls equals one call.
@@ -30,16 +32,20 @@ import hashlib
 import keyword
 from dataclasses import dataclass
 
-__all__ = ["NeuronModel", "FUNCTIONS", "Derivatives"]
+__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives"]
 
 #: The functions an expression may call, with their sympy names.
 FUNCTIONS = {"exp": "exp", "log": "log", "sqrt": "sqrt"}
 
-_RESERVED = {"x", "s", "u"} | set(FUNCTIONS)
+#: The selection on the previous step's spike, in step expressions: ``where(s, a, b)``.
+WHERE = "where"
+
+_RESERVED = {"x", "s", "u", WHERE} | set(FUNCTIONS)
 
 
-def _names(expression: str, what: str) -> set[str]:
-    """The variable names an expression reads; rejects anything but arithmetic on names, numbers and FUNCTIONS."""
+def _names(expression: str, what: str, where: bool = False) -> set[str]:
+    """The variable names an expression reads; rejects anything but arithmetic on names, numbers and FUNCTIONS (and
+    ``where(s, a, b)`` when ``where``: a step's expression)."""
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as err:
@@ -54,12 +60,18 @@ def _names(expression: str, what: str) -> set[str]:
         if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, (int, float))):
             raise ValueError(f"{what}: {expression!r} holds the constant {node.value!r}; only numbers")
         if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords or len(node.args) != 1:
+            callee = node.func.id if isinstance(node.func, ast.Name) else None
+            if where and callee == WHERE:
+                if node.keywords or len(node.args) != 3 or not (isinstance(node.args[0], ast.Name)
+                                                                 and node.args[0].id == "s"):  # fmt: skip
+                    raise ValueError(f"{what}: {expression!r}: where takes the spike and two values, where(s, a, b)")
+            elif callee not in FUNCTIONS or node.keywords or len(node.args) != 1:
+                also = f", or {WHERE}(s, a, b)" if where else ""
                 raise ValueError(f"{what}: {expression!r} calls something other than {', '.join(FUNCTIONS)} of one "
-                                 "argument")  # fmt: skip
+                                 f"argument{also}")  # fmt: skip
         elif isinstance(node, ast.Name):
             names.add(node.id)
-    return names - set(FUNCTIONS)
+    return names - set(FUNCTIONS) - {WHERE}
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,7 @@ class NeuronModel:
             if target not in self.states:
                 raise ValueError(f"neuron {self.name!r}: step assigns {target!r}, which is not a state "
                                  f"({', '.join(self.states)})")  # fmt: skip
-            unknown = _names(expression, f"neuron {self.name!r}, {target} =") - known
+            unknown = _names(expression, f"neuron {self.name!r}, {target} =", where=True) - known
             if unknown:
                 raise ValueError(f"neuron {self.name!r}: {target} = {expression} reads unknown names "
                                  f"{sorted(unknown)}")  # fmt: skip
@@ -146,6 +158,7 @@ class NeuronModel:
         params = {p: sympy.Symbol(p) for p in self.params}
         x, s = sympy.Symbol("x"), sympy.Symbol("s")
         functions = {name: getattr(sympy, target) for name, target in FUNCTIONS.items()}
+        functions[WHERE] = lambda c, a, b: c * a + (1 - c) * b  # differentiated as the blend it equals for c in {0, 1}
         env = dict(old)
         for target, expression in self.step:
             env[target] = sympy.sympify(expression, locals={**env, **params, "x": x, "s": s, **functions})

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ...neurons.model import WHERE
+
 __all__ = ["Dialect", "step_source", "sympy_source", "assignments", "backward_expressions", "cache_dir",
            "load_generated"]  # fmt: skip
 
@@ -61,6 +63,9 @@ def step_source(expression: str, names: dict[str, str], dialect: Dialect) -> str
         if isinstance(node, ast.Constant):
             return dialect.number(float(node.value))
         if isinstance(node, ast.Call):
+            if node.func.id == WHERE:  # where(s, a, b): s is 0 or 1
+                s, a, b = (emit(arg) for arg in node.args)
+                return dialect.select(f"({s} != {dialect.number(0.0)})", a, b)
             return f"{dialect.functions[node.func.id]}({emit(node.args[0])})"
         raise ValueError(f"cannot emit {type(node).__name__}")  # NeuronModel admits nothing else
 

@@ -16,10 +16,31 @@ import functools
 
 import torch
 
+from ...neurons.model import WHERE
 from ...surrogate import Surrogate
 from ..reference import _Fire
 
-_TORCH_FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt}
+class _Where(torch.autograd.Function):
+    """``where(s, a, b)`` of a step: ``a`` where the spike ``s`` is 1, else ``b``, selected exactly; differentiated
+    as ``s*a + (1-s)*b`` (what the kernels' derivatives are)."""
+
+    @staticmethod
+    def forward(ctx, s, a, b):
+        ctx.save_for_backward(s, a, b)
+        return torch.where(s != 0, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        s, a, b = ctx.saved_tensors
+        return g * (a - b), g * s, g * (1 - s)
+
+
+def _where(s, a, b):
+    a, b = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=s.dtype) for v in (a, b))
+    return _Where.apply(s, a, b)
+
+
+_TORCH_FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, WHERE: _where}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,85 @@
+"""The LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine against the hand-written LIF kernels
+(:mod:`spikefuse.ops.cpu`): spikes and states bit-identical, gradients of the input, the initial state and the decay
+to 1e-5. This is what moving ``spikefuse.nn.LIF`` onto the engine must keep."""
+
+import pytest
+import torch
+
+import spikefuse
+from spikefuse import params as P
+from spikefuse.functional import spiking_neuron
+from spikefuse.neurons import LIF_MODELS, NeuronModel
+from spikefuse.surrogate import ATan, Sigmoid
+
+pytest.importorskip("numba")
+
+CASES = {  # (dynamics, reset) -> v_reset of the case
+    ("paper", "hard"): -0.1,
+    ("paper", "soft"): 0.0,
+    ("paper", "none"): 0.0,
+    ("snntorch", "soft"): 0.0,
+    ("snntorch", "hard"): 0.0,
+}
+
+
+def _close(a, b, what):
+    scale = max(float(b.abs().max()), 1e-6)
+    err = float((a - b).abs().max())
+    assert err <= 1e-5 * scale, f"{what}: max abs diff {err:.3g}, scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("engine_backend", ["cpu", "reference"])
+@pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(c))
+def test_engine_lif_equals_the_hand_written_kernels(case, detach, engine_backend):
+    _check(case, detach, False, engine_backend)
+
+
+@pytest.mark.parametrize("case", [("paper", "hard"), ("snntorch", "soft")], ids=lambda c: "-".join(c))
+def test_per_channel_decay(case):
+    _check(case, False, True, "cpu")
+
+
+def _check(case, detach, per_channel, engine_backend):
+    dynamics, reset = case
+    v_reset, threshold = CASES[case], 0.5
+    surrogate = Sigmoid(4.0) if dynamics == "paper" else ATan(2.0)
+    g = torch.Generator().manual_seed(hash(case) % 1000)
+    x = torch.rand(7, 3, 4, 9, generator=g) * 0.8
+    v0 = torch.rand(3, 4, 9, generator=g) * 0.7
+    decay = torch.rand(4, generator=g) * 0.5 + 0.4 if per_channel else torch.tensor(0.8)
+    upstream, upstream_state = torch.rand(x.shape, generator=g), torch.rand(v0.shape, generator=g)
+
+    spec = P.NeuronSpec(threshold=threshold, v_reset=v_reset, reset=P.RESETS[reset], surrogate=surrogate,
+                        detach_reset=detach, dynamics=P.DYNAMICS[dynamics])  # fmt: skip
+    leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
+    # recompute mode, as the engine's backward (the hand-written kernels' two modes agree with each other elsewhere)
+    spikes_lif, state_lif = spiking_neuron(leaves_lif[0], leaves_lif[2], spec, v_init=leaves_lif[1], backend="cpu",
+                                           memory="recompute")  # fmt: skip
+
+    model = LIF_MODELS[case]
+    leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
+    spikes_engine, (state_engine,) = spikefuse.neuron(
+        leaves_engine[0], model, surrogate=surrogate, detach_reset=detach, state=(leaves_engine[1],),
+        return_state=True, backend=engine_backend, decay=leaves_engine[2], threshold=threshold, v_reset=v_reset,
+    )  # fmt: skip
+
+    assert 0 < float(spikes_lif.detach().mean()) < 1, "the case must spike and not spike"
+    assert torch.equal(spikes_engine, spikes_lif)
+    if engine_backend == "cpu":
+        assert torch.equal(state_engine, state_lif)
+    else:  # the serial PyTorch loop rounds like the kernels, except where torch fuses an operation
+        torch.testing.assert_close(state_engine, state_lif, rtol=4 * torch.finfo(x.dtype).eps, atol=0)
+    for outputs, leaves in (((spikes_lif, state_lif), leaves_lif), ((spikes_engine, state_engine), leaves_engine)):
+        torch.autograd.backward(outputs, (upstream, upstream_state))
+    for name, a, b in zip(("x", "v_init", "decay"), leaves_engine, leaves_lif):
+        _close(a.grad, b.grad, f"grad {name}")
+
+
+def test_where_takes_the_spike_and_two_values():
+    with pytest.raises(ValueError, match=r"where takes the spike and two values, where\(s, a, b\)"):
+        NeuronModel(name="bad", states=("v",), params=(), step=(("v", "where(v, 0, v) + x"),), fire="v - 1")
+    with pytest.raises(ValueError, match=r"where takes the spike and two values"):
+        NeuronModel(name="bad", states=("v",), params=(), step=(("v", "where(s, 0) + x"),), fire="v - 1")
+    with pytest.raises(ValueError, match=r"calls something other than exp, log, sqrt of one argument"):
+        NeuronModel(name="bad", states=("v",), params=(), step=(("v", "x"),), fire="where(s, v, 0) - 1")
