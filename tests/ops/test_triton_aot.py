@@ -253,10 +253,11 @@ def test_non_contiguous_inputs_are_made_contiguous():
 
 def _engine_models():
     from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN
-    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO
+    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS
     from tests.neurons.test_engine import EIF
 
-    return [CUBA_LIF, CUBA_LIF_ZERO, CUBA_LIF_HARD, CUBA_LIF_EULER, ALIF_MODEL, NORSE_LIF, NORSE_LSNN, EIF]
+    return [CUBA_LIF, CUBA_LIF_ZERO, CUBA_LIF_HARD, CUBA_LIF_EULER, ALIF_MODEL, NORSE_LIF, NORSE_LSNN, EIF,
+            *LIF_MODELS.values()]
 
 
 def _engine_cases():
