@@ -11,6 +11,7 @@ from .validation import channel_layout, check_input, check_no_functorch, leak_te
 from .neurons import NeuronModel
 from .ops import resolve_backend
 from .ops.engine import autograd as engine_autograd
+from .params import check_memory_mode
 from .surrogate import Surrogate, resolve
 
 __all__ = ["neuron"]
@@ -35,6 +36,7 @@ def neuron(
     state=None,
     return_state: bool = False,
     backend: str = "auto",
+    memory: str = "recompute",
     **params,
 ):
     """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
@@ -48,8 +50,11 @@ def neuron(
     derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
     the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused kernels generated for the tensors'
     device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
-    device)."""
+    device). ``memory``: "recompute" (backward recomputes the states from ``x``: nothing but the input is kept) or
+    "potential" (forward keeps every step's states, ``T x`` the input's size per state, and backward reads them:
+    faster, more memory; the CPU kernels and the reference)."""
     check_input(x)
+    check_memory_mode(memory)
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
@@ -94,7 +99,8 @@ def neuron(
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    out = engine_autograd.neuron(x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete)
+    out = engine_autograd.neuron(x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete,
+                                 memory == "potential")  # fmt: skip
     spikes = out[0].reshape(x.shape)
     if not return_state:
         return spikes

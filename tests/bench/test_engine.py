@@ -14,8 +14,9 @@ def test_bench_engine_quick(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "engine_quick.csv")))
     names = {r["implementation"] for r in rows}
     assert {"spikefuse CubaLIF (cpu)", "snnTorch Synaptic (loop)", "spikefuse Norse-LSNN definition (cpu)",
-            "spikefuse ALIF (cpu)", "spikefuse LIF, hand-written kernels (cpu, recompute)",
-            "spikefuse LIF definition (engine cpu)"} <= names
+            "spikefuse ALIF (cpu)", "spikefuse LIF, hand-written kernels (cpu, potential)",
+            "spikefuse LIF definition (engine cpu, potential)",
+            "spikefuse LIF definition (engine cpu, recompute)"} <= names
     assert all(float(r["spike_mismatch"]) == 0.0 for r in rows)
     text = (tmp_path / "engine_quick.md").read_text()
     assert "Machine:" in text and "Command: `" in text

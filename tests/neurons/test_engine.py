@@ -71,11 +71,11 @@ def _close(a, b, what):
     assert err <= 1e-5 * scale, f"{what}: max abs diff {err:.3g}, scale {scale:.3g}"
 
 
-def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=None, seed=0):
+def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=None, seed=0, save=False, need=True):
     x, tensors, inner, init = _inputs(model, params, shape, dtype, seed, per_channel)
     ops = BACKENDS[backend]
-    spikes, final = ops.forward(model, x, tensors, inner, init, surrogate, detach)
-    ref_spikes, ref_final = reference.forward(model, x, tensors, inner, init, surrogate, detach)
+    spikes, final, saved = ops.forward(model, x, tensors, inner, init, surrogate, detach, save)
+    ref_spikes, ref_final, ref_saved = reference.forward(model, x, tensors, inner, init, surrogate, detach, save)
     assert torch.equal(spikes, ref_spikes), "spikes differ"
     transcendental = any(f"{name}(" in e for _, e in model.step for name in ("exp", "log"))
     for k, a, b in zip(model.states, final, ref_final):
@@ -83,19 +83,47 @@ def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=
             torch.testing.assert_close(a, b, rtol=4 * torch.finfo(dtype).eps, atol=0, msg=f"final state {k}")
         else:
             assert torch.equal(a, b), f"final state {k} differs"
+    assert len(saved) == len(ref_saved) == (len(model.states) if save else 0)
+    for k, a, b in zip(model.states, saved, ref_saved):  # every step's states, for backward to read
+        assert a.shape == x.shape and (torch.equal(a, b) or transcendental), f"saved state {k} differs"
     g = torch.Generator().manual_seed(seed + 1)
     grad_spikes = torch.rand(x.shape, generator=g, dtype=dtype)
     grad_final = [torch.rand(x.shape[1], generator=g, dtype=dtype) for _ in model.states]
-    need = [True] * len(model.params)
-    got = ops.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
+    need = [need] * len(model.params)
+    got = ops.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need, saved)
     want = reference.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
     _close(got[0], want[0], "grad x")
     for k, a, b in zip(model.states, got[1], want[1]):
         _close(a, b, f"grad initial {k}")
     for p, a, b in zip(model.params, got[2], want[2]):
-        assert a.shape == b.shape, p
-        _close(a, b, f"grad {p}")
+        assert (a is None) == (b is None) and (a is None or a.shape == b.shape), p
+        if a is not None:
+            _close(a, b, f"grad {p}")
     return spikes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_memory_potential(name, dtype):
+    """memory="potential" on the CPU: the forward saves every step's states (equal to the reference's), the backward
+    reads them instead of recomputing: the same gradients, with and without parameter gradients."""
+    model, params = MODELS[name]
+    _check(model, params, (9, 3, 70), dtype, "cpu", Sigmoid(4.0), False, save=True)
+    _check(model, params, (5, 2, 3, 4, 5), dtype, "cpu", ATan(2.0), True, per_channel=model.params[:1], save=True,
+           need=False)  # fmt: skip
+
+
+def test_memory_potential_is_refused_on_triton():
+    model, params = MODELS["cuba_lif"]
+    x, tensors, inner, init = _inputs(model, params, (3, 4), torch.float32, 0)
+    with pytest.raises(ValueError, match=r"memory='potential' .* is not available on the Triton backend yet; use "
+                                         r"memory='recompute' there"):  # fmt: skip
+        triton.forward(model, x, tensors, inner, init, Sigmoid(4.0), False, save=True)
+
+
+def test_unknown_memory_mode():
+    with pytest.raises(ValueError, match=r"unknown memory mode 'saved': use one of \['potential', 'recompute'\]"):
+        spikefuse.neuron(torch.rand(3, 4), CUBA_LIF, alpha=0.5, beta=0.5, memory="saved")
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

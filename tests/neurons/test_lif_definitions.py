@@ -40,7 +40,13 @@ def test_per_channel_decay(case):
     _check(case, False, True, "cpu")
 
 
-def _check(case, detach, per_channel, engine_backend):
+@pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
+def test_memory_potential(detach):
+    """Both sides keeping the potentials in forward (the LIF layer's default) instead of recomputing them."""
+    _check(("paper", "hard"), detach, True, "cpu", memory="potential")
+
+
+def _check(case, detach, per_channel, engine_backend, memory="recompute"):
     dynamics, reset = case
     v_reset, threshold = CASES[case], 0.5
     surrogate = Sigmoid(4.0) if dynamics == "paper" else ATan(2.0)
@@ -53,15 +59,15 @@ def _check(case, detach, per_channel, engine_backend):
     spec = P.NeuronSpec(threshold=threshold, v_reset=v_reset, reset=P.RESETS[reset], surrogate=surrogate,
                         detach_reset=detach, dynamics=P.DYNAMICS[dynamics])  # fmt: skip
     leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
-    # recompute mode, as the engine's backward (the hand-written kernels' two modes agree with each other elsewhere)
     spikes_lif, state_lif = spiking_neuron(leaves_lif[0], leaves_lif[2], spec, v_init=leaves_lif[1], backend="cpu",
-                                           memory="recompute")  # fmt: skip
+                                           memory=memory)  # fmt: skip
 
     model = LIF_MODELS[case]
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_engine, (state_engine,) = spikefuse.neuron(
         leaves_engine[0], model, surrogate=surrogate, detach_reset=detach, state=(leaves_engine[1],),
-        return_state=True, backend=engine_backend, decay=leaves_engine[2], threshold=threshold, v_reset=v_reset,
+        return_state=True, backend=engine_backend, memory=memory, decay=leaves_engine[2], threshold=threshold,
+        v_reset=v_reset,
     )  # fmt: skip
 
     assert 0 < float(spikes_lif.detach().mean()) < 1, "the case must spike and not spike"

@@ -84,22 +84,22 @@ def test_triton_backend_on_cpu_tensors_says_what_to_do(monkeypatch):
         spikefuse.neuron(torch.rand(3, 4), CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="triton")
 
 
-def _engine_model(backend):
+def _engine_model(backend, memory="recompute"):
     torch.manual_seed(0)
     return torch.nn.Sequential(
         spikefuse.nn.SeqToBatch(torch.nn.Linear(8, 16)),
-        CubaLIF(0.5, 0.6, learnable=("alpha", "beta"), channels=16, backend=backend),
+        CubaLIF(0.5, 0.6, learnable=("alpha", "beta"), channels=16, backend=backend, memory=memory),
         spikefuse.nn.SeqToBatch(torch.nn.Linear(16, 4)),
-        ALIF(0.8, 0.9, backend=backend),
+        ALIF(0.8, 0.9, backend=backend, memory=memory),
     )
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-def test_torch_compile_fullgraph_matches_eager(backend):
+@pytest.mark.parametrize("backend, memory", [("cpu", "recompute"), ("cpu", "potential"), ("triton", "recompute")])
+def test_torch_compile_fullgraph_matches_eager(backend, memory):
     """The engine's kernels are custom ops with fake kernels: torch.compile traces a model of engine neurons without a
     graph break and gives the eager spikes and gradients."""
     x = torch.rand(5, 3, 8) * 2
-    eager, compiled_model = _engine_model(backend), _engine_model(backend)
+    eager, compiled_model = _engine_model(backend, memory), _engine_model(backend, memory)
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
     y_eager, y_comp = eager(x), compiled(x)
     assert torch.equal(y_eager, y_comp) and 0 < float(y_eager.detach().mean()) < 1
@@ -119,13 +119,17 @@ def test_engine_custom_ops_pass_opcheck():
               torch.ones(1, dtype=torch.float64)]  # fmt: skip
     init = [torch.rand(6, dtype=torch.float64, requires_grad=True), torch.zeros(1, dtype=torch.float64)]
     model, surrogate = E._register(CUBA_LIF_ZERO), E._register(ATan(2.0))
-    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu"))
+    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", False))
+    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", True))
     # the backward op is not differentiable itself (double backward is refused): its inputs do not require grad
     grad_spikes = torch.rand(4, 6, dtype=torch.float64)
     grad_final = [torch.rand(6, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
     params, init = [p.detach() for p in params], [v.detach() for v in init]
     torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False,
-                                              "cpu", [True, False, False]))  # fmt: skip
+                                              "cpu", [True, False, False], []))  # fmt: skip
+    saved = E.engine_forward(x2, params, init, 1, model, surrogate, False, "cpu", True)[3:]
+    torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False,
+                                              "cpu", [True, False, False], saved))  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

@@ -5,10 +5,10 @@ One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf in
 round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
 ``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
 Norse's ``LSNN`` module (likewise); spikefuse's ALIF (Bellec et al.), which has no peer of the same dynamics, against
-the floor alone; and the paper's LIF on the hand-written kernels (recompute mode) and as a definition on the engine
-(:data:`spikefuse.neurons.LIF_MODELS`), checked to give the same spikes. The floor is the bytes a recomputing fused layer must move (forward: read x,
-write spikes; backward: read x and the upstream gradient, write grad_x; 20 per neuron-step) over the copy bandwidth
-measured in the same run.
+the floor alone; and the paper's LIF on the hand-written kernels and as a definition on the engine
+(:data:`spikefuse.neurons.LIF_MODELS`), each in both memory modes, checked to give the same spikes. The floor is the
+bytes a recomputing fused layer must move (forward: read x, write spikes; backward: read x and the upstream
+gradient, write grad_x; 20 per neuron-step) over the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ def _layer_cases():
     cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
-    # The paper's LIF twice: the hand-written kernels in their recompute mode (the engine always recomputes), and its
-    # definition on the engine (what moving LIF onto the engine would run).
-    cases["spikefuse LIF, hand-written kernels (cpu, recompute)"] = (
-        lambda x: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory="recompute"), "lif")
-    cases["spikefuse LIF definition (engine cpu)"] = (
-        lambda x: spikefuse.neuron(x, LIF_MODELS[("paper", "hard")], surrogate=Sigmoid(4.0), decay=0.8), "lif")
+    # The paper's LIF on the hand-written kernels and as a definition on the engine (what moving LIF onto the engine
+    # would run), in both memory modes ("potential" is the LIF layers' default)
+    for memory in ("potential", "recompute"):
+        cases[f"spikefuse LIF, hand-written kernels (cpu, {memory})"] = (
+            lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory), "lif")
+        cases[f"spikefuse LIF definition (engine cpu, {memory})"] = (
+            lambda x, memory=memory: spikefuse.neuron(x, LIF_MODELS[("paper", "hard")], surrogate=Sigmoid(4.0),
+                                                      decay=0.8, memory=memory), "lif")  # fmt: skip
     try:
         import norse.torch as norse
 

@@ -13,6 +13,7 @@ from ..validation import check_decay
 from ..neuron_functional import neuron
 from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
 from ..ops import check_backend_name
+from ..params import check_memory_mode
 from ..surrogate import ATan, Sigmoid, resolve
 
 __all__ = ["EngineNeuron", "CubaLIF", "ALIF"]
@@ -30,6 +31,8 @@ class EngineNeuron(nn.Module):
             ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
         stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
         backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
+        memory: "recompute" (backward recomputes the states from the input) or "potential" (forward keeps every
+            step's states for backward: faster, more memory; the CPU kernels and the reference).
         **params: the model's parameters as numbers (those with a default may be left out).
     """
 
@@ -37,11 +40,14 @@ class EngineNeuron(nn.Module):
     unit_interval: tuple[str, ...] = ()
 
     def __init__(self, model: NeuronModel, *, surrogate="atan", detach_reset: bool = False, learnable=(),
-                 channels: int | None = None, stateful: bool = False, backend: str = "auto", **params):  # fmt: skip
+                 channels: int | None = None, stateful: bool = False, backend: str = "auto", memory: str = "recompute",
+                 **params):  # fmt: skip
         super().__init__()
         if not isinstance(model, NeuronModel):
             raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
         check_backend_name(backend)
+        check_memory_mode(memory)
+        self.memory = memory
         self.model = model
         self.surrogate = resolve(surrogate)
         self.detach_reset = bool(detach_reset)
@@ -85,7 +91,7 @@ class EngineNeuron(nn.Module):
             raise ValueError(f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
                              f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape")  # fmt: skip
         spikes, final = neuron(x, self.model, surrogate=self.surrogate, detach_reset=self.detach_reset, state=state,
-                               return_state=True, backend=self.backend, **params)  # fmt: skip
+                               return_state=True, backend=self.backend, memory=self.memory, **params)  # fmt: skip
         if self.stateful:
             self.state = tuple(v.detach() for v in final)
         return spikes
@@ -97,7 +103,7 @@ class EngineNeuron(nn.Module):
             for p in self.model.params
         )  # fmt: skip
         return (f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
-                f"backend={self.backend!r}")  # fmt: skip
+                f"backend={self.backend!r}, memory={self.memory!r}")  # fmt: skip
 
 
 class CubaLIF(EngineNeuron):
@@ -111,15 +117,15 @@ class CubaLIF(EngineNeuron):
 
     def __init__(self, alpha: float, beta: float, threshold: float = 1.0, reset: str = "subtract",
                  surrogate=ATan(2.0), detach_reset: bool = False, learnable=(), channels: int | None = None,
-                 stateful: bool = False, backend: str = "auto"):  # fmt: skip
+                 stateful: bool = False, backend: str = "auto", memory: str = "recompute"):  # fmt: skip
         if reset not in CUBA_LIF_MODELS:
             raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
         if not (isinstance(threshold, numbers.Real) and threshold > 0):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         self.reset = reset
         super().__init__(CUBA_LIF_MODELS[reset], surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
-                         channels=channels, stateful=stateful, backend=backend, alpha=alpha, beta=beta,
-                         threshold=threshold)  # fmt: skip
+                         channels=channels, stateful=stateful, backend=backend, memory=memory, alpha=alpha,
+                         beta=beta, threshold=threshold)  # fmt: skip
 
 
 class ALIF(EngineNeuron):
@@ -131,9 +137,9 @@ class ALIF(EngineNeuron):
 
     def __init__(self, decay: float, rho: float, b0: float = 1.0, beta: float = 1.8, surrogate=Sigmoid(4.0),
                  detach_reset: bool = False, learnable=(), channels: int | None = None, stateful: bool = False,
-                 backend: str = "auto"):  # fmt: skip
+                 backend: str = "auto", memory: str = "recompute"):  # fmt: skip
         if not (isinstance(b0, numbers.Real) and b0 > 0):
             raise ValueError(f"b0 (the baseline threshold) must be a positive number, got {b0!r}")
         super().__init__(ALIF_MODEL, surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
-                         channels=channels, stateful=stateful, backend=backend, decay=decay, rho=rho, b0=b0,
-                         beta=beta)  # fmt: skip
+                         channels=channels, stateful=stateful, backend=backend, memory=memory, decay=decay, rho=rho,
+                         b0=b0, beta=beta)  # fmt: skip

@@ -5,9 +5,10 @@
 Custom ops take tensors, numbers and strings only: the :class:`~spikefuse.neurons.NeuronModel` and the surrogate
 travel as keys into :data:`_OBJECTS`, where :func:`neuron` puts them on the way in.
 
-``spikefuse::engine_forward`` returns ``[spikes, *final states]``; ``spikefuse::engine_backward`` returns
-``[grad_x, *grad_init, *grad_params]``, an empty tensor where a gradient is not needed (a shared initial state, a
-parameter without ``requires_grad``).
+``spikefuse::engine_forward`` returns ``[spikes, *final states, *saved states]`` (the states of every step with
+``save``, memory="potential"; none otherwise); ``spikefuse::engine_backward`` returns ``[grad_x, *grad_init,
+*grad_params]``, an empty tensor where a gradient is not needed (a shared initial state, a parameter without
+``requires_grad``).
 """
 
 from __future__ import annotations
@@ -36,26 +37,27 @@ _register._dynamo_marked_constant = True
 
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
-                  detach_reset: bool, backend: str) -> list[Tensor]:  # fmt: skip
-    spikes, final = module(backend).forward(_OBJECTS[model], x2, list(params), inner, list(init), _OBJECTS[surrogate],
-                                            detach_reset)  # fmt: skip
-    return [spikes, *final]
+                  detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
+    spikes, final, saved = module(backend).forward(_OBJECTS[model], x2, list(params), inner, list(init),
+                                                   _OBJECTS[surrogate], detach_reset, save)  # fmt: skip
+    return [spikes, *final, *saved]
 
 
 engine_forward = torch.library.custom_op("spikefuse::engine_forward", mutates_args=())(_forward_impl)
 
 
 @engine_forward.register_fake
-def _(x2, params, init, inner, model, surrogate, detach_reset, backend):
-    return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1]) for _ in init]
+def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
+    saved = [torch.empty_like(x2) for _ in init] if save else []
+    return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1]) for _ in init] + saved
 
 
 def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
                    init: list[Tensor], inner: int, model: str, surrogate: str, detach_reset: bool, backend: str,
-                   need_param_grads: list[bool]) -> list[Tensor]:  # fmt: skip
+                   need_param_grads: list[bool], saved: list[Tensor]) -> list[Tensor]:  # fmt: skip
     grad_x, grad_init, grad_params = module(backend).backward(
         _OBJECTS[model], grad_spikes, list(grad_final), x2, list(params), inner, list(init), _OBJECTS[surrogate],
-        detach_reset, list(need_param_grads),
+        detach_reset, list(need_param_grads), list(saved),
     )  # fmt: skip
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
     return [grad_x, *(x2.new_empty(0) if g is None else g for g in (*grad_init, *grad_params))]
@@ -65,33 +67,36 @@ engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_
 
 
 @engine_backward.register_fake
-def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads):
+def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads,
+      saved):  # fmt: skip
     n = x2.shape[1]
     grad_init = [x2.new_empty(n if v.shape[0] == n else 0) for v in init]
     grad_params = [torch.empty_like(p) if need else x2.new_empty(0) for p, need in zip(params, need_param_grads)]
     return [torch.empty_like(x2), *grad_init, *grad_params]
 
 
-def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend):
-    ctx.args = (inner, model, surrogate, detach_reset, backend, len(params))
+def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, saved):
+    ctx.args = (inner, model, surrogate, detach_reset, backend, len(params), len(init))
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x2, *params, *init)
+    ctx.save_for_backward(x2, *params, *init, *saved)
 
 
 def _gradients(ctx, grads, need_params, need_init, backward_op):
     """``(grad_x, grad per parameter, grad per initial state)``, None where not needed."""
-    grad_spikes, *grad_final = grads
+    n_init = ctx.args[-1]
+    grad_spikes, *grad_final = grads[: 1 + n_init]  # (none for the saved states)
     x2, *tensors = ctx.saved_tensors
-    inner, model, surrogate, detach_reset, backend, n_params = ctx.args
+    inner, model, surrogate, detach_reset, backend, n_params, _ = ctx.args
     # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
     refuse_double_backward(f"the {_OBJECTS[model].name} neurons ({backend!r} backend)",
                            "the neuron engine computes first-order gradients only")  # fmt: skip
-    params, init = list(tensors[:n_params]), list(tensors[n_params:])
+    params, init = list(tensors[:n_params]), list(tensors[n_params : n_params + n_init])
+    saved = list(tensors[n_params + n_init :])
     if grad_spikes is None:  # only the states were used
         grad_spikes = torch.zeros_like(x2)
     grad_final = [x2.new_zeros(1) if g is None else g.contiguous() for g in grad_final]
     out = backward_op(grad_spikes.contiguous(), grad_final, x2, params, init, inner, model, surrogate, detach_reset,
-                      backend, [bool(n) for n in need_params])  # fmt: skip
+                      backend, [bool(n) for n in need_params], saved)  # fmt: skip
     grad_x, grad_init, grad_params = out[0], out[1:1 + len(init)], out[1 + len(init):]
     grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
     grad_init = [g if need and g.numel() else None for g, need in zip(grad_init, need_init)]
@@ -99,13 +104,14 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
 
 
 def _setup_context(ctx, inputs, output):
-    _save(ctx, *inputs)
+    x2, params, init, inner, model, surrogate, detach_reset, backend, _ = inputs
+    _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, output[1 + len(init) :])
 
 
 def _backward(ctx, grads):
     grad_x, grad_params, grad_init = _gradients(ctx, grads, ctx.needs_input_grad[1], ctx.needs_input_grad[2],
                                                 engine_backward)  # fmt: skip
-    return grad_x, grad_params, grad_init, None, None, None, None, None
+    return grad_x, grad_params, grad_init, None, None, None, None, None, None
 
 
 torch.library.register_autograd("spikefuse::engine_forward", _backward, setup_context=_setup_context)
@@ -116,25 +122,32 @@ class _EagerEngineNeuron(torch.autograd.Function):
     parameters and initial states are flat arguments, so that autograd sees them."""
 
     @staticmethod
-    def forward(ctx, x2, inner, model, surrogate, detach_reset, backend, n_params, *tensors):
+    def forward(ctx, x2, inner, model, surrogate, detach_reset, backend, save, n_params, *tensors):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend)
-        return tuple(_forward_impl(x2, params, init, inner, model, surrogate, detach_reset, backend))
+        out = _forward_impl(x2, params, init, inner, model, surrogate, detach_reset, backend, save)
+        saved = out[1 + len(init) :]
+        _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, saved)
+        ctx.mark_non_differentiable(*saved)
+        return tuple(out)
 
     @staticmethod
     def backward(ctx, *grads):
-        n_params = ctx.args[-1]
-        need = ctx.needs_input_grad[7:]
+        n_params = ctx.args[-2]
+        need = ctx.needs_input_grad[8:]
         grad_x, grad_params, grad_init = _gradients(ctx, grads, need[:n_params], need[n_params:], _backward_impl)
-        return (grad_x, None, None, None, None, None, None, *grad_params, *grad_init)
+        return (grad_x, None, None, None, None, None, None, None, *grad_params, *grad_init)
 
 
-def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_reset: bool, backend: str) -> list:
-    """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``. The custom op under
-    ``torch.compile``, the plain Function in eager mode."""
+def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_reset: bool, backend: str,
+           save: bool = False) -> list:  # fmt: skip
+    """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
+    for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
+    plain Function in eager mode."""
     model_key, surrogate_key = _register(model), _register(surrogate)
     if torch.compiler.is_compiling():
-        return list(engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
-                                   backend))  # fmt: skip
-    return list(_EagerEngineNeuron.apply(x2, inner, model_key, surrogate_key, bool(detach_reset), backend,
-                                         len(params), *params, *init))  # fmt: skip
+        out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
+                             backend, bool(save))  # fmt: skip
+    else:
+        out = _EagerEngineNeuron.apply(x2, inner, model_key, surrogate_key, bool(detach_reset), backend, bool(save),
+                                       len(params), *params, *init)  # fmt: skip
+    return list(out[: 1 + len(init)])

@@ -5,11 +5,13 @@ kernel cache folder (:func:`.emit.cache_dir`) and imports it; numba compiles a k
 the machine code beside the source, so a call compiles only the kernels it runs:
 
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
-  rows that stay in cache, writing the spikes and the final states; nothing is saved for backward;
+  rows that stay in cache, writing the spikes and the final states; nothing is saved for backward
+  (``forward_save``, memory="potential": every step's states are written out for backward);
 - ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
   the T steps into a block-sized scratch (it stays in cache), then runs back through time with the derivatives of
   :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and (``_grads``)
-  per-neuron parameter gradients, reduced per channel afterwards.
+  per-neuron parameter gradients, reduced per channel afterwards (``backward_saved``: the states read from what
+  ``forward_save`` wrote, no recompute).
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
@@ -90,6 +92,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         par = args("par_", P)  # the kernels' parameter arguments: scalars or [C] arrays
         prow = args("p_", P) if scalar else args("pv_", P)  # the row functions': scalars or block rows
         fin, gfin, ginit, init = args("final_", S), args("gfinal_", S), args("ginit_", S), args("init_", S)
+        sav = args("saved_", S)
 
         def param_locals(indent: str) -> list[str]:
             return [] if scalar else [f"{indent}p_{p} = pv_{p}[j]" for p in P]
@@ -103,6 +106,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def load_rows(dst: list[str], src: list[str], indent: str) -> list[str]:
             """A per-neuron array's block, or its one value for all (:func:`~spikefuse.ops.numba_common.load_row`)."""
             return [f"{indent}load_row({d}, {s}, n0, m)" for d, s in zip(dst, src)]
+
+        def saved_rows(t: str) -> str:
+            """The block's rows of the states saved for step ``t`` (memory="potential") as arguments."""
+            return "".join(f"saved_{k}[{t}, n0:n0 + m], " for k in S)
 
         def fire_old(indent: str) -> list[str]:
             """The previous step's spike, from the states before the step (what the forward wrote)."""
@@ -151,16 +158,52 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "        x_ = xr[j]",
             *[f"        {line}" for line in step_lines],
             *[f"        w_{k}[j] = v_{k}" for k in S],
+            "",
+            "",
+            # memory="potential": the forward writes every step's states (rows of `saved`) and reads the previous
+            # step's back from them, instead of keeping them in block rows
+            "@njit(cache=True, error_model='numpy')",
+            f"def _forward_save_row{sfx}(xr, sr, {args('o_', S)}{args('w_', S)}{prow}m):",
+            "    for j in range(m):",
+            *param_locals("        "),
+            *[f"        v_{k} = o_{k}[j]" for k in S],
+            *fire_old("        "),
+            "        x_ = xr[j]",
+            *[f"        {line}" for line in step_lines],
+            *fire_old("        "),
+            *[f"        w_{k}[j] = v_{k}" for k in S],
+            "        sr[j] = s_",
+            "",
+            "",
+            "@njit(cache=True, error_model='numpy')",
+            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, m):",
+            *load_params("    "),
+            *[f"    st_{k} = np.empty(m, F)" for k in S],
+            *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
+            f"    _forward_save_row{sfx}(x[0, n0:n0 + m], spikes[0, n0:n0 + m], {args('st_', S)}"
+            f"{saved_rows('0')}{prow}m)",
+            "    for t in range(1, x.shape[0]):",
+            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {saved_rows('t - 1')}"
+            f"{saved_rows('t')}{prow}m)",
+            "    T = x.shape[0]",
+            "    for j in range(m):",
+            *[f"        final_{k}[n0 + j] = saved_{k}[T - 1, n0 + j]" for k in S],
+            "",
+            "",
+            "@njit(parallel=True, cache=True, error_model='numpy')",
+            f"def forward_save{sfx}(x, {par}{init}inner, spikes, {fin}{sav}):",
+            "    N = x.shape[1]",
+            "    for b in prange((N + BLOCK - 1) // BLOCK):",
+            "        n0 = b * BLOCK",
+            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, min(BLOCK, N - n0))",
         ]
 
         ind = "        "
 
-        def backward(grads: bool) -> list[str]:
-            """The backward kernels; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``)."""
+        def reverse_row(grads: bool) -> list[str]:
+            """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``)."""
             g = "_grads" if grads else ""
             acc = args("acc_", P) if grads else ""
-            bwd_args = (f"grad_spikes, {gfin}x, {par}{init}sg_p1, sg_p2, detach, inner, "
-                        + ("need_params, " if grads else "") + f"grad_x, {ginit}" + (args("gpar_", P) if grads else ""))
             accumulate = [f"{ind}acc_{p}[j] += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
                           for p in P] if grads else []  # fmt: skip
             return [
@@ -184,24 +227,47 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *accumulate,
                 *[f"{ind}gS_{old}[j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
                 f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
-                "",
-                "",
+            ]
+
+        def backward(grads: bool, saved: bool) -> list[str]:
+            """The backward kernels; ``grads`` as :func:`reverse_row`; ``saved``: reading the states the forward saved
+            (memory="potential", suffix ``_saved``) instead of recomputing them."""
+            g = "_grads" if grads else ""
+            mode = "_saved" if saved else ""
+            acc = args("acc_", P) if grads else ""
+            bwd_args = (f"grad_spikes, {gfin}x, {par}{init}{sav if saved else ''}sg_p1, sg_p2, detach, inner, "
+                        + ("need_params, " if grads else "") + f"grad_x, {ginit}" + (args("gpar_", P) if grads else ""))
+
+            def reverse(t: str, old: str, new: str) -> str:
+                return (f"_reverse_row{g}{sfx}(x[{t}, n0:n0 + m], grad_spikes[{t}, n0:n0 + m], grad_x[{t}, n0:n0 + m], "
+                        f"{old}{new}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m)")
+
+            if saved:  # hist: the initial states only; the others are the forward's
+                states = [f"    hist = np.empty(({len(S)}, m), F)",
+                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
+                steps = ["    for t in range(T - 1, 0, -1):",
+                         f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
+                         f"    {reverse('0', rows('hist', '0'), saved_rows('0'))}"]
+            else:
+                states = [f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
+                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
+                          "    for t in range(T):",
+                          f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('hist', 't')}{rows('hist', 't + 1')}"
+                          f"{prow}m)"]
+                steps = ["    for t in range(T - 1, -1, -1):",
+                         f"        {reverse('t', rows('hist', 't'), rows('hist', 't + 1'))}"]
+            return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def _backward_block{g}{sfx}({bwd_args}n0, m):",
+                f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
                 "    T = x.shape[0]",
                 "    N = x.shape[1]",
                 *load_params("    "),
-                f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
-                *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
-                "    for t in range(T):",
-                f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('hist', 't')}{rows('hist', 't + 1')}{prow}m)",
+                *states,
                 *[f"    gS_{k} = np.empty(m, F)" for k in S],
                 *load_rows([f"gS_{k}" for k in S], [f"gfinal_{k}" for k in S], "    "),
                 "    gs = np.zeros(m, F)",
                 *([f"    acc_{p} = np.zeros(m, F)" for p in P] if grads else []),
-                "    for t in range(T - 1, -1, -1):",
-                f"        _reverse_row{g}{sfx}(x[t, n0:n0 + m], grad_spikes[t, n0:n0 + m], grad_x[t, n0:n0 + m], "
-                f"{rows('hist', 't')}{rows('hist', 't + 1')}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m)",
+                *steps,
                 # the first step's s is the spike of the initial state: its gradient flows into that state
                 "    for j in range(m):",
                 "        n = n0 + j",
@@ -216,14 +282,16 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 "",
                 "",
                 "@njit(parallel=True, cache=True, error_model='numpy')",
-                f"def backward{g}{sfx}({bwd_args}):",
+                f"def backward{mode}{g}{sfx}({bwd_args}):",
                 "    N = x.shape[1]",
                 "    for b in prange((N + BLOCK - 1) // BLOCK):",
                 "        n0 = b * BLOCK",
-                f"        _backward_block{g}{sfx}({bwd_args}n0, min(BLOCK, N - n0))",
+                f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(BLOCK, N - n0))",
             ]
 
-        return forward + ["", ""] + backward(False) + ["", ""] + backward(True)
+        parts = [forward, reverse_row(False), reverse_row(True)]
+        parts += [backward(grads, saved) for grads in (False, True) for saved in (False, True)]
+        return [line for part in parts for line in (*part, "", "")]
 
     header = [
         f'"""Generated by spikefuse.ops.engine.cpu for the neuron {model.name!r} ({model.key}), surrogate '
@@ -264,19 +332,23 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
     t_steps, n = x2.shape
     module = kernels(model, type(surrogate), x2.dtype)
     match_numba_threads(t_steps * n)
     spikes = buffers.empty((t_steps, n), x2.dtype)
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
+    saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
-    getattr(module, "forward" + suffix)(_np(x2), *par, *(_np(v) for v in init), int(inner), spikes.numpy(),
-                                        *(f.numpy() for f in final))  # fmt: skip
-    return spikes, final
+    getattr(module, ("forward_save" if save else "forward") + suffix)(
+        _np(x2), *par, *(_np(v) for v in init), int(inner), spikes.numpy(), *(f.numpy() for f in final),
+        *(v.numpy() for v in saved),
+    )  # fmt: skip
+    return spikes, final, saved
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads):
+def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
+             saved=()):  # fmt: skip
     t_steps, n = x2.shape
     module = kernels(model, type(surrogate), x2.dtype)
     match_numba_threads(t_steps * n)
@@ -285,13 +357,15 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
     head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
-            *_surrogate_args(surrogate, x2.dtype), bool(detach_reset), int(inner))  # fmt: skip
+            *(_np(v) for v in saved), *_surrogate_args(surrogate, x2.dtype), bool(detach_reset),
+            int(inner))  # fmt: skip
     outputs = (grad_x.numpy(), *(g.numpy() for g in grad_init))
+    name = "backward" + ("_saved" if saved else "")
     if any(need_param_grads):
-        getattr(module, "backward_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
-                                                    *(g.numpy() for g in per_neuron))  # fmt: skip
+        getattr(module, name + "_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
+                                                  *(g.numpy() for g in per_neuron))  # fmt: skip
     else:
-        getattr(module, "backward" + suffix)(*head, *outputs)
+        getattr(module, name + suffix)(*head, *outputs)
     grad_params = [
         reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
         for g, p, need in zip(per_neuron, params, need_param_grads)

@@ -5,9 +5,12 @@ Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T
 ``params`` one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``;
 ``init`` one tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
 
-- ``forward(model, x2, params, inner, init, surrogate, detach_reset) -> (spikes [T, N], final states [N] each)``
-- ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads)
-  -> (grad_x, grad_init per state (None for a shared one), grad_params per parameter (None where not needed))``
+- ``forward(model, x2, params, inner, init, surrogate, detach_reset, save=False) -> (spikes [T, N], final states
+  [N] each, saved)``: ``save`` (memory="potential") asks for every step's states, ``[T, N]`` each (``saved``, empty
+  without ``save``), for backward to read instead of recomputing them (this backend's backward recomputes anyway);
+- ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
+  saved=()) -> (grad_x, grad_init per state (None for a shared one), grad_params per parameter (None where not
+  needed))``.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ def per_neuron(t: torch.Tensor, n: int, inner: int) -> torch.Tensor:
     return t.reshape(1, c, 1).expand(n // (c * inner), c, inner).reshape(n)
 
 
-def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool):
-    """Differentiable serial loop: ``(spikes [T, N], [final state [N] per state])``."""
+def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool, history: list | None = None):
+    """Differentiable serial loop: ``(spikes [T, N], [final state [N] per state])``; appends each step's states to
+    ``history`` when given."""
     n = x2.shape[1]
     env_params = {name: per_neuron(p, n, inner) for name, p in zip(model.params, params)}
     states = {name: v.expand(n) for name, v in zip(model.states, init)}
@@ -73,17 +77,25 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
         for target, expression in model.step:
             env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
         states = {name: env[name] for name in model.states}
+        if history is not None:
+            history.append([states[name] for name in model.states])
         s = fire(states)
         spikes.append(s)
     return torch.stack(spikes), [states[name] for name in model.states]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
+    history = [] if save else None
     with torch.no_grad():
-        return run(model, x2, params, inner, init, surrogate, detach_reset)
+        spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset, history)
+    if not save:
+        return spikes, final, []
+    n = x2.shape[1]
+    return spikes, final, [torch.stack([step[i].expand(n) for step in history]) for i in range(len(model.states))]
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads):
+def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
+             saved=()):  # fmt: skip
     n = x2.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)

@@ -211,13 +211,16 @@ def _param_args(params: list) -> tuple[bool, list]:
     return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
     t_steps, n = x2.shape
+    if save:
+        raise ValueError(f"{model.name}: memory='potential' (states saved in forward) is not available on the Triton "
+                         "backend yet; use memory='recompute' there")  # fmt: skip
     _check(x2, [x2, *params, *init], "input")
     spikes = torch.empty_like(x2)
     final = [torch.empty(n, dtype=x2.dtype, device=x2.device) for _ in model.states]
     if n == 0:
-        return spikes, final
+        return spikes, final, []
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), x2.dtype)
@@ -226,10 +229,11 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset):
             x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, t_steps, n, int(inner),
             SCALAR=scalar, BLOCK=block, **COMPILE_OPTIONS,
         )  # fmt: skip
-    return spikes, final
+    return spikes, final, []
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads):
+def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
+             saved=()):  # fmt: skip
     t_steps, n = x2.shape
     _check(x2, [x2, grad_spikes, *grad_final, *params, *init], "input and gradient")
     device = x2.device
