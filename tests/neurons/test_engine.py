@@ -71,7 +71,8 @@ def _close(a, b, what):
     assert err <= 1e-5 * scale, f"{what}: max abs diff {err:.3g}, scale {scale:.3g}"
 
 
-def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=None, seed=0, save=False, need=True):
+def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=None, seed=0, save=False, need=True,
+           overwrite=False):  # fmt: skip
     x, tensors, inner, init = _inputs(model, params, shape, dtype, seed, per_channel)
     ops = BACKENDS[backend]
     spikes, final, saved = ops.forward(model, x, tensors, inner, init, surrogate, detach, save)
@@ -90,7 +91,10 @@ def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=
     grad_spikes = torch.rand(x.shape, generator=g, dtype=dtype)
     grad_final = [torch.rand(x.shape[1], generator=g, dtype=dtype) for _ in model.states]
     need = [need] * len(model.params)
-    got = ops.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need, saved)
+    got = ops.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need, saved,
+                       overwrite)  # fmt: skip
+    if overwrite:
+        assert got[0] is saved[0], "grad_x goes over the saved first state"
     want = reference.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
     _close(got[0], want[0], "grad x")
     for k, a, b in zip(model.states, got[1], want[1]):
@@ -110,7 +114,21 @@ def test_memory_potential(name, dtype):
     model, params = MODELS[name]
     _check(model, params, (9, 3, 70), dtype, "cpu", Sigmoid(4.0), False, save=True)
     _check(model, params, (5, 2, 3, 4, 5), dtype, "cpu", ATan(2.0), True, per_channel=model.params[:1], save=True,
-           need=False)  # fmt: skip
+           need=False, overwrite=True)  # fmt: skip
+    _check(model, params, (4, 2, 33), dtype, "cpu", Sigmoid(4.0), False, save=True, overwrite=True)
+
+
+def test_memory_potential_keeps_the_saved_states_for_a_retained_graph():
+    """grad_x goes over the saved states only once autograd frees them: a retained graph's second backward is the
+    first's, and both are memory="recompute"'s."""
+    x = torch.rand(6, 2, 5, requires_grad=True)
+    g = torch.rand(6, 2, 5)
+    y = spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, memory="potential", backend="cpu")
+    first = torch.autograd.grad(y, x, g, retain_graph=True)[0]
+    second = torch.autograd.grad(y, x, g)[0]
+    y_recompute = spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, memory="recompute", backend="cpu")
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, torch.autograd.grad(y_recompute, x, g)[0], rtol=1e-6, atol=1e-7)
 
 
 def test_memory_potential_is_refused_on_triton():
@@ -165,6 +183,9 @@ def test_many_blocks(backend):
     """More neurons than one parallel task / program holds, the last block partial."""
     model, params = MODELS["alif"]
     _check(model, params, (3, 2 * cpu.BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False)
+    if backend == "cpu":  # a block cut to fit the recomputing backward's scratch, and the potential mode's full one
+        _check(model, params, (40, 3 * cpu.MIN_BLOCK + 5), torch.float32, backend, Sigmoid(4.0), False)
+        _check(model, params, (3, 2 * cpu.BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False, save=True)
 
 
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .. import params as P
 from . import buffers, module
-from .common import compute_dtype, refuse_double_backward
+from .common import compute_dtype, keeps_graph, refuse_double_backward
 
 
 def _spec(ints: list[int], floats: list[float]) -> tuple:
@@ -146,7 +146,7 @@ class _EagerNeuron(torch.autograd.Function):
         # Once this graph is freed nobody reads h again, so the fused backends write grad_x over it in place
         # instead of into a fresh [T, N] buffer (on the CPU page faults cost more than the kernel; on a GPU it
         # lowers the backward's peak memory by one [T, N] buffer).
-        overwrite_saved = not _keep_graph()
+        overwrite_saved = not keeps_graph()
         return _backward(
             ctx,
             grad_spikes,
@@ -154,12 +154,6 @@ class _EagerNeuron(torch.autograd.Function):
             grad_saved,
             backward_op=lambda *args: _backward_impl(*args, overwrite_saved=overwrite_saved),
         )
-
-
-def _keep_graph() -> bool:
-    """Whether the running backward keeps the graph (``retain_graph`` / ``create_graph``); True when unknown."""
-    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return True if query is None else bool(query())
 
 
 def neuron(x2, leak, v_init, inner: int, ints: list[int], floats: list[float], backend: str, save: int):

@@ -57,6 +57,12 @@ def reduce_leak_grad(per_neuron: torch.Tensor, channels: int, inner: int) -> tor
     return per_neuron.reshape(-1, channels, inner).sum(dim=(0, 2))
 
 
+def keeps_graph() -> bool:
+    """Whether the running backward keeps the graph (``retain_graph`` / ``create_graph``); True when unknown."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
 def refuse_double_backward(what: str, remedy: str) -> None:
     """Raise when a backward runs with ``create_graph=True``: a fused backward is a kernel, not differentiable
     ops, so a gradient of it would silently miss every term through the neuron."""

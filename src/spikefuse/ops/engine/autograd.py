@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common import refuse_double_backward
+from ..common import keeps_graph, refuse_double_backward
 from . import module
 
 _OBJECTS: dict[str, object] = {}  # key -> model or surrogate instance
@@ -52,15 +52,21 @@ def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
     return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1]) for _ in init] + saved
 
 
-def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
-                   init: list[Tensor], inner: int, model: str, surrogate: str, detach_reset: bool, backend: str,
-                   need_param_grads: list[bool], saved: list[Tensor]) -> list[Tensor]:  # fmt: skip
+def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
+                  need_param_grads, saved, overwrite_saved=False) -> list[Tensor]:  # fmt: skip
     grad_x, grad_init, grad_params = module(backend).backward(
         _OBJECTS[model], grad_spikes, list(grad_final), x2, list(params), inner, list(init), _OBJECTS[surrogate],
-        detach_reset, list(need_param_grads), list(saved),
+        detach_reset, list(need_param_grads), list(saved), overwrite_saved,
     )  # fmt: skip
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
     return [grad_x, *(x2.new_empty(0) if g is None else g for g in (*grad_init, *grad_params))]
+
+
+def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
+                   init: list[Tensor], inner: int, model: str, surrogate: str, detach_reset: bool, backend: str,
+                   need_param_grads: list[bool], saved: list[Tensor]) -> list[Tensor]:  # fmt: skip
+    return _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
+                         need_param_grads, saved)  # fmt: skip
 
 
 engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_args=())(_backward_impl)
@@ -134,7 +140,12 @@ class _EagerEngineNeuron(torch.autograd.Function):
     def backward(ctx, *grads):
         n_params = ctx.args[-2]
         need = ctx.needs_input_grad[8:]
-        grad_x, grad_params, grad_init = _gradients(ctx, grads, need[:n_params], need[n_params:], _backward_impl)
+        # once this graph is freed nobody reads the saved states again: grad_x may go over them (memory="potential")
+        overwrite_saved = not keeps_graph()
+        grad_x, grad_params, grad_init = _gradients(
+            ctx, grads, need[:n_params], need[n_params:],
+            lambda *args: _run_backward(*args, overwrite_saved=overwrite_saved),
+        )  # fmt: skip
         return (grad_x, None, None, None, None, None, None, None, *grad_params, *grad_init)
 
 

@@ -41,7 +41,12 @@ from .. import numba_common
 from . import emit
 from .emit import Dialect
 
-BLOCK = 2048  # neurons per parallel task (the backward's scratch, (T+1) x states x BLOCK, stays in cache)
+# Neurons per parallel task: long rows (64 KiB of each [T, N] stream per step) keep the hardware prefetcher streaming
+# from one step's row to the next; the recomputing backward's scratch, (T+1) x states x block, is kept to about
+# SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
+BLOCK = 16384
+MIN_BLOCK = 2048
+SCRATCH_BYTES = 2 << 20
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 # The generator's version: this file, the emitters and the math the kernels call.
 _GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common))
@@ -142,11 +147,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {par}{init}inner, spikes, {fin}):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, {fin}block):",
             "    N = x.shape[1]",
-            "    for b in prange((N + BLOCK - 1) // BLOCK):",
-            "        n0 = b * BLOCK",
-            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, min(BLOCK, N - n0))",
+            "    for b in prange((N + block - 1) // block):",
+            "        n0 = b * block",
+            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, min(block, N - n0))",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
@@ -191,25 +196,28 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_save{sfx}(x, {par}{init}inner, spikes, {fin}{sav}):",
+            f"def forward_save{sfx}(x, {par}{init}inner, spikes, {fin}{sav}block):",
             "    N = x.shape[1]",
-            "    for b in prange((N + BLOCK - 1) // BLOCK):",
-            "        n0 = b * BLOCK",
-            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, min(BLOCK, N - n0))",
+            "    for b in prange((N + block - 1) // block):",
+            "        n0 = b * block",
+            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, min(block, N - n0))",
         ]
 
         ind = "        "
 
-        def reverse_row(grads: bool) -> list[str]:
-            """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``)."""
-            g = "_grads" if grads else ""
+        def reverse_row(grads: bool, over: bool) -> list[str]:
+            """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``);
+            ``over`` (suffix ``_over``): grad_x written over the first state's row of the step (its saved states, read
+            first), one pointer, which LLVM vectorizes without an overlap check."""
+            g = ("_over" if over else "") + ("_grads" if grads else "")
             acc = args("acc_", P) if grads else ""
+            out = f"w_{S[0]}" if over else "gxr"
             accumulate = [f"{ind}acc_{p}[j] += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
                           for p in P] if grads else []  # fmt: skip
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def _reverse_row{g}{sfx}(xr, gr, gxr, {args('o_', S)}{args('w_', S)}{args('gS_', S)}gs, {acc}"
-                f"{prow}sg_p1, sg_p2, detach, m):",
+                f"def _reverse_row{g}{sfx}(xr, gr, {'' if over else 'gxr, '}{args('o_', S)}{args('w_', S)}"
+                f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
@@ -223,24 +231,28 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                                   ind, NUMBA_GRAD),
                 f"{ind}g_s = gr[j] + gs[j]",
                 *[f"{ind}g_{k} = gS_{k}[j] + g_s * sg_ * df_{k}" for k in S],
-                f"{ind}gxr[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
+                f"{ind}{out}[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
                 *accumulate,
                 *[f"{ind}gS_{old}[j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
                 f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
             ]
 
-        def backward(grads: bool, saved: bool) -> list[str]:
+        def backward(grads: bool, saved: bool, over: bool = False) -> list[str]:
             """The backward kernels; ``grads`` as :func:`reverse_row`; ``saved``: reading the states the forward saved
-            (memory="potential", suffix ``_saved``) instead of recomputing them."""
+            (memory="potential", suffix ``_saved``) instead of recomputing them; ``over``: grad_x written over the
+            saved first state (suffix ``_saved_over``; no grad_x argument)."""
             g = "_grads" if grads else ""
-            mode = "_saved" if saved else ""
+            mode = "_saved" + ("_over" if over else "") if saved else ""
             acc = args("acc_", P) if grads else ""
             bwd_args = (f"grad_spikes, {gfin}x, {par}{init}{sav if saved else ''}sg_p1, sg_p2, detach, inner, "
-                        + ("need_params, " if grads else "") + f"grad_x, {ginit}" + (args("gpar_", P) if grads else ""))
+                        + ("need_params, " if grads else "") + ("" if over else "grad_x, ") + ginit
+                        + (args("gpar_", P) if grads else ""))  # fmt: skip
+            row = f"_reverse_row{'_over' if over else ''}{g}{sfx}"
 
             def reverse(t: str, old: str, new: str) -> str:
-                return (f"_reverse_row{g}{sfx}(x[{t}, n0:n0 + m], grad_spikes[{t}, n0:n0 + m], grad_x[{t}, n0:n0 + m], "
-                        f"{old}{new}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m)")
+                gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
+                return (f"{row}(x[{t}, n0:n0 + m], grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
+                        f"{acc}{prow}sg_p1, sg_p2, detach, m)")
 
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
@@ -282,15 +294,16 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 "",
                 "",
                 "@njit(parallel=True, cache=True, error_model='numpy')",
-                f"def backward{mode}{g}{sfx}({bwd_args}):",
+                f"def backward{mode}{g}{sfx}({bwd_args}block):",
                 "    N = x.shape[1]",
-                "    for b in prange((N + BLOCK - 1) // BLOCK):",
-                "        n0 = b * BLOCK",
-                f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(BLOCK, N - n0))",
+                "    for b in prange((N + block - 1) // block):",
+                "        n0 = b * block",
+                f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(block, N - n0))",
             ]
 
-        parts = [forward, reverse_row(False), reverse_row(True)]
+        parts = [forward, *(reverse_row(grads, over) for grads in (False, True) for over in (False, True))]
         parts += [backward(grads, saved) for grads in (False, True) for saved in (False, True)]
+        parts += [backward(grads, True, over=True) for grads in (False, True)]
         return [line for part in parts for line in (*part, "", "")]
 
     header = [
@@ -300,7 +313,6 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "from numba import njit, prange",
         "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors",
         f"F = {np_dtype}",
-        f"BLOCK = {BLOCK}",
         "",
     ]
     return "\n".join(header + variant(False) + ["", ""] + variant(True)) + "\n"
@@ -327,6 +339,16 @@ def _params(params: list, dtype: torch.dtype) -> tuple[str, list]:
     return "", [_np(p) for p in params]
 
 
+def _block(n: int, threads: int, scratch_per_neuron: int = 0) -> int:
+    """Neurons per parallel task: :data:`BLOCK`, fewer where the backward's scratch would outgrow
+    :data:`SCRATCH_BYTES` (not below :data:`MIN_BLOCK`) or some thread would get no block."""
+    block = BLOCK
+    if scratch_per_neuron:
+        block = max(MIN_BLOCK, min(BLOCK, SCRATCH_BYTES // scratch_per_neuron))
+    per_thread = -(-n // threads)
+    return max(64, min(block, -(-per_thread // 64) * 64))
+
+
 def _surrogate_args(surrogate, dtype) -> tuple:
     """The surrogate's two parameters as scalars of the compute dtype."""
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
@@ -335,37 +357,42 @@ def _surrogate_args(surrogate, dtype) -> tuple:
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
     t_steps, n = x2.shape
     module = kernels(model, type(surrogate), x2.dtype)
-    match_numba_threads(t_steps * n)
+    threads = match_numba_threads(t_steps * n)
     spikes = buffers.empty((t_steps, n), x2.dtype)
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
     getattr(module, ("forward_save" if save else "forward") + suffix)(
         _np(x2), *par, *(_np(v) for v in init), int(inner), spikes.numpy(), *(f.numpy() for f in final),
-        *(v.numpy() for v in saved),
+        *(v.numpy() for v in saved), _block(n, threads),
     )  # fmt: skip
     return spikes, final, saved
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=()):  # fmt: skip
+             saved=(), overwrite_saved=False):  # fmt: skip
+    """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over its first state
+    (no fresh ``[T, N]`` buffer)."""
     t_steps, n = x2.shape
     module = kernels(model, type(surrogate), x2.dtype)
-    match_numba_threads(t_steps * n)
-    grad_x = buffers.empty((t_steps, n), x2.dtype)
+    threads = match_numba_threads(t_steps * n)
+    over = bool(saved) and overwrite_saved
+    grad_x = saved[0] if over else buffers.empty((t_steps, n), x2.dtype)
     grad_init = [buffers.empty((n if v.numel() == n else 0,), x2.dtype) for v in init]
     per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
     head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
             *(_np(v) for v in saved), *_surrogate_args(surrogate, x2.dtype), bool(detach_reset),
             int(inner))  # fmt: skip
-    outputs = (grad_x.numpy(), *(g.numpy() for g in grad_init))
-    name = "backward" + ("_saved" if saved else "")
+    outputs = (*(() if over else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
+    scratch = 0 if saved else (t_steps + 1) * len(model.states) * x2.element_size()  # per neuron of a block
+    block = _block(n, threads, scratch)
+    name = "backward" + ("_saved" if saved else "") + ("_over" if over else "")
     if any(need_param_grads):
         getattr(module, name + "_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
-                                                  *(g.numpy() for g in per_neuron))  # fmt: skip
+                                                  *(g.numpy() for g in per_neuron), block)  # fmt: skip
     else:
-        getattr(module, name + suffix)(*head, *outputs)
+        getattr(module, name + suffix)(*head, *outputs, block)
     grad_params = [
         reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
         for g, p, need in zip(per_neuron, params, need_param_grads)

@@ -9,8 +9,9 @@ Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T
   [N] each, saved)``: ``save`` (memory="potential") asks for every step's states, ``[T, N]`` each (``saved``, empty
   without ``save``), for backward to read instead of recomputing them (this backend's backward recomputes anyway);
 - ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-  saved=()) -> (grad_x, grad_init per state (None for a shared one), grad_params per parameter (None where not
-  needed))``.
+  saved=(), overwrite_saved=False) -> (grad_x, grad_init per state (None for a shared one), grad_params per
+  parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again (a backend may
+  write grad_x over it).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False)
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=()):  # fmt: skip
+             saved=(), overwrite_saved=False):  # fmt: skip
     n = x2.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)
