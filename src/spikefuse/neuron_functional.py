@@ -52,7 +52,7 @@ def neuron(
     device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
     device). ``memory``: "recompute" (backward recomputes the states from ``x``: nothing but the input is kept) or
     "potential" (forward keeps every step's states, ``T x`` the input's size per state, and backward reads them:
-    faster, more memory; the CPU kernels and the reference)."""
+    faster, more memory)."""
     check_input(x)
     check_memory_mode(memory)
     if not isinstance(model, NeuronModel):

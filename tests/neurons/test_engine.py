@@ -106,16 +106,17 @@ def _check(model, params, shape, dtype, backend, surrogate, detach, per_channel=
     return spikes
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_memory_potential(name, dtype):
-    """memory="potential" on the CPU: the forward saves every step's states (equal to the reference's), the backward
-    reads them instead of recomputing: the same gradients, with and without parameter gradients."""
+def test_memory_potential(name, dtype, backend):
+    """memory="potential": the forward saves every step's states (equal to the reference's), the backward reads them
+    instead of recomputing: the same gradients, with and without parameter gradients, grad_x apart or (CPU) over the
+    saved states."""
     model, params = MODELS[name]
-    _check(model, params, (9, 3, 70), dtype, "cpu", Sigmoid(4.0), False, save=True)
-    _check(model, params, (5, 2, 3, 4, 5), dtype, "cpu", ATan(2.0), True, per_channel=model.params[:1], save=True,
-           need=False, overwrite=True)  # fmt: skip
-    _check(model, params, (4, 2, 33), dtype, "cpu", Sigmoid(4.0), False, save=True, overwrite=True)
+    _check(model, params, (9, 3, 70), dtype, backend, Sigmoid(4.0), False, save=True)
+    _check(model, params, (5, 2, 3, 4, 5), dtype, backend, ATan(2.0), True, per_channel=model.params[:1], save=True,
+           need=False, overwrite=backend == "cpu")  # fmt: skip
 
 
 def test_memory_potential_keeps_the_saved_states_for_a_retained_graph():
@@ -129,14 +130,6 @@ def test_memory_potential_keeps_the_saved_states_for_a_retained_graph():
     y_recompute = spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, memory="recompute", backend="cpu")
     assert torch.equal(first, second)
     torch.testing.assert_close(first, torch.autograd.grad(y_recompute, x, g)[0], rtol=1e-6, atol=1e-7)
-
-
-def test_memory_potential_is_refused_on_triton():
-    model, params = MODELS["cuba_lif"]
-    x, tensors, inner, init = _inputs(model, params, (3, 4), torch.float32, 0)
-    with pytest.raises(ValueError, match=r"memory='potential' .* is not available on the Triton backend yet; use "
-                                         r"memory='recompute' there"):  # fmt: skip
-        triton.forward(model, x, tensors, inner, init, Sigmoid(4.0), False, save=True)
 
 
 def test_unknown_memory_mode():

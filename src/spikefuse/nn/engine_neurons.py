@@ -32,7 +32,7 @@ class EngineNeuron(nn.Module):
         stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
         backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
         memory: "recompute" (backward recomputes the states from the input) or "potential" (forward keeps every
-            step's states for backward: faster, more memory; the CPU kernels and the reference).
+            step's states for backward: faster, more memory).
         **params: the model's parameters as numbers (those with a default may be left out).
     """
 

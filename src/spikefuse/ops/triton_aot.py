@@ -264,7 +264,7 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
 
     if kernel not in ENGINE_KERNELS:
         raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
-    const = {"SCALAR": not per_channel, "BLOCK": block}
+    const = {"SCALAR": not per_channel, "BLOCK": block, ("SAVED" if kernel == "engine-bwd" else "SAVE"): False}
     ints = {"T": T, "N": N, "inner": 1}
     ints.update({f"size_{p}": 2 if per_channel else 1 for p in model.params})
     ints.update({f"isize_{k}": N for k in model.states})

@@ -5,11 +5,13 @@ For each (neuron, surrogate type, dtype) this module writes the source of two ``
 kernel cache folder (:func:`.emit.cache_dir`) and imports it; Triton compiles each specialization once and caches
 it. Each program owns ``BLOCK`` neurons and loops over all T steps with the states in registers:
 
-- ``forward`` writes the spikes and the final states; nothing is saved for backward;
+- ``forward`` writes the spikes and the final states; nothing is saved for backward (``SAVE``, memory="potential":
+  every step's states too, ``[T, N]`` each);
 - ``backward`` first re-runs the recursion, writing every step's states into a scratch ``[T+1, states, N]`` (a
   program writes and reads back only its own neurons' columns), then runs back through time with the derivatives
   of :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and per-neuron
-  parameter gradients (reduced per channel afterwards).
+  parameter gradients (reduced per channel afterwards); with ``SAVED`` it reads the states ``forward`` saved
+  instead of re-running the recursion.
 
 Numerics. The step is emitted as written, numbers as constants of the compute dtype, divisions and square roots
 correctly rounded (``div_rn``, ``sqrt_rn``; Triton's plain float32 ``/`` and ``sqrt`` may be approximate on NVIDIA
@@ -17,7 +19,7 @@ GPUs), and kernels launch with ``enable_fp_fusion=False`` (no FMA contraction): 
 reference's bit for bit, except through ``exp`` and ``log``, which each math library rounds its own way. Parameters
 and the surrogate's two values are read from tensors of the compute dtype, so float64 loses nothing in transit.
 What changes the code (detach_reset, which parameter and initial-state gradients are needed, scalar vs per-channel
-parameters) is a ``tl.constexpr``.
+parameters, the memory mode) is a ``tl.constexpr``.
 
 Entry points as :mod:`spikefuse.ops.engine.reference`.
 """
@@ -93,10 +95,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         ]
         return [indent + line for line in lines]
 
+    saved_args = "".join(f"saved_{k}, " for k in S)  # memory="potential": every step's states, [T, N] each
     forward = [
         "@triton.jit",
-        f"def forward(x_ptr, {par_args}{init_args}spikes_ptr, {''.join(f'final_{k}, ' for k in S)}T, N, inner,",
-        "            SCALAR: tl.constexpr, BLOCK: tl.constexpr):",
+        f"def forward(x_ptr, {par_args}{init_args}spikes_ptr, {''.join(f'final_{k}, ' for k in S)}{saved_args}T, N,",
+        "            inner, SCALAR: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):",
         *head(),
         "    for t in range(0, T):",
         "        row = tl.cast(t, tl.int64) * N + offs",
@@ -105,6 +108,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"        {fire}",
         f"        {spike}",
         "        tl.store(spikes_ptr + row, s_, mask=mask)",
+        "        if SAVE:",
+        *[f"            tl.store(saved_{k} + row, v_{k}, mask=mask)" for k in S],
         *[f"    tl.store(final_{k} + offs, v_{k}, mask=mask)" for k in S],
     ]
 
@@ -115,23 +120,26 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     backward = [
         "@triton.jit",
         f"def backward(gs_ptr, {''.join(f'gfinal_{k}, gsize_{k}, ' for k in S)}x_ptr, {par_args}{init_args}sg_ptr,",
-        f"             hist_ptr, gx_ptr, {''.join(f'ginit_{k}, ' for k in S)}{''.join(f'gpar_{p}, ' for p in P)}"
-        "T, N, inner,",
-        f"             SCALAR: tl.constexpr, DETACH: tl.constexpr, {flags}BLOCK: tl.constexpr):",
+        f"             hist_ptr, {saved_args}gx_ptr, {''.join(f'ginit_{k}, ' for k in S)}"
+        f"{''.join(f'gpar_{p}, ' for p in P)}T, N, inner,",
+        f"             SCALAR: tl.constexpr, SAVED: tl.constexpr, DETACH: tl.constexpr, {flags}BLOCK: tl.constexpr):",
         *head(),
+        *[f"    i_{k} = v_{k}" for k in S],  # the initial states
         "    sg_p1 = tl.load(sg_ptr)",
         "    sg_p2 = tl.load(sg_ptr + 1)",
-        # hist[t, k, n] = state k after step t (t = 0: the initial state), at ((t * S + k) * N + n)
-        *[f"    tl.store(hist_ptr + {i} * N64 + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
-        "    for t in range(0, T):",
-        "        x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0)",
-        *[f"{ind}{line}" for line in step],
-        f"{ind}{fire}",
-        f"{ind}{spike}",
-        f"{ind}base = tl.cast(t + 1, tl.int64) * {n_s} * N64 + offs",
-        *[f"{ind}tl.store(hist_ptr + base + {i} * N64, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        # without SAVED, recompute: hist[t, k, n] = state k after step t (t = 0: the initial state), at
+        # ((t * S + k) * N + n)
+        "    if not SAVED:",
+        *[f"        tl.store(hist_ptr + {i} * N64 + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        "        for t in range(0, T):",
+        "            x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0)",
+        *[f"    {ind}{line}" for line in step],
+        f"    {ind}{fire}",
+        f"    {ind}{spike}",
+        f"    {ind}base = tl.cast(t + 1, tl.int64) * {n_s} * N64 + offs",
+        *[f"    {ind}tl.store(hist_ptr + base + {i} * N64, v_{k}, mask=mask)" for i, k in enumerate(S)],
         # each neuron's column is read back by the thread that wrote it; the barrier makes that explicit
-        "    tl.debug_barrier()",
+        "        tl.debug_barrier()",
         *[f"    gS_{k} = tl.load(gfinal_{k} + offs % gsize_{k}, mask=mask, other=0.0)" for k in S],
         f"    gs = tl.zeros([BLOCK], {dt})",
         *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
@@ -139,11 +147,18 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "        tr = tl.cast(T - 1 - i, tl.int64)",  # a new name: the recompute loop's t is an int32
         "        row = tr * N + offs",
         f"        base = tr * {n_s} * N64 + offs",
-        *[f"{ind}o_{k} = tl.load(hist_ptr + base + {i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        f"{ind}if SAVED:",  # the states before the step: the initial ones, or the previous step's saved ones
+        f"{ind}    prev = tl.maximum(tr - 1, 0) * N + offs",
+        *[f"{ind}    o_{k} = tl.where(tr > 0, tl.load(saved_{k} + prev, mask=mask, other=0.0), i_{k})" for k in S],
+        *[f"{ind}    n_{k} = tl.load(saved_{k} + row, mask=mask, other=0.0)" for k in S],
+        f"{ind}else:",
+        *[f"{ind}    o_{k} = tl.load(hist_ptr + base + {i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        *[f"{ind}    n_{k} = tl.load(hist_ptr + base + {n_s + i} * N64, mask=mask, other=0.0)"
+          for i, k in enumerate(S)],  # fmt: skip
         *[f"{ind}v_{k} = o_{k}" for k in S],
         f"{ind}{fire}",
         f"{ind}{spike}",
-        *[f"{ind}v_{k} = tl.load(hist_ptr + base + {n_s + i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        *[f"{ind}v_{k} = n_{k}" for k in S],
         f"{ind}{fire}",
         f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
         *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
@@ -158,7 +173,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}else:",
         f"{ind}    gs = " + " + ".join(f"g_{k} * ds_{k}" for k in S),
         # the first step's s is the spike of the initial state: its gradient flows into that state
-        *[f"    v_{k} = tl.load(hist_ptr + {i} * N64 + offs, mask=mask, other=0.0)" for i, k in enumerate(S)],
+        *[f"    v_{k} = i_{k}" for k in S],
         f"    {fire}",
         *emit.assignments(fire_d, names_d, "    ", fast),
         *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)" for k in S],
@@ -213,23 +228,21 @@ def _param_args(params: list) -> tuple[bool, list]:
 
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
     t_steps, n = x2.shape
-    if save:
-        raise ValueError(f"{model.name}: memory='potential' (states saved in forward) is not available on the Triton "
-                         "backend yet; use memory='recompute' there")  # fmt: skip
     _check(x2, [x2, *params, *init], "input")
     spikes = torch.empty_like(x2)
     final = [torch.empty(n, dtype=x2.dtype, device=x2.device) for _ in model.states]
+    saved = [torch.empty_like(x2) for _ in model.states] if save else []
     if n == 0:
-        return spikes, final, []
+        return spikes, final, saved
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), x2.dtype)
     with _on_device(x2.device):
         module.forward[(triton.cdiv(n, block),)](
-            x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, t_steps, n, int(inner),
-            SCALAR=scalar, BLOCK=block, **COMPILE_OPTIONS,
+            x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, *(saved or final), t_steps, n,
+            int(inner), SCALAR=scalar, SAVE=bool(save), BLOCK=block, **COMPILE_OPTIONS,
         )  # fmt: skip
-    return spikes, final, []
+    return spikes, final, saved
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
@@ -244,15 +257,16 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
         module = kernels(model, type(surrogate), x2.dtype)
         scalar, par = _param_args(params)
         block = engine_block(n, len(model.states), x2.dtype)
-        hist = torch.empty((t_steps + 1, len(model.states), n), dtype=x2.dtype, device=device)
+        hist = torch.empty((0 if saved else t_steps + 1, len(model.states), n), dtype=x2.dtype, device=device)
         sg = torch.tensor(surrogate.params(), dtype=x2.dtype, device=device)
         # a buffer that is not written (its flag is off) still needs a valid pointer: grad_x stands in
         with _on_device(device):
             module.backward[(triton.cdiv(n, block),)](
                 grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
-                *(a for v in init for a in (v, v.numel())), sg, hist, grad_x,
+                *(a for v in init for a in (v, v.numel())), sg, hist if hist.numel() else grad_x,
+                *(saved or [grad_x] * len(model.states)), grad_x,
                 *(g if g.numel() else grad_x for g in grad_init), *(g if g.numel() else grad_x for g in per_neuron),
-                t_steps, n, int(inner), SCALAR=scalar, DETACH=bool(detach_reset),
+                t_steps, n, int(inner), SCALAR=scalar, SAVED=bool(saved), DETACH=bool(detach_reset),
                 **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
                 **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
                 BLOCK=block, **COMPILE_OPTIONS,
