@@ -86,9 +86,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
 
-    def rows(prefix: str, t: str, offset: int = 0) -> str:
+    def rows(t: str) -> str:
         """The state rows of scratch row-block ``t`` (``hist[t*S + i]``) as arguments."""
-        return "".join(f"hist[({t}) * {len(S)} + {i + offset}], " for i in range(len(S)))
+        return "".join(f"hist[({t}) * {len(S)} + {i}], " for i in range(len(S)))
 
     def variant(scalar: bool) -> list[str]:
         """The kernels with parameters as per-neuron arrays, or (``scalar``, suffix ``_scalar``) as scalars: when
@@ -120,20 +120,32 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             """The previous step's spike, from the states before the step (what the forward wrote)."""
             return [f"{indent}u_ = {fire}", f"{indent}s_ = F(1.0) if {fired} else F(0.0)"]
 
+        def step_row(name: str, old: str, new: str, spikes: bool) -> list[str]:
+            """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
+            for an update in place), and with ``spikes`` the spike row ``sr``."""
+            rows_args = args(old, S) if old == new else args(old, S) + args(new, S)
+            return [
+                "@njit(cache=True, error_model='numpy')",
+                f"def {name}{sfx}(xr, {'sr, ' if spikes else ''}{rows_args}{prow}m):",
+                "    for j in range(m):",
+                *param_locals("        "),
+                *[f"        v_{k} = {old}{k}[j]" for k in S],
+                *fire_old("        "),
+                "        x_ = xr[j]",
+                *[f"        {line}" for line in step_lines],
+                *(fire_old("        ") if spikes else []),
+                *[f"        {new}{k}[j] = v_{k}" for k in S],
+                *(["        sr[j] = s_"] if spikes else []),
+                "",
+                "",
+            ]
+
         forward = [
-            "@njit(cache=True, error_model='numpy')",
-            f"def _forward_row{sfx}(xr, sr, {args('st_', S)}{prow}m):",
-            "    for j in range(m):",
-            *param_locals("        "),
-            *[f"        v_{k} = st_{k}[j]" for k in S],
-            *fire_old("        "),
-            "        x_ = xr[j]",
-            *[f"        {line}" for line in step_lines],
-            *fire_old("        "),
-            *[f"        st_{k}[j] = v_{k}" for k in S],
-            "        sr[j] = s_",
-            "",
-            "",
+            *step_row("_forward_row", "st_", "st_", spikes=True),
+            *step_row("_recompute_row", "o_", "w_", spikes=False),
+            # memory="potential": the forward writes every step's states (rows of `saved`) and reads the previous
+            # step's back from them, instead of keeping them in block rows
+            *step_row("_forward_save_row", "o_", "w_", spikes=True),
             "@njit(cache=True, error_model='numpy')",
             f"def _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, m):",
             *load_params("    "),
@@ -152,32 +164,6 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
             f"        _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, min(block, N - n0))",
-            "",
-            "",
-            "@njit(cache=True, error_model='numpy')",
-            f"def _recompute_row{sfx}(xr, {args('o_', S)}{args('w_', S)}{prow}m):",
-            "    for j in range(m):",
-            *param_locals("        "),
-            *[f"        v_{k} = o_{k}[j]" for k in S],
-            *fire_old("        "),
-            "        x_ = xr[j]",
-            *[f"        {line}" for line in step_lines],
-            *[f"        w_{k}[j] = v_{k}" for k in S],
-            "",
-            "",
-            # memory="potential": the forward writes every step's states (rows of `saved`) and reads the previous
-            # step's back from them, instead of keeping them in block rows
-            "@njit(cache=True, error_model='numpy')",
-            f"def _forward_save_row{sfx}(xr, sr, {args('o_', S)}{args('w_', S)}{prow}m):",
-            "    for j in range(m):",
-            *param_locals("        "),
-            *[f"        v_{k} = o_{k}[j]" for k in S],
-            *fire_old("        "),
-            "        x_ = xr[j]",
-            *[f"        {line}" for line in step_lines],
-            *fire_old("        "),
-            *[f"        w_{k}[j] = v_{k}" for k in S],
-            "        sr[j] = s_",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
@@ -259,15 +245,15 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
                 steps = ["    for t in range(T - 1, 0, -1):",
                          f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
-                         f"    {reverse('0', rows('hist', '0'), saved_rows('0'))}"]
+                         f"    {reverse('0', rows('0'), saved_rows('0'))}"]
             else:
                 states = [f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
                           "    for t in range(T):",
-                          f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('hist', 't')}{rows('hist', 't + 1')}"
+                          f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('t')}{rows('t + 1')}"
                           f"{prow}m)"]
                 steps = ["    for t in range(T - 1, -1, -1):",
-                         f"        {reverse('t', rows('hist', 't'), rows('hist', 't + 1'))}"]
+                         f"        {reverse('t', rows('t'), rows('t + 1'))}"]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
