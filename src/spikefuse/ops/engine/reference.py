@@ -40,7 +40,7 @@ class _Where(torch.autograd.Function):
 
 
 def _where(s, a, b):
-    a, b = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=s.dtype) for v in (a, b))
+    a, b = (v if isinstance(v, torch.Tensor) else s.new_tensor(float(v)) for v in (a, b))
     return _Where.apply(s, a, b)
 
 
