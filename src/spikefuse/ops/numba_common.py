@@ -2,8 +2,9 @@
 arithmetic that LLVM can vectorize, and the loads of a block's per-neuron rows.
 
 numba lowers ``np.exp`` to a call into libm, and a call keeps the whole loop around it scalar; :func:`exp` is the
-same function in plain arithmetic. It and the fused multiply-adds here feed gradients only: the forward steps keep
-separate multiplications and additions (and libm's exp), as the reference does, for bit-identical spikes.
+same function in plain arithmetic. It and :func:`muladd` feed gradients only: the neuron steps keep separate
+multiplications and additions (and libm's exp), as the reference does, for bit-identical spikes; :func:`fma` is
+torch's own rounding in its BatchNorm kernel.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def exp2_polynomial(degree: int) -> np.ndarray:
     return np.polynomial.chebyshev.cheb2poly(cheb)[::-1]
 
 
-def _float_ternary(llvm_name: str, doc: str):
-    """A numba intrinsic ``f(a, b, c)`` of three floats of one type, lowered to the LLVM intrinsic ``llvm_name``."""
+def _float_ternary(name: str, llvm_name: str, doc: str):
+    """A numba intrinsic ``name(a, b, c)`` of three floats of one type, lowered to the LLVM intrinsic ``llvm_name``."""
 
     def typer(typingctx, a, b, c):
         if not (isinstance(a, types.Float) and a == b == c):
@@ -45,13 +46,14 @@ def _float_ternary(llvm_name: str, doc: str):
 
         return a(a, a, a), codegen
 
+    typer.__name__ = typer.__qualname__ = name
     typer.__doc__ = doc
     return intrinsic(typer)
 
 
-muladd = _float_ternary("llvm.fmuladd", "``a*b + c``, fused into one FMA where the machine has one.")
-fma = _float_ternary("llvm.fma", "``a*b + c`` with one rounding (always fused, unlike :func:`muladd`), as torch's CPU "
-                     "BatchNorm kernel computes it.")  # fmt: skip
+muladd = _float_ternary("muladd", "llvm.fmuladd", "``a*b + c``, fused into one FMA where the machine has one.")
+fma = _float_ternary("fma", "llvm.fma", "``a*b + c`` with one rounding (always fused, unlike :func:`muladd`), as "
+                     "torch's CPU BatchNorm kernel computes it.")  # fmt: skip
 
 
 @intrinsic
