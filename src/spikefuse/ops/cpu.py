@@ -60,8 +60,8 @@ from .. import params as P
 from ..threads import match_numba_threads
 from . import batchnorm_cpu, buffers
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
-from .numba_common import (EXP2_DEGREE, channel_row, exp2_polynomial, fma, horner, load_row, muladd, pow2,
-                           prefer_wide_vectors)
+from .numba_common import (EXP2_DEGREE, block_for, channel_row, exp2_polynomial, fma, horner, load_row, muladd,
+                           pow2, prefer_wide_vectors)
 
 __all__ = ["forward", "backward"]
 
@@ -688,13 +688,6 @@ def _fp_array(vals: tuple, single: bool, strict: bool) -> np.ndarray:
     return fp  # shared between calls: never written
 
 
-def _block_for(n: int, threads: int, block: int) -> int:
-    """``block`` neurons per task, smaller when N is small so that every thread gets work."""
-    per_thread = -(-n // threads)
-    b = min(block, max(64, -(-per_thread // 64) * 64))
-    return max(1, b)
-
-
 def _as_compute(t: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
     return t if t.dtype == cdt else t.to(cdt)
 
@@ -773,7 +766,7 @@ def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     fl = _flags(spec)  # validates the codes before one picks the kernel
     _forward_kernel(int(fl[_I_FAM]), leak.numel() == 1)(
         xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), fl, _constants(spec, cdt), sv, spk_np,
-        state.numpy(), hs.numpy(), bool(save_h), _block_for(n, threads, _FORWARD_BLOCK),
+        state.numpy(), hs.numpy(), bool(save_h), block_for(n, threads, _FORWARD_BLOCK),
     )
     return spikes, state, (hs if save_h else None)
 
@@ -836,7 +829,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     _backward_kernel(spec.surrogate_code, bool(recompute), bool(inplace), leak.numel() == 1)(
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
         _constants(spec, cdt), bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(),
-        _block_for(n, threads, block), src,
+        block_for(n, threads, block), src,
     )
     grad_x = gx if grad_spikes.dtype == cdt else gx.to(grad_spikes.dtype)
     grad_leak = reduce_leak_grad(gl, leak.numel(), inner) if need_leak_grad else None

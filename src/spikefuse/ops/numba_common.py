@@ -1,5 +1,5 @@
 """What the numba CPU backends share (:mod:`.cpu` and the neuron engine's generated kernels, :mod:`.engine.cpu`):
-arithmetic that LLVM can vectorize, and the loads of a block's per-neuron rows.
+arithmetic that LLVM can vectorize, the loads of a block's per-neuron rows, and the blocks' size.
 
 numba lowers ``np.exp`` to a call into libm, and a call keeps the whole loop around it scalar; :func:`exp` is the
 same function in plain arithmetic. It and :func:`muladd` feed gradients only: the neuron steps keep separate
@@ -16,8 +16,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["EXP2_DEGREE", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd", "pow2",
-           "prefer_wide_vectors"]  # fmt: skip
+__all__ = ["EXP2_DEGREE", "block_for", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd",
+           "pow2", "prefer_wide_vectors"]  # fmt: skip
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
 #: stays below the dtype's own rounding in float32 and ~1e-12 in float64.
@@ -165,3 +165,10 @@ def load_row(dst, src, n0, m):
     else:
         for i in range(m):
             dst[i] = src[n0 + i]
+
+
+def block_for(n: int, threads: int, block: int) -> int:
+    """``block`` neurons per task, smaller when N is small so that every thread gets work."""
+    per_thread = -(-n // threads)
+    b = min(block, max(64, -(-per_thread // 64) * 64))
+    return max(1, b)

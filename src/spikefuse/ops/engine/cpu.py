@@ -38,6 +38,7 @@ from ...threads import match_numba_threads
 from .. import buffers
 from ..common import reduce_leak_grad
 from .. import numba_common
+from ..numba_common import block_for
 from . import emit
 from .emit import Dialect
 
@@ -331,8 +332,7 @@ def _block(n: int, threads: int, scratch_per_neuron: int = 0) -> int:
     block = BLOCK
     if scratch_per_neuron:
         block = max(MIN_BLOCK, min(BLOCK, SCRATCH_BYTES // scratch_per_neuron))
-    per_thread = -(-n // threads)
-    return max(64, min(block, -(-per_thread // 64) * 64))
+    return block_for(n, threads, block)
 
 
 def _surrogate_args(surrogate, dtype) -> tuple:
