@@ -8,7 +8,9 @@ import torch
 
 from . import ops
 from .bn_functional import batchnorm_lif, conv_batchnorm_lif
+from .neurons.lif import engine_model
 from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
+from .ops.engine import autograd as _engine_autograd
 from . import params as P
 from .ops import reference
 from .ops.common import compute_dtype
@@ -49,8 +51,14 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
         check_v_init(v_init, x)
         v0 = v_init.reshape(n).to(cdt)
     x2 = x.reshape(t_steps, n)
+    model = engine_model(spec, x.dtype, concrete)
     if concrete == "reference" or n == 0:
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args())
+    elif model is not None:  # the kernels generated from the LIF's definition
+        constants = [torch.full((1,), value, dtype=cdt, device=x.device) for value in (spec.threshold, spec.v_reset)]
+        spikes, state = _engine_autograd.neuron(x2.contiguous(), [k, *constants], [v0.contiguous()], inner, model,
+                                                spec.surrogate, spec.detach_reset, concrete,
+                                                save=memory == "potential")  # fmt: skip
     else:
         args = spec.kernel_args()
         spikes, state, _ = _autograd.neuron(

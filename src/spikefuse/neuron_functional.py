@@ -10,13 +10,11 @@ import torch
 from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
 from .ops import resolve_backend
-from .ops.engine import autograd as engine_autograd
+from .ops.engine import DTYPES as ENGINE_DTYPES, autograd as engine_autograd
 from .params import check_memory_mode
 from .surrogate import Surrogate, resolve
 
 __all__ = ["neuron"]
-
-ENGINE_DTYPES = (torch.float32, torch.float64)
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:

@@ -136,6 +136,25 @@ def test_memory_potential_keeps_the_saved_states_for_a_retained_graph():
     torch.testing.assert_close(first, torch.autograd.grad(y_recompute, x, g)[0], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("model", [CUBA_LIF, CUBA_LIF_ZERO], ids=lambda m: m.name)
+def test_memory_potential_keeps_the_input_only_where_a_derivative_reads_it(model, backend):
+    """With the states saved, the input stays alive for backward only if a derivative of the step reads it
+    (cuba_lif_zero's reset ``where(s, 0, ...)`` holds x; cuba_lif's derivatives do not)."""
+    x = torch.rand(4, 3, 5, requires_grad=True)
+    y = x * 2.0  # saved by nothing else
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        spikes = spikefuse.neuron(y, model, alpha=0.8, beta=0.7, memory="potential", backend=backend)
+    kept = any(t.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() for t in saved)
+    assert kept == model.backward_reads_input == (model is CUBA_LIF_ZERO)
+    spikes.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    spikefuse.neuron(x * 2.0, model, alpha=0.8, beta=0.7, backend="reference").sum().backward()
+    torch.testing.assert_close(grad, x.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_unknown_memory_mode():
     with pytest.raises(ValueError, match=r"unknown memory mode 'saved': use one of \['potential', 'recompute'\]"):
         spikefuse.neuron(torch.rand(3, 4), CUBA_LIF, alpha=0.5, beta=0.5, memory="saved")

@@ -1,14 +1,16 @@
 """The LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine against the hand-written LIF kernels
-(:mod:`spikefuse.ops.cpu`): spikes and states bit-identical, gradients of the input, the initial state and the decay
-to 1e-5. This is what moving ``spikefuse.nn.LIF`` onto the engine must keep."""
+(:mod:`spikefuse.ops.cpu`, which ran every LIF before): spikes and states bit-identical, gradients of the input, the
+initial state and the decay to 1e-5; and which calls run which."""
 
 import pytest
 import torch
 
 import spikefuse
+import spikefuse.nn
 from spikefuse import params as P
-from spikefuse.functional import spiking_neuron
 from spikefuse.neurons import LIF_MODELS, NeuronModel
+from spikefuse.neurons.lif import engine_model
+from spikefuse.ops import autograd as hand_written
 from spikefuse.surrogate import ATan, Sigmoid
 
 pytest.importorskip("numba")
@@ -19,6 +21,7 @@ CASES = {  # (dynamics, reset) -> v_reset of the case
     ("paper", "none"): 0.0,
     ("snntorch", "soft"): 0.0,
     ("snntorch", "hard"): 0.0,
+    ("snntorch", "none"): 0.0,
 }
 
 
@@ -59,8 +62,12 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute"):
     spec = P.NeuronSpec(threshold=threshold, v_reset=v_reset, reset=P.RESETS[reset], surrogate=surrogate,
                         detach_reset=detach, dynamics=P.DYNAMICS[dynamics])  # fmt: skip
     leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
-    spikes_lif, state_lif = spiking_neuron(leaves_lif[0], leaves_lif[2], spec, v_init=leaves_lif[1], backend="cpu",
-                                           memory=memory)  # fmt: skip
+    args = spec.kernel_args()
+    spikes_lif, state_lif, _ = hand_written.neuron(
+        leaves_lif[0].reshape(7, -1), leaves_lif[2].reshape(-1), leaves_lif[1].reshape(-1), 9 if per_channel else 1,
+        list(args[:7]), list(args[7:]), "cpu", P.MEMORY_MODES[memory],
+    )  # fmt: skip
+    spikes_lif, state_lif = spikes_lif.reshape(x.shape), state_lif.reshape(v0.shape)
 
     model = LIF_MODELS[case]
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
@@ -89,3 +96,33 @@ def test_where_takes_the_spike_and_two_values():
         NeuronModel(name="bad", states=("v",), params=(), step=(("v", "where(s, 0) + x"),), fire="v - 1")
     with pytest.raises(ValueError, match=r"calls something other than exp, log, sqrt of one argument"):
         NeuronModel(name="bad", states=("v",), params=(), step=(("v", "x"),), fire="where(s, v, 0) - 1")
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(c))
+def test_spikefuse_lif_runs_the_definition_on_the_cpu(case):
+    """The paper's and snnTorch's LIF in float32 and float64 on the CPU run the definitions; the rest (other
+    backends, half precision, SpikingJelly's forms) the hand-written kernels."""
+    dynamics, reset = case
+    spec = P.NeuronSpec(reset=P.RESETS[reset], dynamics=P.DYNAMICS[dynamics])
+    for dtype in (torch.float32, torch.float64):
+        assert engine_model(spec, dtype, "cpu") is LIF_MODELS[case]
+    assert engine_model(spec, torch.float16, "cpu") is None
+    assert engine_model(spec, torch.float32, "triton") is None
+    jelly = P.NeuronSpec(dynamics=P.SPIKINGJELLY, charge=P.CHARGE_DIV_INPUT, state_post_reset=True)
+    assert engine_model(jelly, torch.float32, "cpu") is None
+
+
+def test_lif_layer_gives_the_hand_written_kernels_results():
+    """``spikefuse.nn.LIF`` (learnable per-channel decay, carried state) on the CPU against the hand-written kernels
+    it ran before: spikes and state bit for bit."""
+    layer = spikefuse.nn.LIF(decay=0.7, threshold=0.6, learnable_decay=True, channels=4, stateful=True)
+    x = torch.rand(5, 2, 4, 3, generator=torch.Generator().manual_seed(3))
+    first, second = layer(x), layer(x)
+    spec = P.NeuronSpec(threshold=0.6, surrogate=layer.surrogate)
+    args = spec.kernel_args()
+    v0 = torch.zeros(1)
+    for got in (first, second):
+        spikes, v0, _ = hand_written.neuron(x.reshape(5, -1), layer.decay.detach(), v0, 3, list(args[:7]),
+                                            list(args[7:]), "cpu", P.SAVE_POTENTIAL)  # fmt: skip
+        assert torch.equal(got, spikes.reshape(x.shape))
+    assert torch.equal(layer.state, v0.reshape(layer.state.shape))

@@ -8,13 +8,21 @@ hand-written LIF kernels (:mod:`spikefuse.ops.cpu`) bit for bit::
     snnTorch, subtract:     v[t] = (decay*v[t-1] + x[t]) - where(s, threshold, 0)      (fires on v > threshold)
     snnTorch, zero:         v[t] = where(s, 0, decay*v[t-1]) + x[t]                    (fires on v > threshold)
 
-``s`` is the previous step's spike; the state is the pre-reset membrane. These are the first step of moving
-``spikefuse.nn.LIF`` onto the engine; the layers still run the hand-written kernels.
+``s`` is the previous step's spike; the state is the pre-reset membrane. :func:`spikefuse.lif` and the layers
+built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``, ``compat.snntorch.Leaky``) run these on the
+CPU in float32 and float64 (:func:`engine_model`); the SpikingJelly forms, half-precision inputs, the fused
+BatchNorm+LIF and the Triton backend still run the hand-written kernels.
 """
 
+from __future__ import annotations
+
+import torch
+
+from .. import params as P
+from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS"]
+__all__ = ["LIF_MODELS", "engine_model"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -32,4 +40,21 @@ LIF_MODELS = {
     ("paper", "none"): _lif("lif_no_reset", "decay*v + x"),
     ("snntorch", "soft"): _lif("leaky_subtract", "(decay*v + x) - where(s, threshold, 0)", strict=True),
     ("snntorch", "hard"): _lif("leaky_zero", "where(s, 0, decay*v) + x", strict=True),
+    ("snntorch", "none"): _lif("leaky_no_reset", "decay*v + x", strict=True),
 }
+
+_DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
+_RESET_NAMES = {code: name for name, code in P.RESETS.items()}
+
+#: What the engine's LIF definitions run (the rest runs the hand-written kernels of :mod:`spikefuse.ops`).
+ENGINE_BACKENDS = ("cpu",)
+
+
+def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> NeuronModel | None:
+    """The definition of :data:`LIF_MODELS` that runs ``spec`` on the engine for inputs of ``dtype`` on ``backend``
+    (a concrete backend), or None where the hand-written kernels run it."""
+    if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
+        return None
+    if spec.state_post_reset or spec.charge != P.CHARGE_MUL:  # the SpikingJelly forms
+        return None
+    return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))

@@ -150,6 +150,13 @@ class NeuronModel:
         return dict(self.initial).get(state, 0.0)
 
     @functools.cached_property
+    def backward_reads_input(self) -> bool:
+        """Whether a derivative of the step reads ``x``: if not, a backward from saved states needs no input."""
+        d = self.derivatives
+        expressions = [*(e for row in d.state + d.param for e in row), *d.spike, *d.input, *d.fire, *d.fire_param]
+        return any(symbol.name == "x" for e in expressions for symbol in e.free_symbols)
+
+    @functools.cached_property
     def derivatives(self) -> Derivatives:
         import sympy
 

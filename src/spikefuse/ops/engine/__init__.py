@@ -10,11 +10,16 @@ are imported on first use: numba and Triton load only when a call needs them.
 
 from __future__ import annotations
 
+import torch
+
 from .. import module as _import_backend
 
-__all__ = ["BACKENDS", "module"]
+__all__ = ["BACKENDS", "DTYPES", "module"]
 
 BACKENDS = ("reference", "cpu", "triton")
+
+#: The dtypes of the inputs, parameters and states the generated kernels take (each computes in its input's dtype).
+DTYPES = (torch.float32, torch.float64)
 
 
 def module(backend: str):

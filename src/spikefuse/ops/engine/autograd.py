@@ -83,8 +83,12 @@ def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach
 
 def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, saved):
     ctx.args = (inner, model, surrogate, detach_reset, backend, len(params), len(init))
+    ctx.x_shape = x2.shape
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x2, *params, *init, *saved)
+    # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
+    # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
+    needs_x = not saved or backend == "reference" or _OBJECTS[model].backward_reads_input
+    ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 
 def _gradients(ctx, grads, need_params, need_init, backward_op):
@@ -95,13 +99,18 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     inner, model, surrogate, detach_reset, backend, n_params, _ = ctx.args
     # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
     refuse_double_backward(f"the {_OBJECTS[model].name} neurons ({backend!r} backend)",
-                           "the neuron engine computes first-order gradients only")  # fmt: skip
+                           "the neuron engine computes first-order gradients only; spikefuse.lif and the LIF "
+                           "layers with backend='reference' run plain PyTorch ops, which autograd differentiates "
+                           "twice")  # fmt: skip
     params, init = list(tensors[:n_params]), list(tensors[n_params : n_params + n_init])
     saved = list(tensors[n_params + n_init :])
     if grad_spikes is None:  # only the states were used
-        grad_spikes = torch.zeros_like(x2)
+        grad_spikes = torch.zeros(ctx.x_shape, dtype=x2.dtype, device=x2.device)
+    grad_spikes = grad_spikes.contiguous()
+    if not x2.numel():  # x was not kept (see _save): the kernels take a [T, N] buffer there that they do not read
+        x2 = grad_spikes
     grad_final = [x2.new_zeros(1) if g is None else g.contiguous() for g in grad_final]
-    out = backward_op(grad_spikes.contiguous(), grad_final, x2, params, init, inner, model, surrogate, detach_reset,
+    out = backward_op(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset,
                       backend, [bool(n) for n in need_params], saved)  # fmt: skip
     grad_x, grad_init, grad_params = out[0], out[1:1 + len(init)], out[1 + len(init):]
     grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
