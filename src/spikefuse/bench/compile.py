@@ -24,11 +24,6 @@ CASES = {
                 "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9)",
     "alif": "from spikefuse.neurons import ALIF_MODEL\n"
             "layer = lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.9)",
-    # the default LIF's dynamics (decay 0.5, threshold 1, hard reset to 0, Sigmoid(4), potentials saved) as a
-    # definition on the neuron engine: what the default LIF's first call would compile on the engine
-    "lif_definition": "from spikefuse.neurons import LIF_MODELS\n"
-                      "layer = lambda x: spikefuse.neuron(x, LIF_MODELS[('paper', 'hard')], surrogate='sigmoid', "
-                      "decay=0.5, memory='potential')",
 }  # fmt: skip
 
 _FIRST_CALL = """

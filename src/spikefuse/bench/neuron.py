@@ -22,8 +22,9 @@ from typing import Callable
 import torch
 
 from .. import functional
-from .. import params as P
-from ..ops import buffers, cpu
+from ..neurons.lif import engine_model
+from ..ops import buffers
+from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
 from ..validation import paper_spec
 from ..threads import set_threads
@@ -175,20 +176,22 @@ _EVICT_BYTES = 256 << 20
 
 
 def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[], object]], dict[str, Callable]]:
-    """``(cases, setups)`` for :func:`round_robin`: the copy that sets the floor and our kernels alone, each writing
-    into buffers reused from call to call, with the caches emptied (untimed) before every run.
+    """``(cases, setups)`` for :func:`round_robin`: the copy that sets the floor and our kernels alone (those the LIF
+    layer runs: the engine's, from the paper's LIF definition), each writing into buffers reused from call to call
+    (:mod:`spikefuse.ops.buffers`), with the caches emptied (untimed) before every run.
 
     ``backward`` runs as the layer runs it when the graph is freed: grad_x written over the saved h (restored from a
     copy before each run, untimed). ``backward_separate_grad_x`` writes into a buffer of its own, as when the graph
     is kept; its stores must first read their cache lines (16 instead of 12 bytes of traffic per neuron-step).
     """
     t_steps, n = x.shape
-    spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_args()
+    spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
+    model = engine_model(spec, x.dtype, "cpu")
+    params = [torch.full((1,), value) for value in (DECAY, THRESHOLD, 0.0)]
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
-    leak, v_init, zero_state = torch.full((1,), DECAY), torch.zeros(1), torch.zeros(1)
-    spikes, state, h = cpu.forward(x, leak, 1, v_init, spec, P.SAVE_POTENTIAL)
-    out = (spikes, state, h)
-    grad_x, h_work = torch.empty_like(x), torch.empty_like(h)
+    v_init, zero_state, need = [torch.zeros(1)], [torch.zeros(1)], [False] * len(params)
+    _, _, (h,) = engine_cpu.forward(model, x, params, 1, v_init, spec.surrogate, False, save=True)
+    h_work = torch.empty_like(h)
     # The floor copies between the same kinds of memory our kernels use: from a torch tensor (like x) into a buffer
     # advised as huge pages (like the outputs from spikefuse.ops.buffers).
     src, dst = torch.rand(t_steps, n), buffers.fresh((t_steps, n), torch.float32)
@@ -201,13 +204,16 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
         h_work.copy_(h)
         empty_caches()
 
+    def backward(saved, overwrite):
+        # x is not read with the states saved (the layer does not keep it): g stands in, as in the layer's backward
+        return engine_cpu.backward(model, g, zero_state, g, params, 1, v_init, spec.surrogate, False, need,
+                                   saved=[saved], overwrite_saved=overwrite)  # fmt: skip
+
     cases = {
         "copy": lambda: dst.copy_(src),
-        "forward": lambda: cpu.forward(x, leak, 1, v_init, spec, P.SAVE_POTENTIAL, out=out),
-        "backward": lambda: cpu.backward(g, zero_state, None, leak, 1, v_init, h_work, spec, P.SAVE_POTENTIAL, False,
-                                         overwrite_saved=True),
-        "backward_separate_grad_x": lambda: cpu.backward(g, zero_state, None, leak, 1, v_init, h, spec,
-                                                         P.SAVE_POTENTIAL, False, out=grad_x),
+        "forward": lambda: engine_cpu.forward(model, x, params, 1, v_init, spec.surrogate, False, save=True),
+        "backward": lambda: backward(h_work, True),
+        "backward_separate_grad_x": lambda: backward(h, False),
     }
     setups = {name: empty_caches for name in cases} | {"backward": restore_h}
     return cases, setups

@@ -87,7 +87,8 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
     ctx.set_materialize_grads(False)
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
-    needs_x = not saved or backend == "reference" or _OBJECTS[model].backward_reads_input
+    needs_x = not saved or backend == "reference" or module(backend).kernels(
+        _OBJECTS[model], type(_OBJECTS[surrogate]), x2.dtype).BACKWARD_READS_INPUT
     ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 

@@ -6,7 +6,7 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
   rows that stay in cache, writing the spikes and the final states; nothing is saved for backward
-  (``forward_save``, memory="potential": every step's states are written out for backward);
+  (``forward_save``, memory="potential": every step's states are also written out for backward);
 - ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
   the T steps into a block-sized scratch (it stays in cache), then runs back through time with the derivatives of
   :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and (``_grads``)
@@ -121,10 +121,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             """The previous step's spike, from the states before the step (what the forward wrote)."""
             return [f"{indent}u_ = {fire}", f"{indent}s_ = F(1.0) if {fired} else F(0.0)"]
 
-        def step_row(name: str, old: str, new: str, spikes: bool) -> list[str]:
+        def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False) -> list[str]:
             """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
-            for an update in place), and with ``spikes`` the spike row ``sr``."""
-            rows_args = args(old, S) if old == new else args(old, S) + args(new, S)
+            for an update in place), with ``spikes`` the spike row ``sr``, with ``save`` copies of the new states
+            into rows ``sv_``."""
+            rows_args = (args(old, S) if old == new else args(old, S) + args(new, S)) + (args("sv_", S) if save else "")
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def {name}{sfx}(xr, {'sr, ' if spikes else ''}{rows_args}{prow}m):",
@@ -136,6 +137,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *[f"        {line}" for line in step_lines],
                 *(fire_old("        ") if spikes else []),
                 *[f"        {new}{k}[j] = v_{k}" for k in S],
+                *([f"        sv_{k}[j] = v_{k}" for k in S] if save else []),
                 *(["        sr[j] = s_"] if spikes else []),
                 "",
                 "",
@@ -144,9 +146,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         forward = [
             *step_row("_forward_row", "st_", "st_", spikes=True),
             *step_row("_recompute_row", "o_", "w_", spikes=False),
-            # memory="potential": the forward writes every step's states (rows of `saved`) and reads the previous
-            # step's back from them, instead of keeping them in block rows
-            *step_row("_forward_save_row", "o_", "w_", spikes=True),
+            # memory="potential": the forward also writes every step's states out (rows of `saved`)
+            *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True),
             "@njit(cache=True, error_model='numpy')",
             f"def _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, m):",
             *load_params("    "),
@@ -172,14 +173,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
-            f"    _forward_save_row{sfx}(x[0, n0:n0 + m], spikes[0, n0:n0 + m], {args('st_', S)}"
-            f"{saved_rows('0')}{prow}m)",
-            "    for t in range(1, x.shape[0]):",
-            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {saved_rows('t - 1')}"
+            "    for t in range(x.shape[0]):",
+            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}"
             f"{saved_rows('t')}{prow}m)",
-            "    T = x.shape[0]",
             "    for j in range(m):",
-            *[f"        final_{k}[n0 + j] = saved_{k}[T - 1, n0 + j]" for k in S],
+            *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
@@ -301,6 +299,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors",
         f"F = {np_dtype}",
         "",
+        *emit.model_facts(model),
     ]
     return "\n".join(header + variant(False) + ["", ""] + variant(True)) + "\n"
 

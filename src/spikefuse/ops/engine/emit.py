@@ -160,6 +160,13 @@ def backward_expressions(model, surrogate_type) -> tuple[dict, dict, dict]:
     return names, fire, step
 
 
+def model_facts(model) -> list[str]:
+    """Lines of a generated module stating what the engine's wrapping needs to know of ``model`` before a backward,
+    read from the module so that a warm process does not derive them (with sympy) again:
+    ``BACKWARD_READS_INPUT`` (:attr:`NeuronModel.backward_reads_input`)."""
+    return [f"BACKWARD_READS_INPUT = {model.backward_reads_input}", ""]
+
+
 def cache_dir() -> Path:
     """Where generated kernel sources (and numba's cache of them) live: ``$SPIKEFUSE_CACHE_DIR``, else
     ``~/.cache/spikefuse/kernels``."""

@@ -186,6 +186,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import triton.language as tl",
         "",
         "",
+        *emit.model_facts(model),
     ]
     return "\n".join(header + forward + ["", ""] + backward) + "\n"
 
