@@ -17,7 +17,6 @@ from spikefuse.models import (
     set_neuron_backend,
     spiking_neurons,
 )
-from spikefuse.nn import LIF
 from spikefuse.surrogate import Rectangle, Sigmoid
 
 
