@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIPQ) --no-deps spikingjelly==2.0.0 norse==1.1.0 nirtorch
 	touch $(STAMP)
 
+# Two worker processes, a test file each at a time: a cold run is mostly numba compiling kernels, one process per
+# core (CI has 2), and a file's kernels are compiled once, by the worker that runs the file.
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 demo: install
 	$(VENV)/bin/spikefuse train --out runs/demo

@@ -34,6 +34,9 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
 
     ``leak`` is the ``k`` of :mod:`spikefuse.params` (a number, or a scalar / per-channel tensor that may require
     grad). ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
+    The fused kernels are the neuron engine's, generated from the LIF definition of ``spec``
+    (:func:`spikefuse.neurons.lif.engine_model`: the paper's and snnTorch's LIF in float32 / float64 on the CPU),
+    else the hand-written ones of :mod:`spikefuse.ops`; both give the same spikes and states bit for bit.
     """
     check_input(x)
     concrete = ops.resolve_backend(backend, x.device)
@@ -88,7 +91,8 @@ def lif(
     ``[T, C]``) in ``[0, 1]``; ``decay=1`` is an integrate-and-fire neuron. ``threshold`` must be > 0 and a hard
     ``v_reset`` below it; NaN and inf are rejected everywhere (:func:`check_decay` says why). ``v_init`` is
     ``v[0]`` of Eq. (1) (default ``v_reset``, the paper's V_rest; 0 for soft reset), and the returned state is
-    ``v[T]``: passing it as ``v_init`` of a later call continues the sequence exactly. ``memory='recompute'`` saves nothing but ``x`` for backward.
+    ``v[T]``: passing it as ``v_init`` of a later call continues the sequence exactly. ``memory='recompute'``
+    saves nothing but ``x`` for backward.
 
     Returns the spikes (dtype and shape of ``x``), and with ``return_state=True`` also the state.
     """

@@ -63,7 +63,8 @@ def neuron(
     surrogate = resolve(surrogate)
     unknown = set(params) - set(model.params)
     if unknown:
-        raise TypeError(f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: {', '.join(model.params)}")
+        raise TypeError(f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: "
+                        f"{', '.join(model.params)}")
     defaults = dict(model.defaults)
     missing = [p for p in model.params if p not in params and p not in defaults]
     if missing:
@@ -80,7 +81,8 @@ def neuron(
         if isinstance(state, dict):
             missing = [k for k in model.states if k not in state]
             if missing or set(state) - set(model.states):
-                raise ValueError(f"{model.name}: state must hold exactly {', '.join(model.states)}, got {sorted(state)}")
+                raise ValueError(f"{model.name}: state must hold exactly {', '.join(model.states)}, "
+                                 f"got {sorted(state)}")
             state = [state[k] for k in model.states]
         if not isinstance(state, (tuple, list)) or len(state) != len(model.states):
             raise ValueError(f"{model.name}: state must be a tuple of {len(model.states)} tensors "
@@ -89,7 +91,8 @@ def neuron(
         for k, v in zip(model.states, state):
             if not isinstance(v, torch.Tensor) or v.shape != trailing:
                 got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError(f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} (x.shape[1:]), got {got}")
+                raise ValueError(f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} "
+                                 f"(x.shape[1:]), got {got}")
             if v.device != x.device:
                 raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
             init.append(v.reshape(-1).to(x.dtype).contiguous())
