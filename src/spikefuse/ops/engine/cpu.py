@@ -83,6 +83,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     fired = "(u_ > F(0.0))" if model.strict else "(u_ >= F(0.0))"  # a constant of the code: no branch
     step_lines = [f"v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.step]
     sym_names, fire_derivs, step_derivs = emit.backward_expressions(model, surrogate_type)
+    derivs = {**fire_derivs, **step_derivs}
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -197,7 +198,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             g = ("_over" if over else "") + ("_grads" if grads else "")
             acc = args("acc_", P) if grads else ""
             out = f"w_{S[0]}" if over else "gxr"
-            accumulate = [f"{ind}acc_{p}[j] += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
+            def chain(pairs) -> str:
+                return emit.chain_sum(pairs, derivs, "F(0.0)")
+
+            accumulate = [f"{ind}acc_{p}[j] += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                         + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
                           for p in P] if grads else []  # fmt: skip
             return [
                 "@njit(cache=True, error_model='numpy')",
@@ -215,11 +220,12 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *emit.assignments({**fire_derivs, **step_derivs}, {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}},
                                   ind, NUMBA_GRAD),
                 f"{ind}g_s = gr[j] + gs[j]",
-                *[f"{ind}g_{k} = gS_{k}[j] + g_s * sg_ * df_{k}" for k in S],
-                f"{ind}{out}[j] = " + " + ".join(f"g_{k} * dx_{k}" for k in S),
+                *[f"{ind}g_{k} = gS_{k}[j]" + ("" if derivs[f"df_{k}"] == 0 else f" + g_s * sg_ * df_{k}")
+                  for k in S],
+                f"{ind}{out}[j] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
                 *accumulate,
-                *[f"{ind}gS_{old}[j] = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
-                f"{ind}gs[j] = F(0.0) if detach else " + " + ".join(f"g_{k} * ds_{k}" for k in S),
+                *[f"{ind}gS_{old}[j] = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
+                f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
             ]
 
         def backward(grads: bool, saved: bool, over: bool = False) -> list[str]:

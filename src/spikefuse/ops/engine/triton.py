@@ -114,6 +114,12 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     ]
 
     names_d, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
+    derivs = {**fire_d, **step_d}
+    zeros = f"tl.zeros([BLOCK], {dt})"
+
+    def chain(pairs) -> str:
+        return emit.chain_sum(pairs, derivs, zeros)
+
     n_s = len(S)
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
     ind = "        "
@@ -163,15 +169,16 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
         *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
         f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0) + gs",
-        *[f"{ind}g_{k} = gS_{k} + g_s * sg_ * df_{k}" for k in S],
-        f"{ind}tl.store(gx_ptr + row, " + " + ".join(f"g_{k} * dx_{k}" for k in S) + ", mask=mask)",
-        *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += g_s * sg_ * dF_{p} + " + " + ".join(f"g_{k} * dP_{k}_{p}" for k in S)
+        *[f"{ind}g_{k} = gS_{k}" + ("" if derivs[f"df_{k}"] == 0 else f" + g_s * sg_ * df_{k}") for k in S],
+        f"{ind}tl.store(gx_ptr + row, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
+        *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                          + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
           for p in P],  # fmt: skip
-        *[f"{ind}gS_{old} = " + " + ".join(f"g_{k} * dS_{k}_{old}" for k in S) for old in S],
+        *[f"{ind}gS_{old} = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
         f"{ind}if DETACH:",
-        f"{ind}    gs = tl.zeros([BLOCK], {dt})",
+        f"{ind}    gs = {zeros}",
         f"{ind}else:",
-        f"{ind}    gs = " + " + ".join(f"g_{k} * ds_{k}" for k in S),
+        f"{ind}    gs = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
         # the first step's s is the spike of the initial state: its gradient flows into that state
         *[f"    v_{k} = i_{k}" for k in S],
         f"    {fire}",
