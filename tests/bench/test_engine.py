@@ -15,8 +15,8 @@ def test_bench_engine_quick(tmp_path):
     names = {r["implementation"] for r in rows}
     assert {"spikefuse CubaLIF (cpu)", "snnTorch Synaptic (loop)", "spikefuse Norse-LSNN definition (cpu)",
             "spikefuse ALIF (cpu)", "spikefuse LIF, hand-written kernels (cpu, potential)",
-            "spikefuse LIF definition (engine cpu, potential)",
-            "spikefuse LIF definition (engine cpu, recompute)"} <= names
+            "spikefuse.lif (engine definition, cpu, potential)",
+            "spikefuse.lif (engine definition, cpu, recompute)"} <= names
     assert all(float(r["spike_mismatch"]) == 0.0 for r in rows)
     text = (tmp_path / "engine_quick.md").read_text()
     assert "Machine:" in text and "Command: `" in text

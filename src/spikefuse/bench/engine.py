@@ -5,8 +5,9 @@ One layer of N neurons, fp32, forward+backward (``y.backward(g)`` into a leaf in
 round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) against a loop over snnTorch's
 ``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
 Norse's ``LSNN`` module (likewise); spikefuse's ALIF (Bellec et al.), which has no peer of the same dynamics, against
-the floor alone; and the paper's LIF on the hand-written kernels and as a definition on the engine
-(:data:`spikefuse.neurons.LIF_MODELS`), each in both memory modes, checked to give the same spikes. The floor is the
+the floor alone; and the paper's LIF as :func:`spikefuse.lif` runs it (its definition in
+:data:`spikefuse.neurons.LIF_MODELS` on the engine) and on the hand-written kernels it ran before, each in both
+memory modes, checked to give the same spikes. The floor is the
 bytes a recomputing fused layer must move (forward: read x, write spikes; backward: read x and the upstream
 gradient, write grad_x; 20 per neuron-step) over the copy bandwidth measured in the same run.
 """
@@ -26,8 +27,11 @@ def _layer_cases():
     import spikefuse
     import spikefuse.functional
     from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS
+    from spikefuse import params as P
+    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+    from spikefuse.ops import autograd as hand_written
     from spikefuse.surrogate import Sigmoid
+    from spikefuse.validation import paper_spec
 
     alpha, beta = 0.8, 0.9
     cases = {
@@ -58,14 +62,21 @@ def _layer_cases():
     cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
-    # The paper's LIF on the hand-written kernels and as a definition on the engine (what moving LIF onto the engine
-    # would run), in both memory modes ("potential" is the LIF layers' default)
+    # The paper's LIF as spikefuse.lif runs it (the engine) and on the hand-written kernels, in both memory modes
+    # ("potential" is the LIF layers' default)
+    args = paper_spec(1.0, 0.0, Sigmoid(4.0), False).kernel_args()
+
+    def hand_written_lif(x, memory):
+        x2 = x.reshape(x.shape[0], -1)
+        spikes, _, _ = hand_written.neuron(x2, torch.full((1,), 0.8), torch.zeros(1), 1, list(args[:7]),
+                                           list(args[7:]), "cpu", P.MEMORY_MODES[memory])  # fmt: skip
+        return spikes.reshape(x.shape)
+
     for memory in ("potential", "recompute"):
-        cases[f"spikefuse LIF, hand-written kernels (cpu, {memory})"] = (
+        cases[f"spikefuse.lif (engine definition, cpu, {memory})"] = (
             lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory), "lif")
-        cases[f"spikefuse LIF definition (engine cpu, {memory})"] = (
-            lambda x, memory=memory: spikefuse.neuron(x, LIF_MODELS[("paper", "hard")], surrogate=Sigmoid(4.0),
-                                                      decay=0.8, memory=memory), "lif")  # fmt: skip
+        cases[f"spikefuse LIF, hand-written kernels (cpu, {memory})"] = (
+            lambda x, memory=memory: hand_written_lif(x, memory), "lif")
     try:
         import norse.torch as norse
 
