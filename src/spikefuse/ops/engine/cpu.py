@@ -191,6 +191,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
         ind = "        "
 
+        def chain(pairs, base: str | None = None) -> str:
+            return emit.chain_sum(pairs, derivs, "F(0.0)", base)
+
         def reverse_row(grads: bool, over: bool) -> list[str]:
             """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``);
             ``over`` (suffix ``_over``): grad_x written over the first state's row of the step (its saved states, read
@@ -198,9 +201,6 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             g = ("_over" if over else "") + ("_grads" if grads else "")
             acc = args("acc_", P) if grads else ""
             out = f"w_{S[0]}" if over else "gxr"
-            def chain(pairs) -> str:
-                return emit.chain_sum(pairs, derivs, "F(0.0)")
-
             accumulate = [f"{ind}acc_{p}[j] += " + chain([("g_s * sg_", f"dF_{p}")]
                                                          + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
                           for p in P] if grads else []  # fmt: skip
@@ -220,8 +220,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *emit.assignments({**fire_derivs, **step_derivs}, {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}},
                                   ind, NUMBA_GRAD),
                 f"{ind}g_s = gr[j] + gs[j]",
-                *[f"{ind}g_{k} = gS_{k}[j]" + ("" if derivs[f"df_{k}"] == 0 else f" + g_s * sg_ * df_{k}")
-                  for k in S],
+                *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[j]") for k in S],
                 f"{ind}{out}[j] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
                 *accumulate,
                 *[f"{ind}gS_{old}[j] = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],

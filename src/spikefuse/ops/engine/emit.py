@@ -160,11 +160,11 @@ def backward_expressions(model, surrogate_type) -> tuple[dict, dict, dict]:
     return names, fire, step
 
 
-def chain_sum(pairs, derivatives: dict, zero: str) -> str:
-    """``g * d + ...`` over the (gradient, derivative name) ``pairs``, leaving out the derivatives that are
+def chain_sum(pairs, derivatives: dict, zero: str, base: str | None = None) -> str:
+    """``base + g * d + ...`` over the (gradient, derivative name) ``pairs``, leaving out the derivatives that are
     structurally zero (sympy's 0): such a term adds nothing but work, or a NaN where the gradient is infinite, and the
-    reference's autograd has no such term. ``zero``: the expression when no term is left."""
-    terms = [f"{g} * {d}" for g, d in pairs if derivatives[d] != 0]
+    reference's autograd has no such term. ``zero``: the expression when nothing is left."""
+    terms = ([base] if base else []) + [f"{g} * {d}" for g, d in pairs if derivatives[d] != 0]
     return " + ".join(terms) if terms else zero
 
 

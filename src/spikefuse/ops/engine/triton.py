@@ -117,8 +117,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     derivs = {**fire_d, **step_d}
     zeros = f"tl.zeros([BLOCK], {dt})"
 
-    def chain(pairs) -> str:
-        return emit.chain_sum(pairs, derivs, zeros)
+    def chain(pairs, base: str | None = None) -> str:
+        return emit.chain_sum(pairs, derivs, zeros, base)
 
     n_s = len(S)
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
@@ -169,7 +169,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
         *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
         f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0) + gs",
-        *[f"{ind}g_{k} = gS_{k}" + ("" if derivs[f"df_{k}"] == 0 else f" + g_s * sg_ * df_{k}") for k in S],
+        *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
         f"{ind}tl.store(gx_ptr + row, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
         *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
                                                           + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
