@@ -8,7 +8,7 @@ import torch
 
 from . import ops
 from .bn_functional import batchnorm_lif, conv_batchnorm_lif
-from .neurons.lif import engine_model
+from .neurons.lif import engine_model, engine_params
 from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
 from .ops.engine import autograd as _engine_autograd
 from . import params as P
@@ -58,14 +58,12 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     if concrete == "reference" or n == 0:
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args())
     elif model is not None:  # the kernels generated from the LIF's definition
-        constants = [torch.full((1,), value, dtype=cdt, device=x.device) for value in (spec.threshold, spec.v_reset)]
-        spikes, state = _engine_autograd.neuron(x2.contiguous(), [k, *constants], [v0.contiguous()], inner, model,
-                                                spec.surrogate, spec.detach_reset, concrete,
+        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0.contiguous()], inner,
+                                                model, spec.surrogate, spec.detach_reset, concrete,
                                                 save=memory == "potential")  # fmt: skip
     else:
-        args = spec.kernel_args()
         spikes, state, _ = _autograd.neuron(
-            x2.contiguous(), k, v0.contiguous(), inner, list(args[:7]), list(args[7:]), concrete, P.MEMORY_MODES[memory]
+            x2.contiguous(), k, v0.contiguous(), inner, *spec.kernel_lists(), concrete, P.MEMORY_MODES[memory]
         )
     return spikes.reshape(x.shape), state.reshape(trailing)
 

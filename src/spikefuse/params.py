@@ -51,6 +51,8 @@ RESETS = {"hard": HARD, "soft": SOFT, "none": NONE}
 CHARGE_MUL, CHARGE_IF, CHARGE_DIV_INPUT, CHARGE_DIV, CHARGE_MUL_INPUT = 0, 1, 2, 3, 4
 
 SAVE_POTENTIAL, SAVE_INPUT = 0, 1
+
+_KERNEL_INTS = 7  # how many of NeuronSpec.kernel_args are ints (the rest are floats)
 MEMORY_MODES = {"potential": SAVE_POTENTIAL, "recompute": SAVE_INPUT}
 
 
@@ -92,6 +94,11 @@ class NeuronSpec:
     def fire_strict(self) -> bool:
         """snnTorch fires on ``h > threshold``; the paper and SpikingJelly on ``h >= threshold``."""
         return self.dynamics == SNNTORCH
+
+    def kernel_lists(self) -> tuple[list[int], list[float]]:
+        """:meth:`kernel_args` split as the ``torch.library`` custom ops take it: the ints, then the floats."""
+        args = self.kernel_args()
+        return list(args[:_KERNEL_INTS]), list(args[_KERNEL_INTS:])
 
     def kernel_args(self) -> tuple:
         """The flat tuple of ints and floats that every fused kernel takes, in one fixed order."""

@@ -62,10 +62,9 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute"):
     spec = P.NeuronSpec(threshold=threshold, v_reset=v_reset, reset=P.RESETS[reset], surrogate=surrogate,
                         detach_reset=detach, dynamics=P.DYNAMICS[dynamics])  # fmt: skip
     leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
-    args = spec.kernel_args()
     spikes_lif, state_lif, _ = hand_written.neuron(
         leaves_lif[0].reshape(7, -1), leaves_lif[2].reshape(-1), leaves_lif[1].reshape(-1), 9 if per_channel else 1,
-        list(args[:7]), list(args[7:]), "cpu", P.MEMORY_MODES[memory],
+        *spec.kernel_lists(), "cpu", P.MEMORY_MODES[memory],
     )  # fmt: skip
     spikes_lif, state_lif = spikes_lif.reshape(x.shape), state_lif.reshape(v0.shape)
 
@@ -119,10 +118,9 @@ def test_lif_layer_gives_the_hand_written_kernels_results():
     x = torch.rand(5, 2, 4, 3, generator=torch.Generator().manual_seed(3))
     first, second = layer(x), layer(x)
     spec = P.NeuronSpec(threshold=0.6, surrogate=layer.surrogate)
-    args = spec.kernel_args()
     v0 = torch.zeros(1)
     for got in (first, second):
-        spikes, v0, _ = hand_written.neuron(x.reshape(5, -1), layer.decay.detach(), v0, 3, list(args[:7]),
-                                            list(args[7:]), "cpu", P.SAVE_POTENTIAL)  # fmt: skip
+        spikes, v0, _ = hand_written.neuron(x.reshape(5, -1), layer.decay.detach(), v0, 3, *spec.kernel_lists(),
+                                            "cpu", P.SAVE_POTENTIAL)  # fmt: skip
         assert torch.equal(got, spikes.reshape(x.shape))
     assert torch.equal(layer.state, v0.reshape(layer.state.shape))

@@ -64,12 +64,12 @@ def _layer_cases():
                                      "alif")  # fmt: skip
     # The paper's LIF as spikefuse.lif runs it (the engine) and on the hand-written kernels, in both memory modes
     # ("potential" is the LIF layers' default)
-    args = paper_spec(1.0, 0.0, Sigmoid(4.0), False).kernel_args()
+    ints, floats = paper_spec(1.0, 0.0, Sigmoid(4.0), False).kernel_lists()
 
     def hand_written_lif(x, memory):
         x2 = x.reshape(x.shape[0], -1)
-        spikes, _, _ = hand_written.neuron(x2, torch.full((1,), 0.8), torch.zeros(1), 1, list(args[:7]),
-                                           list(args[7:]), "cpu", P.MEMORY_MODES[memory])  # fmt: skip
+        spikes, _, _ = hand_written.neuron(x2, torch.full((1,), 0.8), torch.zeros(1), 1, ints, floats, "cpu",
+                                           P.MEMORY_MODES[memory])  # fmt: skip
         return spikes.reshape(x.shape)
 
     for memory in ("potential", "recompute"):

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .. import functional
-from ..neurons.lif import engine_model
+from ..neurons.lif import engine_model, engine_params
 from ..ops import buffers
 from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
@@ -187,7 +187,7 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     t_steps, n = x.shape
     spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
     model = engine_model(spec, x.dtype, "cpu")
-    params = [torch.full((1,), value) for value in (DECAY, THRESHOLD, 0.0)]
+    params = engine_params(spec, torch.full((1,), DECAY))
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
     v_init, zero_state, need = [torch.zeros(1)], [torch.zeros(1)], [False] * len(params)
     _, _, (h,) = engine_cpu.forward(model, x, params, 1, v_init, spec.surrogate, False, save=True)

@@ -22,7 +22,7 @@ from .. import params as P
 from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "engine_model"]
+__all__ = ["LIF_MODELS", "engine_model", "engine_params"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -58,3 +58,10 @@ def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> Neuron
     if spec.state_post_reset or spec.charge != P.CHARGE_MUL:  # the SpikingJelly forms
         return None
     return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))
+
+
+def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:
+    """The parameters of :func:`engine_model`'s definition, in its order: ``decay`` (``[1]`` or per channel, as the
+    kernels take it) and the threshold and v_reset of ``spec`` as ``[1]`` tensors of its dtype and device."""
+    values = {"threshold": spec.threshold, "v_reset": spec.v_reset}
+    return [decay if name == "decay" else decay.new_full((1,), values[name]) for name in _PARAMS]

@@ -384,10 +384,10 @@ def bn_spiking_neuron(
     xb = _merged(x)
     rb = None if residual is None else _merged(residual)
     v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
-    args = spec.kernel_args()
+    ints, floats = spec.kernel_lists()
     spikes, state, mean, invstd, new_rm, new_rv, _ = _forward_op(
         xb, rb, bool(residual_binary), weight, bias, running_mean, running_var, leak, v0, bool(training),
-        float(momentum), float(eps), t_steps, inner, list(args[:7]), list(args[7:]), backend,
+        float(momentum), float(eps), t_steps, inner, ints, floats, backend,
     )  # fmt: skip
     if training and running_mean is not None:
         with torch.no_grad():
@@ -420,14 +420,14 @@ def bn_spiking_neuron_backward(
     t_steps = x.shape[0]
     n = x.numel() // t_steps
     cdt = compute_dtype(x.dtype)
-    args = spec.kernel_args()
+    ints, floats = spec.kernel_lists()
     mean, invstd = stats
     backward_op = _backward_for(backend) if torch.compiler.is_compiling() else _backward_impl
     grad_x, grad_w, grad_b, grad_leak, _, _ = backward_op(
         grad_spikes.reshape(t_steps, n).contiguous(), grad_state.reshape(n).to(cdt).contiguous(), _merged(x), None,
         x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
-        None if training else running_var, leak, x.new_empty(0, dtype=cdt), _inner(x, leak), list(args[:7]),
-        list(args[7:]), backend, bool(training), float(eps), bool(need_leak), bool(need_affine), False,
+        None if training else running_var, leak, x.new_empty(0, dtype=cdt), _inner(x, leak), ints, floats,
+        backend, bool(training), float(eps), bool(need_leak), bool(need_affine), False,
     )  # fmt: skip
     affine = weight is not None and need_affine
     return (

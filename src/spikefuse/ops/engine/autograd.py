@@ -82,8 +82,8 @@ def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach
 
 
 def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, saved):
-    ctx.args = (inner, model, surrogate, detach_reset, backend, len(params), len(init))
-    ctx.x_shape = x2.shape
+    ctx.args = (inner, model, surrogate, detach_reset, backend)
+    ctx.n_params, ctx.n_init, ctx.x_shape = len(params), len(init), x2.shape
     ctx.set_materialize_grads(False)
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
@@ -94,10 +94,10 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
 
 def _gradients(ctx, grads, need_params, need_init, backward_op):
     """``(grad_x, grad per parameter, grad per initial state)``, None where not needed."""
-    n_init = ctx.args[-1]
+    n_params, n_init = ctx.n_params, ctx.n_init
     grad_spikes, *grad_final = grads[: 1 + n_init]  # (none for the saved states)
     x2, *tensors = ctx.saved_tensors
-    inner, model, surrogate, detach_reset, backend, n_params, _ = ctx.args
+    inner, model, surrogate, detach_reset, backend = ctx.args
     # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
     refuse_double_backward(f"the {_OBJECTS[model].name} neurons ({backend!r} backend)",
                            "the neuron engine computes first-order gradients only; spikefuse.lif and the LIF "
@@ -148,7 +148,7 @@ class _EagerEngineNeuron(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        n_params = ctx.args[-2]
+        n_params = ctx.n_params
         need = ctx.needs_input_grad[8:]
         # once this graph is freed nobody reads the saved states again: grad_x may go over them (memory="potential")
         overwrite_saved = not keeps_graph()
