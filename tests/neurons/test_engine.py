@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import spikefuse
 import spikefuse.nn
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS, NeuronModel
+from spikefuse.neurons import (ALIF_MODEL, CUBA_LIF, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS, SPIKINGJELLY_MODELS,
+                                NeuronModel)  # fmt: skip
 from spikefuse.ops.engine import cpu, reference, triton
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
 
@@ -35,6 +36,17 @@ EIF = NeuronModel(
     defaults=(("dt", 0.5), ("v_rest", 0.0), ("delta", 0.5), ("v_t", 0.6), ("v_reset", 0.0), ("threshold", 1.2)),
 )
 
+# Also only here: a current-based LIF that hands on its states after the reset (a handoff over two states, one of
+# which the reset leaves alone), as Norse's LIF does.
+CUBA_POST_RESET = NeuronModel(
+    name="test_cuba_post_reset",
+    states=("i", "v"),
+    params=("alpha", "beta", "threshold", "v_reset"),
+    step=(("v", "where(s, v_reset, v)"), ("i", "alpha*i + x"), ("v", "beta*v + i")),
+    fire="v - threshold",
+    handoff=(("v", "where(s, v_reset, v)"),),
+)
+
 MODELS = {
     "cuba_lif": (CUBA_LIF, {"alpha": 0.8, "beta": 0.7, "threshold": 1.0}),
     "cuba_lif_zero": (CUBA_LIF_ZERO, {"alpha": 0.6, "beta": 0.9, "threshold": 0.8}),
@@ -42,6 +54,9 @@ MODELS = {
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
     "eif": (EIF, {}),
     "lif_hard": (LIF_MODELS[("paper", "hard")], {"decay": 0.8, "threshold": 0.7, "v_reset": -0.1}),  # where(s, a, b)
+    # handoffs: the states handed on are post-reset, the first step sees no spike
+    "sj_hard_mul_input": (SPIKINGJELLY_MODELS[("hard", "mul_input")], {"decay": 0.6, "threshold": 0.7, "v_reset": -0.1}),
+    "cuba_post_reset": (CUBA_POST_RESET, {"alpha": 0.7, "beta": 0.8, "threshold": 0.6, "v_reset": 0.1}),
 }
 BACKENDS = {"cpu": cpu, "triton": triton}
 
@@ -118,7 +133,7 @@ def test_memory_potential(name, dtype, backend):
     saved states."""
     model, params = MODELS[name]
     _check(model, params, (9, 3, 70), dtype, backend, Sigmoid(4.0), False, save=True)
-    if name in ("cuba_lif", "lif_hard"):
+    if name in ("cuba_lif", "lif_hard", "cuba_post_reset"):
         _check(model, params, (5, 2, 3, 4, 5), dtype, backend, ATan(2.0), True, per_channel=model.params[:1],
                save=True, need=False, overwrite=backend == "cpu")  # fmt: skip
 

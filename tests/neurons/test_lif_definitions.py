@@ -1,6 +1,7 @@
 """The LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine against the hand-written LIF kernels
 (:mod:`spikefuse.ops.cpu`, which ran every LIF before): spikes and states bit-identical, gradients of the input, the
-initial state and the decay to 1e-5; and which calls run which."""
+initial state and the decay to 1e-5; and which calls run which. SpikingJelly's forms hand on the post-reset
+membrane (the definitions' handoff), so their states and the gradients of those states go through it."""
 
 import pytest
 import torch
@@ -8,21 +9,36 @@ import torch
 import spikefuse
 import spikefuse.nn
 from spikefuse import params as P
-from spikefuse.neurons import LIF_MODELS, NeuronModel
+from spikefuse.neurons import LIF_MODELS, SPIKINGJELLY_MODELS, NeuronModel
 from spikefuse.neurons.lif import engine_model
 from spikefuse.ops import autograd as hand_written
 from spikefuse.surrogate import ATan, Sigmoid
 
 pytest.importorskip("numba")
 
-CASES = {  # (dynamics, reset) -> v_reset of the case
+CASES = {  # (dynamics, reset) or ("spikingjelly", reset, charge) -> v_reset of the case
     ("paper", "hard"): -0.1,
     ("paper", "soft"): 0.0,
     ("paper", "none"): 0.0,
     ("snntorch", "soft"): 0.0,
     ("snntorch", "hard"): 0.0,
     ("snntorch", "none"): 0.0,
+    **{("spikingjelly", reset, charge): -0.1 if reset == "hard" else 0.0
+       for reset in ("hard", "soft") for charge in ("if", "div_input", "div", "mul_input", "mul")},
 }
+_CHARGES = {"if": P.CHARGE_IF, "div_input": P.CHARGE_DIV_INPUT, "div": P.CHARGE_DIV, "mul_input": P.CHARGE_MUL_INPUT,
+            "mul": P.CHARGE_MUL}  # fmt: skip
+
+
+def _spec_and_model(case, **spec_options) -> tuple[P.NeuronSpec, NeuronModel]:
+    """The spec of a case (as the layers build it) and its definition."""
+    if case[0] == "spikingjelly":
+        _, reset, charge = case
+        spec = P.NeuronSpec(reset=P.RESETS[reset], dynamics=P.SPIKINGJELLY, charge=_CHARGES[charge],
+                            state_post_reset=True, **spec_options)  # fmt: skip
+        return spec, SPIKINGJELLY_MODELS[(reset, charge)]
+    dynamics, reset = case
+    return P.NeuronSpec(reset=P.RESETS[reset], dynamics=P.DYNAMICS[dynamics], **spec_options), LIF_MODELS[case]
 
 
 def _close(a, b, what):
@@ -38,29 +54,30 @@ def test_engine_lif_equals_the_hand_written_kernels(case, detach, engine_backend
     _check(case, detach, False, engine_backend)
 
 
-@pytest.mark.parametrize("case", [("paper", "hard"), ("snntorch", "soft")], ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("case", [("paper", "hard"), ("snntorch", "soft"), ("spikingjelly", "hard", "mul_input")],
+                         ids=lambda c: "-".join(c))  # fmt: skip
 def test_per_channel_decay(case):
     _check(case, False, True, "cpu")
 
 
+@pytest.mark.parametrize("case", [("paper", "hard"), ("spikingjelly", "soft", "div_input")], ids=lambda c: "-".join(c))
 @pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
-def test_memory_potential(detach):
+def test_memory_potential(case, detach):
     """Both sides keeping the potentials in forward (the LIF layer's default) instead of recomputing them."""
-    _check(("paper", "hard"), detach, True, "cpu", memory="potential")
+    _check(case, detach, True, "cpu", memory="potential")
 
 
 def _check(case, detach, per_channel, engine_backend, memory="recompute"):
-    dynamics, reset = case
     v_reset, threshold = CASES[case], 0.5
-    surrogate = Sigmoid(4.0) if dynamics == "paper" else ATan(2.0)
-    g = torch.Generator().manual_seed(hash(case) % 1000)
+    surrogate = Sigmoid(4.0) if case[0] == "paper" else ATan(2.0)
+    g = torch.Generator().manual_seed(sum(map(ord, "".join(case))))
     x = torch.rand(7, 3, 4, 9, generator=g) * 0.8
     v0 = torch.rand(3, 4, 9, generator=g) * 0.7
     decay = torch.rand(4, generator=g) * 0.5 + 0.4 if per_channel else torch.tensor(0.8)
     upstream, upstream_state = torch.rand(x.shape, generator=g), torch.rand(v0.shape, generator=g)
 
-    spec = P.NeuronSpec(threshold=threshold, v_reset=v_reset, reset=P.RESETS[reset], surrogate=surrogate,
-                        detach_reset=detach, dynamics=P.DYNAMICS[dynamics])  # fmt: skip
+    spec, model = _spec_and_model(case, threshold=threshold, v_reset=v_reset, surrogate=surrogate,
+                                  detach_reset=detach)  # fmt: skip
     leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_lif, state_lif, _ = hand_written.neuron(
         leaves_lif[0].reshape(7, -1), leaves_lif[2].reshape(-1), leaves_lif[1].reshape(-1), 9 if per_channel else 1,
@@ -68,7 +85,6 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute"):
     )  # fmt: skip
     spikes_lif, state_lif = spikes_lif.reshape(x.shape), state_lif.reshape(v0.shape)
 
-    model = LIF_MODELS[case]
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_engine, (state_engine,) = spikefuse.neuron(
         leaves_engine[0], model, surrogate=surrogate, detach_reset=detach, state=(leaves_engine[1],),
@@ -99,16 +115,13 @@ def test_where_takes_the_spike_and_two_values():
 
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(c))
 def test_spikefuse_lif_runs_the_definition_on_the_cpu(case):
-    """The paper's and snnTorch's LIF in float32 and float64 on the CPU run the definitions; the rest (other
-    backends, half precision, SpikingJelly's forms) the hand-written kernels."""
-    dynamics, reset = case
-    spec = P.NeuronSpec(reset=P.RESETS[reset], dynamics=P.DYNAMICS[dynamics])
+    """The paper's, snnTorch's and SpikingJelly's LIF in float32 and float64 on the CPU run the definitions; the rest
+    (other backends, half precision) the hand-written kernels."""
+    spec, model = _spec_and_model(case)
     for dtype in (torch.float32, torch.float64):
-        assert engine_model(spec, dtype, "cpu") is LIF_MODELS[case]
+        assert engine_model(spec, dtype, "cpu") is model
     assert engine_model(spec, torch.float16, "cpu") is None
     assert engine_model(spec, torch.float32, "triton") is None
-    jelly = P.NeuronSpec(dynamics=P.SPIKINGJELLY, charge=P.CHARGE_DIV_INPUT, state_post_reset=True)
-    assert engine_model(jelly, torch.float32, "cpu") is None
 
 
 def test_lif_layer_gives_the_hand_written_kernels_results():

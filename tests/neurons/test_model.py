@@ -28,6 +28,10 @@ def _model(**kw):
         (dict(fire="v - x"), r"fire = v - x reads unknown names \['x'\]"),
         (dict(defaults=(("q", 1.0),)), "a default for 'q', which is not a parameter"),
         (dict(initial=(("q", 1.0),)), "an initial value for 'q', which is not a state"),
+        (dict(handoff=(("w", "v"),)), "handoff assigns 'w', which is not a state"),
+        (dict(handoff=(("v", "v - x"),)), r"handoff v = v - x reads unknown names \['x'\] \(it sees the states after "
+                                          r"the last step, their spike s and the parameters\)"),
+        (dict(handoff=(("v", "where(v, 0, v)"),)), r"where takes the spike and two values"),
     ],
 )
 def test_bad_definitions(kw, message):
@@ -50,3 +54,14 @@ def test_derivatives_follow_the_assignments_in_order():
 def test_key_changes_with_the_dynamics_only():
     assert _model().key == _model(equations="text").key
     assert _model().key != _model(step=(("v", "k*v + 2*x"),)).key
+    assert _model().key != _model(handoff=(("v", "where(s, 0, v)"),)).key
+
+
+def test_handoff_derivatives():
+    """The states handed on after a reset: d out / d the last states, by their spike and by the parameters."""
+    model = _model(params=("k", "r"), handoff=(("v", "where(s, r, v)"),))
+    d = model.derivatives
+    s, new_v = sympy.symbols("s new_v")
+    assert d.handoff_state == ((1 - s,),) and d.handoff_spike == (sympy.Symbol("r") - new_v,)
+    assert d.handoff_param == ((0, s),)
+    assert _model().derivatives.handoff_state == ()

@@ -8,10 +8,23 @@ hand-written LIF kernels (:mod:`spikefuse.ops.cpu`) bit for bit::
     snnTorch, subtract:     v[t] = (decay*v[t-1] + x[t]) - where(s, threshold, 0)      (fires on v > threshold)
     snnTorch, zero:         v[t] = where(s, 0, decay*v[t-1]) + x[t]                    (fires on v > threshold)
 
-``s`` is the previous step's spike; the state is the pre-reset membrane. :func:`spikefuse.lif` and the layers
-built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``, ``compat.snntorch.Leaky``) run these on the
-CPU in float32 and float64 (:func:`engine_model`); the SpikingJelly forms, half-precision inputs, the fused
-BatchNorm+LIF and the Triton backend still run the hand-written kernels.
+``s`` is the previous step's spike; the state is the pre-reset membrane. SpikingJelly's neurons
+(:data:`SPIKINGJELLY_MODELS`) hand on the membrane after the reset, ``u``, and charge from it by one of five
+formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` the ``k`` of :mod:`spikefuse.params`
+(``tau``, or PLIF's ``sigmoid(w)``)::
+
+    u = where(s, v_reset, v)   (hard)      u = where(s, v - threshold, v)   (soft)      u = v   (none)
+    IF:         v[t] = u + x[t]
+    DIV_INPUT:  v[t] = u + (x[t] - (u - r)) / decay
+    DIV:        v[t] = u - (u - r) / decay + x[t]
+    MUL_INPUT:  v[t] = u + (x[t] - (u - r)) * decay
+    MUL:        v[t] = u - (u - r) * decay + x[t]
+
+with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike).
+:func:`spikefuse.lif` and the layers built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``,
+``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU in float32 and
+float64 (:func:`engine_model`); half-precision inputs, the fused BatchNorm+LIF and the Triton backend still run the
+hand-written kernels.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from .. import params as P
 from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "engine_model", "engine_params"]
+__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "engine_model", "engine_params"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -43,6 +56,30 @@ LIF_MODELS = {
     ("snntorch", "none"): _lif("leaky_no_reset", "decay*v + x", strict=True),
 }
 
+_SJ_RESETS = {"hard": "where(s, v_reset, v)", "soft": "where(s, v - threshold, v)", "none": "v"}
+_SJ_CHARGES = {  # of v = u, the post-reset membrane
+    "if": (P.CHARGE_IF, "v + x"),
+    "div_input": (P.CHARGE_DIV_INPUT, "v + (x - (v - v_reset)) / decay"),
+    "div": (P.CHARGE_DIV, "v - (v - v_reset) / decay + x"),
+    "mul_input": (P.CHARGE_MUL_INPUT, "v + (x - (v - v_reset)) * decay"),
+    "mul": (P.CHARGE_MUL, "v - (v - v_reset) * decay + x"),
+}
+
+
+def _spikingjelly(reset: str, charge: str) -> NeuronModel:
+    u, (_, formula) = _SJ_RESETS[reset], _SJ_CHARGES[charge]
+    return NeuronModel(
+        name=f"sj_{reset}_{charge}", states=("v",), params=_PARAMS,
+        step=(("v", u), ("v", formula)), fire="v - threshold", defaults=_DEFAULTS,
+        handoff=(("v", u),) if reset != "none" else (),  # with no reset the post-reset membrane is the membrane
+        equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {u}",
+    )  # fmt: skip
+
+
+#: SpikingJelly's LIF / PLIF / IF forms, by (reset, charge).
+SPIKINGJELLY_MODELS = {(reset, charge): _spikingjelly(reset, charge) for reset in _SJ_RESETS for charge in _SJ_CHARGES}
+
+_CHARGE_NAMES = {code: name for name, (code, _) in _SJ_CHARGES.items()}
 _DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
 _RESET_NAMES = {code: name for name, code in P.RESETS.items()}
 
@@ -55,8 +92,10 @@ def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> Neuron
     (a concrete backend), or None where the hand-written kernels run it."""
     if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
         return None
-    if spec.state_post_reset or spec.charge != P.CHARGE_MUL:  # the SpikingJelly forms
-        return None
+    if spec.dynamics == P.SPIKINGJELLY:
+        if not spec.state_post_reset:  # SpikingJelly hands on the post-reset membrane; no layer asks otherwise
+            return None
+        return SPIKINGJELLY_MODELS[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]
     return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))
 
 

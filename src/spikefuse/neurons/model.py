@@ -17,6 +17,11 @@ between calls is the states after the last step; the next call's first step sees
 (``s = fire(state)``), so a spike in the last step of one call resets at the start of the next, and a run split
 in two calls equals one call.
 
+A neuron whose users hand the state on *after* the reset (SpikingJelly's) gives ``handoff``: assignments, like
+``step``'s, that read the states after the last step, their spike ``s`` and the parameters, and give the states
+handed out (usually the reset part of ``step``). The initial states are then post-reset ones: the first step sees
+no spike (``s = 0``).
+
 The expressions are evaluated as written, in the same floating-point order, by every backend (the serial PyTorch
 reference and the generated kernels), so their spikes and states agree bit for bit (except that ``exp`` and
 ``log`` come from each backend's math library, which may round the last bit differently). The backward pass is derived
@@ -81,7 +86,9 @@ class Derivatives:
 
     - ``state[k][i]``: d new_k / d old_i; ``spike[k]``: d new_k / d s; ``input[k]``: d new_k / d x;
       ``param[k][p]``: d new_k / d p;
-    - ``fire[k]``: d u / d new_k; ``fire_param[p]``: d u / d p.
+    - ``fire[k]``: d u / d new_k; ``fire_param[p]``: d u / d p;
+    - ``handoff_state[k][i]``: d out_k / d new_i, ``handoff_spike[k]``: d out_k / d s, ``handoff_param[k][p]``: d
+      out_k / d p, for the states handed out (``out``, see ``handoff``); empty without a handoff.
     """
 
     state: tuple
@@ -90,13 +97,17 @@ class Derivatives:
     param: tuple
     fire: tuple
     fire_param: tuple
+    handoff_state: tuple = ()
+    handoff_spike: tuple = ()
+    handoff_param: tuple = ()
 
 
 @dataclass(frozen=True)
 class NeuronModel:
     """One neuron's dynamics (see the module docstring). ``defaults``: parameter values used when a call leaves a
     parameter out (a parameter without one must be given); ``initial``: the states' values before the first step
-    (default 0). ``equations``: the dynamics in the notation of the literature, for documentation."""
+    (default 0); ``handoff``: the states handed out after the last step (see the module docstring).
+    ``equations``: the dynamics in the notation of the literature, for documentation."""
 
     name: str
     states: tuple[str, ...]
@@ -106,6 +117,7 @@ class NeuronModel:
     strict: bool = False
     defaults: tuple[tuple[str, float], ...] = ()
     initial: tuple[tuple[str, float], ...] = ()
+    handoff: tuple[tuple[str, str], ...] = ()
     equations: str = ""
 
     def __post_init__(self):
@@ -129,6 +141,15 @@ class NeuronModel:
             if unknown:
                 raise ValueError(f"neuron {self.name!r}: {target} = {expression} reads unknown names "
                                  f"{sorted(unknown)}")  # fmt: skip
+        for target, expression in self.handoff:
+            if target not in self.states:
+                raise ValueError(f"neuron {self.name!r}: handoff assigns {target!r}, which is not a state "
+                                 f"({', '.join(self.states)})")  # fmt: skip
+            unknown = _names(expression, f"neuron {self.name!r}, handoff {target} =", where=True) - (known - {"x"})
+            if unknown:
+                raise ValueError(f"neuron {self.name!r}: handoff {target} = {expression} reads unknown names "
+                                 f"{sorted(unknown)} (it sees the states after the last step, their spike s and the "
+                                 "parameters)")  # fmt: skip
         unknown = _names(self.fire, f"neuron {self.name!r}, fire") - (set(self.states) | set(self.params))
         if unknown:
             raise ValueError(f"neuron {self.name!r}: fire = {self.fire} reads unknown names {sorted(unknown)} "
@@ -143,7 +164,8 @@ class NeuronModel:
     @property
     def key(self) -> str:
         """A short hash of the dynamics: generated kernels are cached under it."""
-        text = repr((self.name, self.states, self.params, self.step, self.fire, self.strict))
+        text = repr((self.name, self.states, self.params, self.step, self.fire, self.strict)
+                    + ((self.handoff,) if self.handoff else ()))  # the keys of neurons without one stay as they were
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def initial_value(self, state: str) -> float:
@@ -171,6 +193,10 @@ class NeuronModel:
             env[target] = sympy.sympify(expression, locals={**env, **params, "x": x, "s": s, **functions})
         result = [env[n] for n in self.states]  # as functions of old_*, x, s and the parameters
         u = sympy.sympify(self.fire, locals={**new, **params, **functions})
+        env = dict(new)
+        for target, expression in self.handoff:
+            env[target] = sympy.sympify(expression, locals={**env, **params, "s": s, **functions})
+        out = [env[n] for n in self.states] if self.handoff else []
         return Derivatives(
             state=tuple(tuple(sympy.diff(f, old[i]) for i in self.states) for f in result),
             spike=tuple(sympy.diff(f, s) for f in result),
@@ -178,4 +204,7 @@ class NeuronModel:
             param=tuple(tuple(sympy.diff(f, params[p]) for p in self.params) for f in result),
             fire=tuple(sympy.diff(u, new[k]) for k in self.states),
             fire_param=tuple(sympy.diff(u, params[p]) for p in self.params),
+            handoff_state=tuple(tuple(sympy.diff(f, new[i]) for i in self.states) for f in out),
+            handoff_spike=tuple(sympy.diff(f, s) for f in out),
+            handoff_param=tuple(tuple(sympy.diff(f, params[p]) for p in self.params) for f in out),
         )

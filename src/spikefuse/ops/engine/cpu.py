@@ -83,7 +83,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     fired = "(u_ > F(0.0))" if model.strict else "(u_ >= F(0.0))"  # a constant of the code: no branch
     step_lines = [f"v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.step]
     sym_names, fire_derivs, step_derivs = emit.backward_expressions(model, surrogate_type)
-    derivs = {**fire_derivs, **step_derivs}
+    handoff_derivs = emit.handoff_expressions(model)
+    derivs = {**fire_derivs, **step_derivs, **handoff_derivs}
+    # With a handoff the initial states are post-reset: the row functions take `fresh` (the first step: no spike).
+    fresh = "fresh, " if model.handoff else ""
+
+    def first(t: str) -> str:
+        """The ``fresh`` argument of a row function's call at step ``t``."""
+        return f"{t} == 0, " if model.handoff else ""
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -118,9 +125,19 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             """The block's rows of the states saved for step ``t`` (memory="potential") as arguments."""
             return "".join(f"saved_{k}[{t}, n0:n0 + m], " for k in S)
 
-        def fire_old(indent: str) -> list[str]:
-            """The previous step's spike, from the states before the step (what the forward wrote)."""
-            return [f"{indent}u_ = {fire}", f"{indent}s_ = F(1.0) if {fired} else F(0.0)"]
+        def fire_old(indent: str, after_step: bool = False) -> list[str]:
+            """The previous step's spike, from the states before the step (what the forward wrote); none before the
+            first step of a neuron with a handoff; ``after_step``: the spike of the states after the step."""
+            spike = f"F(1.0) if {fired} else F(0.0)"
+            if model.handoff and not after_step:
+                spike = f"F(0.0) if fresh else ({spike})"
+            return [f"{indent}u_ = {fire}", f"{indent}s_ = {spike}"]
+
+        def hand_off(rows: str, indent: str) -> list[str]:
+            """Neuron ``j``'s states handed out, from the states after the last step in ``rows`` into ``v_*``."""
+            return [*param_locals(indent), *[f"{indent}v_{k} = {rows.format(k=k, i=i)}" for i, k in enumerate(S)],
+                    *fire_old(indent, after_step=True),
+                    *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff]]
 
         def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False) -> list[str]:
             """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
@@ -129,20 +146,28 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             rows_args = (args(old, S) if old == new else args(old, S) + args(new, S)) + (args("sv_", S) if save else "")
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def {name}{sfx}(xr, {'sr, ' if spikes else ''}{rows_args}{prow}m):",
+                f"def {name}{sfx}(xr, {'sr, ' if spikes else ''}{rows_args}{prow}{fresh}m):",
                 "    for j in range(m):",
                 *param_locals("        "),
                 *[f"        v_{k} = {old}{k}[j]" for k in S],
                 *fire_old("        "),
                 "        x_ = xr[j]",
                 *[f"        {line}" for line in step_lines],
-                *(fire_old("        ") if spikes else []),
+                *(fire_old("        ", after_step=True) if spikes else []),
                 *[f"        {new}{k}[j] = v_{k}" for k in S],
                 *([f"        sv_{k}[j] = v_{k}" for k in S] if save else []),
                 *(["        sr[j] = s_"] if spikes else []),
                 "",
                 "",
             ]
+
+        def final_states() -> list[str]:
+            """The block's final states from its rows ``st_*`` (through the handoff, if any)."""
+            # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
+            if not model.handoff:
+                return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S]]
+            return ["    for j in range(m):", *hand_off("st_{k}[j]", "        "),
+                    *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
         forward = [
             *step_row("_forward_row", "st_", "st_", spikes=True),
@@ -155,10 +180,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
-            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}{prow}m)",
-            # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
-            "    for j in range(m):",
-            *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
+            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}{prow}{first('t')}m)",
+            *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
@@ -176,9 +199,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
             f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}"
-            f"{saved_rows('t')}{prow}m)",
-            "    for j in range(m):",
-            *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
+            f"{saved_rows('t')}{prow}{first('t')}m)",
+            *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
@@ -207,7 +229,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _reverse_row{g}{sfx}(xr, gr, {'' if over else 'gxr, '}{args('o_', S)}{args('w_', S)}"
-                f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, m):",
+                f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, {fresh}m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
@@ -227,6 +249,40 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
             ]
 
+        def handoff_grads(grads: bool, saved: bool) -> list[str]:
+            """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
+            after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
+            last = "saved_{k}[T - 1, n0 + j]" if saved else f"hist[T * {len(S)} + {{i}}, j]"
+            sums = [f"{ind}gS_{i}[j] = " + chain([(f"gH_{k}", f"dH_{k}_{i}") for k in S]) for i in S]
+            sums.append(f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}")
+                                                                         for k in S]))  # fmt: skip
+            if grads:
+                sums += [f"{ind}acc_{p}[j] = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
+                         for p in P]  # fmt: skip
+            return ["    for j in range(m):", *[f"{ind}gH_{k} = gS_{k}[j]" for k in S],
+                    *hand_off(last, ind)[: -len(model.handoff)],  # the states after the last step and its spike
+                    *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_GRAD), *sums]
+
+        def initial_grads(grads: bool) -> list[str]:
+            """The initial states' (and the parameters') gradients, where the first step's spike is that of the
+            initial states and its gradient flows into them; with a handoff the first step sees no spike."""
+            lines = ["    for j in range(m):", "        n = n0 + j"]
+            if model.handoff:
+                return [*lines, *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j]" for k in S],
+                        *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j]"
+                           for pi, p in enumerate(P)] if grads else [])]  # fmt: skip
+            return [
+                *lines,
+                *[f"        p_{p} = pv_{p}[j]" for p in ([] if scalar else P)],
+                *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(S)],
+                f"        u_ = {fire}",
+                *emit.assignments(fire_derivs, sym_names, "        ", NUMBA_GRAD),
+                *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
+                  for k in S],
+                *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j] + gs[j] * sg_ * dF_{p}"
+                   for pi, p in enumerate(P)] if grads else []),
+            ]
+
         def backward(grads: bool, saved: bool, over: bool = False) -> list[str]:
             """The backward kernels; ``grads`` as :func:`reverse_row`; ``saved``: reading the states the forward saved
             (memory="potential", suffix ``_saved``) instead of recomputing them; ``over``: grad_x written over the
@@ -242,7 +298,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             def reverse(t: str, old: str, new: str) -> str:
                 gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
                 return (f"{row}(x[{t}, n0:n0 + m], grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
-                        f"{acc}{prow}sg_p1, sg_p2, detach, m)")
+                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
 
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
@@ -255,7 +311,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
                           "    for t in range(T):",
                           f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('t')}{rows('t + 1')}"
-                          f"{prow}m)"]
+                          f"{prow}{first('t')}m)"]
                 steps = ["    for t in range(T - 1, -1, -1):",
                          f"        {reverse('t', rows('t'), rows('t + 1'))}"]
             return [
@@ -269,18 +325,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *load_rows([f"gS_{k}" for k in S], [f"gfinal_{k}" for k in S], "    "),
                 "    gs = np.zeros(m, F)",
                 *([f"    acc_{p} = np.zeros(m, F)" for p in P] if grads else []),
+                *(handoff_grads(grads, saved) if model.handoff else []),
                 *steps,
-                # the first step's s is the spike of the initial state: its gradient flows into that state
-                "    for j in range(m):",
-                "        n = n0 + j",
-                *[f"        p_{p} = pv_{p}[j]" for p in ([] if scalar else P)],
-                *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(S)],
-                f"        u_ = {fire}",
-                *emit.assignments(fire_derivs, sym_names, "        ", NUMBA_GRAD),
-                *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
-                  for k in S],
-                *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j] + gs[j] * sg_ * dF_{p}"
-                   for pi, p in enumerate(P)] if grads else []),
+                *initial_grads(grads),
                 "",
                 "",
                 "@njit(parallel=True, cache=True, error_model='numpy')",

@@ -8,7 +8,8 @@ A :class:`Dialect` says how a backend spells numbers, functions, divisions and s
 - the sympy derivatives (:meth:`NeuronModel.derivatives`, a surrogate's ``sympy_derivative``), after common
   subexpression elimination, for the backward pass.
 
-:func:`backward_expressions` gathers what a backward step needs, in the names both kernel generators use;
+:func:`backward_expressions` gathers what a backward step needs, in the names both kernel generators use
+(:func:`handoff_expressions` what the gradients of the states handed out need);
 :func:`load_generated` writes a generated module into :func:`cache_dir` once and imports it.
 """
 
@@ -158,6 +159,19 @@ def backward_expressions(model, surrogate_type) -> tuple[dict, dict, dict]:
         for j, p in enumerate(P):
             step[f"dP_{k}_{p}"] = d.param[i][j]
     return names, fire, step
+
+
+def handoff_expressions(model) -> dict:
+    """The derivatives of :attr:`NeuronModel.handoff` in the names of :func:`backward_expressions`: ``dH_<k>_<i>``
+    (d handed-out state k / d state i after the last step, ``v_<i>``), ``dHs_<k>`` (by the last step's spike) and
+    ``dHP_<k>_<p>`` (by a parameter); empty without a handoff."""
+    S, P, d = model.states, model.params, model.derivatives
+    out = {}
+    for i, k in enumerate(S[: len(d.handoff_spike)]):
+        out.update({f"dH_{k}_{new}": d.handoff_state[i][j] for j, new in enumerate(S)})
+        out[f"dHs_{k}"] = d.handoff_spike[i]
+        out.update({f"dHP_{k}_{p}": d.handoff_param[i][j] for j, p in enumerate(P)})
+    return out
 
 
 def chain_sum(pairs, derivatives: dict, zero: str, base: str | None = None) -> str:

@@ -71,7 +71,7 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
         u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env_params, **states})
         return _Fire.apply(u, surrogate, model.strict)
 
-    s = fire(states)
+    s = torch.zeros_like(fire(states)) if model.handoff else fire(states)  # post-reset initial states: no spike
     spikes = []
     for x_t in x2.unbind(0):  # unbind, not x2[t]: indexing makes autograd's backward quadratic in T
         env = {**_TORCH_FUNCTIONS, **env_params, **states, "x": x_t, "s": s.detach() if detach_reset else s}
@@ -82,6 +82,11 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
             history.append([states[name] for name in model.states])
         s = fire(states)
         spikes.append(s)
+    if model.handoff:  # the states handed out: after the last step's reset
+        env = {**_TORCH_FUNCTIONS, **env_params, **states, "s": s.detach() if detach_reset else s}
+        for target, expression in model.handoff:
+            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
+        states = {name: env[name] for name in model.states}
     return torch.stack(spikes), [states[name] for name in model.states]
 
 

@@ -74,6 +74,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     zero, one = exact.number(0.0), exact.number(1.0)
     spike = f"s_ = tl.where(u_ {'>' if model.strict else '>='} {zero}, {one}, {zero})"
     step = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.step]
+    handoff = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.handoff]
     par_args = "".join(f"par_{p}, size_{p}, " for p in P)
     init_args = "".join(f"init_{k}, isize_{k}, " for k in S)
 
@@ -91,7 +92,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *[f"    p_{p} = tl.load(par_{p} + channel % size_{p}, mask=mask, other=1.0)" for p in P],
             *[f"v_{k} = tl.load(init_{k} + offs % isize_{k}, mask=mask, other=0.0)" for k in S],
             fire,
-            spike,
+            f"s_ = tl.zeros([BLOCK], {dt})" if model.handoff else spike,  # post-reset initial states: no spike
         ]
         return [indent + line for line in lines]
 
@@ -110,17 +111,57 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "        tl.store(spikes_ptr + row, s_, mask=mask)",
         "        if SAVE:",
         *[f"            tl.store(saved_{k} + row, v_{k}, mask=mask)" for k in S],
+        *[f"    {line}" for line in handoff],
         *[f"    tl.store(final_{k} + offs, v_{k}, mask=mask)" for k in S],
     ]
 
     names_d, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
-    derivs = {**fire_d, **step_d}
+    handoff_d = emit.handoff_expressions(model)
+    derivs = {**fire_d, **step_d, **handoff_d}
     zeros = f"tl.zeros([BLOCK], {dt})"
 
     def chain(pairs, base: str | None = None) -> str:
         return emit.chain_sum(pairs, derivs, zeros, base)
 
     n_s = len(S)
+
+    def handoff_grads() -> list[str]:
+        """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
+        after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
+        if not model.handoff:
+            return []
+        last = "tl.cast(T - 1, tl.int64) * N + offs"
+        return [
+            "    if SAVED:",
+            *[f"        v_{k} = tl.load(saved_{k} + {last}, mask=mask, other=0.0)" for k in S],
+            "    else:",
+            *[f"        v_{k} = tl.load(hist_ptr + tl.cast(T, tl.int64) * {n_s} * N64 + {i} * N64 + offs, mask=mask, "
+              "other=0.0)" for i, k in enumerate(S)],  # fmt: skip
+            f"    {fire}",
+            f"    {spike}",
+            *emit.assignments(handoff_d, names_d, "    ", fast),
+            *[f"    gH_{k} = gS_{k}" for k in S],
+            *[f"    gS_{i} = " + chain([(f"gH_{k}", f"dH_{k}_{i}") for k in S]) for i in S],
+            "    if not DETACH:",
+            "        gs = " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]),
+            *[f"    if NEED_{p}:\n        acc_{p} = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S]) for p in P],
+        ]
+
+    def initial_grads() -> list[str]:
+        """The initial states' (and the parameters') gradients, where the first step's spike is that of the initial
+        states and its gradient flows into them; with a handoff the first step sees no spike."""
+        if model.handoff:
+            return [*[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k}, mask=mask)" for k in S],
+                    *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p}, mask=mask)" for p in P]]
+        return [
+            *[f"    v_{k} = i_{k}" for k in S],
+            f"    {fire}",
+            *emit.assignments(fire_d, names_d, "    ", fast),
+            *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)"
+              for k in S],
+            *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)" for p in P],
+        ]
+
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
     ind = "        "
     backward = [
@@ -149,6 +190,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *[f"    gS_{k} = tl.load(gfinal_{k} + offs % gsize_{k}, mask=mask, other=0.0)" for k in S],
         f"    gs = tl.zeros([BLOCK], {dt})",
         *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
+        *handoff_grads(),
         "    for i in range(0, T):",
         "        tr = tl.cast(T - 1 - i, tl.int64)",  # a new name: the recompute loop's t is an int32
         "        row = tr * N + offs",
@@ -164,6 +206,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *[f"{ind}v_{k} = o_{k}" for k in S],
         f"{ind}{fire}",
         f"{ind}{spike}",
+        *([f"{ind}s_ = tl.where(tr > 0, s_, {zero})"] if model.handoff else []),  # the first step sees none
         *[f"{ind}v_{k} = n_{k}" for k in S],
         f"{ind}{fire}",
         f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
@@ -179,12 +222,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}    gs = {zeros}",
         f"{ind}else:",
         f"{ind}    gs = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
-        # the first step's s is the spike of the initial state: its gradient flows into that state
-        *[f"    v_{k} = i_{k}" for k in S],
-        f"    {fire}",
-        *emit.assignments(fire_d, names_d, "    ", fast),
-        *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)" for k in S],
-        *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)" for p in P],
+        *initial_grads(),
     ]
     header = [
         f'"""Generated by spikefuse.ops.engine.triton for the neuron {model.name!r} ({model.key}), surrogate '
