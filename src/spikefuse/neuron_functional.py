@@ -10,6 +10,7 @@ import torch
 from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
 from .ops import resolve_backend
+from .ops.common import compute_dtype
 from .ops.engine import DTYPES as ENGINE_DTYPES, autograd as engine_autograd
 from .params import check_memory_mode
 from .surrogate import Surrogate, resolve
@@ -40,7 +41,7 @@ def neuron(
     """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
     parameters); returns the spikes (shape and dtype of ``x``) and, with ``return_state=True``, a tuple of the final
     states (``model.states`` order, each of shape ``x.shape[1:]``), which continue the sequence exactly when passed
-    back as ``state``.
+    back as ``state``. A float16 / bfloat16 ``x`` runs in float32, its parameters and states float32.
 
     ``params``: every parameter of the model (those with a default may be left out): a number, or a tensor of one
     value or one per channel that may require grad. ``state``: None (the model's initial values) or the states, as
@@ -56,7 +57,8 @@ def neuron(
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
-        raise TypeError(f"{model.name} neurons run in float32 or float64, got x of {x.dtype}: cast x first")
+        raise TypeError(f"{model.name} neurons run in float32, float64, float16 or bfloat16, got x of {x.dtype}: "
+                        "cast x first")
     concrete = resolve_backend(backend, x.device)
     if concrete != "reference":
         check_no_functorch(f"the fused {model.name} kernels")
@@ -74,9 +76,9 @@ def neuron(
     if len(channels) > 1:
         raise ValueError(f"{model.name}: per-channel parameters must have one length, got {sorted(channels)}")
     inner = channel_layout(x.shape, channels.pop()) if channels else 1
-    trailing = x.shape[1:]
+    trailing, cdt = x.shape[1:], compute_dtype(x.dtype)
     if state is None:
-        init = [torch.full((1,), model.initial_value(k), dtype=x.dtype, device=x.device) for k in model.states]
+        init = [torch.full((1,), model.initial_value(k), dtype=cdt, device=x.device) for k in model.states]
     else:
         if isinstance(state, dict):
             missing = [k for k in model.states if k not in state]
@@ -95,7 +97,7 @@ def neuron(
                                  f"(x.shape[1:]), got {got}")
             if v.device != x.device:
                 raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
-            init.append(v.reshape(-1).to(x.dtype).contiguous())
+            init.append(v.reshape(-1).to(cdt).contiguous())
     t_steps = x.shape[0]
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():

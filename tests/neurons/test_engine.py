@@ -193,6 +193,29 @@ def test_every_surrogate(surrogate, backend):
     _check(model, params, (6, 2, 40), torch.float32, backend, surrogate, False)
 
 
+@pytest.mark.parametrize("memory", ["recompute", "potential"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_half_precision_runs_in_float32(backend, dtype, memory):
+    """A float16 / bfloat16 input runs as its float32 value: spikes in the input's dtype, float32 states, and the
+    input's gradient the float32 run's rounded to the input's dtype, bit for bit."""
+    model, params = MODELS["cuba_lif"]
+    g = torch.Generator().manual_seed(5)
+    x = (torch.rand(6, 2, 40, generator=g) * 1.2).to(dtype)
+    upstream = torch.rand(x.shape, generator=g).to(dtype)
+    runs = {}
+    for d in (dtype, torch.float32):
+        xx = x.to(d, copy=True).requires_grad_()
+        spikes, states = spikefuse.neuron(xx, model, return_state=True, backend=backend, memory=memory, **params)
+        torch.autograd.backward([spikes, states[1]], [upstream.to(d), torch.ones_like(states[1])])
+        runs[d] = spikes, states, xx.grad
+    (spikes, states, grad), (spikes32, states32, grad32) = runs[dtype], runs[torch.float32]
+    assert 0 < float(spikes32.detach().mean()) < 1, "the case must spike and not spike"
+    assert spikes.dtype == dtype and torch.equal(spikes, spikes32.to(dtype))
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(states, states32))
+    assert grad.dtype == dtype and torch.equal(grad, grad32.to(dtype))
+
+
 @pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("name", ["cuba_lif", "alif"])
 def test_per_channel_parameters(name, backend):

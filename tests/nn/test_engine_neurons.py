@@ -54,8 +54,9 @@ def test_bad_construction(make, error, message):
 
 def test_bad_calls():
     layer = CubaLIF(0.5, 0.5)
-    with pytest.raises(TypeError, match="cuba_lif neurons run in float32 or float64, got x of torch.float16"):
-        layer(torch.rand(3, 4).half())
+    with pytest.raises(TypeError, match="cuba_lif neurons run in float32, float64, float16 or bfloat16, got x of "
+                                        "torch.float8_e4m3fn"):  # fmt: skip
+        layer(torch.rand(3, 4).to(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="T=0 time steps"):
         layer(torch.rand(0, 4))
     with pytest.raises(TypeError, match="floating-point dtype"):

@@ -253,11 +253,15 @@ def test_non_contiguous_inputs_are_made_contiguous():
 
 def _engine_models():
     from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN
-    from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS
-    from tests.neurons.test_engine import EIF
+    from spikefuse.neurons import (ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS,
+                                   SPIKINGJELLY_MODELS)  # fmt: skip
+    from tests.neurons.test_engine import CUBA_POST_RESET, EIF
 
+    # SpikingJelly's forms: the two with a handoff and a division (decay_input=True, tau), and the test-file neuron
+    # with a handoff over two states
+    jelly = [SPIKINGJELLY_MODELS[(reset, "div_input")] for reset in ("hard", "soft")]
     return [CUBA_LIF, CUBA_LIF_ZERO, CUBA_LIF_HARD, CUBA_LIF_EULER, ALIF_MODEL, NORSE_LIF, NORSE_LSNN, EIF,
-            *LIF_MODELS.values()]
+            *LIF_MODELS.values(), *jelly, CUBA_POST_RESET]
 
 
 def _engine_cases():
@@ -309,12 +313,13 @@ def test_engine_kernels_compile_without_spills(engine_compiled):
     spilled = {k: {f: r[f] for f in ("reg", "local", "stack", "sass_stl", "sass_ldl")} for k, r in results.items()
                if r["local"] or r["stack"] or r["sass_stl"] or r["sass_ldl"]}  # fmt: skip
     assert not spilled, spilled
-    assert {c["model"]["name"] for c in cases.values()} >= {"cuba_lif", "alif", "norse_lsnn", "test_eif"}
+    assert {c["model"]["name"] for c in cases.values()} >= {"cuba_lif", "alif", "norse_lsnn", "test_eif",
+                                                            "sj_hard_div_input", "test_cuba_post_reset"}
 
 
 def test_engine_kernels_numerics_and_memory_access(engine_compiled):
     """No FMA contraction in any generated kernel (the step is bit-exact, the recompute in backward too); IEEE
-    division where a model's step divides (the test-file EIF); the barrier between recompute and the reverse loop;
+    division where a model's step divides (the test-file EIF, SpikingJelly's decay_input LIF); the barrier between recompute and the reverse loop;
     64-bit offsets; with aligned tensors and N % 16 == 0, time-loop accesses as wide as a thread's neurons allow
     (up to 128 bits)."""
     cases, results = engine_compiled
@@ -326,5 +331,5 @@ def test_engine_kernels_numerics_and_memory_access(engine_compiled):
         assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {width}, (cid, arch, r["loop"])
         if case["kernel"] == "engine-bwd":
             assert r["bar"] > 0, (cid, arch)
-        if case["model"]["name"] == "test_eif" and case["xdt"] == "fp32":
+        if any("/" in e for _, e in case["model"]["step"]) and case["xdt"] == "fp32":
             assert r["div_rn"] > 0, (cid, arch)

@@ -18,8 +18,9 @@ __all__ = ["BACKENDS", "DTYPES", "module"]
 
 BACKENDS = ("reference", "cpu", "triton")
 
-#: The dtypes of the inputs, parameters and states the generated kernels take (each computes in its input's dtype).
-DTYPES = (torch.float32, torch.float64)
+#: The input dtypes the engine takes: float32 and float64 compute in their own dtype, float16 and bfloat16 in float32
+#: (parameters and states in float32; :mod:`.autograd` converts, the backends see float32 or float64 only).
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def module(backend: str):

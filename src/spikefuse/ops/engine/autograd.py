@@ -9,6 +9,10 @@ travel as keys into :data:`_OBJECTS`, where :func:`neuron` puts them on the way 
 ``save``, memory="potential"; none otherwise); ``spikefuse::engine_backward`` returns ``[grad_x, *grad_init,
 *grad_params]``, an empty tensor where a gradient is not needed (a shared initial state, a parameter without
 ``requires_grad``).
+
+Half-precision inputs (float16 / bfloat16) run in float32, as the LIF kernels run them: the backends see the input
+converted (the half-precision one is what autograd keeps), parameters and states are float32
+(:func:`~spikefuse.ops.common.compute_dtype`), the spikes and the input's gradient come back in the input's dtype.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common import keeps_graph, refuse_double_backward
+from ..common import compute_dtype, keeps_graph, refuse_double_backward
 from . import module
 
 _OBJECTS: dict[str, object] = {}  # key -> model or surrogate instance
@@ -38,9 +42,9 @@ _register._dynamo_marked_constant = True
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
-    spikes, final, saved = module(backend).forward(_OBJECTS[model], x2, list(params), inner, list(init),
-                                                   _OBJECTS[surrogate], detach_reset, save)  # fmt: skip
-    return [spikes, *final, *saved]
+    spikes, final, saved = module(backend).forward(_OBJECTS[model], x2.to(compute_dtype(x2.dtype)), list(params),
+                                                   inner, list(init), _OBJECTS[surrogate], detach_reset, save)  # fmt: skip
+    return [spikes.to(x2.dtype), *final, *saved]
 
 
 engine_forward = torch.library.custom_op("spikefuse::engine_forward", mutates_args=())(_forward_impl)
@@ -48,18 +52,21 @@ engine_forward = torch.library.custom_op("spikefuse::engine_forward", mutates_ar
 
 @engine_forward.register_fake
 def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
-    saved = [torch.empty_like(x2) for _ in init] if save else []
-    return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1]) for _ in init] + saved
+    cdt = compute_dtype(x2.dtype)
+    saved = [torch.empty_like(x2, dtype=cdt) for _ in init] if save else []
+    return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1], dtype=cdt) for _ in init] + saved
 
 
 def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
                   need_param_grads, saved, overwrite_saved=False) -> list[Tensor]:  # fmt: skip
+    cdt = compute_dtype(x2.dtype)
     grad_x, grad_init, grad_params = module(backend).backward(
-        _OBJECTS[model], grad_spikes, list(grad_final), x2, list(params), inner, list(init), _OBJECTS[surrogate],
-        detach_reset, list(need_param_grads), list(saved), overwrite_saved,
+        _OBJECTS[model], grad_spikes.to(cdt), list(grad_final), x2.to(cdt), list(params), inner, list(init),
+        _OBJECTS[surrogate], detach_reset, list(need_param_grads), list(saved), overwrite_saved,
     )  # fmt: skip
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
-    return [grad_x, *(x2.new_empty(0) if g is None else g for g in (*grad_init, *grad_params))]
+    missing = x2.new_empty(0, dtype=cdt)
+    return [grad_x.to(x2.dtype), *(torch.empty_like(missing) if g is None else g for g in (*grad_init, *grad_params))]
 
 
 def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
@@ -75,9 +82,10 @@ engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_
 @engine_backward.register_fake
 def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads,
       saved):  # fmt: skip
-    n = x2.shape[1]
-    grad_init = [x2.new_empty(n if v.shape[0] == n else 0) for v in init]
-    grad_params = [torch.empty_like(p) if need else x2.new_empty(0) for p, need in zip(params, need_param_grads)]
+    n, cdt = x2.shape[1], compute_dtype(x2.dtype)
+    grad_init = [x2.new_empty(n if v.shape[0] == n else 0, dtype=cdt) for v in init]
+    grad_params = [torch.empty_like(p) if need else x2.new_empty(0, dtype=cdt)
+                   for p, need in zip(params, need_param_grads)]  # fmt: skip
     return [torch.empty_like(x2), *grad_init, *grad_params]
 
 
@@ -88,7 +96,7 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
     needs_x = not saved or backend == "reference" or module(backend).kernels(
-        _OBJECTS[model], type(_OBJECTS[surrogate]), x2.dtype).BACKWARD_READS_INPUT
+        _OBJECTS[model], type(_OBJECTS[surrogate]), compute_dtype(x2.dtype)).BACKWARD_READS_INPUT
     ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 
@@ -110,7 +118,8 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     grad_spikes = grad_spikes.contiguous()
     if not x2.numel():  # x was not kept (see _save): the kernels take a [T, N] buffer there that they do not read
         x2 = grad_spikes
-    grad_final = [x2.new_zeros(1) if g is None else g.contiguous() for g in grad_final]
+    grad_final = [x2.new_zeros(1, dtype=compute_dtype(x2.dtype)) if g is None else g.contiguous()
+                  for g in grad_final]  # fmt: skip
     out = backward_op(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset,
                       backend, [bool(n) for n in need_params], saved)  # fmt: skip
     grad_x, grad_init, grad_params = out[0], out[1:1 + len(init)], out[1 + len(init):]
