@@ -59,14 +59,18 @@ def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
 
 def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
                   need_param_grads, saved, overwrite_saved=False) -> list[Tensor]:  # fmt: skip
-    cdt = compute_dtype(x2.dtype)
+    cdt = compute_dtype(grad_spikes.dtype)
+    grad_spikes_c = grad_spikes.to(cdt)
+    # x empty: it was not kept (see _save), and the kernels take a [T, N] buffer there that they do not read
+    xc = x2.to(cdt) if x2.numel() else grad_spikes_c
     grad_x, grad_init, grad_params = module(backend).backward(
-        _OBJECTS[model], grad_spikes.to(cdt), list(grad_final), x2.to(cdt), list(params), inner, list(init),
-        _OBJECTS[surrogate], detach_reset, list(need_param_grads), list(saved), overwrite_saved,
+        _OBJECTS[model], grad_spikes_c, list(grad_final), xc, list(params), inner, list(init), _OBJECTS[surrogate],
+        detach_reset, list(need_param_grads), list(saved), overwrite_saved,
     )  # fmt: skip
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
-    missing = x2.new_empty(0, dtype=cdt)
-    return [grad_x.to(x2.dtype), *(torch.empty_like(missing) if g is None else g for g in (*grad_init, *grad_params))]
+    missing = grad_spikes.new_empty(0, dtype=cdt)
+    return [grad_x.to(grad_spikes.dtype),
+            *(torch.empty_like(missing) if g is None else g for g in (*grad_init, *grad_params))]
 
 
 def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
@@ -82,11 +86,11 @@ engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_
 @engine_backward.register_fake
 def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads,
       saved):  # fmt: skip
-    n, cdt = x2.shape[1], compute_dtype(x2.dtype)
-    grad_init = [x2.new_empty(n if v.shape[0] == n else 0, dtype=cdt) for v in init]
-    grad_params = [torch.empty_like(p) if need else x2.new_empty(0, dtype=cdt)
+    n, cdt = grad_spikes.shape[1], compute_dtype(grad_spikes.dtype)  # (x2 may be empty: not kept)
+    grad_init = [grad_spikes.new_empty(n if v.shape[0] == n else 0, dtype=cdt) for v in init]
+    grad_params = [torch.empty_like(p) if need else grad_spikes.new_empty(0, dtype=cdt)
                    for p, need in zip(params, need_param_grads)]  # fmt: skip
-    return [torch.empty_like(x2), *grad_init, *grad_params]
+    return [torch.empty_like(grad_spikes), *grad_init, *grad_params]
 
 
 def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend, saved):
@@ -116,9 +120,7 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     if grad_spikes is None:  # only the states were used
         grad_spikes = torch.zeros(ctx.x_shape, dtype=x2.dtype, device=x2.device)
     grad_spikes = grad_spikes.contiguous()
-    if not x2.numel():  # x was not kept (see _save): the kernels take a [T, N] buffer there that they do not read
-        x2 = grad_spikes
-    grad_final = [x2.new_zeros(1, dtype=compute_dtype(x2.dtype)) if g is None else g.contiguous()
+    grad_final = [grad_spikes.new_zeros(1, dtype=compute_dtype(grad_spikes.dtype)) if g is None else g.contiguous()
                   for g in grad_final]  # fmt: skip
     out = backward_op(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset,
                       backend, [bool(n) for n in need_params], saved)  # fmt: skip
