@@ -195,7 +195,7 @@ def test_every_surrogate(surrogate, backend):
 
 @pytest.mark.parametrize("memory", ["recompute", "potential"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 def test_half_precision_runs_in_float32(backend, dtype, memory):
     """A float16 / bfloat16 input runs as its float32 value: spikes in the input's dtype, float32 states, and the
     input's gradient the float32 run's rounded to the input's dtype, bit for bit."""

@@ -43,8 +43,9 @@ _register._dynamo_marked_constant = True
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
     spikes, final, saved = module(backend).forward(_OBJECTS[model], x2.to(compute_dtype(x2.dtype)), list(params),
-                                                   inner, list(init), _OBJECTS[surrogate], detach_reset, save)  # fmt: skip
-    return [spikes.to(x2.dtype), *final, *saved]
+                                                   inner, list(init), _OBJECTS[surrogate], detach_reset, save,
+                                                   spike_dtype=x2.dtype)  # fmt: skip
+    return [spikes, *final, *saved]
 
 
 engine_forward = torch.library.custom_op("spikefuse::engine_forward", mutates_args=())(_forward_impl)

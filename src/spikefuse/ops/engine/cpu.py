@@ -20,6 +20,10 @@ a run-time check that its rows do not overlap, which passes. Inlined into the lo
 rows of every step, always fails on the reverse pass (its rows move backwards in memory), and the loop runs scalar.
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
+The forward writes each spike as ``s * one``: ``one`` is 1.0 for spikes in the compute dtype, and for float16 /
+bfloat16 spikes (half-precision inputs, which compute in float32) the bit pattern of 1.0, stored through the output's
+16-bit integer view, so no float32 spike tensor is written and converted.
+
 The step's expressions are emitted as written, with every number cast to the compute dtype, so the spikes and
 states equal the reference's bit for bit; the derivatives are emitted from sympy after common-subexpression
 elimination. Entry points as :mod:`spikefuse.ops.engine.reference`.
@@ -49,6 +53,7 @@ BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
+_ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
 # The generator's version: this file, the emitters and the math the kernels call.
 _GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common))
                             + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
@@ -146,7 +151,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             rows_args = (args(old, S) if old == new else args(old, S) + args(new, S)) + (args("sv_", S) if save else "")
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def {name}{sfx}(xr, {'sr, ' if spikes else ''}{rows_args}{prow}{fresh}m):",
+                f"def {name}{sfx}(xr, {'sr, one, ' if spikes else ''}{rows_args}{prow}{fresh}m):",
                 "    for j in range(m):",
                 *param_locals("        "),
                 *[f"        v_{k} = {old}{k}[j]" for k in S],
@@ -156,7 +161,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *(fire_old("        ", after_step=True) if spikes else []),
                 *[f"        {new}{k}[j] = v_{k}" for k in S],
                 *([f"        sv_{k}[j] = v_{k}" for k in S] if save else []),
-                *(["        sr[j] = s_"] if spikes else []),
+                *(["        sr[j] = s_ * one"] if spikes else []),
                 "",
                 "",
             ]
@@ -175,40 +180,41 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             # memory="potential": the forward also writes every step's states out (rows of `saved`)
             *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True),
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, m):",
+            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
-            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}{prow}{first('t')}m)",
+            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], one, {args('st_', S)}{prow}"
+            f"{first('t')}m)",
             *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {par}{init}inner, spikes, {fin}block):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, one, {fin}block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, {fin}n0, min(block, N - n0))",
+            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, min(block, N - n0))",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, m):",
+            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
             "    for t in range(x.shape[0]):",
-            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], {args('st_', S)}"
+            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], one, {args('st_', S)}"
             f"{saved_rows('t')}{prow}{first('t')}m)",
             *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_save{sfx}(x, {par}{init}inner, spikes, {fin}{sav}block):",
+            f"def forward_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, {fin}{sav}n0, min(block, N - n0))",
+            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, min(block, N - n0))",
         ]
 
         ind = "        "
@@ -391,16 +397,21 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
     t_steps, n = x2.shape
     module = kernels(model, type(surrogate), x2.dtype)
     threads = match_numba_threads(t_steps * n)
-    spikes = buffers.empty((t_steps, n), x2.dtype)
+    spike_dtype = spike_dtype or x2.dtype
+    spikes = buffers.empty((t_steps, n), spike_dtype)
+    if spike_dtype in _ONE_BITS:  # the kernels write 0 or the bit pattern of 1.0 through a 16-bit integer view
+        spike_array, one = spikes.view(torch.int16).numpy(), _NP_DTYPES[x2.dtype](_ONE_BITS[spike_dtype])
+    else:
+        spike_array, one = spikes.numpy(), _NP_DTYPES[x2.dtype](1.0)
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
     getattr(module, ("forward_save" if save else "forward") + suffix)(
-        _np(x2), *par, *(_np(v) for v in init), int(inner), spikes.numpy(), *(f.numpy() for f in final),
+        _np(x2), *par, *(_np(v) for v in init), int(inner), spike_array, one, *(f.numpy() for f in final),
         *(v.numpy() for v in saved), _block(n, threads),
     )  # fmt: skip
     return spikes, final, saved

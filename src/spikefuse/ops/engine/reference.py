@@ -5,9 +5,10 @@ Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T
 ``params`` one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``;
 ``init`` one tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
 
-- ``forward(model, x2, params, inner, init, surrogate, detach_reset, save=False) -> (spikes [T, N], final states
-  [N] each, saved)``: ``save`` (memory="potential") asks for every step's states, ``[T, N]`` each (``saved``, empty
-  without ``save``), for backward to read instead of recomputing them (this backend's backward recomputes anyway);
+- ``forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None) -> (spikes
+  [T, N], final states [N] each, saved)``: ``save`` (memory="potential") asks for every step's states, ``[T, N]``
+  each (``saved``, empty without ``save``), for backward to read instead of recomputing them (this backend's
+  backward recomputes anyway); ``spike_dtype``: the spikes' dtype (default x2's: a half-precision input's);
 - ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
   saved=(), overwrite_saved=False) -> (grad_x, grad_init per state (None for a shared one), grad_params per
   parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again (a backend may
@@ -90,10 +91,11 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
     return torch.stack(spikes), [states[name] for name in model.states]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
     history = [] if save else None
     with torch.no_grad():
         spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset, history)
+    spikes = spikes.to(spike_dtype or x2.dtype)
     if not save:
         return spikes, final, []
     n = x2.shape[1]

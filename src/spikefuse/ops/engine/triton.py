@@ -272,10 +272,10 @@ def _param_args(params: list) -> tuple[bool, list]:
     return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
     t_steps, n = x2.shape
     _check(x2, [x2, *params, *init], "input")
-    spikes = torch.empty_like(x2)
+    spikes = torch.empty_like(x2, dtype=spike_dtype or x2.dtype)  # the store converts to the output's dtype
     final = [torch.empty(n, dtype=x2.dtype, device=x2.device) for _ in model.states]
     saved = [torch.empty_like(x2) for _ in model.states] if save else []
     if n == 0:
