@@ -55,7 +55,8 @@ MODELS = {
     "eif": (EIF, {}),
     "lif_hard": (LIF_MODELS[("paper", "hard")], {"decay": 0.8, "threshold": 0.7, "v_reset": -0.1}),  # where(s, a, b)
     # handoffs: the states handed on are post-reset, the first step sees no spike
-    "sj_hard_mul_input": (SPIKINGJELLY_MODELS[("hard", "mul_input")], {"decay": 0.6, "threshold": 0.7, "v_reset": -0.1}),
+    "sj_hard_mul_input": (SPIKINGJELLY_MODELS[("hard", "mul_input")],
+                          {"decay": 0.6, "threshold": 0.7, "v_reset": -0.1}),
     "cuba_post_reset": (CUBA_POST_RESET, {"alpha": 0.7, "beta": 0.8, "threshold": 0.6, "v_reset": 0.1}),
 }
 BACKENDS = {"cpu": cpu, "triton": triton}

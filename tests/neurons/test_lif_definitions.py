@@ -25,6 +25,7 @@ CASES = {  # (dynamics, reset) or ("spikingjelly", reset, charge) -> v_reset of 
     ("snntorch", "none"): 0.0,
     **{("spikingjelly", reset, charge): -0.1 if reset == "hard" else 0.0
        for reset in ("hard", "soft") for charge in ("if", "div_input", "div", "mul_input", "mul")},
+    ("spikingjelly", "none", "div_input"): 0.0,  # no reset, no handoff (one form: the charges are the ones above)
 }
 _CHARGES = {"if": P.CHARGE_IF, "div_input": P.CHARGE_DIV_INPUT, "div": P.CHARGE_DIV, "mul_input": P.CHARGE_MUL_INPUT,
             "mul": P.CHARGE_MUL}  # fmt: skip

@@ -319,7 +319,8 @@ def test_engine_kernels_compile_without_spills(engine_compiled):
 
 def test_engine_kernels_numerics_and_memory_access(engine_compiled):
     """No FMA contraction in any generated kernel (the step is bit-exact, the recompute in backward too); IEEE
-    division where a model's step divides (the test-file EIF, SpikingJelly's decay_input LIF); the barrier between recompute and the reverse loop;
+    division where a model's step divides (the test-file EIF, SpikingJelly's decay_input LIF); the barrier between
+    recompute and the reverse loop;
     64-bit offsets; with aligned tensors and N % 16 == 0, time-loop accesses as wide as a thread's neurons allow
     (up to 128 bits)."""
     cases, results = engine_compiled

@@ -274,7 +274,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             initial states and its gradient flows into them; with a handoff the first step sees no spike."""
             lines = ["    for j in range(m):", "        n = n0 + j"]
             if model.handoff:
-                return [*lines, *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j]" for k in S],
+                return [*lines,
+                        *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j]" for k in S],
                         *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j]"
                            for pi, p in enumerate(P)] if grads else [])]  # fmt: skip
             return [

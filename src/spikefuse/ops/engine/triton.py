@@ -159,7 +159,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *emit.assignments(fire_d, names_d, "    ", fast),
             *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)"
               for k in S],
-            *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)" for p in P],
+            *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)"
+              for p in P],
         ]
 
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
