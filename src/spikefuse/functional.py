@@ -35,8 +35,8 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     ``leak`` is the ``k`` of :mod:`spikefuse.params` (a number, or a scalar / per-channel tensor that may require
     grad). ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
     The fused kernels are the neuron engine's, generated from the LIF definition of ``spec``
-    (:func:`spikefuse.neurons.lif.engine_model`: the paper's and snnTorch's LIF in float32 / float64 on the CPU),
-    else the hand-written ones of :mod:`spikefuse.ops`; both give the same spikes and states bit for bit.
+    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF on the CPU), else
+    the hand-written ones of :mod:`spikefuse.ops`; both give the same spikes and states bit for bit.
     """
     check_input(x)
     concrete = ops.resolve_backend(backend, x.device)

@@ -88,8 +88,8 @@ ENGINE_BACKENDS = ("cpu",)
 
 
 def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> NeuronModel | None:
-    """The definition of :data:`LIF_MODELS` that runs ``spec`` on the engine for inputs of ``dtype`` on ``backend``
-    (a concrete backend), or None where the hand-written kernels run it."""
+    """The definition of :data:`LIF_MODELS` or :data:`SPIKINGJELLY_MODELS` that runs ``spec`` on the engine for
+    inputs of ``dtype`` on ``backend`` (a concrete backend), or None where the hand-written kernels run it."""
     if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
         return None
     if spec.dynamics == P.SPIKINGJELLY:

@@ -138,10 +138,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 spike = f"F(0.0) if fresh else ({spike})"
             return [f"{indent}u_ = {fire}", f"{indent}s_ = {spike}"]
 
+        def last_states(rows: str, indent: str) -> list[str]:
+            """Neuron ``j``'s parameters, its states after the last step (from ``rows``) in ``v_*`` and their spike."""
+            return [*param_locals(indent), *[f"{indent}v_{k} = {rows.format(k=k, i=i)}" for i, k in enumerate(S)],
+                    *fire_old(indent, after_step=True)]
+
         def hand_off(rows: str, indent: str) -> list[str]:
             """Neuron ``j``'s states handed out, from the states after the last step in ``rows`` into ``v_*``."""
-            return [*param_locals(indent), *[f"{indent}v_{k} = {rows.format(k=k, i=i)}" for i, k in enumerate(S)],
-                    *fire_old(indent, after_step=True),
+            return [*last_states(rows, indent),
                     *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff]]
 
         def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False) -> list[str]:
@@ -266,7 +270,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 sums += [f"{ind}acc_{p}[j] = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
                          for p in P]  # fmt: skip
             return ["    for j in range(m):", *[f"{ind}gH_{k} = gS_{k}[j]" for k in S],
-                    *hand_off(last, ind)[: -len(model.handoff)],  # the states after the last step and its spike
+                    *last_states(last, ind),
                     *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_GRAD), *sums]
 
         def initial_grads(grads: bool) -> list[str]:

@@ -165,9 +165,11 @@ def handoff_expressions(model) -> dict:
     """The derivatives of :attr:`NeuronModel.handoff` in the names of :func:`backward_expressions`: ``dH_<k>_<i>``
     (d handed-out state k / d state i after the last step, ``v_<i>``), ``dHs_<k>`` (by the last step's spike) and
     ``dHP_<k>_<p>`` (by a parameter); empty without a handoff."""
+    if not model.handoff:
+        return {}
     S, P, d = model.states, model.params, model.derivatives
     out = {}
-    for i, k in enumerate(S[: len(d.handoff_spike)]):
+    for i, k in enumerate(S):
         out.update({f"dH_{k}_{new}": d.handoff_state[i][j] for j, new in enumerate(S)})
         out[f"dHs_{k}"] = d.handoff_spike[i]
         out.update({f"dHP_{k}_{p}": d.handoff_param[i][j] for j, p in enumerate(P)})

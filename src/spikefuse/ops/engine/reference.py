@@ -72,22 +72,24 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
         u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env_params, **states})
         return _Fire.apply(u, surrogate, model.strict)
 
-    s = torch.zeros_like(fire(states)) if model.handoff else fire(states)  # post-reset initial states: no spike
+    def assign(assignments, env) -> dict:
+        """Run ``assignments`` (a step or the handoff) in ``env``; the states after them."""
+        for target, expression in assignments:
+            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
+        return {name: env[name] for name in model.states}
+
+    s = x2.new_zeros(n) if model.handoff else fire(states)  # post-reset initial states: no spike
     spikes = []
     for x_t in x2.unbind(0):  # unbind, not x2[t]: indexing makes autograd's backward quadratic in T
         env = {**_TORCH_FUNCTIONS, **env_params, **states, "x": x_t, "s": s.detach() if detach_reset else s}
-        for target, expression in model.step:
-            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
-        states = {name: env[name] for name in model.states}
+        states = assign(model.step, env)
         if history is not None:
             history.append([states[name] for name in model.states])
         s = fire(states)
         spikes.append(s)
     if model.handoff:  # the states handed out: after the last step's reset
-        env = {**_TORCH_FUNCTIONS, **env_params, **states, "s": s.detach() if detach_reset else s}
-        for target, expression in model.handoff:
-            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
-        states = {name: env[name] for name in model.states}
+        states = assign(model.handoff, {**_TORCH_FUNCTIONS, **env_params, **states,
+                                        "s": s.detach() if detach_reset else s})  # fmt: skip
     return torch.stack(spikes), [states[name] for name in model.states]
 
 
