@@ -5,13 +5,14 @@ CPU (numba) and GPU (Triton), checked against a plain PyTorch reference.
 """
 
 from . import neurons, surrogate
-from .functional import batchnorm_lif, if_neuron, lif, spiking_neuron
+from .functional import batchnorm_lif, batchnorm_neuron, if_neuron, lif, spiking_neuron
 from .neuron_functional import neuron
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 from .params import NeuronSpec
 
 __all__ = [
-    "lif", "if_neuron", "batchnorm_lif", "spiking_neuron", "neuron", "neurons", "surrogate", "NeuronSpec",
+    "lif", "if_neuron", "batchnorm_lif", "batchnorm_neuron", "spiking_neuron", "neuron", "neurons", "surrogate",
+    "NeuronSpec",
     "set_cpu_cache_limit", "cpu_cache_limit", "empty_cpu_cache", "cpu_cache_bytes",
 ]
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """``batchnorm_lif``: BatchNorm (plus an optional residual) fused with the LIF neuron, saving only the BN input (and
-the residual) for backward.
+the residual) for backward; ``batchnorm_neuron`` the same for any neuron of the engine.
 
-Re-exported as :func:`spikefuse.functional.batchnorm_lif`; the op itself is :mod:`spikefuse.ops.bn_lif`.
+Re-exported as :func:`spikefuse.functional.batchnorm_lif` / ``batchnorm_neuron``; the op itself is
+:mod:`spikefuse.ops.bn_lif`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from . import ops
 from .validation import (
     channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_spec,
 )  # fmt: skip
+from .neuron_functional import resolve_neuron
+from .neurons import NeuronModel
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
 
-__all__ = ["batchnorm_lif", "conv_batchnorm_lif"]
+__all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif"]
 
 
 def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
@@ -31,17 +34,14 @@ def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put both on the same device")
 
 
-def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, *, threshold, v_reset,
-             surrogate, detach_reset, backend, v_init=None, residual=None, residual_binary=False):  # fmt: skip
-    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, spec)`` resolved for the op."""
-    check_input(x)
+def _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
+                     op: str) -> None:  # fmt: skip
+    """The checks of the BatchNorm and residual arguments of :func:`batchnorm_lif` and :func:`batchnorm_neuron`."""
     if x.ndim < 3:
-        raise ValueError(f"batchnorm_lif expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
-    concrete = ops.resolve_backend(backend, x.device)
-    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
+        raise ValueError(f"{op} expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
     channels = x.shape[2]
     if channels == 0:
-        raise ValueError(f"batchnorm_lif needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
+        raise ValueError(f"{op} needs at least one channel (dim 2), got x of shape {tuple(x.shape)}")
     for t, name in ((running_mean, "running_mean"), (running_var, "running_var"), (weight, "weight"), (bias, "bias")):
         _check_param(t, name, channels, x)
     if (running_mean is None) != (running_var is None):
@@ -52,12 +52,6 @@ def _checked(x, running_mean, running_var, weight, bias, training, momentum, dec
         raise TypeError(f"momentum must be a number (the module handles momentum=None), got {momentum!r}")
     if training and x.numel() // channels <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
-    check_decay(decay)
-    k = leak_tensor(decay, x, "decay")
-    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
-    if v_init is not None:
-        check_v_init(v_init, x)
     if residual is not None:
         if not isinstance(residual, torch.Tensor):
             raise TypeError(f"residual must be a tensor shaped like x or None, got {type(residual).__name__}")
@@ -69,6 +63,22 @@ def _checked(x, running_mean, running_var, weight, bias, training, momentum, dec
             raise ValueError(f"residual is on {residual.device} but x is on {x.device}: put both on the same device")
     elif residual_binary:
         raise ValueError("residual_binary=True describes a residual, but residual is None")
+
+
+def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, *, threshold, v_reset,
+             surrogate, detach_reset, backend, v_init=None, residual=None, residual_binary=False):  # fmt: skip
+    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, spec)`` resolved for the op."""
+    check_input(x)
+    _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
+                     "batchnorm_lif")  # fmt: skip
+    concrete = ops.resolve_backend(backend, x.device)
+    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
+    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
+    check_decay(decay)
+    k = leak_tensor(decay, x, "decay")
+    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
+    if v_init is not None:
+        check_v_init(v_init, x)
     return concrete, k, spec
 
 
@@ -124,6 +134,48 @@ def batchnorm_lif(
         concrete, residual, bool(residual_binary),
     )  # fmt: skip
     return (spikes, state) if return_state else spikes
+
+
+def batchnorm_neuron(
+    x: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    model: NeuronModel,
+    surrogate="atan",
+    detach_reset: bool = False,
+    state=None,
+    return_state: bool = False,
+    backend: str = "auto",
+    residual: torch.Tensor | None = None,
+    residual_binary: bool = False,
+    **params,
+):
+    """BatchNorm, plus an optional residual, then the neurons of any :class:`~spikefuse.neurons.NeuronModel`
+    (:class:`~spikefuse.nn.CubaLIF`'s, :class:`~spikefuse.nn.ALIF`'s, one of the user's) on ``x [T, B, C, ...]``,
+    in one op that keeps only ``x`` (and the residual) for backward, as :func:`batchnorm_lif` does for LIF.
+
+    BatchNorm arguments, ``residual`` and ``residual_binary`` as :func:`batchnorm_lif`; the neuron's (``model``,
+    ``surrogate``, ``detach_reset``, ``state``, ``backend`` and its parameters as keywords, per channel along dim 2)
+    as :func:`spikefuse.neuron`. Returns the spikes, and with ``return_state=True`` also the tuple of final states.
+    """
+    check_input(x)
+    _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
+                     "batchnorm_neuron")  # fmt: skip
+    concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, state, backend, params)
+    check_no_functorch("the fused BatchNorm+neuron op", "use torch.nn.BatchNorm and spikefuse.neuron(..., "
+                       "backend='reference')")  # fmt: skip
+    spikes, final = _bn_lif.bn_neuron(
+        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps),
+        _bn_lif.engine_neuron_key(model, surrogate, detach_reset), tensors, init, inner, concrete, residual,
+        bool(residual_binary),
+    )  # fmt: skip
+    return (spikes, tuple(final)) if return_state else spikes
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias, conv: tuple) -> torch.Tensor:

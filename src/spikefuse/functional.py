@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import ops
-from .bn_functional import batchnorm_lif, conv_batchnorm_lif
+from .bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
 from .neurons.lif import engine_model, engine_params
 from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
 from .ops.engine import autograd as _engine_autograd
@@ -26,7 +26,7 @@ from .validation import (
 )
 
 __all__ = ["lif", "if_neuron", "spiking_neuron", "channel_layout", "check_decay", "batchnorm_lif",
-           "conv_batchnorm_lif"]
+           "batchnorm_neuron", "conv_batchnorm_lif"]
 
 
 def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "auto", memory: str = "potential"):

@@ -15,7 +15,7 @@ from .ops.engine import DTYPES as ENGINE_DTYPES, autograd as engine_autograd
 from .params import check_memory_mode
 from .surrogate import Surrogate, resolve
 
-__all__ = ["neuron"]
+__all__ = ["neuron", "resolve_neuron"]
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
@@ -26,34 +26,11 @@ def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torc
     return tensor
 
 
-def neuron(
-    x: torch.Tensor,
-    model: NeuronModel,
-    *,
-    surrogate: Surrogate | str = "atan",
-    detach_reset: bool = False,
-    state=None,
-    return_state: bool = False,
-    backend: str = "auto",
-    memory: str = "recompute",
-    **params,
-):
-    """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
-    parameters); returns the spikes (shape and dtype of ``x``) and, with ``return_state=True``, a tuple of the final
-    states (``model.states`` order, each of shape ``x.shape[1:]``), which continue the sequence exactly when passed
-    back as ``state``. A float16 / bfloat16 ``x`` runs in float32, its parameters and states float32.
-
-    ``params``: every parameter of the model (those with a default may be left out): a number, or a tensor of one
-    value or one per channel that may require grad. ``state``: None (the model's initial values) or the states, as
-    a tuple in ``model.states`` order or a dict, each of shape ``x.shape[1:]``. ``surrogate``: the spike's
-    derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
-    the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused kernels generated for the tensors'
-    device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
-    device). ``memory``: "recompute" (backward recomputes the states from ``x``: nothing but the input is kept) or
-    "potential" (forward keeps every step's states, ``T x`` the input's size per state, and backward reads them:
-    faster, more memory)."""
-    check_input(x)
-    check_memory_mode(memory)
+def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backend: str, params: dict) -> tuple:
+    """The checks of :func:`neuron`'s neuron arguments for the input ``x`` (already checked by ``check_input``);
+    returns ``(concrete backend, surrogate, parameter tensors, inner, initial states)`` as the engine takes them:
+    parameters ``[1]`` or ``[C]`` with ``inner`` neurons per channel run, initial states ``[N]`` or ``[1]`` (the
+    model's initial value, shared by every neuron)."""
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
@@ -98,6 +75,38 @@ def neuron(
             if v.device != x.device:
                 raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
             init.append(v.reshape(-1).to(cdt).contiguous())
+    return concrete, surrogate, tensors, inner, init
+
+
+def neuron(
+    x: torch.Tensor,
+    model: NeuronModel,
+    *,
+    surrogate: Surrogate | str = "atan",
+    detach_reset: bool = False,
+    state=None,
+    return_state: bool = False,
+    backend: str = "auto",
+    memory: str = "recompute",
+    **params,
+):
+    """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
+    parameters); returns the spikes (shape and dtype of ``x``) and, with ``return_state=True``, a tuple of the final
+    states (``model.states`` order, each of shape ``x.shape[1:]``), which continue the sequence exactly when passed
+    back as ``state``. A float16 / bfloat16 ``x`` runs in float32, its parameters and states float32.
+
+    ``params``: every parameter of the model (those with a default may be left out): a number, or a tensor of one
+    value or one per channel that may require grad. ``state``: None (the model's initial values) or the states, as
+    a tuple in ``model.states`` order or a dict, each of shape ``x.shape[1:]``. ``surrogate``: the spike's
+    derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
+    the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused kernels generated for the tensors'
+    device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
+    device). ``memory``: "recompute" (backward recomputes the states from ``x``: nothing but the input is kept) or
+    "potential" (forward keeps every step's states, ``T x`` the input's size per state, and backward reads them:
+    faster, more memory)."""
+    check_input(x)
+    check_memory_mode(memory)
+    concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, state, backend, params)
     t_steps = x.shape[0]
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():
@@ -107,4 +116,4 @@ def neuron(
     spikes = out[0].reshape(x.shape)
     if not return_state:
         return spikes
-    return spikes, tuple(v.reshape(trailing) for v in out[1:])
+    return spikes, tuple(v.reshape(x.shape[1:]) for v in out[1:])

@@ -12,10 +12,13 @@ from torch import nn
 import spikefuse
 from spikefuse.models import MODELS, build_model
 from spikefuse.nn import (
+    ALIF,
     LIF,
     BatchNormLIF1d,
     BatchNormLIF2d,
+    BatchNormNeuron,
     ConvBatchNormLIF,
+    CubaLIF,
     SeqToBatch,
     SpikeConv2d,
     SpikeLinear,
@@ -200,6 +203,67 @@ def test_user_sequential():
     labels = torch.tensor([0, 4, 2])
     saved_p, saved_l = _assert_same_training(plain, lean, x, labels)
     assert saved_l < 0.5 * saved_p
+
+
+def _engine_net(backend):
+    return nn.Sequential(
+        SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
+        SeqToBatch(nn.BatchNorm2d(4)),
+        CubaLIF(alpha=0.6, beta=0.8, threshold=0.4, learnable=("beta",), channels=4, backend=backend,
+                memory="potential"),
+        SeqToBatch(nn.Conv2d(4, 6, 3, padding=1)),  # reads spikes
+        SeqToBatch(nn.BatchNorm2d(6)),
+        ALIF(decay=0.7, rho=0.9, b0=0.4, beta=0.2, backend=backend),
+        spikefuse.nn.Flatten(),
+        SeqToBatch(nn.Linear(6 * 6 * 6, 5)),  # reads spikes
+    )  # fmt: skip
+
+
+def _assert_same_gradients(plain, lean, x, labels):
+    out_p, loss_p, grads_p, saved_p = _step(plain, x, labels)
+    out_l, loss_l, grads_l, saved_l = _step(lean, x, labels)
+    assert torch.equal(out_l, out_p), "outputs differ: a spike flipped"
+    torch.testing.assert_close(loss_l, loss_p, rtol=1e-6, atol=0)
+    noise = 1e-6 * max(float(g.abs().max()) for _, g in grads_p)  # (see _assert_same_training)
+    for (name, g), (_, g_l) in zip(grads_p, grads_l, strict=True):
+        err = float((g_l - g).abs().max())
+        assert err <= max(1e-5 * float(g.abs().max()), noise), f"{name}: max abs diff {err:.3e}"
+    for (name, b), (_, b_l) in zip(plain.named_buffers(), lean.named_buffers(), strict=True):
+        assert torch.equal(b_l, b), name
+    return saved_p, saved_l
+
+
+def test_user_sequential_of_engine_neurons():
+    """BatchNorm + CubaLIF / ALIF become BatchNormNeuron modules holding both (the same parameters: an optimizer
+    made before the conversion still holds them); the layers after the neurons read spikes."""
+    torch.manual_seed(4)
+    plain = _engine_net("reference")
+    lean = _engine_net("cpu")
+    lean.load_state_dict(plain.state_dict())
+    before = [id(p) for p in lean.parameters()]
+    counts = to_lean(lean)
+    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "conv_bn_lif": 0, "spike_layers": 2, "recompute_neurons": 1,
+                      "pools": 0}  # fmt: skip
+    for i, neuron in ((1, CubaLIF), (4, ALIF)):
+        assert isinstance(lean[i], BatchNormNeuron) and isinstance(lean[i].neuron, neuron)
+        assert isinstance(lean[i + 1], nn.Identity)
+    assert lean[1].neuron.memory == "recompute", "to_lean makes every neuron recompute"
+    assert isinstance(lean[3], SpikeConv2d) and isinstance(lean[7], SpikeLinear)
+    assert [id(p) for p in lean[1].parameters()] == before[2:5]  # bn weight, bias, then the neuron's beta
+    x = torch.rand(3, 2, 2, 6, 6, generator=torch.Generator().manual_seed(6)) * 3
+    labels = torch.tensor([0, 4])
+    saved_p, saved_l = _assert_same_gradients(plain, lean, x, labels)
+    assert saved_l < 0.35 * saved_p, f"lean saves {saved_l} bytes, the plain form {saved_p}"
+
+
+def test_batchnorm_neuron_errors():
+    with pytest.raises(TypeError, match="bn must be an nn.BatchNorm1d or BatchNorm2d, got Linear"):
+        BatchNormNeuron(nn.Linear(2, 2), CubaLIF(alpha=0.5, beta=0.5))
+    with pytest.raises(TypeError, match="neuron must be a spikefuse.nn.EngineNeuron .*got LIF"):
+        BatchNormNeuron(nn.BatchNorm2d(2), LIF(decay=0.5, threshold=0.3))
+    module = BatchNormNeuron(nn.BatchNorm2d(2), CubaLIF(alpha=0.5, beta=0.5))
+    with pytest.raises(ValueError, match="with BatchNorm2d expects multi-step input \\[T, B, C, ...\\] of 5 dims"):
+        module(torch.randn(2, 3, 2, 4))
 
 
 def test_lean_keeps_device_dtype_and_mode():

@@ -17,14 +17,14 @@ from spikefuse.validation import paper_spec
 
 def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalization, t_steps: int) -> torch.Tensor:
     """BatchNorm of ``x`` as the cpu backend's backward kernels compute it: the rows that blocks of neurons read
-    (``cpu._source_tile``), gathered over blocks of a ragged size."""
+    (``batchnorm_cpu.source_tile``), gathered over blocks of a ragged size."""
     x2 = x.reshape(t_steps, -1)
-    src = cpu._source(x2, norm, copy=False)
+    src = batchnorm_cpu.source_args(x2, norm, copy=False)
     out = torch.empty_like(x2)
     n, block = x2.shape[1], 37
     for n0 in range(0, n, block):
         m = min(block, n - n0)
-        out[:, n0 : n0 + m] = torch.from_numpy(cpu._source_tile(x2.numpy(), n0, m, src))
+        out[:, n0 : n0 + m] = torch.from_numpy(batchnorm_cpu.source_tile(x2.numpy(), n0, m, src))
     return out.reshape(x.shape)
 
 

@@ -204,7 +204,7 @@ def test_double_backward_through_fused_bn_lif_raises(backend):
     torch.manual_seed(0)
     m = BatchNormLIF2d(3, decay=0.5, threshold=0.3, backend=backend).double()
     x = torch.randn(2, 2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(RuntimeError, match="double backward.*fused BatchNorm\\+LIF op.*backend='reference'"):
+    with pytest.raises(RuntimeError, match="double backward.*fused BatchNorm\\+neuron op.*backend='reference'"):
         (grad_x,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
 
 

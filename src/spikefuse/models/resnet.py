@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
-from ..nn.lean import batchnorm_lif_from, conv_batchnorm_lif_from, spike_layer_from, spike_max_pool_from
+from ..nn.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
 
 __all__ = ["BasicBlock", "Bottleneck", "SpikingResNet", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50", "resnet_tiny"]
 
@@ -47,9 +47,9 @@ def bn(planes: int) -> SeqToBatch:
 
 
 def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict, key: str = "bn_lif") -> bool:
-    """``parent.<bn_name>`` becomes one BatchNorm+LIF module, ``parent.<sn_name>`` an ``nn.Identity``; whether it
-    did."""
-    fused = batchnorm_lif_from(getattr(parent, bn_name), getattr(parent, sn_name))
+    """``parent.<bn_name>`` becomes one fused BatchNorm+neuron module, ``parent.<sn_name>`` an ``nn.Identity``;
+    whether it did."""
+    fused = fused_batchnorm_from(getattr(parent, bn_name), getattr(parent, sn_name))
     if fused is not None:
         setattr(parent, bn_name, fused)
         setattr(parent, sn_name, nn.Identity())

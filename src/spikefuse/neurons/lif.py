@@ -23,8 +23,8 @@ formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` the ``k`` o
 with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike).
 :func:`spikefuse.lif` and the layers built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``,
 ``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU in float32 and
-float64, and float16 / bfloat16 inputs in float32 (:func:`engine_model`); the fused BatchNorm+LIF and the Triton
-backend still run the hand-written kernels.
+float64, and float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so does the fused BatchNorm+LIF
+(:func:`spikefuse.batchnorm_lif`); the Triton backend still runs the hand-written kernels.
 """
 
 from __future__ import annotations

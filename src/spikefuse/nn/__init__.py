@@ -1,7 +1,7 @@
 """Modules: multi-step neurons, layers fed by spikes, helpers for ``[T, B, ...]`` tensors, and the memory-lean
 conversion :func:`to_lean`."""
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .lean import ShapeOnlyAvgPool2d, to_lean
@@ -21,5 +21,5 @@ from .spike_layers import (
 __all__ = [
     "LIF", "IF", "LIFOptions", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
     "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d", "SpikeMaxPool3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d", "CubaLIF", "ALIF",
-    "EngineNeuron",
+    "EngineNeuron", "BatchNormNeuron",
 ]  # fmt: skip

@@ -5,7 +5,8 @@
 output) and per-channel statistics for backward; the normalized input, membrane potentials and spikes are
 recomputed there. ``module(x, residual)`` adds a residual after the BatchNorm, the last neuron of a residual block
 (``LIF(BN(conv(x)) + shortcut)``), saving ``x`` and the residual (as bits with ``residual_binary=True``). See
-:func:`spikefuse.bn_functional.batchnorm_lif`.
+:func:`spikefuse.bn_functional.batchnorm_lif`. :class:`BatchNormNeuron` does the same for a BatchNorm and an engine
+neuron (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, ...), :func:`spikefuse.batchnorm_neuron`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _NormBase
 
-from ..bn_functional import batchnorm_lif, conv_batchnorm_lif
+from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
+from .engine_neurons import EngineNeuron
 from ..surrogate import Sigmoid
 from .neurons import _LIFModuleOptions
 from .spike_layers import check_binary, debug_enabled
 
-__all__ = ["BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF"]
+__all__ = ["BatchNormLIF1d", "BatchNormLIF2d", "BatchNormNeuron", "ConvBatchNormLIF", "batchnorm_call_args"]
 
 
 def running_average_factor(bn: _NormBase) -> float:
@@ -29,6 +31,16 @@ def running_average_factor(bn: _NormBase) -> float:
         bn.num_batches_tracked.add_(1)
         factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
     return factor
+
+
+def batchnorm_call_args(bn: _NormBase) -> tuple:
+    """``(running_mean, running_var, weight, bias, training, momentum, eps)`` of a call of ``bn`` (a BatchNorm, or a
+    fused module that is one) in its mode, as ``nn.BatchNorm`` decides them (counting the batch in training)."""
+    factor = running_average_factor(bn)
+    bn_training = bn.training or (bn.running_mean is None and bn.running_var is None)
+    track = not bn.training or bn.track_running_stats
+    return (bn.running_mean if track else None, bn.running_var if track else None, bn.weight, bn.bias, bn_training,
+            factor, bn.eps)  # fmt: skip
 
 
 class _BatchNormLIF(_LIFModuleOptions, _NormBase):
@@ -93,13 +105,7 @@ class _BatchNormLIF(_LIFModuleOptions, _NormBase):
         return spikes
 
     def _batchnorm_args(self) -> tuple:
-        """``(running_mean, running_var, weight, bias, training, momentum, eps)`` of a call in this module's mode,
-        as ``nn.BatchNorm`` decides them (counting the batch in training)."""
-        factor = running_average_factor(self)
-        bn_training = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
-        return (self.running_mean if track else None, self.running_var if track else None, self.weight, self.bias,
-                bn_training, factor, self.eps)  # fmt: skip
+        return batchnorm_call_args(self)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self._neuron_options_repr()}"
@@ -153,3 +159,37 @@ class ConvBatchNormLIF(torch.nn.Module):
             del neuron[key]
         return conv_batchnorm_lif(x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups,
                                   *self.bn_lif._batchnorm_args(), **neuron)  # fmt: skip
+
+
+class BatchNormNeuron(torch.nn.Module):
+    """``bn`` (an ``nn.BatchNorm1d``/``2d`` over ``[T, B, C, ...]``, T*B merged) then ``neuron`` (a
+    :class:`~spikefuse.nn.EngineNeuron`: :class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, a layer of
+    the user's model) in one fused op (:func:`spikefuse.batchnorm_neuron`) that keeps only its input (and the
+    residual) for backward, as :class:`BatchNormLIF2d` does for LIF. Same spikes, gradients and running statistics as
+    ``neuron(SeqToBatch(bn)(x) + residual)``. ``bn`` and ``neuron`` stay the modules holding the parameters, buffers
+    and (``stateful``) the state. ``module(x, residual, residual_binary)`` as :meth:`BatchNormLIF2d.forward`."""
+
+    def __init__(self, bn: _NormBase, neuron: EngineNeuron):
+        super().__init__()
+        if not isinstance(bn, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+            raise TypeError(f"bn must be an nn.BatchNorm1d or BatchNorm2d, got {type(bn).__name__}")
+        if not isinstance(neuron, EngineNeuron):
+            raise TypeError(f"neuron must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got "
+                            f"{type(neuron).__name__}")  # fmt: skip
+        self.bn = bn
+        self.neuron = neuron
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False
+    ) -> torch.Tensor:
+        ndims = (5,) if isinstance(self.bn, torch.nn.BatchNorm2d) else (3, 4)
+        if x.dim() not in ndims:
+            raise ValueError(f"{type(self).__name__} with {type(self.bn).__name__} expects multi-step input "
+                             f"[T, B, C, ...] of {' or '.join(map(str, ndims))} dims, got shape {tuple(x.shape)}")
+        if residual_binary and residual is not None and debug_enabled():
+            check_binary(self, residual, "residual")
+        spikes, final = batchnorm_neuron(x, *batchnorm_call_args(self.bn), model=self.neuron.model,
+                                         return_state=True, residual=residual, residual_binary=residual_binary,
+                                         **self.neuron.call_arguments(x))  # fmt: skip
+        self.neuron.keep_state(final)
+        return spikes

@@ -82,6 +82,13 @@ class EngineNeuron(nn.Module):
         self.state = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spikes, final = neuron(x, self.model, return_state=True, memory=self.memory, **self.call_arguments(x))
+        self.keep_state(final)
+        return spikes
+
+    def call_arguments(self, x: torch.Tensor) -> dict:
+        """The neuron's keyword arguments of :func:`spikefuse.neuron` for input ``x`` (parameters checked, the kept
+        state of a stateful layer); what :class:`~spikefuse.nn.BatchNormNeuron` calls the fused op with."""
         params = {name: getattr(self, name) for name in self.model.params}
         for name in self.unit_interval:
             if isinstance(params[name], torch.Tensor):
@@ -90,11 +97,13 @@ class EngineNeuron(nn.Module):
         if state is not None and state[0].shape != x.shape[1:]:
             raise ValueError(f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
                              f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape")  # fmt: skip
-        spikes, final = neuron(x, self.model, surrogate=self.surrogate, detach_reset=self.detach_reset, state=state,
-                               return_state=True, backend=self.backend, memory=self.memory, **params)  # fmt: skip
+        return dict(surrogate=self.surrogate, detach_reset=self.detach_reset, state=state, backend=self.backend,
+                    **params)  # fmt: skip
+
+    def keep_state(self, final: tuple) -> None:
+        """Keep the final states of a call (a stateful layer), detached."""
         if self.stateful:
             self.state = tuple(v.detach() for v in final)
-        return spikes
 
     def extra_repr(self) -> str:
         params = ", ".join(

@@ -7,7 +7,8 @@ gradients stay those of the model before the conversion (spikes equal, gradients
 time change.
 
 The contract, for any model made of torch layers, :class:`~spikefuse.nn.SeqToBatch` wrappers and spikefuse
-neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
+neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`, and the engine's :class:`~spikefuse.nn.CubaLIF`,
+:class:`~spikefuse.nn.ALIF` and any :class:`~spikefuse.nn.EngineNeuron`):
 
 1. **Modules that know their structure convert themselves first.** A module with a ``convert_to_lean(counts)``
    method (the :mod:`spikefuse.models` ResNet blocks and the ResNet stem, whose conv, BatchNorm and neuron become
@@ -22,7 +23,8 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
      input saved as bits);
    - ``SeqToBatch(nn.BatchNorm1d/2d)`` directly followed by a spikefuse neuron becomes one
      :class:`~spikefuse.nn.BatchNormLIF1d`/``2d`` (the BatchNorm's parameters and running statistics, the neuron's
-     options and learnable decay) and the neuron becomes ``nn.Identity``;
+     options and learnable decay) and the neuron becomes ``nn.Identity``; followed by an engine neuron, one
+     :class:`~spikefuse.nn.BatchNormNeuron` holding both modules (counted as ``bn_lif`` too);
    - a ``SeqToBatch(nn.ConvNd)`` that reads real values (not spikes: the first layer on images) directly followed
      by such a fused BatchNorm+LIF becomes one :class:`~spikefuse.nn.ConvBatchNormLIF`, which keeps only the
      convolution's input (the convolution keeps it anyway) and recomputes the convolution in backward, instead of
@@ -34,7 +36,7 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`):
      layer keeps its input and an int64 index per output);
    - ``SeqToBatch(nn.AvgPool2d)`` becomes :class:`ShapeOnlyAvgPool2d` (its backward needs only the input's shape;
      torch's saves the input).
-3. **Every other spikefuse neuron** recomputes its potentials in backward (``memory="recompute"``).
+3. **Every other spikefuse neuron** recomputes its states in backward (``memory="recompute"``).
 
 What is not listed stays as it is (a conv reading real values, a BatchNorm feeding something else than a neuron,
 max-pooling of real values, other pooling). Convert before creating the optimizer or move the new parameters
@@ -49,8 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF, _BatchNormLIF
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, _BatchNormLIF
 from .containers import Flatten, SeqToBatch
+from .engine_neurons import EngineNeuron
 from .neurons import LIF
 from .spike_layers import (
     SpikeConv1d,
@@ -63,7 +66,7 @@ from .spike_layers import (
 )
 
 __all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "spike_max_pool_from", "batchnorm_lif_from",
-           "conv_batchnorm_lif_from", "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
+           "fused_batchnorm_from", "conv_batchnorm_lif_from", "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
 
 #: The keys of the report :func:`to_lean` returns.
 LEAN_COUNTS = ("bn_lif", "bn_add_lif", "conv_bn_lif", "spike_layers", "recompute_neurons", "pools")
@@ -136,6 +139,16 @@ def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None
     return new
 
 
+def fused_batchnorm_from(bn_layer: nn.Module, neuron: nn.Module) -> nn.Module | None:
+    """``bn_layer`` (``nn.BatchNorm1d/2d``, bare or in ``SeqToBatch``) and the neuron after it in one fused module:
+    :func:`batchnorm_lif_from` for a :class:`~spikefuse.nn.LIF`, a :class:`~spikefuse.nn.BatchNormNeuron` holding
+    both modules for an :class:`~spikefuse.nn.EngineNeuron` (CubaLIF, ALIF, ...); None for anything else."""
+    if isinstance(neuron, EngineNeuron):
+        bn = _unwrap(bn_layer)
+        return BatchNormNeuron(bn, neuron) if type(bn) in _BN_LIF else None
+    return batchnorm_lif_from(bn_layer, neuron)
+
+
 def conv_batchnorm_lif_from(conv_layer: nn.Module, bn_lif: nn.Module) -> ConvBatchNormLIF | None:
     """One :class:`~spikefuse.nn.ConvBatchNormLIF` of ``conv_layer`` (``SeqToBatch(nn.ConvNd)`` with zero padding,
     at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output element) and ``bn_lif`` (a non-stateful fused
@@ -177,6 +190,10 @@ class ShapeOnlyAvgPool2d(nn.AvgPool2d):
                                        self.ceil_mode, self.count_include_pad, self.divisor_override)  # fmt: skip
 
 
+#: The modules whose output is spikes.
+_SPIKING = (LIF, EngineNeuron, _BatchNormLIF, BatchNormNeuron, ConvBatchNormLIF)
+
+
 def _keeps_spikes(m: nn.Module) -> bool:
     """Whether ``m`` turns spikes into spikes: reshaping, identity, max-pooling."""
     return isinstance(_unwrap(m), (Flatten, nn.Flatten, nn.Identity, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d))
@@ -195,10 +212,10 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
             if new is not None:
                 seq[i] = new
                 counts["pools"] += 1
-        spikes = isinstance(m, (LIF, _BatchNormLIF, ConvBatchNormLIF)) or (spikes and _keeps_spikes(m))
+        spikes = isinstance(m, _SPIKING) or (spikes and _keeps_spikes(m))
     for i in range(len(items) - 1):
-        if isinstance(items[i], SeqToBatch) and isinstance(items[i + 1], LIF):
-            new = batchnorm_lif_from(items[i], items[i + 1])
+        if isinstance(items[i], SeqToBatch):
+            new = fused_batchnorm_from(items[i], items[i + 1])
             if new is not None:
                 seq[i], seq[i + 1] = new, nn.Identity()
                 counts["bn_lif"] += 1
@@ -231,7 +248,7 @@ def to_lean(model: nn.Module) -> dict[str, int]:
         if isinstance(m, nn.Sequential):
             _convert_sequential(m, counts)
     for m in model.modules():
-        if isinstance(m, LIF) and m.memory != "recompute":
+        if isinstance(m, (LIF, EngineNeuron)) and m.memory != "recompute":
             m.memory = "recompute"
             counts["recompute_neurons"] += 1
     return counts

@@ -27,6 +27,7 @@ Inputs are contiguous ``[B', C, ...]`` tensors (``B' = T*B``), float32 or float6
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -35,9 +36,9 @@ from numba import njit, prange
 
 from ..threads import match_numba_threads
 from . import buffers
-from .numba_common import fma
+from .numba_common import channel_row, fma
 
-__all__ = ["Normalization", "affine_factors", "backward", "SUPPORTED_DTYPES"]
+__all__ = ["Normalization", "affine_factors", "backward", "source_args", "source_tile", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -246,3 +247,89 @@ def _check(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor) -> None:
         )
     if mean.shape != (x.shape[1],) or invstd.shape != (x.shape[1],):
         raise ValueError(f"batchnorm_cpu: mean and invstd must have shape ({x.shape[1]},) (the channels)")
+
+
+# Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
+# rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the outputs
+# keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
+SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
+
+
+@njit(cache=True, error_model="numpy")  # not inlined: compiled once for every kernel that calls it, once a block
+def source_tile(x, n0, m, src):
+    """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``).
+    ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are per channel
+    (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
+    ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds ``fma(x, alpha, beta)
+    [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own ``[T, m]``: it stays in cache
+    between its writing and the neuron's reading."""
+    mode, alpha, beta, spatial, residual, bits = src
+    t_steps, n = x.shape
+    tile = np.empty((t_steps, m), x.dtype)
+    if mode == SOURCE_COPY:
+        for t in range(t_steps):  # a loop, not a slice assignment: numba would compile its shape-error formatting
+            tr, xr = tile[t], x[t, n0 : n0 + m]
+            for i in range(m):
+                tr[i] = xr[i]
+        return tile
+    na = np.empty(m, x.dtype)
+    nb = np.empty(m, x.dtype)
+    channel_row(na, alpha, n0, spatial)
+    channel_row(nb, beta, n0, spatial)
+    one = x.dtype.type(1.0)
+    zero = x.dtype.type(0.0)
+    for t in range(t_steps):
+        xr = x[t, n0 : n0 + m]
+        tr = tile[t]
+        if mode == SOURCE_BN:
+            for i in range(m):
+                tr[i] = fma(xr[i], na[i], nb[i])
+        elif mode == SOURCE_BN_RESIDUAL:
+            rr = residual[t, n0 : n0 + m]
+            for i in range(m):
+                tr[i] = fma(xr[i], na[i], nb[i]) + rr[i]
+        else:
+            base = t * n + n0
+            for i in range(m):
+                e = base + i
+                r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
+                tr[i] = fma(xr[i], na[i], nb[i]) + r
+    return tile
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_arrays(dtype: np.dtype) -> tuple:
+    """Placeholders for the unused arrays of a ``src`` tuple: ``(no alpha/beta, no residual, no bits)``."""
+    return np.empty(0, dtype=dtype), np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8)
+
+
+def source_args(x: torch.Tensor | None, batch_norm: Normalization | None, copy: bool) -> tuple | None:
+    """The ``src`` argument of the backward kernels (see :func:`source_tile`) for the input ``x [T, N]``: None
+    for ``x`` itself."""
+    if batch_norm is None:
+        if not copy:
+            return None
+        no_factors, no_residual, no_bits = _empty_arrays(x.numpy().dtype)
+        return SOURCE_COPY, no_factors, no_factors, 1, no_residual, no_bits
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
+    t_steps, n = x.shape
+    channels = batch_norm.mean.shape[0]
+    if batch_norm.spatial < 1 or n % (channels * batch_norm.spatial):
+        raise ValueError(
+            f"cpu backend: x of {n} neurons per step is not [B, {channels} channels, {batch_norm.spatial}] merged"
+        )
+    alpha, beta = affine_factors(batch_norm, x.dtype)
+    _, no_residual, no_bits = _empty_arrays(alpha.dtype)
+    spatial = int(batch_norm.spatial)
+    if batch_norm.residual is not None:
+        residual = batch_norm.residual.reshape(t_steps, n)
+        if residual.dtype != x.dtype or residual.device.type != "cpu" or not residual.is_contiguous():
+            raise ValueError(f"cpu backend: the residual must be a contiguous {x.dtype} CPU tensor like x")
+        return SOURCE_BN_RESIDUAL, alpha, beta, spatial, residual.numpy(), no_bits
+    if batch_norm.residual_bits is not None:
+        bits = batch_norm.residual_bits
+        if bits.dtype != torch.uint8 or bits.numel() != (x.numel() + 7) // 8:
+            raise ValueError(f"cpu backend: residual_bits must be {(x.numel() + 7) // 8} packed uint8 bytes")
+        return SOURCE_BN_RESIDUAL_BITS, alpha, beta, spatial, no_residual, bits.numpy()
+    return SOURCE_BN, alpha, beta, spatial, no_residual, no_bits

@@ -1,6 +1,12 @@
 """BatchNorm (plus an optional residual) fused with a spiking neuron, saving only the BN input ``x`` (and the
 residual) for backward (Liang et al., Alg. 1-4).
 
+The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
+surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
+:func:`spikefuse.neurons.lif.engine_model`), or, where the engine does not run the LIF yet (the Triton backend), the
+hand-written LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters and initial states
+as lists of tensors.
+
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
 1. ``y, mean, invstd = aten.native_batch_norm(x merged to [T*B, C, ...])``: the very op ``nn.BatchNorm`` runs on
@@ -14,28 +20,29 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
 2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
    the same float add as the composition); with ``pack_residual`` (a binary residual: the spikes of an identity
    shortcut) it is also packed to bits (:mod:`spikefuse.ops.bitpack`) and saved as those, otherwise saved as is;
-3. the backend's neuron ``forward`` on ``y`` with ``save=SAVE_INPUT`` (nothing but the spikes and the final state
-   is written); ``y`` dies here. The autograd context saves ``x`` and the per-channel ``mean``/``invstd``
-   (training) or the snapshot of the running statistics (eval), plus ``weight``, ``bias`` and the leak. With the
-   default ``v_init`` nothing of size ``N`` is saved (an empty tensor stands for "start from the reset value").
+3. the backend's neuron ``forward`` on ``y``, saving nothing (only the spikes and the final states are written);
+   ``y`` dies here. The autograd context saves ``x`` and the per-channel ``mean``/``invstd`` (training) or the
+   snapshot of the running statistics (eval), plus ``weight``, ``bias``, the neuron's parameters and its initial
+   states: with the default start (one value shared by every neuron) nothing of size ``N``.
 
 Backward (``spikefuse::bn_lif_backward``):
 
-1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the membrane potentials, and run
-   the neuron's ``backward`` with ``save=SAVE_INPUT``, which returns ``grad_y`` (and the leak / ``v_init``
-   gradients). The cpu backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of
-   neurons normalizes its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
-   :mod:`spikefuse.ops.batchnorm_cpu`, bit-identical), so backward holds one tensor of ``x``'s size, ``grad_y``.
-   Elsewhere the same ``native_batch_norm`` call runs again into a transient (training: the statistics again from
-   ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from the saved
-   running statistics) that the backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``);
+1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the neuron's states, and run the
+   neuron's ``backward``, which returns ``grad_y`` (and the parameters' and initial states' gradients). The cpu
+   backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of neurons normalizes
+   its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
+   :func:`spikefuse.ops.batchnorm_cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
+   ``grad_y``. Elsewhere the same ``native_batch_norm`` call runs again into a transient (training: the statistics
+   again from ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from
+   the saved running statistics) that the cpu backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``;
+   the engine's Triton kernels write a buffer of their own);
 2. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
    backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
    ``grad_y`` (when that is not also the residual's gradient); elsewhere torch's op.
 
-Every backend works, since only the common ``forward``/``backward`` entry points are used. Both ops are
+Every backend works, since only the backends' common ``forward``/``backward`` entry points are used. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
 calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
 
@@ -45,30 +52,94 @@ spikes then agree with the composition except where ``y`` lands within an ulp of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import Tensor
 
 from .. import params as P
-from . import batchnorm_cpu, module
+from ..neurons.model import NeuronModel
+from ..surrogate import Surrogate
+from . import batchnorm_cpu, engine, module
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
+from .engine.autograd import _OBJECTS, _register
 
-__all__ = ["bn_spiking_neuron", "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
-
-
-def _spec(ints: list[int], floats: list[float]) -> tuple:
-    return (*ints, *floats)
+__all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron", "bn_spiking_neuron_backward",
+           "bn_lif_forward", "bn_lif_backward"]
 
 
-def _v0(v_init: Tensor, floats: list[float], ints: list[int], cdt, device) -> Tensor:
-    """``v_init`` or, when it is empty, the default start ``v_reset`` (hard reset) / 0, one value shared by every
-    neuron (see :mod:`spikefuse.ops.reference`)."""
-    if v_init.numel():
-        return v_init
-    fill = floats[3] if ints[1] == P.HARD else 0.0  # floats = (p1, p2, threshold, v_reset)
-    return torch.full((1,), fill, dtype=cdt, device=device)
+@dataclasses.dataclass(frozen=True)
+class EngineNeuron:
+    """A neuron of the engine (:mod:`spikefuse.ops.engine`) as the op runs it: ``params`` one tensor per parameter
+    of ``model`` (``[1]`` or ``[C]``), ``init`` one per state (``[N]``, or ``[1]`` shared by every neuron)."""
+
+    model: NeuronModel
+    surrogate: Surrogate
+    detach_reset: bool
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
+        cdt = compute_dtype(y2.dtype)  # a half-precision input runs in float32, its spikes in its own dtype
+        spikes, final, _ = engine.module(backend).forward(self.model, y2.to(cdt), params, inner, init, self.surrogate,
+                                                          self.detach_reset, spike_dtype=y2.dtype)  # fmt: skip
+        return spikes, final
+
+    def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
+                 init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
+        """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``batch_norm`` / ``overwrite_x``,
+        which the cpu backend takes (elsewhere grad_x goes into a buffer of its own)."""
+        if backend != "cpu":
+            input_kw.pop("overwrite_x", None)
+        cdt = compute_dtype(x2.dtype)
+        return engine.module(backend).backward(
+            self.model, grad_spikes.to(cdt), grad_final, x2.to(cdt), params, inner, init, self.surrogate,
+            self.detach_reset, need_param_grads, **input_kw,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class HandWrittenLIF:
+    """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``) on the
+    hand-written kernels of :mod:`spikefuse.ops`, where the engine does not run it yet: ``params = [leak]``,
+    ``init = [v_init]``."""
+
+    ints: tuple
+    floats: tuple
+    name = "LIF"
+
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
+        spikes, state, _ = module(backend).forward(y2, params[0], inner, init[0], (*self.ints, *self.floats),
+                                                   P.SAVE_INPUT)  # fmt: skip
+        return spikes, [state]
+
+    def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
+                 init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
+        grad_x, grad_v, grad_leak = module(backend).backward(
+            grad_spikes, grad_final[0], x2, params[0], inner, init[0], None, (*self.ints, *self.floats),
+            P.SAVE_INPUT, need_param_grads[0], **input_kw,
+        )  # fmt: skip
+        if need_param_grads[0] and grad_leak is None:  # an IF charge does not use the leak: zero, not missing
+            grad_leak = torch.zeros_like(params[0])
+        return grad_x, [grad_v], [grad_leak]
+
+
+def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
+    """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
+    return _register(EngineNeuron(model, surrogate, bool(detach_reset)))
+
+
+def _hand_written_key(ints: tuple, floats: tuple) -> str:
+    return _register(HandWrittenLIF(tuple(ints), tuple(floats)))
+
+
+# torch.compile calls these as Python and takes their results as constants, as it does engine.autograd._register.
+engine_neuron_key._dynamo_marked_constant = True
+_hand_written_key._dynamo_marked_constant = True
 
 
 def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
@@ -86,22 +157,22 @@ def _forward_impl(
     bias: Tensor | None,
     running_mean: Tensor | None,
     running_var: Tensor | None,
-    leak: Tensor,
-    v_init: Tensor,
+    params: list[Tensor],
+    init: list[Tensor],
     training: bool,
     momentum: float,
     eps: float,
     t_steps: int,
     inner: int,
-    ints: list[int],
-    floats: list[float],
+    neuron: str,
     backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron;
-    returns ``(spikes [T, N], state [N], mean, invstd, new_running_mean, new_running_var, residual_bits)``. The
-    running statistics are updated on copies (the op stays functional; the caller copies them back); in eval mode
-    the copies are the snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with
-    ``pack_residual``, else empty."""
+) -> list[Tensor]:
+    """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
+    (``neuron``: the key of an :class:`EngineNeuron` or :class:`HandWrittenLIF`); returns ``[spikes [T, N], mean,
+    invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
+    updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
+    snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
+    empty."""
     rm = running_mean.clone() if running_mean is not None else None
     rv = running_var.clone() if running_var is not None else None
     y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
@@ -110,46 +181,36 @@ def _forward_impl(
         y += residual
         if pack_residual:
             bits = pack(residual)[0]
-    y2 = y.reshape(t_steps, -1)
-    v0 = _v0(v_init, floats, ints, compute_dtype(xb.dtype), xb.device)
-    spikes, state, _ = module(backend).forward(y2, leak, inner, v0, _spec(ints, floats), P.SAVE_INPUT)
-    del y, y2
-    return (
-        spikes,
-        state,
-        mean,
-        invstd,
-        rm if rm is not None else xb.new_empty(0),
-        rv if rv is not None else xb.new_empty(0),
-        bits,
-    )
+    spikes, final = _OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
+    del y
+    empty = xb.new_empty(0)
+    return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
 
 
 bn_lif_forward = torch.library.custom_op("spikefuse::bn_lif_forward", _forward_impl, mutates_args=())
 
 
 @bn_lif_forward.register_fake
-def _(xb, residual, pack_residual, weight, bias, running_mean, running_var, leak, v_init, training, momentum, eps,
-      t_steps, inner, ints, floats, backend):  # fmt: skip
+def _(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training, momentum, eps,
+      t_steps, inner, neuron, backend):  # fmt: skip
     n = xb.numel() // t_steps
     stat_dtype = weight.dtype if weight is not None else xb.dtype
-    channels = xb.shape[1]
-    stats = (channels,) if training else (0,)
+    stats = (xb.shape[1],) if training else (0,)
     bits = packed_numel(xb.numel()) if residual is not None and pack_residual else 0
-    return (
+    return [
         xb.new_empty((t_steps, n)),
-        xb.new_empty((n,), dtype=compute_dtype(xb.dtype)),
         xb.new_empty(stats, dtype=stat_dtype),
         xb.new_empty(stats, dtype=stat_dtype),
         torch.empty_like(running_mean) if running_mean is not None else xb.new_empty(0),
         torch.empty_like(running_var) if running_var is not None else xb.new_empty(0),
         xb.new_empty((bits,), dtype=torch.uint8),
-    )
+        *(xb.new_empty((n,), dtype=compute_dtype(xb.dtype)) for _ in init),
+    ]
 
 
 def _backward_impl(
     grad_spikes: Tensor,
-    grad_state: Tensor,
+    grad_final: list[Tensor],
     xb: Tensor,
     residual: Tensor | None,
     residual_bits: Tensor,
@@ -159,23 +220,21 @@ def _backward_impl(
     invstd: Tensor,
     running_mean: Tensor | None,
     running_var: Tensor | None,
-    leak: Tensor,
-    v_init: Tensor,
+    params: list[Tensor],
+    init: list[Tensor],
     inner: int,
-    ints: list[int],
-    floats: list[float],
+    neuron: str,
     backend: str,
     training: bool,
     eps: float,
-    need_leak_grad: bool,
+    need_param_grads: list[bool],
     need_affine_grad: bool,
     need_residual_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(grad_x [T*B, C, ...], grad_weight, grad_bias, grad_leak, grad_v_init, grad_residual)``; unneeded ones
-    are empty. The residual is ``residual`` or, when that is None and ``residual_bits`` is not empty, those bits."""
+) -> list[Tensor]:
+    """``[grad_x [T*B, C, ...], grad_weight, grad_bias, grad_residual, *grad per initial state, *grad per
+    parameter]``; unneeded ones are empty. The residual is ``residual`` or, when that is None and ``residual_bits``
+    is not empty, those bits."""
     t_steps, n = grad_spikes.shape
-    cdt = compute_dtype(xb.dtype)
-    v0 = _v0(v_init, floats, ints, cdt, xb.device)
     fused = _fused_batch_norm(backend, training, xb)
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
@@ -191,10 +250,10 @@ def _backward_impl(
         neuron_input, input_kw = y.reshape(t_steps, n), {"overwrite_x": True}  # y is this function's own transient
         del y
     del residual
-    grad_y, grad_v, grad_leak = module(backend).backward(
-        grad_spikes, grad_state, neuron_input, leak, inner, v0, None, _spec(ints, floats), P.SAVE_INPUT,
-        need_leak_grad, **input_kw,
-    )
+    grad_y, grad_init, grad_params = _OBJECTS[neuron].backward(
+        backend, grad_spikes, list(grad_final), neuron_input, list(params), inner, list(init), list(need_param_grads),
+        **input_kw,
+    )  # fmt: skip
     del neuron_input, input_kw
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
@@ -219,34 +278,33 @@ def _backward_impl(
     def empty():  # a fresh one each time: outputs of a custom op must not alias each other
         return xb.new_empty(0)
 
-    if need_leak_grad and grad_leak is None:  # an IF charge does not use the leak: zero, not missing
-        grad_leak = torch.zeros_like(leak)
-    return (
+    return [
         grad_x,
         grad_w if affine else empty(),
         grad_b if affine else empty(),
-        grad_leak if need_leak_grad else empty(),
-        grad_v if v_init.numel() else empty(),
         grad_y if need_residual_grad else empty(),
-    )
+        *(g if g is not None else empty() for g in grad_init),
+        *(g if g is not None and need else empty() for g, need in zip(grad_params, need_param_grads)),
+    ]
 
 
 bn_lif_backward = torch.library.custom_op("spikefuse::bn_lif_backward", _backward_impl, mutates_args=())
 
 
 @bn_lif_backward.register_fake
-def _(grad_spikes, grad_state, xb, residual, residual_bits, weight, bias, mean, invstd, running_mean, running_var,
-      leak, v_init, inner, ints, floats, backend, training, eps, need_leak_grad, need_affine_grad,
+def _(grad_spikes, grad_final, xb, residual, residual_bits, weight, bias, mean, invstd, running_mean, running_var,
+      params, init, inner, neuron, backend, training, eps, need_param_grads, need_affine_grad,
       need_residual_grad):  # fmt: skip
     affine = weight is not None and need_affine_grad
-    return (
+    n = grad_spikes.shape[1]
+    return [
         torch.empty_like(xb),
         torch.empty_like(weight) if affine else xb.new_empty(0),
         torch.empty_like(weight) if affine else xb.new_empty(0),
-        torch.empty_like(leak) if need_leak_grad else xb.new_empty(0),
-        torch.empty_like(v_init) if v_init.numel() else xb.new_empty(0),
         torch.empty_like(xb) if need_residual_grad else xb.new_empty(0),
-    )
+        *(torch.empty_like(v) if v.numel() == n else xb.new_empty(0) for v in init),
+        *(torch.empty_like(p) if need else xb.new_empty(0) for p, need in zip(params, need_param_grads)),
+    ]
 
 
 def _backward_for(backend: str):
@@ -256,73 +314,73 @@ def _backward_for(backend: str):
 
 
 # Inputs of bn_lif_forward, by position.
-(_X, _RES, _PACK, _W, _B, _RM, _RV, _LEAK, _V, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _INTS, _FLOATS,
- _BACKEND) = range(17)  # fmt: skip
-_N_INPUTS = 17
+(_X, _RES, _PACK, _W, _B, _RM, _RV, _PARAMS, _INIT, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _NEURON,
+ _BACKEND) = range(16)  # fmt: skip
+_N_OUTPUTS_BEFORE_STATES = 6  # spikes, mean, invstd, running mean, running var, residual bits
 
 
-def _setup_context(ctx, inputs, output):
-    training = inputs[_TRAINING]
-    ctx.args = (inputs[_INNER], inputs[_INTS], inputs[_FLOATS], inputs[_BACKEND], training, inputs[_EPS])
-    ctx.set_materialize_grads(True)
-    w, b, residual = inputs[_W], inputs[_B], inputs[_RES]
-    ctx.has_w, ctx.has_b = w is not None, b is not None
-    xb = inputs[_X]
+def _save(ctx, xb, residual, weight, bias, params, init, output, training, inner, neuron, backend, eps):
+    ctx.args = (inner, neuron, backend, training, eps)
+    ctx.n_params, ctx.t_steps = len(params), output[0].shape[0]
+    ctx.has_w, ctx.has_b = weight is not None, bias is not None
     empty = xb.new_empty(0)
-    _, _, mean, invstd, rm, rv, bits = output
+    _, mean, invstd, rm, rv, bits = output[:_N_OUTPUTS_BEFORE_STATES]
     ctx.residual_as_is = residual is not None and not bits.numel()
     ctx.save_for_backward(
         xb,
         residual if ctx.residual_as_is else empty,
         bits,
-        w if w is not None else empty,
-        b if b is not None else empty,
+        weight if weight is not None else empty,
+        bias if bias is not None else empty,
         mean,
         invstd,
         empty if training else rm,  # eval: the snapshot of the running statistics y was made with
         empty if training else rv,
-        inputs[_LEAK],
-        inputs[_V],
+        *params,
+        *init,
     )
 
 
-def _backward(ctx, grad_spikes, grad_state, *_unused, eager: bool = False):
-    xb, residual, bits, w, b, mean, invstd, rm, rv, leak, v_init = ctx.saved_tensors
-    inner, ints, floats, backend, training, eps = ctx.args
-    refuse_double_backward(
-        "the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference') instead"
-    )
+def _gradients(ctx, grads, need_params, need_affine: bool, need_residual: bool, backward_op) -> tuple:
+    """``(grad_x, grad_weight, grad_bias, grad_residual, grad per parameter, grad per initial state)``."""
+    xb, residual, bits, w, b, mean, invstd, rm, rv, *tensors = ctx.saved_tensors
+    params, init = tensors[: ctx.n_params], tensors[ctx.n_params :]
+    inner, neuron, backend, training, eps = ctx.args
+    refuse_double_backward(f"the fused BatchNorm+neuron op ({_OBJECTS[neuron].name})",
+                           "use torch.nn.BatchNorm and the neuron with backend='reference' instead")
+    n = xb.numel() // ctx.t_steps
+    grad_spikes = grads[0] if grads[0] is not None else torch.zeros((ctx.t_steps, n), dtype=xb.dtype, device=xb.device)
+    cdt = compute_dtype(xb.dtype)
+    grad_final = [g if g is not None else xb.new_zeros(1, dtype=cdt) for g in grads[_N_OUTPUTS_BEFORE_STATES:]]
+    out = backward_op(
+        grad_spikes.contiguous(), [g.contiguous() for g in grad_final], xb,
+        residual if ctx.residual_as_is else None, bits, w if ctx.has_w else None, b if ctx.has_b else None, mean,
+        invstd, rm if rm.numel() else None, rv if rv.numel() else None, list(params), list(init), inner, neuron,
+        backend, training, eps, [bool(n) for n in need_params], need_affine, need_residual,
+    )  # fmt: skip
+    grad_x, grad_w, grad_b, grad_res = out[:4]
+    grad_init, grad_params = out[4 : 4 + len(init)], out[4 + len(init) :]
+    grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
+    grad_init = [g if g.numel() else None for g in grad_init]
+    return grad_x, grad_w, grad_b, grad_res, grad_params, grad_init
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.set_materialize_grads(False)
+    _save(ctx, inputs[_X], inputs[_RES], inputs[_W], inputs[_B], inputs[_PARAMS], inputs[_INIT], output,
+          inputs[_TRAINING], inputs[_INNER], inputs[_NEURON], inputs[_BACKEND], inputs[_EPS])  # fmt: skip
+
+
+def _backward(ctx, grads):
     need = ctx.needs_input_grad
-    need_affine = bool(need[_W] or need[_B])
-    backward_op = _backward_impl if eager else _backward_for(backend)
-    grad_x, grad_w, grad_b, grad_leak, grad_v, grad_res = backward_op(
-        grad_spikes.contiguous(),
-        grad_state.contiguous(),
-        xb,
-        residual if ctx.residual_as_is else None,
-        bits,
-        w if ctx.has_w else None,
-        b if ctx.has_b else None,
-        mean,
-        invstd,
-        rm if rm.numel() else None,
-        rv if rv.numel() else None,
-        leak,
-        v_init,
-        inner,
-        ints,
-        floats,
-        backend,
-        training,
-        eps,
-        bool(need[_LEAK]),
-        need_affine,
-        bool(need[_RES]),
-    )
-    grads = [None] * _N_INPUTS
-    for index, grad in ((_X, grad_x), (_W, grad_w), (_B, grad_b), (_LEAK, grad_leak), (_V, grad_v), (_RES, grad_res)):
-        grads[index] = grad if need[index] else None
-    return tuple(grads)
+    grad_x, grad_w, grad_b, grad_res, grad_params, grad_init = _gradients(
+        ctx, grads, need[_PARAMS], bool(need[_W] or need[_B]), bool(need[_RES]), _backward_for(ctx.args[2]),
+    )  # fmt: skip
+    grads_out = [None] * len(need)
+    for index, grad in ((_X, grad_x), (_W, grad_w), (_B, grad_b), (_RES, grad_res), (_PARAMS, grad_params),
+                        (_INIT, grad_init)):  # fmt: skip
+        grads_out[index] = grad if need[index] else None
+    return tuple(grads_out)
 
 
 torch.library.register_autograd("spikefuse::bn_lif_forward", _backward, setup_context=_setup_context)
@@ -330,24 +388,102 @@ torch.library.register_autograd("spikefuse::bn_lif_forward", _backward, setup_co
 
 class _EagerBatchNormNeuron(torch.autograd.Function):
     """``bn_lif_forward`` with the same autograd, without the custom-op dispatch, which costs more than the kernels
-    of a small layer (as for the neuron op, :func:`spikefuse.ops.autograd.neuron`)."""
+    of a small layer (as for the neuron op, :func:`spikefuse.ops.autograd.neuron`); the parameters and initial
+    states are flat arguments, so that autograd sees them."""
 
     @staticmethod
-    def forward(*inputs):
-        return _forward_impl(*inputs)
-
-    setup_context = staticmethod(_setup_context)
+    def forward(ctx, xb, residual, pack_residual, weight, bias, running_mean, running_var, training, momentum, eps,
+                t_steps, inner, neuron, backend, n_params, *tensors):  # fmt: skip
+        params, init = list(tensors[:n_params]), list(tensors[n_params:])
+        out = _forward_impl(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init,
+                            training, momentum, eps, t_steps, inner, neuron, backend)  # fmt: skip
+        ctx.set_materialize_grads(False)
+        _save(ctx, xb, residual, weight, bias, params, init, out, training, inner, neuron, backend, eps)
+        ctx.mark_non_differentiable(*out[1:_N_OUTPUTS_BEFORE_STATES])
+        return tuple(out)
 
     @staticmethod
     def backward(ctx, *grads):
-        return _backward(ctx, *grads, eager=True)
+        need = ctx.needs_input_grad
+        n_params = ctx.n_params
+        grad_x, grad_w, grad_b, grad_res, grad_params, grad_init = _gradients(
+            ctx, grads, need[15 : 15 + n_params], bool(need[3] or need[4]), bool(need[1]), _backward_impl,
+        )  # fmt: skip
+        return (grad_x if need[0] else None, grad_res if need[1] else None, None, grad_w if need[3] else None,
+                grad_b if need[4] else None, *([None] * 10), *grad_params, *grad_init)  # fmt: skip
 
 
-def _forward_op(*inputs):
+def _forward_op(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
+                momentum, eps, t_steps, inner, neuron, backend) -> list:  # fmt: skip
     """The custom op under ``torch.compile``, the plain Function in eager mode."""
     if torch.compiler.is_compiling():
-        return bn_lif_forward(*inputs)
-    return _EagerBatchNormNeuron.apply(*inputs)
+        return bn_lif_forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, list(params),
+                              list(init), training, momentum, eps, t_steps, inner, neuron, backend)  # fmt: skip
+    return list(_EagerBatchNormNeuron.apply(xb, residual, pack_residual, weight, bias, running_mean, running_var,
+                                            training, momentum, eps, t_steps, inner, neuron, backend, len(params),
+                                            *params, *init))  # fmt: skip
+
+
+def bn_neuron(
+    x: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    neuron: str,
+    params: list[Tensor],
+    init: list[Tensor],
+    inner: int,
+    backend: str,
+    residual: Tensor | None = None,
+    residual_binary: bool = False,
+    return_stats: bool = False,
+):
+    """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
+    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`, or of a :class:`HandWrittenLIF`).
+
+    Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
+    parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
+    ``[1]``; ``residual`` of ``x``'s shape, dtype and device or None; ``residual_binary``: it holds only 0 and 1
+    and is saved as bits). Returns ``(spikes, final states)``, shaped like ``x`` and each ``x.shape[1:]``, and with
+    ``return_stats`` also the batch statistics ``(mean, invstd)`` that :func:`bn_spiking_neuron_backward` takes (for
+    a caller with its own backward, run without autograd). ``training``/``momentum`` as
+    :func:`torch.nn.functional.batch_norm`.
+    """
+    t_steps, trailing = x.shape[0], x.shape[1:]
+    rb = None if residual is None else _merged(residual)
+    out = _forward_op(_merged(x), rb, bool(residual_binary), weight, bias, running_mean, running_var, list(params),
+                      list(init), bool(training), float(momentum), float(eps), t_steps, inner, neuron,
+                      backend)  # fmt: skip
+    spikes, mean, invstd, new_rm, new_rv = out[:5]
+    if training and running_mean is not None:
+        with torch.no_grad():
+            running_mean.copy_(new_rm)
+            running_var.copy_(new_rv)
+    result = spikes.reshape(x.shape), [v.reshape(trailing) for v in out[_N_OUTPUTS_BEFORE_STATES:]]
+    return (*result, (mean, invstd)) if return_stats else result
+
+
+def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor, backend: str) -> tuple:
+    """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition where it
+    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written kernels; ``v_init`` None starts every
+    neuron from the reset value (one value shared by all: nothing of size N is read)."""
+    from ..neurons.lif import engine_model, engine_params  # (the neurons import the engine, which imports ops)
+
+    cdt = compute_dtype(x.dtype)
+    n = x.numel() // x.shape[0]
+    if v_init is None:
+        v0 = torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
+    else:
+        v0 = v_init.reshape(n).to(cdt).contiguous()
+    model = engine_model(spec, x.dtype, backend)
+    if model is None:
+        ints, floats = spec.kernel_lists()
+        return _hand_written_key(tuple(ints), tuple(floats)), [leak], [v0]
+    return engine_neuron_key(model, spec.surrogate, spec.detach_reset), engine_params(spec, leak), [v0]
 
 
 def bn_spiking_neuron(
@@ -367,34 +503,13 @@ def bn_spiking_neuron(
     residual_binary: bool = False,
     return_stats: bool = False,
 ):
-    """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then the
-    neuron of ``spec``.
-
-    Arguments are already validated and resolved (``backend`` concrete, ``leak`` a 1-D compute-dtype tensor of
-    1 or C entries, ``v_init`` of shape ``x.shape[1:]`` or None, ``residual`` of ``x``'s shape, dtype and device
-    or None; ``residual_binary``: it holds only 0 and 1 and is saved as bits). Returns ``(spikes, state)``, shaped
-    like ``x`` and ``x.shape[1:]``, and with ``return_stats`` also the batch statistics ``(mean, invstd)`` that
-    :func:`bn_spiking_neuron_backward` takes (for a caller with its own backward, run without autograd).
-    ``training``/``momentum`` as :func:`torch.nn.functional.batch_norm`.
-    """
-    t_steps, trailing = x.shape[0], x.shape[1:]
-    n = math.prod(trailing)
-    inner = _inner(x, leak)
-    cdt = compute_dtype(x.dtype)
-    xb = _merged(x)
-    rb = None if residual is None else _merged(residual)
-    v0 = x.new_empty(0, dtype=cdt) if v_init is None else v_init.reshape(n).to(cdt).contiguous()
-    ints, floats = spec.kernel_lists()
-    spikes, state, mean, invstd, new_rm, new_rv, _ = _forward_op(
-        xb, rb, bool(residual_binary), weight, bias, running_mean, running_var, leak, v0, bool(training),
-        float(momentum), float(eps), t_steps, inner, ints, floats, backend,
-    )  # fmt: skip
-    if training and running_mean is not None:
-        with torch.no_grad():
-            running_mean.copy_(new_rm)
-            running_var.copy_(new_rv)
-    out = spikes.reshape(x.shape), state.reshape(trailing)
-    return (*out, (mean, invstd)) if return_stats else out
+    """:func:`bn_neuron` with the LIF neuron of ``spec`` (``leak`` a 1-D compute-dtype tensor of 1 or C entries,
+    ``v_init`` of shape ``x.shape[1:]`` or None); returns ``(spikes, state)`` (and the statistics with
+    ``return_stats``)."""
+    neuron, params, init = lif_neuron(spec, leak, v_init, x, backend)
+    out = bn_neuron(x, running_mean, running_var, weight, bias, training, momentum, eps, neuron, params, init,
+                    _inner(x, leak), backend, residual, residual_binary, return_stats)  # fmt: skip
+    return (out[0], out[1][0], *out[2:])
 
 
 def bn_spiking_neuron_backward(
@@ -420,21 +535,23 @@ def bn_spiking_neuron_backward(
     t_steps = x.shape[0]
     n = x.numel() // t_steps
     cdt = compute_dtype(x.dtype)
-    ints, floats = spec.kernel_lists()
+    neuron, params, init = lif_neuron(spec, leak, None, x, backend)
     mean, invstd = stats
     backward_op = _backward_for(backend) if torch.compiler.is_compiling() else _backward_impl
-    grad_x, grad_w, grad_b, grad_leak, _, _ = backward_op(
-        grad_spikes.reshape(t_steps, n).contiguous(), grad_state.reshape(n).to(cdt).contiguous(), _merged(x), None,
+    need_params = [bool(need_leak)] + [False] * (len(params) - 1)
+    out = backward_op(
+        grad_spikes.reshape(t_steps, n).contiguous(), [grad_state.reshape(n).to(cdt).contiguous()], _merged(x), None,
         x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
-        None if training else running_var, leak, x.new_empty(0, dtype=cdt), _inner(x, leak), ints, floats,
-        backend, bool(training), float(eps), bool(need_leak), bool(need_affine), False,
+        None if training else running_var, params, init, _inner(x, leak), neuron, backend, bool(training),
+        float(eps), need_params, bool(need_affine), False,
     )  # fmt: skip
+    grad_x, grad_w, grad_b = out[:3]
     affine = weight is not None and need_affine
     return (
         grad_x.reshape(x.shape),
         grad_w if affine else None,
         grad_b if affine and bias is not None else None,
-        grad_leak if need_leak else None,
+        out[4 + len(init)] if need_leak else None,
     )
 
 

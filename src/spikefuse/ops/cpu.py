@@ -37,10 +37,10 @@ frees the saved ``h`` after backward (``overwrite_saved``: eager autograd withou
 written over ``h`` the same way, so backward allocates nothing of size ``[T, N]``. The ``[T, N]`` outputs come
 from :mod:`.buffers`, which reuses freed ones instead of page-faulting fresh memory on every call.
 
-In backward a block's input rows (:func:`_source_tile`) are ``x`` itself, or a ``T x block`` tile the block fills
-first: with a fused BatchNorm (``batch_norm``, the fused BatchNorm+LIF op's backward, :mod:`.batchnorm_cpu`) the
-normalized raw input, and when the recompute writes over its own input (``overwrite_x``) a copy of its rows, as rows
-that alias the outputs keep LLVM from vectorizing the loop.
+In backward a block's input rows are ``x`` itself, or a ``T x block`` tile the block fills first
+(:func:`spikefuse.ops.batchnorm_cpu.source_tile`): with a fused BatchNorm (``batch_norm``, the fused BatchNorm+LIF
+op's backward) the normalized raw input, and when the recompute writes over its own input (``overwrite_x``) a copy
+of its rows, as rows that alias the outputs keep LLVM from vectorizing the loop.
 
 Half-precision inputs (float16 / bfloat16) are upcast to float32 here, the spikes are written straight into the
 half-precision output through its 16-bit integer view (0 or the bit pattern of 1.0), and state / h stay float32.
@@ -59,6 +59,7 @@ from numba.extending import overload
 from .. import params as P
 from ..threads import match_numba_threads
 from . import batchnorm_cpu, buffers
+from .batchnorm_cpu import source_tile
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
 from .numba_common import (EXP2_DEGREE, block_for, channel_row, exp2_polynomial, fma, horner, load_row, muladd,
                            pow2, prefer_wide_vectors)
@@ -219,7 +220,7 @@ def _reverse_factor(h, s, d, k1, al, be, zos, zero):
 @njit(error_model="numpy")
 def _fwd_block(fam, x, x0, kk, hb, spk, hs, sv, n0, m, fl, fp, write_s, write_h):
     """Run one block of neurons over all time steps; ``hb`` holds v_init on entry and h[T-1] on exit. The block's
-    input is ``x[:, x0 : x0 + m]`` (``x0 = n0``, or 0 in a tile of the block's own, see :func:`_source_tile`).
+    input is ``x[:, x0 : x0 + m]`` (``x0 = n0``, or 0 in a tile of the block's own, see :func:`~spikefuse.ops.batchnorm_cpu.source_tile`).
 
     Spikes / potentials not wanted (``write_s`` / ``write_h`` false) go to a block-sized scratch row that stays
     in cache, so a single loop per family serves the forward with and without saving h and the backward's recompute.
@@ -298,54 +299,6 @@ def _fill_leak(kk, leak, n0, inner, fl, zero):
             kk[i] = zero  # IF runs as the MUL form with k = 0
     else:
         channel_row(kk, leak, n0, inner)
-
-
-# Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
-# rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the outputs
-# keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
-SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
-
-
-@njit(cache=True, error_model="numpy")  # not inlined: compiled once for every kernel that calls it, once a block
-def _source_tile(x, n0, m, src):
-    """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``).
-    ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are per channel
-    (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
-    ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds ``fma(x, alpha, beta)
-    [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own ``[T, m]``: it stays in cache
-    between its writing and the neuron's reading."""
-    mode, alpha, beta, spatial, residual, bits = src
-    t_steps, n = x.shape
-    tile = np.empty((t_steps, m), x.dtype)
-    if mode == SOURCE_COPY:
-        for t in range(t_steps):  # a loop, not a slice assignment: numba would compile its shape-error formatting
-            tr, xr = tile[t], x[t, n0 : n0 + m]
-            for i in range(m):
-                tr[i] = xr[i]
-        return tile
-    na = np.empty(m, x.dtype)
-    nb = np.empty(m, x.dtype)
-    channel_row(na, alpha, n0, spatial)
-    channel_row(nb, beta, n0, spatial)
-    one = x.dtype.type(1.0)
-    zero = x.dtype.type(0.0)
-    for t in range(t_steps):
-        xr = x[t, n0 : n0 + m]
-        tr = tile[t]
-        if mode == SOURCE_BN:
-            for i in range(m):
-                tr[i] = fma(xr[i], na[i], nb[i])
-        elif mode == SOURCE_BN_RESIDUAL:
-            rr = residual[t, n0 : n0 + m]
-            for i in range(m):
-                tr[i] = fma(xr[i], na[i], nb[i]) + rr[i]
-        else:
-            base = t * n + n0
-            for i in range(m):
-                e = base + i
-                r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
-                tr[i] = fma(xr[i], na[i], nb[i]) + r
-    return tile
 
 
 @njit(error_model="numpy")
@@ -534,11 +487,11 @@ def _backward_block(code, recompute, inplace, shared, blk, gs, gst, x, leak, inn
     load_row(v0, v_init, n0, v0.shape[0])
     channel_row(kk, leak, n0, inner)
     # the input, for the recompute and the x term of Cleak; src None (x itself) is a type of its own, so the kernels
-    # of a plain neuron are compiled without _source_tile
+    # of a plain neuron are compiled without source_tile
     if src is None:
         rows, x0 = x, n0
     else:
-        rows, x0 = _source_tile(x, n0, m, src), 0
+        rows, x0 = source_tile(x, n0, m, src), 0
     if recompute:
         load_row(g, v_init, n0, m)  # g: scratch for the running potential
         _fill_leak(c1, leak, n0, inner, fl, zero)  # c1: scratch for the forward's k (zero for IF)
@@ -698,43 +651,6 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype) -> 
         raise ValueError(f"cpu backend: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-@functools.lru_cache(maxsize=None)
-def _empty_arrays(dtype: np.dtype) -> tuple:
-    """Placeholders for the unused arrays of a ``src`` tuple: ``(no alpha/beta, no residual, no bits)``."""
-    return np.empty(0, dtype=dtype), np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8)
-
-
-def _source(x: torch.Tensor | None, batch_norm, copy: bool) -> tuple | None:
-    """The ``src`` argument of the backward kernels (see :func:`_source_tile`) for the input ``x [T, N]``: None
-    for ``x`` itself."""
-    if batch_norm is None:
-        if not copy:
-            return None
-        no_factors, no_residual, no_bits = _empty_arrays(x.numpy().dtype)
-        return SOURCE_COPY, no_factors, no_factors, 1, no_residual, no_bits
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
-    t_steps, n = x.shape
-    channels = batch_norm.mean.shape[0]
-    if batch_norm.spatial < 1 or n % (channels * batch_norm.spatial):
-        raise ValueError(
-            f"cpu backend: x of {n} neurons per step is not [B, {channels} channels, {batch_norm.spatial}] merged"
-        )
-    alpha, beta = batchnorm_cpu.affine_factors(batch_norm, x.dtype)
-    _, no_residual, no_bits = _empty_arrays(alpha.dtype)
-    spatial = int(batch_norm.spatial)
-    if batch_norm.residual is not None:
-        residual = batch_norm.residual.reshape(t_steps, n)
-        _check("residual", residual, x.dtype)
-        return SOURCE_BN_RESIDUAL, alpha, beta, spatial, residual.numpy(), no_bits
-    if batch_norm.residual_bits is not None:
-        bits = batch_norm.residual_bits
-        if bits.dtype != torch.uint8 or bits.numel() != (x.numel() + 7) // 8:
-            raise ValueError(f"cpu backend: residual_bits must be {(x.numel() + 7) // 8} packed uint8 bytes")
-        return SOURCE_BN_RESIDUAL_BITS, alpha, beta, spatial, no_residual, bits.numpy()
-    return SOURCE_BN, alpha, beta, spatial, no_residual, no_bits
-
-
 def forward(x2, leak, inner, v_init, spec_args, save, *, out=None):
     """``out``: ``(spikes, state, h)`` buffers to write into instead of fresh ones (``h`` ignored unless ``save`` is
     SAVE_POTENTIAL); what ``spikefuse bench neuron`` times the kernel with, apart from page faults."""
@@ -825,7 +741,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
     else:
         block = _BACKWARD_BLOCK
     fl = _flags(spec)  # validates the codes before one picks the kernel
-    src = _source(x2, batch_norm, copy=over_x)  # x2 is given whenever a tile is (recompute mode)
+    src = batchnorm_cpu.source_args(x2, batch_norm, copy=over_x)  # x2 is given whenever a tile is (recompute mode)
     _backward_kernel(spec.surrogate_code, bool(recompute), bool(inplace), leak.numel() == 1)(
         gs.numpy(), grad_state.numpy(), xc.numpy(), leak.numpy(), int(inner), v_init.numpy(), hsaved.numpy(), fl,
         _constants(spec, cdt), bool(need_leak_grad), x2 is not None, gx.numpy(), gv.numpy(), gl.numpy(),

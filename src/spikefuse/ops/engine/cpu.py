@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ...threads import match_numba_threads
-from .. import buffers
+from .. import batchnorm_cpu, buffers
 from ..common import reduce_leak_grad
 from .. import numba_common
 from ..numba_common import block_for
@@ -54,8 +54,8 @@ MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
-# The generator's version: this file, the emitters and the math the kernels call.
-_GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common))
+# The generator's version: this file, the emitters and the code the kernels call.
+_GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common, batchnorm_cpu))
                             + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
 
 
@@ -73,6 +73,9 @@ NUMBA = Dialect(
 
 #: The backward's spelling: gradients only, with the vectorizable exp.
 NUMBA_GRAD = dataclasses.replace(NUMBA, functions={**NUMBA.functions, "exp": "vexp"})
+
+#: Where a reverse step writes grad_x (see ``reverse_row``), and the suffix of its functions.
+OVER_SUFFIX = {"": "", "state": "_over", "input": "_over_x"}
 
 
 # --------------------------------------------------------------------------------------------- kernel sources
@@ -226,13 +229,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def chain(pairs, base: str | None = None) -> str:
             return emit.chain_sum(pairs, derivs, "F(0.0)", base)
 
-        def reverse_row(grads: bool, over: bool) -> list[str]:
+        def reverse_row(grads: bool, over: str = "") -> list[str]:
             """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``);
-            ``over`` (suffix ``_over``): grad_x written over the first state's row of the step (its saved states, read
-            first), one pointer, which LLVM vectorizes without an overlap check."""
-            g = ("_over" if over else "") + ("_grads" if grads else "")
+            ``over``: grad_x written over the first state's row of the step (``"state"``, suffix ``_over``: its
+            saved states, read first) or over the input's row (``"input"``, suffix ``_over_x``), one pointer, which
+            LLVM vectorizes without an overlap check."""
+            g = OVER_SUFFIX[over] + ("_grads" if grads else "")
             acc = args("acc_", P) if grads else ""
-            out = f"w_{S[0]}" if over else "gxr"
+            out = {"": "gxr", "state": f"w_{S[0]}", "input": "xr"}[over]
             accumulate = [f"{ind}acc_{p}[j] += " + chain([("g_s * sg_", f"dF_{p}")]
                                                          + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
                           for p in P] if grads else []  # fmt: skip
@@ -294,21 +298,27 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                    for pi, p in enumerate(P)] if grads else []),
             ]
 
-        def backward(grads: bool, saved: bool, over: bool = False) -> list[str]:
+        def backward(grads: bool, saved: bool, over: str = "", tile: bool = False) -> list[str]:
             """The backward kernels; ``grads`` as :func:`reverse_row`; ``saved``: reading the states the forward saved
             (memory="potential", suffix ``_saved``) instead of recomputing them; ``over``: grad_x written over the
-            saved first state (suffix ``_saved_over``; no grad_x argument)."""
+            saved first state (``"state"``, suffix ``_saved_over``) or over ``x`` (``"input"``, suffix ``_over_x``),
+            with no grad_x argument; ``tile`` (suffix ``_src``): the block reads its input from the tile that
+            :func:`~spikefuse.ops.batchnorm_cpu.source_tile` fills from ``x`` and ``src`` (a fused BatchNorm)."""
             g = "_grads" if grads else ""
-            mode = "_saved" + ("_over" if over else "") if saved else ""
+            mode = ("_saved" if saved else "") + OVER_SUFFIX[over] + ("_src" if tile else "")
             acc = args("acc_", P) if grads else ""
-            bwd_args = (f"grad_spikes, {gfin}x, {par}{init}{sav if saved else ''}sg_p1, sg_p2, detach, inner, "
-                        + ("need_params, " if grads else "") + ("" if over else "grad_x, ") + ginit
-                        + (args("gpar_", P) if grads else ""))  # fmt: skip
-            row = f"_reverse_row{'_over' if over else ''}{g}{sfx}"
+            bwd_args = (f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
+                        "sg_p2, detach, inner, " + ("need_params, " if grads else "") + ("" if over else "grad_x, ")
+                        + ginit + (args("gpar_", P) if grads else ""))  # fmt: skip
+            row = f"_reverse_row{OVER_SUFFIX[over]}{g}{sfx}"
+
+            def xrow(t: str) -> str:
+                """The block's input row of step ``t``."""
+                return f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
             def reverse(t: str, old: str, new: str) -> str:
                 gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
-                return (f"{row}(x[{t}, n0:n0 + m], grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
+                return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
                         f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
 
             if saved:  # hist: the initial states only; the others are the forward's
@@ -318,10 +328,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                          f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
                          f"    {reverse('0', rows('0'), saved_rows('0'))}"]
             else:
-                states = [f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
+                states = [*(["    xs = source_tile(x, n0, m, src)"] if tile else []),
+                          f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
                           "    for t in range(T):",
-                          f"        _recompute_row{sfx}(x[t, n0:n0 + m], {rows('t')}{rows('t + 1')}"
+                          f"        _recompute_row{sfx}({xrow('t')}, {rows('t')}{rows('t + 1')}"
                           f"{prow}{first('t')}m)"]
                 steps = ["    for t in range(T - 1, -1, -1):",
                          f"        {reverse('t', rows('t'), rows('t + 1'))}"]
@@ -349,9 +360,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(block, N - n0))",
             ]
 
-        parts = [forward, *(reverse_row(grads, over) for grads in (False, True) for over in (False, True))]
+        parts = [forward, *(reverse_row(grads, over) for grads in (False, True) for over in OVER_SUFFIX)]
         parts += [backward(grads, saved) for grads in (False, True) for saved in (False, True)]
-        parts += [backward(grads, True, over=True) for grads in (False, True)]
+        parts += [backward(grads, True, over="state") for grads in (False, True)]
+        parts += [backward(grads, False, over="input") for grads in (False, True)]
+        parts += [backward(grads, False, tile=True) for grads in (False, True)]
         return [line for part in parts for line in (*part, "", "")]
 
     header = [
@@ -359,6 +372,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
+        "from spikefuse.ops.batchnorm_cpu import source_tile",
         "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors",
         f"F = {np_dtype}",
         "",
@@ -423,24 +437,33 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False):  # fmt: skip
+             saved=(), overwrite_saved=False, *, overwrite_x=False, batch_norm=None):  # fmt: skip
     """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over its first state
-    (no fresh ``[T, N]`` buffer)."""
+    (no fresh ``[T, N]`` buffer); likewise ``overwrite_x`` for ``x2`` when the states are recomputed (a transient of
+    the caller's, e.g. a BatchNorm's output). ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`
+    (states recomputed): ``x2`` is the raw input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm
+    (plus residual), which each block computes into a tile in cache, bit-identical to ``native_batch_norm``'s."""
     t_steps, n = x2.shape
+    if saved and (batch_norm is not None or overwrite_x):
+        raise ValueError("engine cpu backend: batch_norm and overwrite_x need the states recomputed (no saved)")
     module = kernels(model, type(surrogate), x2.dtype)
     threads = match_numba_threads(t_steps * n)
     over = bool(saved) and overwrite_saved
-    grad_x = saved[0] if over else buffers.empty((t_steps, n), x2.dtype)
+    over_x = overwrite_x and batch_norm is None
+    grad_x = saved[0] if over else x2 if over_x else buffers.empty((t_steps, n), x2.dtype)
     grad_init = [buffers.empty((n if v.numel() == n else 0,), x2.dtype) for v in init]
     per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
-    head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *par, *(_np(v) for v in init),
+    src = () if batch_norm is None else (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
+    head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *src, *par, *(_np(v) for v in init),
             *(_np(v) for v in saved), *_surrogate_args(surrogate, x2.dtype), bool(detach_reset),
             int(inner))  # fmt: skip
-    outputs = (*(() if over else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
-    scratch = 0 if saved else (t_steps + 1) * len(model.states) * x2.element_size()  # per neuron of a block
+    outputs = (*(() if over or over_x else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
+    # per neuron of a block: the recomputed states, and the input tile of a fused BatchNorm
+    scratch = 0 if saved else ((t_steps + 1) * len(model.states) + t_steps * bool(src)) * x2.element_size()
     block = _block(n, threads, scratch)
-    name = "backward" + ("_saved" if saved else "") + ("_over" if over else "")
+    name = ("backward" + ("_saved" if saved else "") + ("_over" if over else "") + ("_over_x" if over_x else "")
+            + ("_src" if src else ""))  # fmt: skip
     if any(need_param_grads):
         getattr(module, name + "_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
                                                   *(g.numpy() for g in per_neuron), block)  # fmt: skip
