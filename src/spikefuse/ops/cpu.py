@@ -61,7 +61,7 @@ from ..threads import match_numba_threads
 from . import batchnorm_cpu, buffers
 from .batchnorm_cpu import source_tile
 from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
-from .numba_common import (EXP2_DEGREE, block_for, channel_row, exp2_polynomial, fma, horner, load_row, muladd,
+from .numba_common import (EXP2_DEGREE, block_for, channel_row, exp2_polynomial, horner, load_row, muladd,
                            pow2, prefer_wide_vectors)
 
 __all__ = ["forward", "backward"]
