@@ -11,7 +11,9 @@ the machine code beside the source, so a call compiles only the kernels it runs:
   the T steps into a block-sized scratch (it stays in cache), then runs back through time with the derivatives of
   :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and (``_grads``)
   per-neuron parameter gradients, reduced per channel afterwards (``backward_saved``: the states read from what
-  ``forward_save`` wrote, no recompute).
+  ``forward_save`` wrote, no recompute; ``backward_over_x``: grad_x written over the input, a transient of the
+  caller's; ``backward_src``: the input is the BatchNorm of ``x``, which each block computes into a tile first, see
+  :func:`spikefuse.ops.batchnorm_cpu.source_tile`).
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
