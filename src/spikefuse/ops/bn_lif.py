@@ -66,8 +66,8 @@ from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 from .engine.autograd import _OBJECTS, _register
 
-__all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron", "bn_spiking_neuron_backward",
-           "bn_lif_forward", "bn_lif_backward"]
+__all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
+           "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +317,7 @@ def _backward_for(backend: str):
 (_X, _RES, _PACK, _W, _B, _RM, _RV, _PARAMS, _INIT, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _NEURON,
  _BACKEND) = range(16)  # fmt: skip
 _N_OUTPUTS_BEFORE_STATES = 6  # spikes, mean, invstd, running mean, running var, residual bits
+_EAGER_TENSORS = 15  # the position of the first parameter among _EagerBatchNormNeuron.forward's inputs
 
 
 def _save(ctx, xb, residual, weight, bias, params, init, output, training, inner, neuron, backend, eps):
@@ -356,7 +357,7 @@ def _gradients(ctx, grads, need_params, need_affine: bool, need_residual: bool, 
         grad_spikes.contiguous(), [g.contiguous() for g in grad_final], xb,
         residual if ctx.residual_as_is else None, bits, w if ctx.has_w else None, b if ctx.has_b else None, mean,
         invstd, rm if rm.numel() else None, rv if rv.numel() else None, list(params), list(init), inner, neuron,
-        backend, training, eps, [bool(n) for n in need_params], need_affine, need_residual,
+        backend, training, eps, [bool(need) for need in need_params], need_affine, need_residual,
     )  # fmt: skip
     grad_x, grad_w, grad_b, grad_res = out[:4]
     grad_init, grad_params = out[4 : 4 + len(init)], out[4 + len(init) :]
@@ -407,10 +408,11 @@ class _EagerBatchNormNeuron(torch.autograd.Function):
         need = ctx.needs_input_grad
         n_params = ctx.n_params
         grad_x, grad_w, grad_b, grad_res, grad_params, grad_init = _gradients(
-            ctx, grads, need[15 : 15 + n_params], bool(need[3] or need[4]), bool(need[1]), _backward_impl,
+            ctx, grads, need[_EAGER_TENSORS : _EAGER_TENSORS + n_params], bool(need[3] or need[4]), bool(need[1]),
+            _backward_impl,
         )  # fmt: skip
         return (grad_x if need[0] else None, grad_res if need[1] else None, None, grad_w if need[3] else None,
-                grad_b if need[4] else None, *([None] * 10), *grad_params, *grad_init)  # fmt: skip
+                grad_b if need[4] else None, *([None] * (_EAGER_TENSORS - 5)), *grad_params, *grad_init)  # fmt: skip
 
 
 def _forward_op(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
