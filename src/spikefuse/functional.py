@@ -8,12 +8,11 @@ import torch
 
 from . import ops
 from .bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
-from .neurons.lif import engine_model, engine_params
+from .neurons.lif import engine_model, engine_params, initial_potential
 from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
 from .ops.engine import autograd as _engine_autograd
 from . import params as P
 from .ops import reference
-from .ops.common import compute_dtype
 from .surrogate import Sigmoid
 from .validation import (
     channel_layout,
@@ -44,26 +43,23 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
         check_no_functorch(f"the fused {concrete!r} kernels")
     P.check_memory_mode(memory)
     k = leak_tensor(leak, x, "decay")
-    cdt = compute_dtype(x.dtype)
     t_steps, trailing = x.shape[0], x.shape[1:]
     n = math.prod(trailing)
     inner = channel_layout(x.shape, k.numel())
-    if v_init is None:  # one start value shared by every neuron: the kernels read nothing of size N for it
-        v0 = torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
-    else:
+    if v_init is not None:
         check_v_init(v_init, x)
-        v0 = v_init.reshape(n).to(cdt)
+    v0 = initial_potential(spec, v_init, x)
     x2 = x.reshape(t_steps, n)
     model = engine_model(spec, x.dtype, concrete)
     if concrete == "reference" or n == 0:
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args())
     elif model is not None:  # the kernels generated from the LIF's definition
-        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0.contiguous()], inner,
+        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0], inner,
                                                 model, spec.surrogate, spec.detach_reset, concrete,
                                                 save=memory == "potential")  # fmt: skip
     else:
         spikes, state, _ = _autograd.neuron(
-            x2.contiguous(), k, v0.contiguous(), inner, *spec.kernel_lists(), concrete, P.MEMORY_MODES[memory]
+            x2.contiguous(), k, v0, inner, *spec.kernel_lists(), concrete, P.MEMORY_MODES[memory]
         )
     return spikes.reshape(x.shape), state.reshape(trailing)
 

@@ -29,13 +29,16 @@ float64, and float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import params as P
+from ..ops.common import compute_dtype
 from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "engine_model", "engine_params"]
+__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "engine_model", "engine_params", "initial_potential"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -97,6 +100,16 @@ def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> Neuron
             return None
         return SPIKINGJELLY_MODELS[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]
     return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))
+
+
+def initial_potential(spec: P.NeuronSpec, v_init: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """The membrane to start from for the input ``x [T, ...]``, as every backend takes it, in the compute dtype:
+    ``v_init`` flattened to ``[N]``, or for None one value shared by every neuron (``v_reset`` with the hard reset,
+    else 0), so that nothing of size N is read."""
+    cdt = compute_dtype(x.dtype)
+    if v_init is None:
+        return torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
+    return v_init.reshape(math.prod(x.shape[1:])).to(cdt).contiguous()
 
 
 def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:

@@ -15,8 +15,8 @@ import torch
 from torch.nn.modules.batchnorm import _NormBase
 
 from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
-from .engine_neurons import EngineNeuron
 from ..surrogate import Sigmoid
+from .engine_neurons import EngineNeuron
 from .neurons import _LIFModuleOptions
 from .spike_layers import check_binary, debug_enabled
 
@@ -182,7 +182,7 @@ class BatchNormNeuron(torch.nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False
     ) -> torch.Tensor:
-        ndims = (5,) if isinstance(self.bn, torch.nn.BatchNorm2d) else (3, 4)
+        ndims = (BatchNormLIF2d if isinstance(self.bn, torch.nn.BatchNorm2d) else BatchNormLIF1d)._ndims
         if x.dim() not in ndims:
             raise ValueError(f"{type(self).__name__} with {type(self.bn).__name__} expects multi-step input "
                              f"[T, B, C, ...] of {' or '.join(map(str, ndims))} dims, got shape {tuple(x.shape)}")

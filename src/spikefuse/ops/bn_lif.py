@@ -59,12 +59,13 @@ import torch
 from torch import Tensor
 
 from .. import params as P
+from ..neurons.lif import engine_model, engine_params, initial_potential
 from ..neurons.model import NeuronModel
 from ..surrogate import Surrogate
 from . import batchnorm_cpu, engine, module
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
-from .engine.autograd import _OBJECTS, _register
+from .engine.autograd import OBJECTS, register
 
 __all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
            "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
@@ -91,10 +92,8 @@ class EngineNeuron:
 
     def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
                  init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
-        """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``batch_norm`` / ``overwrite_x``,
-        which the cpu backend takes (elsewhere grad_x goes into a buffer of its own)."""
-        if backend != "cpu":
-            input_kw.pop("overwrite_x", None)
+        """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``overwrite_x``, or the cpu
+        backend's ``batch_norm``."""
         cdt = compute_dtype(x2.dtype)
         return engine.module(backend).backward(
             self.model, grad_spikes.to(cdt), grad_final, x2.to(cdt), params, inner, init, self.surrogate,
@@ -130,14 +129,14 @@ class HandWrittenLIF:
 
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
     """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
-    return _register(EngineNeuron(model, surrogate, bool(detach_reset)))
+    return register(EngineNeuron(model, surrogate, bool(detach_reset)))
 
 
 def _hand_written_key(ints: tuple, floats: tuple) -> str:
-    return _register(HandWrittenLIF(tuple(ints), tuple(floats)))
+    return register(HandWrittenLIF(tuple(ints), tuple(floats)))
 
 
-# torch.compile calls these as Python and takes their results as constants, as it does engine.autograd._register.
+# torch.compile calls these as Python and takes their results as constants, as it does engine.autograd.register.
 engine_neuron_key._dynamo_marked_constant = True
 _hand_written_key._dynamo_marked_constant = True
 
@@ -181,7 +180,7 @@ def _forward_impl(
         y += residual
         if pack_residual:
             bits = pack(residual)[0]
-    spikes, final = _OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
+    spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
     del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
@@ -250,7 +249,7 @@ def _backward_impl(
         neuron_input, input_kw = y.reshape(t_steps, n), {"overwrite_x": True}  # y is this function's own transient
         del y
     del residual
-    grad_y, grad_init, grad_params = _OBJECTS[neuron].backward(
+    grad_y, grad_init, grad_params = OBJECTS[neuron].backward(
         backend, grad_spikes, list(grad_final), neuron_input, list(params), inner, list(init), list(need_param_grads),
         **input_kw,
     )  # fmt: skip
@@ -347,7 +346,7 @@ def _gradients(ctx, grads, need_params, need_affine: bool, need_residual: bool, 
     xb, residual, bits, w, b, mean, invstd, rm, rv, *tensors = ctx.saved_tensors
     params, init = tensors[: ctx.n_params], tensors[ctx.n_params :]
     inner, neuron, backend, training, eps = ctx.args
-    refuse_double_backward(f"the fused BatchNorm+neuron op ({_OBJECTS[neuron].name})",
+    refuse_double_backward(f"the fused BatchNorm+neuron op ({OBJECTS[neuron].name})",
                            "use torch.nn.BatchNorm and the neuron with backend='reference' instead")
     n = xb.numel() // ctx.t_steps
     grad_spikes = grads[0] if grads[0] is not None else torch.zeros((ctx.t_steps, n), dtype=xb.dtype, device=xb.device)
@@ -473,14 +472,7 @@ def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tenso
     """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition where it
     runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written kernels; ``v_init`` None starts every
     neuron from the reset value (one value shared by all: nothing of size N is read)."""
-    from ..neurons.lif import engine_model, engine_params  # (the neurons import the engine, which imports ops)
-
-    cdt = compute_dtype(x.dtype)
-    n = x.numel() // x.shape[0]
-    if v_init is None:
-        v0 = torch.full((1,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=cdt, device=x.device)
-    else:
-        v0 = v_init.reshape(n).to(cdt).contiguous()
+    v0 = initial_potential(spec, v_init, x)
     model = engine_model(spec, x.dtype, backend)
     if model is None:
         ints, floats = spec.kernel_lists()

@@ -3,7 +3,7 @@
 ``autograd.Function`` for eager calls (the first call of a custom op imports ``torch._dynamo``, ~2 s per process).
 
 Custom ops take tensors, numbers and strings only: the :class:`~spikefuse.neurons.NeuronModel` and the surrogate
-travel as keys into :data:`_OBJECTS`, where :func:`neuron` puts them on the way in.
+travel as keys into :data:`OBJECTS`, where :func:`neuron` puts them on the way in.
 
 ``spikefuse::engine_forward`` returns ``[spikes, *final states, *saved states]`` (the states of every step with
 ``save``, memory="potential"; none otherwise); ``spikefuse::engine_backward`` returns ``[grad_x, *grad_init,
@@ -23,27 +23,27 @@ from torch import Tensor
 from ..common import compute_dtype, keeps_graph, refuse_double_backward
 from . import module
 
-_OBJECTS: dict[str, object] = {}  # key -> model or surrogate instance
+OBJECTS: dict[str, object] = {}  # key -> model, surrogate or fused op's neuron (spikefuse.ops.bn_lif)
 
 
-def _register(obj) -> str:
-    """Put a model or a surrogate into :data:`_OBJECTS`; returns its key (both are frozen dataclasses: the repr
-    holds every field)."""
+def register(obj) -> str:
+    """Put an object the custom ops take by key into :data:`OBJECTS` (a model, a surrogate, the neuron of the fused
+    BatchNorm op); returns its key (each is a frozen dataclass: the repr holds every field)."""
     key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
-    _OBJECTS.setdefault(key, obj)
+    OBJECTS.setdefault(key, obj)
     return key
 
 
-# torch.compile runs _register as Python and takes its result as a constant (it cannot trace a dataclass repr).
+# torch.compile runs register as Python and takes its result as a constant (it cannot trace a dataclass repr).
 # This is what torch.compiler.assume_constant_result does; calling that would import torch._dynamo (~2 s, and
 # triton with it) on every `import spikefuse`.
-_register._dynamo_marked_constant = True
+register._dynamo_marked_constant = True
 
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
-    spikes, final, saved = module(backend).forward(_OBJECTS[model], x2.to(compute_dtype(x2.dtype)), list(params),
-                                                   inner, list(init), _OBJECTS[surrogate], detach_reset, save,
+    spikes, final, saved = module(backend).forward(OBJECTS[model], x2.to(compute_dtype(x2.dtype)), list(params),
+                                                   inner, list(init), OBJECTS[surrogate], detach_reset, save,
                                                    spike_dtype=x2.dtype)  # fmt: skip
     return [spikes, *final, *saved]
 
@@ -65,7 +65,7 @@ def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surro
     # x empty: it was not kept (see _save), and the kernels take a [T, N] buffer there that they do not read
     xc = x2.to(cdt) if x2.numel() else grad_spikes_c
     grad_x, grad_init, grad_params = module(backend).backward(
-        _OBJECTS[model], grad_spikes_c, list(grad_final), xc, list(params), inner, list(init), _OBJECTS[surrogate],
+        OBJECTS[model], grad_spikes_c, list(grad_final), xc, list(params), inner, list(init), OBJECTS[surrogate],
         detach_reset, list(need_param_grads), list(saved), overwrite_saved,
     )  # fmt: skip
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
@@ -101,7 +101,7 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
     needs_x = not saved or backend == "reference" or module(backend).kernels(
-        _OBJECTS[model], type(_OBJECTS[surrogate]), compute_dtype(x2.dtype)).BACKWARD_READS_INPUT
+        OBJECTS[model], type(OBJECTS[surrogate]), compute_dtype(x2.dtype)).BACKWARD_READS_INPUT
     ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 
@@ -112,7 +112,7 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     x2, *tensors = ctx.saved_tensors
     inner, model, surrogate, detach_reset, backend = ctx.args
     # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
-    refuse_double_backward(f"the {_OBJECTS[model].name} neurons ({backend!r} backend)",
+    refuse_double_backward(f"the {OBJECTS[model].name} neurons ({backend!r} backend)",
                            "the neuron engine computes first-order gradients only; spikefuse.lif and the LIF "
                            "layers with backend='reference' run plain PyTorch ops, which autograd differentiates "
                            "twice")  # fmt: skip
@@ -176,7 +176,7 @@ def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_re
     """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
     plain Function in eager mode."""
-    model_key, surrogate_key = _register(model), _register(surrogate)
+    model_key, surrogate_key = register(model), register(surrogate)
     if torch.compiler.is_compiling():
         out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
                              backend, bool(save))  # fmt: skip

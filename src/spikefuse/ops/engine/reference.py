@@ -10,9 +10,10 @@ Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T
   each (``saved``, empty without ``save``), for backward to read instead of recomputing them (this backend's
   backward recomputes anyway); ``spike_dtype``: the spikes' dtype (default x2's: a half-precision input's);
 - ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-  saved=(), overwrite_saved=False) -> (grad_x, grad_init per state (None for a shared one), grad_params per
-  parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again (a backend may
-  write grad_x over it).
+  saved=(), overwrite_saved=False, *, overwrite_x=False) -> (grad_x, grad_init per state (None for a shared one),
+  grad_params per parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again
+  (a backend may write grad_x over it); ``overwrite_x``: likewise for ``x2`` (a transient of the caller's) when
+  nothing is saved. The cpu backend also takes ``batch_norm`` (:func:`spikefuse.ops.engine.cpu.backward`).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False):  # fmt: skip
+             saved=(), overwrite_saved=False, *, overwrite_x=False):  # fmt: skip
     n = x2.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)

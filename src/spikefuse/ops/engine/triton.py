@@ -293,7 +293,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 
 
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False):  # fmt: skip
+             saved=(), overwrite_saved=False, *, overwrite_x=False):  # fmt: skip
     t_steps, n = x2.shape
     _check(x2, [x2, grad_spikes, *grad_final, *params, *init], "input and gradient")
     device = x2.device
