@@ -1,5 +1,11 @@
 import os
 
-# The Triton kernels run on the CPU only through Triton's interpreter, which must be chosen before triton is
-# imported; the backend reads it at call time, so setting it for the whole session is harmless elsewhere.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("SPIKEFUSE_TEST_TRITON") == "cuda":
+    # On a GPU machine: the Triton tests run the compiled kernels on the GPU (tests/triton_on_cuda.py).
+    from tests import triton_on_cuda
+
+    triton_on_cuda.install()
+else:
+    # The Triton kernels run on the CPU only through Triton's interpreter, which must be chosen before triton is
+    # imported; the backend reads it at call time, so setting it for the whole session is harmless elsewhere.
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -40,6 +40,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.memory",
     "spikefuse.bench.timesplit",
     "spikefuse.bench.gpu_static",
+    "spikefuse.bench.gpu",
 )
 #: ``"module:ClassName"`` of further exceptions that mean a user error (message, exit code 2).
 USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError"]

@@ -9,7 +9,7 @@ tensors are tiny.
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (conftest may have chosen the GPU)
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402

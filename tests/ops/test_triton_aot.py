@@ -18,7 +18,7 @@ the time budget; ``spikefuse bench gpu-static`` compiles every arithmetic combin
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # as in test_triton.py: this process runs kernels only in the interpreter
+os.environ.setdefault("TRITON_INTERPRET", "1")  # as in test_triton.py: kernels run in the interpreter (or on a GPU)
 
 import copy  # noqa: E402
 import math  # noqa: E402

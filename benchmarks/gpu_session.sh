@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
+#   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [bench-quick]
+# - cuda-tests: tests/ops/test_triton_cuda.py and tests/bench/test_gpu.py (CUDA tensors through the public API);
+# - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
+#   (SPIKEFUSE_TEST_TRITON=cuda; the AOT test is left out: it needs no GPU);
+# - bench: `spikefuse bench gpu` into $OUT (copy the files to benchmarks/results/ to commit them).
+# Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site).
+set -uo pipefail
+OUT=${OUT:-/tmp/spikefuse-gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+$PY -c "import torch, triton, numba; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', \
+triton.__version__, 'numba', numba.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+workers=$(( $(nproc) > 16 ? 16 : $(nproc) ))
+status=0
+for step in "${@:-cuda-tests triton-tests bench}"; do
+  for s in $step; do
+    case $s in
+      cuda-tests)
+        $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py tests/bench/test_gpu.py \
+            2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
+      triton-tests)
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${TESTS_TIMEOUT:-330}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \
+            --dist load -k "triton or Triton" --ignore=tests/ops/test_triton_aot.py tests/ops tests/neurons tests/nn tests/test_functional.py \
+            2>&1 | tee "$OUT/pytest-triton-on-cuda.log" | tail -25 || status=1 ;;
+      bench)
+        timeout "${BENCH_TIMEOUT:-300}" $PY -m spikefuse.cli bench gpu --out "$OUT" ${BENCH_ARGS:-} \
+            2>&1 | tee "$OUT/bench-gpu.log" | tail -40 || status=1 ;;
+      bench-quick)
+        $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
+      *) echo "unknown step $s: use cuda-tests, triton-tests, bench or bench-quick"; exit 2 ;;
+    esac
+  done
+done
+exit $status

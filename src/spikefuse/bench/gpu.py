@@ -1,0 +1,333 @@
+"""``spikefuse bench gpu``: one spiking layer on a CUDA GPU, spikefuse's Triton kernels against the peers' GPU
+implementations and the memory-bandwidth floor (Fig. 5 of the temporal-fusion paper on a GPU).
+
+One layer of N neurons, fp32, at each T: forward alone and forward+backward (``y.backward(g)`` into a leaf input
+whose ``.grad`` is freed inside the timed run), every implementation as its users run it, timed with CUDA events,
+round-robin, medians. Groups of one dynamics, each implementation's spikes compared with the group's first:
+
+- ``sj-lif``: SpikingJelly 2.0's ``LIFNode(step_mode='m')`` (on CUDA a pip install runs its Triton kernel: its native
+  CUDA ops need a source build) against :class:`spikefuse.compat.spikingjelly.LIFNode` with the same arguments;
+- ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it, the
+  LIF definition on the neuron engine's generated kernels (both memory modes), an eager PyTorch loop,
+  ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the last two fire on ``>``);
+- ``cuba``: :class:`spikefuse.nn.CubaLIF` against a loop over snnTorch's ``Synaptic``;
+- ``lsnn``: spikefuse's definition of Norse's LSNN against Norse's ``LSNN`` module;
+- ``alif``: :class:`spikefuse.nn.ALIF` (no peer has these dynamics).
+
+The floor is the bytes a fused layer must move per neuron-step over the device-to-device copy bandwidth measured in
+the same run: forward 12 (read x, write spikes and the membrane) with ``memory="potential"``, 8 (read x, write
+spikes) with ``"recompute"``; forward+backward 24 and 20 (backward: read the upstream gradient and the membrane, or
+x, write grad_x), for every state count. Memory: the bytes a forward leaves allocated for its backward (beyond its
+output) and the peak of a forward+backward, both over what was allocated before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+
+DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
+FLOOR_BYTES = {"potential": (12, 24), "recompute": (8, 20)}  # per neuron-step: (forward, forward+backward)
+
+
+@dataclass
+class Case:
+    name: str
+    group: str
+    run: Callable[[torch.Tensor], torch.Tensor]
+    memory: str | None = None  # ours: the memory mode, which sets the floor; None for peers
+    note: str = ""
+
+
+def _eager_lif(x: torch.Tensor) -> torch.Tensor:
+    from .neuron import eager_lif
+
+    return eager_lif(x)
+
+
+def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
+    """The implementations, and a line for each peer that could not be built."""
+    import spikefuse
+    from spikefuse.compat import spikingjelly as sf_spikingjelly
+    from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
+    from spikefuse.neurons import LIF_MODELS
+    from spikefuse.nn import ALIF, CubaLIF
+    from spikefuse.surrogate import Sigmoid
+
+    sj_args = dict(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0, step_mode="m")
+    sf_sj = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
+    lif_model = LIF_MODELS[("paper", "hard")]
+    found = [
+        Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
+    ]
+    for memory in ("potential", "recompute"):
+        found.append(Case(f"spikefuse.lif ({memory})", "paper-lif", lambda x, m=memory: spikefuse.lif(
+            x, decay=DECAY, threshold=THRESHOLD, memory=m), memory))  # fmt: skip
+    for memory in ("potential", "recompute"):
+        found.append(Case(f"spikefuse LIF definition, generated kernels ({memory})", "paper-lif",
+                          lambda x, m=memory: spikefuse.neuron(x, lif_model, surrogate=Sigmoid(ALPHA), memory=m,
+                                                               decay=DECAY, threshold=THRESHOLD, v_reset=0.0),
+                          memory))  # fmt: skip
+    found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
+    if include_compile:
+        found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
+    cuba = CubaLIF(0.8, 0.9, detach_reset=True).cuda()  # snnTorch detaches the reset
+    found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
+    lsnn = lsnn_params()
+
+    def ours_lsnn(x):
+        state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], float(lsnn["v_th"])))
+        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **lsnn)
+
+    found.append(Case("spikefuse Norse-LSNN definition", "lsnn", ours_lsnn, "recompute"))
+    alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
+    found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
+    missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]
+    for build in (_spikingjelly, _snntorch_leaky, _snntorch_synaptic, _norse_lif, _norse_lsnn):
+        try:
+            found.append(build())
+        except Exception as err:  # a missing or broken peer is reported in the results, not fatal
+            missing.append(f"{build.__name__.lstrip('_')}: {type(err).__name__}: {err}")
+    order = ["sj-lif", "paper-lif", "cuba", "lsnn", "alif"]
+    return sorted(found, key=lambda c: order.index(c.group)), missing
+
+
+def _spikingjelly() -> Case:
+    # A pip install has no native CUDA build; name the Triton kernel it then runs, so that a failure says so
+    os.environ.setdefault("SJ_LIF_CUDA_IMPLEMENTATION", "triton")
+    from spikingjelly.activation_based import functional, neuron, surrogate
+
+    node = neuron.LIFNode(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0,
+                          surrogate_function=surrogate.Sigmoid(alpha=ALPHA), step_mode="m")  # fmt: skip
+
+    def run(x):
+        functional.reset_net(node)
+        return node(x)
+
+    return Case("SpikingJelly 2.0 LIFNode (its Triton kernel)", "sj-lif", run)
+
+
+def _snntorch_leaky() -> Case:
+    import snntorch
+    from snntorch import surrogate
+
+    leaky = snntorch.Leaky(beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero",
+                           spike_grad=surrogate.sigmoid(slope=ALPHA))  # fmt: skip
+
+    def run(x):
+        mem, out = leaky.init_leaky(), []
+        for x_t in x.unbind(0):
+            spk, mem = leaky(x_t, mem)
+            out.append(spk)
+        return torch.stack(out)
+
+    return Case("snnTorch Leaky loop", "paper-lif", run, note="fires on >, reset always detached")
+
+
+def _snntorch_synaptic() -> Case:
+    import snntorch
+
+    layer = snntorch.Synaptic(alpha=0.8, beta=0.9)
+
+    def run(x):
+        syn = mem = torch.zeros_like(x[0])
+        out = []
+        for x_t in x.unbind(0):
+            s, syn, mem = layer(x_t, syn, mem)
+            out.append(s)
+        return torch.stack(out)
+
+    return Case("snnTorch Synaptic loop", "cuba", run)
+
+
+def _norse_lif() -> Case:
+    from norse.torch import LIFBoxCell, LIFBoxParameters
+
+    dt = 1e-3
+    params = LIFBoxParameters(tau_mem_inv=torch.tensor((1.0 - DECAY) / dt), v_th=torch.tensor(THRESHOLD),
+                              v_reset=torch.tensor(0.0), v_leak=torch.tensor(0.0), method="tanh",
+                              alpha=torch.tensor(ALPHA / 2))  # fmt: skip
+    cell = LIFBoxCell(params, dt=dt).cuda()
+
+    def run(x):
+        state, out = None, []
+        for x_t in (x / (1.0 - DECAY)).unbind(0):
+            z, state = cell(x_t, state)
+            out.append(z)
+        return torch.stack(out)
+
+    return Case("Norse LIFBoxCell loop", "paper-lif", run, note="v + dt/tau*(x - v), fires on >")
+
+
+def _norse_lsnn() -> Case:
+    import norse.torch as norse
+
+    layer = norse.LSNN().cuda()
+    return Case("Norse LSNN", "lsnn", lambda x: layer(x)[0])
+
+
+def _inputs(group: str, t_steps: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    scale = {"lsnn": 3.0}.get(group, 0.6)
+    return torch.rand(t_steps, n, generator=gen, device="cuda") * scale
+
+
+def _median_ms(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median milliseconds of each function, timed with CUDA events, run in turns (round-robin)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def _memory(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g: torch.Tensor) -> tuple[float, float]:
+    """(MB kept for backward beyond the output, MB peak of forward+backward), over what was allocated before."""
+    leaf = x.clone().requires_grad_()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = fn(leaf)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - y.nbytes
+    y.backward(g)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    return kept / 2**20, peak / 2**20
+
+
+def run(args: argparse.Namespace) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("spikefuse bench gpu needs a CUDA GPU: none is visible to PyTorch here")
+    found, missing = cases(not args.no_compile)
+    copy_bytes = 1 << 30
+    src, dst = torch.rand(copy_bytes // 4, device="cuda"), torch.empty(copy_bytes // 4, device="cuda")
+    rows = []
+    for n in args.neurons:
+        for t_steps in args.T:
+            gen = torch.Generator(device="cuda").manual_seed(t_steps)
+            x = {group: _inputs(group, t_steps, n, gen) for group in dict.fromkeys(c.group for c in found)}
+            upstream = torch.randn(t_steps, n, generator=gen, device="cuda")
+            leaves = {group: inputs.clone().requires_grad_() for group, inputs in x.items()}
+            if not args.no_compile:
+                torch._dynamo.reset()  # torch.compile compiles again for each shape, as a user with one T sees it
+            first = {}
+            mismatch = {}
+            with torch.no_grad():
+                for c in found:
+                    spikes = c.run(x[c.group]).float()
+                    first.setdefault(c.group, spikes)
+                    mismatch[c.name] = float((spikes != first[c.group]).float().mean())
+            del first
+
+            def forward(c):
+                def go():
+                    with torch.no_grad():
+                        c.run(x[c.group])
+
+                return go
+
+            def forward_backward(c):
+                def go():
+                    c.run(leaves[c.group]).backward(upstream)
+                    leaves[c.group].grad = None
+
+                return go
+
+            fwd = _median_ms({c.name: forward(c) for c in found}, args.repeats)
+            both = _median_ms({c.name: forward_backward(c) for c in found}, args.repeats)
+            copy_ms = _median_ms({"copy": lambda: dst.copy_(src)}, args.repeats)["copy"]
+            bandwidth = 2 * copy_bytes / (copy_ms * 1e-3)
+            memory = {c.name: _memory(c.run, x[c.group], upstream) for c in found}
+            for c in found:
+                ours = next(o for o in found if o.group == c.group and o.memory)
+                row = {"N": n, "T": t_steps, "group": c.group, "implementation": c.name,
+                       "forward_ms": round(fwd[c.name], 4), "forward_backward_ms": round(both[c.name], 4),
+                       "speedup_of_ours": round(both[c.name] / both[ours.name], 2),
+                       "spike_mismatch": mismatch[c.name], "kept_for_backward_MB": round(memory[c.name][0], 1),
+                       "peak_MB": round(memory[c.name][1], 1), "copy_GBps": round(bandwidth / 1e9, 1),
+                       "floor_fraction_forward": "", "floor_fraction_forward_backward": "", "note": c.note}  # fmt: skip
+                if c.memory:
+                    f_bytes, fb_bytes = FLOOR_BYTES[c.memory]
+                    row["floor_fraction_forward"] = round(f_bytes * t_steps * n / bandwidth * 1e3 / fwd[c.name], 3)
+                    row["floor_fraction_forward_backward"] = round(
+                        fb_bytes * t_steps * n / bandwidth * 1e3 / both[c.name], 3)
+                rows.append(row)
+            print(f"N={n:,} T={t_steps}: " + ", ".join(f"{c.name} {both[c.name]:.2f} ms" for c in found), flush=True)
+    write_results(args, rows, missing)
+
+
+def write_results(args, rows: list[dict], missing: list[str]) -> None:
+    stem = Path(args.out) / f"gpu_{args.tag}"
+    write_csv(stem.with_suffix(".csv"), rows)
+    device = torch.cuda.get_device_name()
+    import triton
+
+    table = markdown_table(
+        ["N", "T", "implementation", "fwd ms", "fwd+bwd ms", "x ours (fwd+bwd)", "floor fraction fwd / fwd+bwd",
+         "kept for bwd MB", "peak MB", "spikes differing"],
+        [[f"{r['N']:,}", r["T"], r["implementation"], f"{r['forward_ms']:.3f}", f"{r['forward_backward_ms']:.3f}",
+          f"{r['speedup_of_ours']:.2f}",
+          f"{r['floor_fraction_forward']} / {r['floor_fraction_forward_backward']}" if r["floor_fraction_forward"]
+          else "", r["kept_for_backward_MB"], r["peak_MB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
+    )  # fmt: skip
+    text = [
+        f"# One spiking layer on a GPU ({device}), fp32",
+        "",
+        f"Machine: {device}, CUDA {torch.version.cuda}, Triton {triton.__version__}; host {machine_info()}",
+        f"Command: `{command_line()}`",
+        "",
+        f"Medians of {args.repeats} round-robin runs after two warm-ups, timed with CUDA events. 'x ours': the "
+        "implementation's forward+backward time over that of spikefuse's first implementation of the same dynamics "
+        "(group). Floor: the bytes the layer must move per neuron-step (forward 12 with memory='potential', 8 with "
+        "'recompute'; forward+backward 24 and 20) over the device-to-device copy bandwidth of the same run ("
+        + ", ".join(sorted({f"{r['copy_GBps']} GB/s" for r in rows})) + "). 'kept for bwd': allocated after the "
+        "forward beyond the output; 'peak': of forward+backward, over what was allocated before. 'spikes "
+        "differing': fraction of spikes that differ from the group's first row.",
+        "",
+        table,
+    ]
+    notes = [f"- {r['implementation']}: {r['note']}" for r in rows if r["note"]]
+    if notes:
+        text += ["", *dict.fromkeys(notes)]
+    if missing:
+        text += ["", "Not measured: " + "; ".join(missing)]
+    stem.with_suffix(".md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {stem}.md/.csv")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("gpu", help="one spiking layer on a CUDA GPU vs SpikingJelly, snnTorch, Norse, torch")
+    p.add_argument("--neurons", type=int, nargs="+", default=[1_000_000, 16_000_000])
+    p.add_argument("--T", type=int, nargs="+", default=[32])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> None:
+    if args.quick:
+        args.neurons, args.T, args.repeats, args.no_compile = [20_000], [4], 3, True
+    args.tag = args.tag or ("quick" if args.quick else "full")
+    if min(args.neurons) <= 0 or min(args.T) <= 0:
+        raise SystemExit("--neurons and --T must be positive")
+    run(args)

@@ -1,0 +1,147 @@
+"""The public API on CUDA tensors (the Triton backend compiled for the GPU) against the plain-PyTorch reference on
+the CPU: every shipped neuron module, both memory modes, learnable per-channel parameters, the fused BatchNorm with
+the LIF and with engine neurons, float64 gradcheck, torch.compile, and a second GPU's device guard.
+
+Spikes and states must equal the CPU reference's bit for bit (the kernels round as the reference does: no FMA
+contraction, correctly rounded divisions); gradients agree to 1e-5. Skipped without a CUDA GPU (CI has none); the
+same kernels run under Triton's interpreter in the other Triton tests, which ``SPIKEFUSE_TEST_TRITON=cuda`` runs
+on the GPU as well (``tests/triton_on_cuda.py``).
+"""
+
+import copy
+
+import pytest
+import torch
+
+import spikefuse
+from spikefuse import nn as snn
+from spikefuse.compat import snntorch as sf_snntorch
+from spikefuse.compat import spikingjelly as sf_spikingjelly
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+SHAPE = (9, 3, 4, 5, 7)  # T=9, batch 3, 4 channels, odd spatial sizes
+
+
+def _assert_grads_close(got, want, name):
+    scale = max(float(want.abs().max()), 1.0)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"{name}: {m}")
+
+
+def _compare(make, x, *, backend_kw="backend"):
+    """``make(**{backend_kw: b})`` built twice with the same parameters: the reference on the CPU, the default
+    backend on the GPU. Same outputs bit for bit, same input and parameter gradients to 1e-5."""
+    torch.manual_seed(0)
+    ref = make(**{backend_kw: "reference"})
+    gpu = copy.deepcopy(make(**{backend_kw: "auto"})).cuda()
+    gpu.load_state_dict(ref.state_dict())
+    x_cpu = x.clone().requires_grad_()
+    x_gpu = x.cuda().requires_grad_()
+    y_cpu, y_gpu = ref(x_cpu), gpu(x_gpu)
+    assert y_gpu.is_cuda and y_gpu.dtype == y_cpu.dtype
+    assert torch.equal(y_gpu.cpu(), y_cpu), f"outputs differ in {int((y_gpu.cpu() != y_cpu).sum())} elements"
+    assert 0 < float(y_cpu.detach().float().mean()) < 1, "the input never (or always) makes a spike: the test checks nothing"
+    upstream = torch.randn(y_cpu.shape, dtype=y_cpu.dtype)
+    y_cpu.backward(upstream)
+    y_gpu.backward(upstream.cuda())
+    _assert_grads_close(x_gpu.grad, x_cpu.grad, "grad_x")
+    for (name, p_cpu), (_, p_gpu) in zip(ref.named_parameters(), gpu.named_parameters()):
+        _assert_grads_close(p_gpu.grad, p_cpu.grad, f"grad {name}")
+    for (name, b_cpu), (_, b_gpu) in zip(ref.named_buffers(), gpu.named_buffers()):
+        torch.testing.assert_close(b_gpu.cpu(), b_cpu, rtol=1e-6, atol=1e-7, msg=lambda m: f"buffer {name}: {m}")
+    return y_cpu
+
+
+MODULES = {
+    "lif-potential": lambda **kw: snn.LIF(0.7, 0.6, **kw),
+    "lif-recompute-soft-per-channel": lambda **kw: snn.LIF(0.7, 0.6, v_reset=None, learnable_decay=True, channels=4,
+                                                           memory="recompute", **kw),  # fmt: skip
+    "lif-detach": lambda **kw: snn.LIF(0.6, 0.5, detach_reset=True, **kw),
+    "cuba-lif-per-channel": lambda **kw: snn.CubaLIF(0.8, 0.7, threshold=0.6, learnable=("alpha", "beta"), channels=4,
+                                                     **kw),  # fmt: skip
+    "cuba-lif-zero-potential": lambda **kw: snn.CubaLIF(0.8, 0.7, threshold=0.6, reset="zero", memory="potential",
+                                                        **kw),  # fmt: skip
+    "alif": lambda **kw: snn.ALIF(0.8, 0.9, b0=0.5, beta=0.4, learnable=("decay",), channels=4, **kw),
+    "spikingjelly-lif": lambda **kw: sf_spikingjelly.LIFNode(tau=1.25, decay_input=True, v_threshold=0.4,
+                                                             step_mode="m", **kw),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_module_on_gpu_equals_cpu_reference(name):
+    _compare(MODULES[name], torch.rand(SHAPE) * 1.2 - 0.1)
+
+
+def test_snntorch_synaptic_on_gpu_equals_cpu_reference():
+    x = torch.rand(SHAPE) * 1.2
+    x_gpu = x.cuda()
+    ref = sf_snntorch.Synaptic(alpha=0.8, beta=0.7, backend="reference")
+    gpu = sf_snntorch.Synaptic(alpha=0.8, beta=0.7)
+    syn_c, mem_c = ref.init_synaptic()
+    syn_g, mem_g = gpu.init_synaptic()
+    for t in range(x.shape[0]):
+        s_c, syn_c, mem_c = ref(x[t], syn_c, mem_c)
+        s_g, syn_g, mem_g = gpu(x_gpu[t], syn_g, mem_g)
+        for got, want in ((s_g, s_c), (syn_g, syn_c), (mem_g, mem_c)):
+            assert got.is_cuda and torch.equal(got.cpu(), want)
+
+
+def test_batchnorm_lif_on_gpu_equals_cpu_reference():
+    def make(backend):
+        layer = snn.BatchNormLIF2d(4, decay=0.6, threshold=0.5, backend=backend)
+        with torch.no_grad():
+            layer.weight.uniform_(0.5, 1.5)
+        return layer
+
+    _compare(make, torch.randn(SHAPE) * 2 + 0.5)
+
+
+def test_batchnorm_neuron_on_gpu_equals_cpu_reference():
+    def make(backend):
+        return snn.BatchNormNeuron(torch.nn.BatchNorm2d(4), snn.CubaLIF(0.8, 0.7, threshold=0.5, backend=backend))
+
+    _compare(make, torch.randn(SHAPE) * 2 + 0.5)
+
+
+@pytest.mark.parametrize("model, params", [(CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.5)),
+                                           (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.4))])  # fmt: skip
+def test_gradcheck_float64_on_gpu(model, params):
+    x = (torch.rand(5, 2, 3, dtype=torch.float64, device="cuda") * 1.5).requires_grad_()
+    p = {k: torch.tensor(v, dtype=torch.float64, device="cuda", requires_grad=True) for k, v in params.items()
+         if k != "threshold" and k != "b0"}  # fmt: skip
+    fixed = {k: v for k, v in params.items() if k not in p}
+
+    def fn(x, *values):
+        _, state = spikefuse.neuron(x, model, surrogate="sigmoid", detach_reset=True, return_state=True,
+                                    backend="triton", **fixed, **dict(zip(p, values)))  # fmt: skip
+        return tuple(state)
+
+    assert torch.autograd.gradcheck(fn, (x, *p.values()), eps=1e-6, atol=1e-6)
+
+
+def test_torch_compile_fullgraph_on_gpu():
+    layer = snn.LIF(0.7, 0.6).cuda()
+    x = (torch.rand(SHAPE, device="cuda") * 1.2).requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True)
+    y = compiled(x)
+    assert torch.equal(y, layer(x.detach()))
+    y.sum().backward()
+    want = x.detach().clone().requires_grad_()
+    layer(want).sum().backward()
+    torch.testing.assert_close(x.grad, want.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_on_gpu(dtype):
+    x = torch.rand(SHAPE) * 1.2
+    want = spikefuse.lif(x.to(dtype).float(), decay=0.7, threshold=0.6, backend="reference")
+    got = spikefuse.lif(x.to(dtype).cuda(), decay=0.7, threshold=0.6)
+    assert got.dtype == dtype and torch.equal(got.float().cpu(), want)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_second_gpu_runs_under_its_own_device_guard():
+    x = torch.rand(SHAPE, device="cuda:1") * 1.2
+    for layer in (snn.LIF(0.7, 0.6), snn.CubaLIF(0.8, 0.7, threshold=0.6)):
+        assert torch.equal(layer.to("cuda:1")(x).cpu(), layer.cpu()(x.cpu()))
