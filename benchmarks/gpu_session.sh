@@ -24,7 +24,7 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
   for s in $step; do
     case $s in
       cuda-tests)
-        $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py tests/bench/test_gpu.py \
+        SPIKEFUSE_TEST_TRITON=cuda $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py tests/bench/test_gpu.py \
             2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
       triton-tests)
         SPIKEFUSE_TEST_TRITON=cuda timeout "${TESTS_TIMEOUT:-330}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \

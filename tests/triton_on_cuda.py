@@ -16,17 +16,17 @@ import os
 
 
 def install() -> None:
-    os.environ["TRITON_INTERPRET"] = "0"  # before anything imports triton: kernels compile for the GPU
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("SPIKEFUSE_TEST_TRITON=cuda needs a CUDA GPU; unset it to run Triton's interpreter")
+    import triton
     from triton.runtime.jit import JITFunction
 
-    import spikefuse.ops
-
-    # The backends accept the tests' CPU tensors for backend="triton", as under the interpreter.
-    spikefuse.ops.triton_interpreted = lambda: True
+    # Kernels compile for the GPU, while TRITON_INTERPRET=1 tells the backends to accept the tests' CPU tensors for
+    # backend="triton" as under the interpreter (tests that unset it still see the CPU-tensor error).
+    triton.knobs.runtime.interpret = False
+    os.environ["TRITON_INTERPRET"] = "1"
     launch = JITFunction.run
 
     def run_on_gpu(self, *args, grid, warmup, **kwargs):

@@ -2,6 +2,7 @@
 and the implementations of each dynamics give the same spikes where they are configured to."""
 
 import csv
+import os
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ def test_bench_gpu_without_a_gpu_says_so(tmp_path):
         main(["bench", "gpu", "--quick", "--out", str(tmp_path)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("SPIKEFUSE_TEST_TRITON") != "cuda",
+                    reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda")
 def test_bench_gpu_quick(tmp_path):
     assert main(["bench", "gpu", "--quick", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "gpu_quick.csv")))

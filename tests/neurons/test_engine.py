@@ -11,7 +11,7 @@ equals one call.
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (conftest may have chosen the GPU)
 
 import pytest
 import torch

@@ -9,6 +9,7 @@ on the GPU as well (``tests/triton_on_cuda.py``).
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -19,7 +20,10 @@ from spikefuse.compat import snntorch as sf_snntorch
 from spikefuse.compat import spikingjelly as sf_spikingjelly
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("SPIKEFUSE_TEST_TRITON") != "cuda",
+    reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda (else the session runs Triton's interpreter)",
+)
 
 SHAPE = (9, 3, 4, 5, 7)  # T=9, batch 3, 4 channels, odd spatial sizes
 
@@ -77,7 +81,7 @@ def test_snntorch_synaptic_on_gpu_equals_cpu_reference():
     x = torch.rand(SHAPE) * 1.2
     x_gpu = x.cuda()
     ref = sf_snntorch.Synaptic(alpha=0.8, beta=0.7, backend="reference")
-    gpu = sf_snntorch.Synaptic(alpha=0.8, beta=0.7)
+    gpu = sf_snntorch.Synaptic(alpha=0.8, beta=0.7).cuda()
     syn_c, mem_c = ref.init_synaptic()
     syn_g, mem_g = gpu.init_synaptic()
     for t in range(x.shape[0]):

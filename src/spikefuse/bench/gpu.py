@@ -120,7 +120,7 @@ def _snntorch_leaky() -> Case:
     from snntorch import surrogate
 
     leaky = snntorch.Leaky(beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero",
-                           spike_grad=surrogate.sigmoid(slope=ALPHA))  # fmt: skip
+                           spike_grad=surrogate.sigmoid(slope=ALPHA)).cuda()  # fmt: skip
 
     def run(x):
         mem, out = leaky.init_leaky(), []
@@ -135,7 +135,7 @@ def _snntorch_leaky() -> Case:
 def _snntorch_synaptic() -> Case:
     import snntorch
 
-    layer = snntorch.Synaptic(alpha=0.8, beta=0.9)
+    layer = snntorch.Synaptic(alpha=0.8, beta=0.9).cuda()
 
     def run(x):
         syn = mem = torch.zeros_like(x[0])
