@@ -1,9 +1,9 @@
 import os
 
-if os.environ.get("SPIKEFUSE_TEST_TRITON") == "cuda":
-    # On a GPU machine: the Triton tests run the compiled kernels on the GPU (tests/triton_on_cuda.py).
-    from tests import triton_on_cuda
+from tests import triton_on_cuda
 
+if triton_on_cuda.GPU_TEST_MODE:
+    # On a GPU machine: the Triton tests run the compiled kernels on the GPU (tests/triton_on_cuda.py).
     triton_on_cuda.install()
 else:
     # The Triton kernels run on the CPU only through Triton's interpreter, which must be chosen before triton is

@@ -5,6 +5,7 @@ import torch
 
 import spikefuse
 from spikefuse.surrogate import ATan, Rectangle
+from tests.triton_on_cuda import GPU_TEST_MODE
 
 
 def lif(x, **kw):
@@ -52,6 +53,7 @@ def test_bad_input_raises_clear_error(x, kwargs, error, message):
         lif(x, backend=kwargs.pop("backend", "reference"), **kwargs)
 
 
+@pytest.mark.skipif(GPU_TEST_MODE, reason="the GPU test mode accepts CPU tensors for backend='triton'")
 def test_fused_backends_refuse_wrong_device_with_advice(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors.*TRITON_INTERPRET=1"):

@@ -5,7 +5,8 @@ The tests draw their inputs on the CPU and compare the Triton backend with the C
 tensor arguments to the GPU, runs the compiled kernel there and copies every storage back, so the same tests
 compare the compiled GPU kernels with the CPU reference, bit for bit where they ask for it. Storages shared by two
 arguments (grad_x written over a saved tensor) stay shared on the GPU. The launchers' own CUDA paths (device guard,
-streams, CUDA tensors from the public API) are covered by ``tests/ops/test_triton_cuda.py``.
+streams, CUDA tensors from the public API) are covered by ``tests/ops/test_triton_cuda.py``. The two tests of the
+error for CPU tensors without the interpreter skip in this mode (``GPU_TEST_MODE``).
 
 CI has no GPU and never takes this path.
 """
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import os
 
+GPU_TEST_MODE = os.environ.get("SPIKEFUSE_TEST_TRITON") == "cuda"
+
 
 def install() -> None:
+    os.environ["TRITON_INTERPRET"] = "0"  # before anything imports triton: kernels compile for the GPU
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("SPIKEFUSE_TEST_TRITON=cuda needs a CUDA GPU; unset it to run Triton's interpreter")
-    import triton
     from triton.runtime.jit import JITFunction
 
-    # Kernels compile for the GPU, while TRITON_INTERPRET=1 tells the backends to accept the tests' CPU tensors for
-    # backend="triton" as under the interpreter (tests that unset it still see the CPU-tensor error).
-    triton.knobs.runtime.interpret = False
-    os.environ["TRITON_INTERPRET"] = "1"
+    import spikefuse.ops
+
+    # The backends accept the tests' CPU tensors for backend="triton", as under the interpreter.
+    spikefuse.ops.triton_interpreted = lambda: True
     launch = JITFunction.run
 
     def run_on_gpu(self, *args, grid, warmup, **kwargs):

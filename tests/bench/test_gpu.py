@@ -2,12 +2,12 @@
 and the implementations of each dynamics give the same spikes where they are configured to."""
 
 import csv
-import os
 
 import pytest
 import torch
 
 from spikefuse.cli import main
+from tests.triton_on_cuda import GPU_TEST_MODE
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where no GPU is visible")
@@ -16,7 +16,7 @@ def test_bench_gpu_without_a_gpu_says_so(tmp_path):
         main(["bench", "gpu", "--quick", "--out", str(tmp_path)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("SPIKEFUSE_TEST_TRITON") != "cuda",
+@pytest.mark.skipif(not (torch.cuda.is_available() and GPU_TEST_MODE),
                     reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda")
 def test_bench_gpu_quick(tmp_path):
     assert main(["bench", "gpu", "--quick", "--out", str(tmp_path)]) == 0

@@ -7,6 +7,7 @@ import torch
 import spikefuse
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF_ZERO
 from spikefuse.nn import ALIF, CubaLIF, EngineNeuron
+from tests.triton_on_cuda import GPU_TEST_MODE
 
 
 def test_cuba_lif_module_equals_functional_and_learns_per_channel():
@@ -79,6 +80,7 @@ def test_bad_calls():
         spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend="gpu")
 
 
+@pytest.mark.skipif(GPU_TEST_MODE, reason="the GPU test mode accepts CPU tensors for backend='triton'")
 def test_triton_backend_on_cpu_tensors_says_what_to_do(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):

@@ -9,7 +9,6 @@ on the GPU as well (``tests/triton_on_cuda.py``).
 """
 
 import copy
-import os
 
 import pytest
 import torch
@@ -19,9 +18,10 @@ from spikefuse import nn as snn
 from spikefuse.compat import snntorch as sf_snntorch
 from spikefuse.compat import spikingjelly as sf_spikingjelly
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+from tests.triton_on_cuda import GPU_TEST_MODE
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("SPIKEFUSE_TEST_TRITON") != "cuda",
+    not (torch.cuda.is_available() and GPU_TEST_MODE),
     reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda (else the session runs Triton's interpreter)",
 )
 

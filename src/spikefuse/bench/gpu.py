@@ -81,7 +81,7 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
     cuba = CubaLIF(0.8, 0.9, detach_reset=True).cuda()  # snnTorch detaches the reset
     found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
-    lsnn = lsnn_params()
+    lsnn = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in lsnn_params().items()}
 
     def ours_lsnn(x):
         state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], float(lsnn["v_th"])))
