@@ -31,7 +31,9 @@ def machine_info() -> str:
 
 
 def command_line() -> str:
-    return "spikefuse " + " ".join(sys.argv[1:]) if Path(sys.argv[0]).name == "spikefuse" else " ".join(sys.argv)
+    program = Path(sys.argv[0])
+    as_cli = program.name == "spikefuse" or program.parts[-2:] == ("spikefuse", "cli.py")  # or python -m spikefuse.cli
+    return "spikefuse " + " ".join(sys.argv[1:]) if as_cli else " ".join(sys.argv)
 
 
 def timed(fn: Callable[[], object]) -> float:
