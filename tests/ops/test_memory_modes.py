@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import spikefuse  # noqa: E402
+from spikefuse.neurons.lif import ENGINE_BACKENDS  # noqa: E402
 
 from tests.ops.cases import saved_storages  # noqa: E402
 
@@ -25,7 +26,7 @@ def _available(backend):
 def _constants(backend):
     """Bytes of the threshold and v_reset saved for backward: one float32 each where the LIF's definition runs on the
     neuron engine (:func:`spikefuse.neurons.lif.engine_model`), none in the hand-written kernels' call."""
-    return 8 if backend == "cpu" else 0
+    return 8 if backend in ENGINE_BACKENDS else 0
 
 
 def _run(backend, memory, x, decay, v_init):

@@ -7,8 +7,8 @@ round-robin, medians. Groups of one dynamics, each implementation's spikes compa
 
 - ``sj-lif``: SpikingJelly 2.0's ``LIFNode(step_mode='m')`` (on CUDA a pip install runs its Triton kernel: its native
   CUDA ops need a source build) against :class:`spikefuse.compat.spikingjelly.LIFNode` with the same arguments;
-- ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it, the
-  LIF definition on the neuron engine's generated kernels (both memory modes), an eager PyTorch loop,
+- ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it (the
+  kernels generated from its definition), the hand-written kernels it ran before (both memory modes), an eager loop,
   ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the last two fire on ``>``);
 - ``cuba``: :class:`spikefuse.nn.CubaLIF` against a loop over snnTorch's ``Synaptic``;
 - ``lsnn``: spikefuse's definition of Norse's LSNN against Norse's ``LSNN`` module;
@@ -58,24 +58,31 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     import spikefuse
     from spikefuse.compat import spikingjelly as sf_spikingjelly
     from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse.neurons import LIF_MODELS
+    from spikefuse import params as P
+    from spikefuse.ops import autograd as hand_written
     from spikefuse.nn import ALIF, CubaLIF
     from spikefuse.surrogate import Sigmoid
+    from spikefuse.validation import paper_spec
 
     sj_args = dict(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0, step_mode="m")
     sf_sj = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
-    lif_model = LIF_MODELS[("paper", "hard")]
     found = [
         Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
     ]
     for memory in ("potential", "recompute"):
         found.append(Case(f"spikefuse.lif ({memory})", "paper-lif", lambda x, m=memory: spikefuse.lif(
             x, decay=DECAY, threshold=THRESHOLD, memory=m), memory))  # fmt: skip
+    ints, floats = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_lists()
+
+    def hand_written_lif(x, memory):
+        x2 = x.reshape(x.shape[0], -1)
+        decay, v_init = torch.full((1,), DECAY, device=x.device), torch.zeros(1, device=x.device)
+        spikes, _, _ = hand_written.neuron(x2, decay, v_init, 1, ints, floats, "triton", P.MEMORY_MODES[memory])
+        return spikes.reshape(x.shape)
+
     for memory in ("potential", "recompute"):
-        found.append(Case(f"spikefuse LIF definition, generated kernels ({memory})", "paper-lif",
-                          lambda x, m=memory: spikefuse.neuron(x, lif_model, surrogate=Sigmoid(ALPHA), memory=m,
-                                                               decay=DECAY, threshold=THRESHOLD, v_reset=0.0),
-                          memory))  # fmt: skip
+        found.append(Case(f"spikefuse LIF, hand-written kernels ({memory})", "paper-lif",
+                          lambda x, m=memory: hand_written_lif(x, m), memory))  # fmt: skip
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))

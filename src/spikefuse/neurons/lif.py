@@ -87,7 +87,7 @@ _DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
 _RESET_NAMES = {code: name for name, code in P.RESETS.items()}
 
 #: What the engine's LIF definitions run (the rest runs the hand-written kernels of :mod:`spikefuse.ops`).
-ENGINE_BACKENDS = ("cpu",)
+ENGINE_BACKENDS = ("cpu", "triton")
 
 
 def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> NeuronModel | None:

@@ -7,11 +7,14 @@ it. Each program owns ``BLOCK`` neurons and loops over all T steps with the stat
 
 - ``forward`` writes the spikes and the final states; nothing is saved for backward (``SAVE``, memory="potential":
   every step's states too, ``[T, N]`` each);
-- ``backward`` first re-runs the recursion, writing every step's states into a scratch ``[T+1, states, N]`` (a
-  program writes and reads back only its own neurons' columns), then runs back through time with the derivatives
-  of :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and per-neuron
-  parameter gradients (reduced per channel afterwards); with ``SAVED`` it reads the states ``forward`` saved
-  instead of re-running the recursion.
+- ``backward`` first re-runs the recursion, writing every step's states: the first state's into the rows of
+  grad_x, the others' into a scratch ``[T, states - 1, N]`` (none for one state; a program writes and reads back
+  only its own neurons' columns), then runs back through time with the derivatives of
+  :attr:`NeuronModel.derivatives`, reading each step's states once (the earlier step's carry over), writing the
+  input gradient over the row just read, the initial states' gradients and per-neuron parameter gradients (reduced
+  per channel afterwards); with ``SAVED`` it reads the states ``forward`` saved instead of re-running the
+  recursion, and writes grad_x over the first of them where the caller will not read them again. x is read back
+  only where a derivative reads it.
 
 Numerics. The step is emitted as written, numbers as constants of the compute dtype, divisions and square roots
 correctly rounded (``div_rn``, ``sqrt_rn``; Triton's plain float32 ``/`` and ``sqrt`` may be approximate on NVIDIA
@@ -125,6 +128,18 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
     n_s = len(S)
 
+    def history(k: str, t: str) -> str:
+        """The load of state ``k`` after step ``t`` recomputed by the backward: the first state's rows are grad_x's
+        (each overwritten by its gradient once read), the others' in ``hist`` ``[T, states - 1, N]``."""
+        if k == S[0]:
+            return f"tl.load(gx_ptr + {t} * N + offs, mask=mask, other=0.0)"
+        return f"tl.load(hist_ptr + ({t} * {n_s - 1} + {S.index(k) - 1}) * N64 + offs, mask=mask, other=0.0)"
+
+    def store_history(k: str, t: str) -> str:
+        if k == S[0]:
+            return f"tl.store(gx_ptr + {t} * N + offs, v_{k}, mask=mask)"
+        return f"tl.store(hist_ptr + ({t} * {n_s - 1} + {S.index(k) - 1}) * N64 + offs, v_{k}, mask=mask)"
+
     def handoff_grads() -> list[str]:
         """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
         after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
@@ -135,8 +150,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "    if SAVED:",
             *[f"        v_{k} = tl.load(saved_{k} + {last}, mask=mask, other=0.0)" for k in S],
             "    else:",
-            *[f"        v_{k} = tl.load(hist_ptr + tl.cast(T, tl.int64) * {n_s} * N64 + {i} * N64 + offs, mask=mask, "
-              "other=0.0)" for i, k in enumerate(S)],  # fmt: skip
+            *[f"        v_{k} = {history(k, 'tl.cast(T - 1, tl.int64)')}" for k in S],
             f"    {fire}",
             f"    {spike}",
             *emit.assignments(handoff_d, names_d, "    ", fast),
@@ -175,42 +189,42 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *[f"    i_{k} = v_{k}" for k in S],  # the initial states
         "    sg_p1 = tl.load(sg_ptr)",
         "    sg_p2 = tl.load(sg_ptr + 1)",
-        # without SAVED, recompute: hist[t, k, n] = state k after step t (t = 0: the initial state), at
-        # ((t * S + k) * N + n)
+        # without SAVED, recompute every step's states into grad_x (the first state) and hist (the others)
         "    if not SAVED:",
-        *[f"        tl.store(hist_ptr + {i} * N64 + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
         "        for t in range(0, T):",
         "            x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0)",
         *[f"    {ind}{line}" for line in step],
         f"    {ind}{fire}",
         f"    {ind}{spike}",
-        f"    {ind}base = tl.cast(t + 1, tl.int64) * {n_s} * N64 + offs",
-        *[f"    {ind}tl.store(hist_ptr + base + {i} * N64, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        *[f"    {ind}{store_history(k, 'tl.cast(t, tl.int64)')}" for k in S],
         # each neuron's column is read back by the thread that wrote it; the barrier makes that explicit
         "        tl.debug_barrier()",
         *[f"    gS_{k} = tl.load(gfinal_{k} + offs % gsize_{k}, mask=mask, other=0.0)" for k in S],
         f"    gs = tl.zeros([BLOCK], {dt})",
         *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
         *handoff_grads(),
+        # the states after the step: those after the last one, then each step's predecessor, carried over
+        "    last = tl.cast(T - 1, tl.int64)",
+        "    if SAVED:",
+        *[f"        n_{k} = tl.load(saved_{k} + last * N + offs, mask=mask, other=0.0)" for k in S],
+        "    else:",
+        *[f"        n_{k} = {history(k, 'last')}" for k in S],
         "    for i in range(0, T):",
         "        tr = tl.cast(T - 1 - i, tl.int64)",  # a new name: the recompute loop's t is an int32
         "        row = tr * N + offs",
-        f"        base = tr * {n_s} * N64 + offs",
-        f"{ind}if SAVED:",  # the states before the step: the initial ones, or the previous step's saved ones
-        f"{ind}    prev = tl.maximum(tr - 1, 0) * N + offs",
-        *[f"{ind}    o_{k} = tl.where(tr > 0, tl.load(saved_{k} + prev, mask=mask, other=0.0), i_{k})" for k in S],
-        *[f"{ind}    n_{k} = tl.load(saved_{k} + row, mask=mask, other=0.0)" for k in S],
+        "        prev = tl.maximum(tr - 1, 0)",
+        f"{ind}if SAVED:",  # the states before the step: the initial ones, or the previous step's
+        *[f"{ind}    o_{k} = tl.where(tr > 0, tl.load(saved_{k} + prev * N + offs, mask=mask, other=0.0), i_{k})"
+          for k in S],  # fmt: skip
         f"{ind}else:",
-        *[f"{ind}    o_{k} = tl.load(hist_ptr + base + {i} * N64, mask=mask, other=0.0)" for i, k in enumerate(S)],
-        *[f"{ind}    n_{k} = tl.load(hist_ptr + base + {n_s + i} * N64, mask=mask, other=0.0)"
-          for i, k in enumerate(S)],  # fmt: skip
+        *[f"{ind}    o_{k} = tl.where(tr > 0, {history(k, 'prev')}, i_{k})" for k in S],
         *[f"{ind}v_{k} = o_{k}" for k in S],
         f"{ind}{fire}",
         f"{ind}{spike}",
         *([f"{ind}s_ = tl.where(tr > 0, s_, {zero})"] if model.handoff else []),  # the first step sees none
         *[f"{ind}v_{k} = n_{k}" for k in S],
         f"{ind}{fire}",
-        f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
+        *([f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)"] if model.backward_reads_input else []),
         *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
         f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0) + gs",
         *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
@@ -223,6 +237,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}    gs = {zeros}",
         f"{ind}else:",
         f"{ind}    gs = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+        *[f"{ind}n_{k} = o_{k}" for k in S],
         *initial_grads(),
     ]
     header = [
@@ -297,14 +312,16 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     t_steps, n = x2.shape
     _check(x2, [x2, grad_spikes, *grad_final, *params, *init], "input and gradient")
     device = x2.device
-    grad_x = torch.empty_like(x2)
+    # with the states saved and not read again, grad_x goes over the first one (memory="potential"); recomputing,
+    # grad_x's rows first hold the first state's history
+    grad_x = saved[0] if saved and overwrite_saved else torch.empty_like(x2)
     grad_init = [torch.empty(n if v.numel() == n else 0, dtype=x2.dtype, device=device) for v in init]
     per_neuron = [torch.empty(n if need else 0, dtype=x2.dtype, device=device) for need in need_param_grads]
     if n > 0:
         module = kernels(model, type(surrogate), x2.dtype)
         scalar, par = _param_args(params)
         block = engine_block(n, len(model.states), x2.dtype)
-        hist = torch.empty((0 if saved else t_steps + 1, len(model.states), n), dtype=x2.dtype, device=device)
+        hist = torch.empty((0 if saved else t_steps, len(model.states) - 1, n), dtype=x2.dtype, device=device)
         sg = torch.tensor(surrogate.params(), dtype=x2.dtype, device=device)
         # a buffer that is not written (its flag is off) still needs a valid pointer: grad_x stands in
         with _on_device(device):
