@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .registry import Registered
+
 __all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid", "resolve", "SURROGATES"]
 
 
 @dataclass(frozen=True)
-class Surrogate:
+class Surrogate(Registered):
     """Base class. ``code`` selects the formula inside the fused kernels; ``p`` are its two float parameters."""
 
     code = -1

@@ -37,6 +37,8 @@ import hashlib
 import keyword
 from dataclasses import dataclass
 
+from ..registry import Registered
+
 __all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives"]
 
 #: The functions an expression may call, with their sympy names.
@@ -103,7 +105,7 @@ class Derivatives:
 
 
 @dataclass(frozen=True)
-class NeuronModel:
+class NeuronModel(Registered):
     """One neuron's dynamics (see the module docstring). ``defaults``: parameter values used when a call leaves a
     parameter out (a parameter without one must be given); ``initial``: the states' values before the first step
     (default 0); ``handoff``: the states handed out after the last step (see the module docstring).
@@ -160,6 +162,7 @@ class NeuronModel:
         for name, _ in self.initial:
             if name not in self.states:
                 raise ValueError(f"neuron {self.name!r}: an initial value for {name!r}, which is not a state")
+        super().__post_init__()
 
     @property
     def key(self) -> str:

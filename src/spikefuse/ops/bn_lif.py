@@ -61,11 +61,11 @@ from torch import Tensor
 from .. import params as P
 from ..neurons.lif import engine_model, engine_params, initial_potential
 from ..neurons.model import NeuronModel
+from ..registry import OBJECTS, register
 from ..surrogate import Surrogate
 from . import batchnorm_cpu, engine, module
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
-from .engine.autograd import OBJECTS, register
 
 __all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
            "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
@@ -129,15 +129,22 @@ class HandWrittenLIF:
 
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
     """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
+    if torch.compiler.is_compiling():  # torch.compile reads the objects' keys, not the objects
+        return _engine_neuron_key(model.op_key, surrogate.op_key, bool(detach_reset))
     return register(EngineNeuron(model, surrogate, bool(detach_reset)))
+
+
+def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:
+    return register(EngineNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
 
 
 def _hand_written_key(ints: tuple, floats: tuple) -> str:
     return register(HandWrittenLIF(tuple(ints), tuple(floats)))
 
 
-# torch.compile calls these as Python and takes their results as constants, as it does engine.autograd.register.
-engine_neuron_key._dynamo_marked_constant = True
+# torch.compile calls these as Python and takes their results as constants (their arguments are strings and tuples
+# of numbers: dynamo of torch 2.11 cannot hand a frozen dataclass to such a function).
+_engine_neuron_key._dynamo_marked_constant = True
 _hand_written_key._dynamo_marked_constant = True
 
 

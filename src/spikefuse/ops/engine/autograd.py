@@ -3,7 +3,7 @@
 ``autograd.Function`` for eager calls (the first call of a custom op imports ``torch._dynamo``, ~2 s per process).
 
 Custom ops take tensors, numbers and strings only: the :class:`~spikefuse.neurons.NeuronModel` and the surrogate
-travel as keys into :data:`OBJECTS`, where :func:`neuron` puts them on the way in.
+travel as keys into :data:`spikefuse.registry.OBJECTS`.
 
 ``spikefuse::engine_forward`` returns ``[spikes, *final states, *saved states]`` (the states of every step with
 ``save``, memory="potential"; none otherwise); ``spikefuse::engine_backward`` returns ``[grad_x, *grad_init,
@@ -22,23 +22,7 @@ from torch import Tensor
 
 from ..common import compute_dtype, keeps_graph, refuse_double_backward
 from . import module
-
-OBJECTS: dict[str, object] = {}  # key -> model, surrogate or fused op's neuron (spikefuse.ops.bn_lif)
-
-
-def register(obj) -> str:
-    """Put an object the custom ops take by key into :data:`OBJECTS` (a model, a surrogate, the neuron of the fused
-    BatchNorm op); returns its key (each is a frozen dataclass: the repr holds every field)."""
-    key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
-    OBJECTS.setdefault(key, obj)
-    return key
-
-
-# torch.compile runs register as Python and takes its result as a constant (it cannot trace a dataclass repr).
-# This is what torch.compiler.assume_constant_result does; calling that would import torch._dynamo (~2 s, and
-# triton with it) on every `import spikefuse`.
-register._dynamo_marked_constant = True
-
+from ...registry import OBJECTS, register
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
@@ -176,7 +160,10 @@ def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_re
     """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
     plain Function in eager mode."""
-    model_key, surrogate_key = register(model), register(surrogate)
+    if torch.compiler.is_compiling():  # the keys the objects registered when built (see spikefuse.registry)
+        model_key, surrogate_key = model.op_key, surrogate.op_key
+    else:
+        model_key, surrogate_key = register(model), register(surrogate)
     if torch.compiler.is_compiling():
         out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
                              backend, bool(save))  # fmt: skip

@@ -1,0 +1,36 @@
+"""Objects that the ``torch.library`` custom ops take by key: custom ops take tensors, numbers and strings only, so
+a :class:`~spikefuse.neurons.NeuronModel`, a surrogate or the fused BatchNorm op's neuron travels as a string into
+:data:`OBJECTS`.
+
+:class:`Registered` objects register themselves when built (and when unpickled) and keep their key in the field
+``op_key``, which ``torch.compile`` reads as a constant; calling :func:`register` on a frozen dataclass inside a
+compiled function fails on torch 2.11 (dynamo cannot hand such an object to a function it runs as Python).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+OBJECTS: dict[str, object] = {}
+
+
+def register(obj) -> str:
+    """Put ``obj`` (a frozen dataclass: its repr holds every field) into :data:`OBJECTS`; returns its key."""
+    key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
+    OBJECTS.setdefault(key, obj)
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A base of frozen dataclasses that custom ops take by key: ``op_key``, set in ``__post_init__`` (a subclass
+    that defines its own calls this one last)."""
+
+    op_key: str = dataclasses.field(init=False, repr=False, compare=False, default="")
+
+    def __post_init__(self):
+        object.__setattr__(self, "op_key", register(self))
+
+    def __setstate__(self, state):  # unpickled in another process: registered there too
+        self.__dict__.update(state)
+        register(self)
