@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
-#   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [bench-quick]
+#   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile] [bench-quick]
 # - cuda-tests: tests/ops/test_triton_cuda.py and tests/bench/test_gpu.py (CUDA tensors through the public API);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
 #   (SPIKEFUSE_TEST_TRITON=cuda; the AOT test is left out: it needs no GPU);
-# - bench: `spikefuse bench gpu` into $OUT (copy the files to benchmarks/results/ to commit them).
+# - bench: `spikefuse bench gpu` into $OUT (copy the files to benchmarks/results/ to commit them);
+# - compile: `spikefuse bench compile --device cuda`: the first forward+backward with empty Triton caches.
 # Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 OUT=${OUT:-/tmp/spikefuse-gpu}
@@ -33,9 +34,11 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
       bench)
         timeout "${BENCH_TIMEOUT:-300}" $PY -m spikefuse.cli bench gpu --out "$OUT" ${BENCH_ARGS:-} \
             2>&1 | tee "$OUT/bench-gpu.log" | tail -40 || status=1 ;;
+      compile)
+        $PY -m spikefuse.cli bench compile --device cuda --tag gpu --out "$OUT" 2>&1 | tail -12 || status=1 ;;
       bench-quick)
         $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
-      *) echo "unknown step $s: use cuda-tests, triton-tests, bench or bench-quick"; exit 2 ;;
+      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile or bench-quick"; exit 2 ;;
     esac
   done
 done

@@ -19,7 +19,7 @@ from .common import RESULTS, command_line, machine_info, markdown_table, write_c
 
 #: case -> the code that builds the neuron ``layer`` (after ``import torch, spikefuse``).
 CASES = {
-    "lif": "import spikefuse.nn\nlayer = spikefuse.nn.LIF()",
+    "lif": "import spikefuse.nn\nlayer = spikefuse.nn.LIF().to(device)",
     "cuba_lif": "from spikefuse.neurons import CUBA_LIF\n"
                 "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9)",
     "alif": "from spikefuse.neurons import ALIF_MODEL\n"
@@ -31,39 +31,44 @@ import json, time
 t0 = time.perf_counter()
 import torch, spikefuse
 t_import = time.perf_counter() - t0
+device = torch.device({device!r})
+sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 {build}
-x = torch.rand(8, 64, requires_grad=True)
+x = torch.rand(8, 64, device=device, requires_grad=True)
+sync()
 t0 = time.perf_counter()
 y = layer(x)
+sync()
 t_forward = time.perf_counter() - t0
 t0 = time.perf_counter()
 y.sum().backward()
+sync()
 t_backward = time.perf_counter() - t0
 print(json.dumps({{"import_s": t_import, "forward_s": t_forward, "backward_s": t_backward}}))
 """
 
 
-def first_call(case: str, cache: Path) -> dict:
+def first_call(case: str, cache: Path, device: str = "cpu") -> dict:
     """Seconds of import, first forward and first backward of ``case`` in a fresh process using ``cache``."""
     env = dict(os.environ, SPIKEFUSE_CACHE_DIR=str(cache / "kernels"), NUMBA_CACHE_DIR=str(cache / "numba"),
                TRITON_CACHE_DIR=str(cache / "triton"))  # fmt: skip
-    code = _FIRST_CALL.format(build=CASES[case])
+    code = _FIRST_CALL.format(build=CASES[case], device=device)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"bench compile: the first call of {case} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cold_start(cases, repeats: int) -> list[dict]:
+def cold_start(cases, repeats: int, device: str = "cpu") -> list[dict]:
     """Per case: the median of ``repeats`` empty-cache runs, and a warm-cache run after the last of them."""
     rows = []
     for case in cases:
         colds = []
         for i in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                colds.append(first_call(case, Path(tmp)))
+                colds.append(first_call(case, Path(tmp), device))
                 if i == repeats - 1:
-                    warm = first_call(case, Path(tmp))
+                    warm = first_call(case, Path(tmp), device)
         cold = {k: statistics.median(r[k] for r in colds) for k in colds[0]}
         cold["fwd_bwd_s"] = statistics.median(r["forward_s"] + r["backward_s"] for r in colds)
         warm["fwd_bwd_s"] = warm["forward_s"] + warm["backward_s"]
@@ -73,7 +78,7 @@ def cold_start(cases, repeats: int) -> list[dict]:
 
 
 def run(args) -> None:
-    rows = cold_start(args.cases, args.repeats)
+    rows = cold_start(args.cases, args.repeats, args.device)
     stem = Path(args.out) / f"compile_{args.tag}"
     write_csv(stem.with_suffix(".csv"), rows)
     text = [
@@ -82,7 +87,7 @@ def run(args) -> None:
         f"Machine: {machine_info()}",
         f"Command: `{command_line()}`",
         "",
-        "An [8, 64] fp32 input. 'empty caches': fresh kernel, numba and Triton cache folders, median of the runs "
+        f"An [8, 64] fp32 input on {args.device}. 'empty caches': fresh kernel, numba and Triton cache folders, median of the runs "
         "(each in a fresh process and folders); 'warm caches': a fresh process reusing the folders of a cold run. "
         "Seconds.",
         "",
@@ -100,6 +105,7 @@ def add_parser(subparsers) -> None:
                                               "kernel caches, each in a fresh process")  # fmt: skip
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--repeats", type=int, default=3, help="empty-cache runs per case (median)")
+    p.add_argument("--device", default="cpu", help="where the input lives: cpu (numba kernels) or cuda (Triton)")
     p.add_argument("--quick", action="store_true", help="the default LIF only, one run: to check the harness")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
