@@ -87,7 +87,8 @@ def run(args) -> None:
         f"Machine: {machine_info()}",
         f"Command: `{command_line()}`",
         "",
-        f"An [8, 64] fp32 input on {args.device}. 'empty caches': fresh kernel, numba and Triton cache folders, median of the runs "
+        f"An [8, 64] fp32 input on {args.device}. 'empty caches': fresh kernel, numba and Triton cache folders, "
+        "median of the runs "
         "(each in a fresh process and folders); 'warm caches': a fresh process reusing the folders of a cold run. "
         "Seconds.",
         "",
