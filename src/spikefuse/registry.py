@@ -21,6 +21,12 @@ def register(obj) -> str:
     return key
 
 
+def arguments(obj) -> dict:
+    """The constructor arguments of a dataclass (its ``init`` fields, values as they are): what rebuilds it, without
+    the ``op_key`` that ``dataclasses.asdict`` would include."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
 @dataclasses.dataclass(frozen=True)
 class Registered:
     """A base of frozen dataclasses that custom ops take by key: ``op_key``, set in ``__post_init__`` (a subclass

@@ -22,9 +22,10 @@ formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` the ``k`` o
 
 with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike).
 :func:`spikefuse.lif` and the layers built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``,
-``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU in float32 and
-float64, and float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so does the fused BatchNorm+LIF
-(:func:`spikefuse.batchnorm_lif`); the Triton backend still runs the hand-written kernels.
+``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU and on Triton in
+float32 and float64, and on the CPU float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so does the
+fused BatchNorm+LIF (:func:`spikefuse.batchnorm_lif`); half-precision inputs on Triton run the hand-written kernels,
+which read and write them without a converted copy.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ _CHARGE_NAMES = {code: name for name, (code, _) in _SJ_CHARGES.items()}
 _DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
 _RESET_NAMES = {code: name for name, code in P.RESETS.items()}
 
-#: What the engine's LIF definitions run (the rest runs the hand-written kernels of :mod:`spikefuse.ops`).
+#: Where the engine's LIF definitions run (the rest, and half precision on Triton, runs the hand-written kernels of
+#: :mod:`spikefuse.ops`).
 ENGINE_BACKENDS = ("cpu", "triton")
 
 
@@ -95,6 +97,8 @@ def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> Neuron
     inputs of ``dtype`` on ``backend`` (a concrete backend), or None where the hand-written kernels run it."""
     if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
         return None
+    if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
+        return None  # the hand-written Triton kernels read and write half precision (the engine's would convert x)
     if spec.dynamics == P.SPIKINGJELLY:
         if not spec.state_post_reset:  # SpikingJelly hands on the post-reset membrane; no layer asks otherwise
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -12,6 +12,7 @@ from torch import nn
 from .. import functional as F
 from ..ops import check_backend_name
 from ..params import check_memory_mode
+from ..registry import arguments
 from ..surrogate import Sigmoid, Surrogate
 from ..validation import check_decay, paper_spec
 
@@ -52,15 +53,15 @@ class LIFOptions:
 
     def make(self) -> "LIF":
         """A new :class:`LIF` module with these options."""
-        return LIF(**asdict(self) | {"surrogate": self.surrogate})
+        return LIF(**arguments(self))
 
     def with_backend(self, backend: str | None) -> "LIFOptions":
         return self if backend is None else replace(self, backend=backend)
 
     def to_dict(self) -> dict:
         """Plain values (the surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
-        d = asdict(self)
-        d["surrogate"] = {"name": type(self.surrogate).__name__, **asdict(self.surrogate)}
+        d = arguments(self)
+        d["surrogate"] = {"name": type(self.surrogate).__name__, **arguments(self.surrogate)}
         return d
 
     @classmethod

@@ -260,7 +260,7 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
     ``surrogate``, as :func:`spikefuse.ops.engine.triton.forward` / ``backward`` launch it: parameters per channel
     (2 channels) or all scalar (``SCALAR``), initial states and final-state gradients per neuron, every parameter
     and initial-state gradient needed or none."""
-    from dataclasses import asdict
+    from ..registry import arguments
 
     if kernel not in ENGINE_KERNELS:
         raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
@@ -275,7 +275,7 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
         ints.update({f"gsize_{k}": N for k in model.states})
     group = f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar")
     case = _case(kernel, xdt, const, ints, group)
-    case.update(model=asdict(model), surrogate=surrogate)
+    case.update(model=arguments(model), surrogate=surrogate)
     return case
 
 
