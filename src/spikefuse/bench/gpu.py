@@ -204,7 +204,7 @@ def _median_ms(fns: dict[str, Callable[[], object]], repeats: int, warmup: int =
 
 
 def _memory(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g: torch.Tensor) -> tuple[float, float]:
-    """(MB kept for backward beyond the output, MB peak of forward+backward), over what was allocated before."""
+    """(MiB kept for backward beyond the output, MiB peak of forward+backward), over what was allocated before."""
     leaf = x.clone().requires_grad_()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -266,8 +266,8 @@ def run(args: argparse.Namespace) -> None:
                 row = {"N": n, "T": t_steps, "group": c.group, "implementation": c.name,
                        "forward_ms": round(fwd[c.name], 4), "forward_backward_ms": round(both[c.name], 4),
                        "speedup_of_ours": round(both[c.name] / both[ours.name], 2),
-                       "spike_mismatch": mismatch[c.name], "kept_for_backward_MB": round(memory[c.name][0], 1),
-                       "peak_MB": round(memory[c.name][1], 1), "copy_GBps": round(bandwidth / 1e9, 1),
+                       "spike_mismatch": mismatch[c.name], "kept_for_backward_MiB": round(memory[c.name][0], 1),
+                       "peak_MiB": round(memory[c.name][1], 1), "copy_GBps": round(bandwidth / 1e9, 1),
                        "floor_fraction_forward": "", "floor_fraction_forward_backward": "", "note": c.note}  # fmt: skip
                 if c.memory:
                     f_bytes, fb_bytes = FLOOR_BYTES[c.memory]
@@ -287,11 +287,11 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
 
     table = markdown_table(
         ["N", "T", "implementation", "fwd ms", "fwd+bwd ms", "x ours (fwd+bwd)", "floor fraction fwd / fwd+bwd",
-         "kept for bwd MB", "peak MB", "spikes differing"],
+         "kept for bwd MiB", "peak MiB", "spikes differing"],
         [[f"{r['N']:,}", r["T"], r["implementation"], f"{r['forward_ms']:.3f}", f"{r['forward_backward_ms']:.3f}",
           f"{r['speedup_of_ours']:.2f}",
           f"{r['floor_fraction_forward']} / {r['floor_fraction_forward_backward']}" if r["floor_fraction_forward"]
-          else "", r["kept_for_backward_MB"], r["peak_MB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
+          else "", r["kept_for_backward_MiB"], r["peak_MiB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
     )  # fmt: skip
     text = [
         f"# One spiking layer on a GPU ({device}), fp32",
