@@ -22,7 +22,7 @@ def test_bench_compile_quick(tmp_path):
 def test_every_case_builds_a_layer():
     """Each case's code, run in this process: a renamed import fails here, not an hour into a benchmark run."""
     for case, code in bench_compile.CASES.items():
-        scope = {"torch": torch, "spikefuse": spikefuse}
+        scope = {"torch": torch, "spikefuse": spikefuse, "device": torch.device("cpu")}
         exec(code, scope)
         x = torch.rand(3, 5, requires_grad=True)
         scope["layer"](x).sum().backward()
