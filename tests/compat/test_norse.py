@@ -14,7 +14,7 @@ import torch
 norse = pytest.importorskip("norse.torch")
 
 import spikefuse  # noqa: E402
-from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN, SUPERSPIKE, lif_params, lsnn_params, post_reset  # noqa: E402
+from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN, SUPERSPIKE, lif_params, lsnn_params  # noqa: E402
 
 CASES = {
     "lif": (NORSE_LIF, lambda: norse.LIF(), lif_params, 0.8),
@@ -38,8 +38,14 @@ def test_matches_norse(name, backend):
                                    backend=backend, **params)  # fmt: skip
     assert 0.02 < float(z.detach().mean()) < 0.9
     assert torch.equal(ours, z)
-    for k, a in zip(model.states, post_reset(model, final, params)):
+    for k, a in zip(model.states, final):  # the post-reset states, handed out by the models' handoff
         assert torch.equal(a, getattr(state, k)), k
+    # Norse's state, passed back, continues the sequence: two calls give the spikes of one
+    first, middle = spikefuse.neuron(x_ours.detach()[:17], model, surrogate=SUPERSPIKE, state=init, return_state=True,
+                                     backend=backend, **params)  # fmt: skip
+    rest = spikefuse.neuron(x_ours.detach()[17:], model, surrogate=SUPERSPIKE, state=tuple(middle), backend=backend,
+                            **params)  # fmt: skip
+    assert torch.equal(torch.cat([first, rest]), z.detach())
     w = torch.rand(z.shape, generator=g)
     (z[:12] * w[:12]).sum().backward()
     (ours[:12] * w[:12]).sum().backward()

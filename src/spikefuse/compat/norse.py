@@ -1,10 +1,10 @@
 """Norse 1.1's feed-forward ``LIF`` (current-based) and ``LSNN`` (adaptive) neurons as spikefuse neuron models:
 definitions only (:class:`~spikefuse.neurons.NeuronModel`), run by the engine's generated kernels.
 
-Norse applies the reset of a spike in the step that fires it and returns post-reset states; the models below carry
-the pre-reset states and apply the reset at the start of the next step, with Norse's operations in Norse's order,
-so the spikes equal Norse's bit for bit in float32 (``tests/compat/test_norse.py``), and the post-reset state is
-:func:`post_reset`. Parameters come from Norse's records with :func:`lif_params` / :func:`lsnn_params`, which form
+Norse applies the reset of a spike in the step that fires it and returns post-reset states; the models below apply
+the reset at the start of the next step, with Norse's operations in Norse's order, and hand out the post-reset
+states after the last step (their ``handoff``), so the spikes and the returned states equal Norse's bit for bit in
+float32 (``tests/compat/test_norse.py``), and Norse's states continue a sequence when passed back. Parameters come from Norse's records with :func:`lif_params` / :func:`lsnn_params`, which form
 ``dt * tau_inv`` as Norse does (a float32 product). Norse's default spike function ``"super"`` is, in 1.1, the
 gradient ``1 / (|u| + 1)^2`` whatever its ``alpha``: :class:`spikefuse.surrogate.FastSigmoid` with slope 1.
 
@@ -26,7 +26,7 @@ import torch
 from ..neurons import NeuronModel
 from ..surrogate import FastSigmoid
 
-__all__ = ["NORSE_LIF", "NORSE_LSNN", "lif_params", "lsnn_params", "post_reset", "SUPERSPIKE"]
+__all__ = ["NORSE_LIF", "NORSE_LSNN", "lif_params", "lsnn_params", "SUPERSPIKE"]
 
 #: Norse 1.1's "super" spike gradient (alpha unused there).
 SUPERSPIKE = FastSigmoid(1.0)
@@ -43,6 +43,7 @@ NORSE_LIF = NeuronModel(
     ),
     fire="v - v_th",
     strict=True,
+    handoff=(("v", "(1 - s)*v + s*v_reset"),),
 )
 
 NORSE_LSNN = NeuronModel(
@@ -59,6 +60,7 @@ NORSE_LSNN = NeuronModel(
     ),
     fire="v - b",
     strict=True,
+    handoff=(("v", "(1 - s)*v + s*v_reset"), ("b", "b + s*beta")),
 )
 
 
@@ -85,13 +87,3 @@ def lsnn_params(p=None, dt: float = 0.001) -> dict:
     return {"dt_mem": dt * _scalar(p.tau_mem_inv), "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
             "dt_adapt": dt * _scalar(p.tau_adapt_inv), "v_leak": _scalar(p.v_leak), "v_th": _scalar(p.v_th),
             "v_reset": _scalar(p.v_reset), "beta": _scalar(p.beta)}  # fmt: skip
-
-
-def post_reset(model: NeuronModel, states: tuple, params: dict) -> tuple:
-    """Norse's post-reset state from the pre-reset ``states`` a call returned (``model.states`` order)."""
-    named = dict(zip(model.states, states))
-    z = (named["v"] > params["v_th"] if model is NORSE_LIF else named["v"] > named["b"]).to(named["v"].dtype)
-    named["v"] = (1 - z) * named["v"] + z * params["v_reset"]
-    if model is NORSE_LSNN:
-        named["b"] = named["b"] + z * params["beta"]
-    return tuple(named[k] for k in model.states)
