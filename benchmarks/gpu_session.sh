@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
-#   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile] [bench-quick]
+#   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile]
+#       [bench-quick]   (default: cuda-tests triton-tests bench)
 # - cuda-tests: tests/ops/test_triton_cuda.py and tests/bench/test_gpu.py (CUDA tensors through the public API);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
 #   (SPIKEFUSE_TEST_TRITON=cuda; the AOT test is left out: it needs no GPU);
@@ -25,8 +26,8 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
   for s in $step; do
     case $s in
       cuda-tests)
-        SPIKEFUSE_TEST_TRITON=cuda $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py tests/bench/test_gpu.py \
-            2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
+        SPIKEFUSE_TEST_TRITON=cuda $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py \
+            tests/bench/test_gpu.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
       triton-tests)
         SPIKEFUSE_TEST_TRITON=cuda timeout "${TESTS_TIMEOUT:-330}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \
             --dist load -k "triton or Triton" --ignore=tests/ops/test_triton_aot.py tests/ops tests/neurons tests/nn tests/test_functional.py \
