@@ -30,6 +30,16 @@ def machine_info() -> str:
     )
 
 
+def add_result_args(p) -> None:
+    """``--out`` and ``--tag``, which the benchmarks take (the tag defaults to full or quick: :func:`result_tag`)."""
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+
+
+def result_tag(args) -> str:
+    return args.tag or ("quick" if args.quick else "full")
+
+
 def command_line() -> str:
     program = Path(sys.argv[0])
     as_cli = program.name == "spikefuse" or program.parts[-2:] == ("spikefuse", "cli.py")  # or python -m spikefuse.cli

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
 
 #: case -> the code that builds the neuron ``layer`` (after ``import torch, spikefuse``).
 CASES = {
@@ -108,15 +108,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3, help="empty-cache runs per case (median)")
     p.add_argument("--device", default="cpu", help="where the input lives: cpu (numba kernels) or cuda (Triton)")
     p.add_argument("--quick", action="store_true", help="the default LIF only, one run: to check the harness")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    add_result_args(p)
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> None:
     if args.quick:
         args.cases, args.repeats = ["lif"], 1
-    args.tag = args.tag or ("quick" if args.quick else "full")
+    args.tag = result_tag(args)
     if args.repeats <= 0:
         raise SystemExit("--repeats must be positive")
     run(args)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..threads import set_threads
-from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, write_csv
+from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, write_csv
 
 
 def _layer_cases():
@@ -162,15 +162,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    add_result_args(p)
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> None:
     if args.quick:
         args.neurons, args.T, args.repeats = min(args.neurons, 5000), [4], 2
-    args.tag = args.tag or ("quick" if args.quick else "full")
+    args.tag = result_tag(args)
     if args.neurons <= 0 or min(args.T) <= 0:
         raise SystemExit("--neurons and --T must be positive")
     run(args)

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
 
 DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
 FLOOR_BYTES = {"potential": (12, 24), "recompute": (8, 20)}  # per neuron-step: (forward, forward+backward)
@@ -326,15 +326,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    add_result_args(p)
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> None:
     if args.quick:
         args.neurons, args.T, args.repeats, args.no_compile = [20_000], [4], 3, True
-    args.tag = args.tag or ("quick" if args.quick else "full")
+    args.tag = result_tag(args)
     if min(args.neurons) <= 0 or min(args.T) <= 0:
         raise SystemExit("--neurons and --T must be positive")
     run(args)

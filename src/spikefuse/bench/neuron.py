@@ -28,7 +28,8 @@ from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
 from ..validation import paper_spec
 from ..threads import set_threads
-from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, timed, write_csv
+from .common import (add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, timed,
+                     write_csv)
 
 DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
 
@@ -393,15 +394,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-peers", action="store_true", help="skip SpikingJelly, snnTorch and Norse")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    add_result_args(p)
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> None:
     if args.quick:
         args.neurons, args.T, args.repeats, args.no_compile = min(args.neurons, 20_000), [4, 8], 2, True
-    args.tag = args.tag or ("quick" if args.quick else "full")
+    args.tag = result_tag(args)
     if args.neurons <= 0 or min(args.T) <= 0:
         raise SystemExit("--neurons and --T must be positive")
     run(args)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from .. import functional
 from ..threads import set_threads
-from .common import RESULTS, machine_info, markdown_table, write_csv
+from .common import add_result_args, machine_info, markdown_table, result_tag, write_csv
 
 DECAY, THRESHOLD = 0.2, 0.3  # the paper's Sec. 5.1 settings (V_rest 0, sigmoid surrogate alpha 4)
 _DEFAULT_T = [8, 16, 32, 64, 128]
@@ -181,7 +181,7 @@ def prepare(args: argparse.Namespace) -> argparse.Namespace:
         args.neurons, args.repeats = min(args.neurons, 20_000), min(args.repeats, 2)
         if list(args.T) == _DEFAULT_T:
             args.T = [8, 16]
-    args.tag = args.tag or ("quick" if args.quick else "full")
+    args.tag = result_tag(args)
     if args.neurons <= 0 or min(args.T) <= 0 or min(args.ranks) < 1 or args.chunks < 1:
         raise SystemExit("--neurons, --T, --ranks and --chunks must be positive")
     if max(args.ranks) > min(args.T):
@@ -278,8 +278,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch/numba threads per rank (one core = one device)")
     p.add_argument("--backend", default="auto", help="neuron backend: auto, cpu, reference")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
+    add_result_args(p)
     p.set_defaults(func=run)
 
 
