@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..threads import set_threads
+from . import peers
 from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, write_csv
 
 
@@ -38,18 +39,7 @@ def _layer_cases():
         "spikefuse CubaLIF (cpu)": (lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True), "cuba"),
     }
     try:
-        import snntorch
-
-        def snntorch_synaptic(x):
-            layer = snntorch.Synaptic(alpha=alpha, beta=beta)
-            syn = mem = torch.zeros_like(x[0])
-            out = []
-            for x_t in x.unbind(0):
-                s, syn, mem = layer(x_t, syn, mem)
-                out.append(s)
-            return torch.stack(out)
-
-        cases["snnTorch Synaptic (loop)"] = (snntorch_synaptic, "cuba")
+        cases["snnTorch Synaptic (loop)"] = (peers.snntorch_synaptic(alpha, beta), "cuba")
     except ImportError:
         pass
     params = lsnn_params()

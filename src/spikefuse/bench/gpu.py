@@ -32,9 +32,10 @@ from typing import Callable
 
 import torch
 
+from . import peers
+from .peers import ALPHA, DECAY, THRESHOLD
 from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
 
-DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
 FLOOR_BYTES = {"potential": (12, 24), "recompute": (8, 20)}  # per neuron-step: (forward, forward+backward)
 
 
@@ -110,68 +111,21 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
 def _spikingjelly() -> Case:
     # A pip install has no native CUDA build; name the Triton kernel it then runs, so that a failure says so
     os.environ.setdefault("SJ_LIF_CUDA_IMPLEMENTATION", "triton")
-    from spikingjelly.activation_based import functional, neuron, surrogate
-
-    node = neuron.LIFNode(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0,
-                          surrogate_function=surrogate.Sigmoid(alpha=ALPHA), step_mode="m")  # fmt: skip
-
-    def run(x):
-        functional.reset_net(node)
-        return node(x)
-
-    return Case("SpikingJelly 2.0 LIFNode (its Triton kernel)", "sj-lif", run)
+    return Case("SpikingJelly 2.0 LIFNode (its Triton kernel)", "sj-lif", peers.spikingjelly_lif("cuda"))
 
 
 def _snntorch_leaky() -> Case:
-    import snntorch
-    from snntorch import surrogate
-
-    leaky = snntorch.Leaky(beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero",
-                           spike_grad=surrogate.sigmoid(slope=ALPHA)).cuda()  # fmt: skip
-
-    def run(x):
-        mem, out = leaky.init_leaky(), []
-        for x_t in x.unbind(0):
-            spk, mem = leaky(x_t, mem)
-            out.append(spk)
-        return torch.stack(out)
-
-    return Case("snnTorch Leaky loop", "paper-lif", run, note="fires on >, reset always detached")
+    return Case("snnTorch Leaky loop", "paper-lif", peers.snntorch_leaky("cuda"),
+                note="fires on >, reset always detached")  # fmt: skip
 
 
 def _snntorch_synaptic() -> Case:
-    import snntorch
-
-    layer = snntorch.Synaptic(alpha=0.8, beta=0.9).cuda()
-
-    def run(x):
-        syn = mem = torch.zeros_like(x[0])
-        out = []
-        for x_t in x.unbind(0):
-            s, syn, mem = layer(x_t, syn, mem)
-            out.append(s)
-        return torch.stack(out)
-
-    return Case("snnTorch Synaptic loop", "cuba", run)
+    return Case("snnTorch Synaptic loop", "cuba", peers.snntorch_synaptic(0.8, 0.9, "cuda"))
 
 
 def _norse_lif() -> Case:
-    from norse.torch import LIFBoxCell, LIFBoxParameters
-
-    dt = 1e-3
-    params = LIFBoxParameters(tau_mem_inv=torch.tensor((1.0 - DECAY) / dt), v_th=torch.tensor(THRESHOLD),
-                              v_reset=torch.tensor(0.0), v_leak=torch.tensor(0.0), method="tanh",
-                              alpha=torch.tensor(ALPHA / 2))  # fmt: skip
-    cell = LIFBoxCell(params, dt=dt).cuda()
-
-    def run(x):
-        state, out = None, []
-        for x_t in (x / (1.0 - DECAY)).unbind(0):
-            z, state = cell(x_t, state)
-            out.append(z)
-        return torch.stack(out)
-
-    return Case("Norse LIFBoxCell loop", "paper-lif", run, note="v + dt/tau*(x - v), fires on >")
+    return Case("Norse LIFBoxCell loop", "paper-lif", peers.norse_lif_box("cuda"),
+                note="v + dt/tau*(x - v), fires on >")  # fmt: skip
 
 
 def _norse_lsnn() -> Case:

@@ -28,10 +28,11 @@ from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
 from ..validation import paper_spec
 from ..threads import set_threads
+from . import peers
+from .peers import ALPHA, DECAY, THRESHOLD
 from .common import (add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, timed,
                      write_csv)
 
-DECAY, THRESHOLD, ALPHA = 0.2, 0.3, 4.0
 
 
 class _SigmoidSpike(torch.autograd.Function):
@@ -87,66 +88,18 @@ def _spikefuse_per_step(x: torch.Tensor) -> torch.Tensor:
 
 
 def _spikingjelly() -> Implementation:
-    from spikingjelly.activation_based import functional as sj_functional
-    from spikingjelly.activation_based import neuron, surrogate
-
-    node = neuron.LIFNode(
-        tau=1.0 / (1.0 - DECAY),
-        decay_input=False,
-        v_threshold=THRESHOLD,
-        v_reset=0.0,
-        surrogate_function=surrogate.Sigmoid(alpha=ALPHA),
-        step_mode="m",
-    )
-
-    def run(x):
-        sj_functional.reset_net(node)
-        return node(x)
-
-    return Implementation("SpikingJelly 2.0 LIFNode(step_mode='m')", run, "leaks as v - v/tau: 1-ulp differences")
+    return Implementation("SpikingJelly 2.0 LIFNode(step_mode='m')", peers.spikingjelly_lif(),
+                          "leaks as v - v/tau: 1-ulp differences")  # fmt: skip
 
 
 def _snntorch() -> Implementation:
-    import snntorch
-    from snntorch import surrogate
-
-    leaky = snntorch.Leaky(
-        beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero", spike_grad=surrogate.sigmoid(slope=ALPHA)
-    )
-
-    def run(x):
-        mem = leaky.init_leaky()
-        out = []
-        for x_t in x.unbind(0):
-            spk, mem = leaky(x_t, mem)
-            out.append(spk)
-        return torch.stack(out)
-
-    return Implementation("snnTorch Leaky loop", run, "fires on >, reset always detached (other gradients)")
+    return Implementation("snnTorch Leaky loop", peers.snntorch_leaky(),
+                          "fires on >, reset always detached (other gradients)")  # fmt: skip
 
 
 def _norse() -> Implementation:
-    from norse.torch import LIFBoxCell, LIFBoxParameters
-
-    dt = 1e-3
-    params = LIFBoxParameters(
-        tau_mem_inv=torch.tensor((1.0 - DECAY) / dt),
-        v_th=torch.tensor(THRESHOLD),
-        v_reset=torch.tensor(0.0),
-        v_leak=torch.tensor(0.0),
-        method="tanh",
-        alpha=torch.tensor(ALPHA / 2),
-    )
-    cell = LIFBoxCell(params, dt=dt)
-
-    def run(x):
-        state, out = None, []
-        for x_t in (x / (1.0 - DECAY)).unbind(0):
-            z, state = cell(x_t, state)
-            out.append(z)
-        return torch.stack(out)
-
-    return Implementation("Norse LIFBoxCell loop", run, "v + dt/tau*(x - v) and fires on >: rounding differs")
+    return Implementation("Norse LIFBoxCell loop", peers.norse_lif_box(),
+                          "v + dt/tau*(x - v) and fires on >: rounding differs")  # fmt: skip
 
 
 def implementations(include_peers: bool, include_compile: bool) -> tuple[list[Implementation], list[str]]:
