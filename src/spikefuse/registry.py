@@ -3,13 +3,16 @@ a :class:`~spikefuse.neurons.NeuronModel`, a surrogate or the fused BatchNorm op
 :data:`OBJECTS`.
 
 :class:`Registered` objects register themselves when built (and when unpickled) and keep their key in the field
-``op_key``, which ``torch.compile`` reads as a constant; calling :func:`register` on a frozen dataclass inside a
-compiled function fails on torch 2.11 (dynamo cannot hand such an object to a function it runs as Python).
+``op_key``, which ``torch.compile`` reads as a constant (:func:`key_of`); calling :func:`register` on a frozen
+dataclass inside a compiled function fails on torch 2.11 (dynamo cannot hand such an object to a function it runs
+as Python).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 OBJECTS: dict[str, object] = {}
 
@@ -19,6 +22,12 @@ def register(obj) -> str:
     key = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
     OBJECTS.setdefault(key, obj)
     return key
+
+
+def key_of(obj) -> str:
+    """The key of ``obj`` for a custom op: its ``op_key`` inside a compiled function (a constant to dynamo), else
+    :func:`register` (which also serves an object whose class skipped :class:`Registered`'s ``__post_init__``)."""
+    return obj.op_key if torch.compiler.is_compiling() else register(obj)
 
 
 def arguments(obj) -> dict:

@@ -116,13 +116,14 @@ def test_torch_compile_fullgraph_matches_eager(backend, memory):
 def test_engine_custom_ops_pass_opcheck():
     """torch.library.opcheck: schema, fake kernels against the real ones, autograd registration."""
     from spikefuse.ops.engine import autograd as E
+    from spikefuse.registry import register
     from spikefuse.surrogate import ATan
 
     x2 = torch.rand(4, 6, dtype=torch.float64)
     params = [torch.tensor([0.5], dtype=torch.float64, requires_grad=True), torch.full((1,), 0.7, dtype=torch.float64),
               torch.ones(1, dtype=torch.float64)]  # fmt: skip
     init = [torch.rand(6, dtype=torch.float64, requires_grad=True), torch.zeros(1, dtype=torch.float64)]
-    model, surrogate = E.register(CUBA_LIF_ZERO), E.register(ATan(2.0))
+    model, surrogate = register(CUBA_LIF_ZERO), register(ATan(2.0))
     torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", False))
     torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", True))
     # the backward op is not differentiable itself (double backward is refused): its inputs do not require grad

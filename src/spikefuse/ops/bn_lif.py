@@ -3,8 +3,8 @@ residual) for backward (Liang et al., Alg. 1-4).
 
 The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
 surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
-:func:`spikefuse.neurons.lif.engine_model`), or, where the engine does not run the LIF yet (the Triton backend), the
-hand-written LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters and initial states
+:func:`spikefuse.neurons.lif.engine_model`), or, where the engine does not run the LIF (half-precision inputs on
+Triton), the hand-written LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters and initial states
 as lists of tensors.
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
@@ -61,7 +61,7 @@ from torch import Tensor
 from .. import params as P
 from ..neurons.lif import engine_model, engine_params, initial_potential
 from ..neurons.model import NeuronModel
-from ..registry import OBJECTS, register
+from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
 from . import batchnorm_cpu, engine, module
 from .bitpack import pack, packed_numel, unpack
@@ -104,7 +104,7 @@ class EngineNeuron:
 @dataclasses.dataclass(frozen=True)
 class HandWrittenLIF:
     """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``) on the
-    hand-written kernels of :mod:`spikefuse.ops`, where the engine does not run it yet: ``params = [leak]``,
+    hand-written kernels of :mod:`spikefuse.ops`, where the engine does not run it: ``params = [leak]``,
     ``init = [v_init]``."""
 
     ints: tuple
@@ -129,9 +129,7 @@ class HandWrittenLIF:
 
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
     """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
-    if torch.compiler.is_compiling():  # torch.compile reads the objects' keys, not the objects
-        return _engine_neuron_key(model.op_key, surrogate.op_key, bool(detach_reset))
-    return register(EngineNeuron(model, surrogate, bool(detach_reset)))
+    return _engine_neuron_key(key_of(model), key_of(surrogate), bool(detach_reset))
 
 
 def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..common import compute_dtype, keeps_graph, refuse_double_backward
 from . import module
-from ...registry import OBJECTS, register
+from ...registry import OBJECTS, key_of
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
@@ -160,10 +160,7 @@ def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_re
     """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
     plain Function in eager mode."""
-    if torch.compiler.is_compiling():  # the keys the objects registered when built (see spikefuse.registry)
-        model_key, surrogate_key = model.op_key, surrogate.op_key
-    else:
-        model_key, surrogate_key = register(model), register(surrogate)
+    model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
         out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
                              backend, bool(save))  # fmt: skip
