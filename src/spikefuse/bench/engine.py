@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..threads import set_threads
-from . import peers
+from . import ours, peers
 from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, write_csv
 
 
@@ -27,12 +27,7 @@ def _layer_cases():
     """name -> (run(x) -> spikes, the reference name whose spikes it must equal)."""
     import spikefuse
     import spikefuse.functional
-    from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse import params as P
     from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
-    from spikefuse.ops import autograd as hand_written
-    from spikefuse.surrogate import Sigmoid
-    from spikefuse.validation import paper_spec
 
     alpha, beta = 0.8, 0.9
     cases = {
@@ -42,31 +37,16 @@ def _layer_cases():
         cases["snnTorch Synaptic (loop)"] = (peers.snntorch_synaptic(alpha, beta), "cuba")
     except ImportError:
         pass
-    params = lsnn_params()
-    v_th = float(params["v_th"])
-
-    def ours_lsnn(x):
-        state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], v_th))
-        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **params)
-
-    cases["spikefuse Norse-LSNN definition (cpu)"] = (ours_lsnn, "lsnn")
+    cases["spikefuse Norse-LSNN definition (cpu)"] = (ours.norse_lsnn(), "lsnn")
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
     # The paper's LIF as spikefuse.lif runs it (the engine) and on the hand-written kernels, in both memory modes
     # ("potential" is the LIF layers' default)
-    ints, floats = paper_spec(1.0, 0.0, Sigmoid(4.0), False).kernel_lists()
-
-    def hand_written_lif(x, memory):
-        x2 = x.reshape(x.shape[0], -1)
-        spikes, _, _ = hand_written.neuron(x2, torch.full((1,), 0.8), torch.zeros(1), 1, ints, floats, "cpu",
-                                           P.MEMORY_MODES[memory])  # fmt: skip
-        return spikes.reshape(x.shape)
-
     for memory in ("potential", "recompute"):
         cases[f"spikefuse.lif (engine definition, cpu, {memory})"] = (
             lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory), "lif")
         cases[f"spikefuse LIF, hand-written kernels (cpu, {memory})"] = (
-            lambda x, memory=memory: hand_written_lif(x, memory), "lif")
+            ours.hand_written_lif(0.8, 1.0, 4.0, "cpu", memory), "lif")
     try:
         import norse.torch as norse
 

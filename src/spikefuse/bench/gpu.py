@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from . import peers
+from . import ours, peers
 from .peers import ALPHA, DECAY, THRESHOLD
 from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
 
@@ -58,12 +58,8 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     """The implementations, and a line for each peer that could not be built."""
     import spikefuse
     from spikefuse.compat import spikingjelly as sf_spikingjelly
-    from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
-    from spikefuse import params as P
-    from spikefuse.ops import autograd as hand_written
     from spikefuse.nn import ALIF, CubaLIF
     from spikefuse.surrogate import Sigmoid
-    from spikefuse.validation import paper_spec
 
     sj_args = dict(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0, step_mode="m")
     sf_sj = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
@@ -73,29 +69,15 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     for memory in ("potential", "recompute"):
         found.append(Case(f"spikefuse.lif ({memory})", "paper-lif", lambda x, m=memory: spikefuse.lif(
             x, decay=DECAY, threshold=THRESHOLD, memory=m), memory))  # fmt: skip
-    ints, floats = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False).kernel_lists()
-
-    def hand_written_lif(x, memory):
-        x2 = x.reshape(x.shape[0], -1)
-        decay, v_init = torch.full((1,), DECAY, device=x.device), torch.zeros(1, device=x.device)
-        spikes, _, _ = hand_written.neuron(x2, decay, v_init, 1, ints, floats, "triton", P.MEMORY_MODES[memory])
-        return spikes.reshape(x.shape)
-
     for memory in ("potential", "recompute"):
         found.append(Case(f"spikefuse LIF, hand-written kernels ({memory})", "paper-lif",
-                          lambda x, m=memory: hand_written_lif(x, m), memory))  # fmt: skip
+                          ours.hand_written_lif(DECAY, THRESHOLD, ALPHA, "triton", memory), memory))  # fmt: skip
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
     cuba = CubaLIF(0.8, 0.9, detach_reset=True).cuda()  # snnTorch detaches the reset
     found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
-    lsnn = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in lsnn_params().items()}
-
-    def ours_lsnn(x):
-        state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], float(lsnn["v_th"])))
-        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **lsnn)
-
-    found.append(Case("spikefuse Norse-LSNN definition", "lsnn", ours_lsnn, "recompute"))
+    found.append(Case("spikefuse Norse-LSNN definition", "lsnn", ours.norse_lsnn("cuda"), "recompute"))
     alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
     missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]

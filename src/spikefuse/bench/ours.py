@@ -1,0 +1,46 @@
+"""spikefuse's layers that the benchmarks time beside the public API and the peers: the paper's LIF on the
+hand-written kernels it ran before the neuron engine, and spikefuse's definition of Norse's LSNN started as Norse
+starts it. Each builder returns ``run(x)``, spikes of ``x`` ``[T, ...]``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Run = Callable[[torch.Tensor], torch.Tensor]
+
+
+def hand_written_lif(decay: float, threshold: float, alpha: float, backend: str, memory: str) -> Run:
+    """Eq. (1)-(2) with a sigmoid surrogate of slope ``alpha`` on the hand-written kernels of ``backend``
+    (:mod:`spikefuse.ops.autograd`), in ``memory`` mode."""
+    from spikefuse import params as P
+    from spikefuse.ops import autograd
+    from spikefuse.surrogate import Sigmoid
+    from spikefuse.validation import paper_spec
+
+    ints, floats = paper_spec(threshold, 0.0, Sigmoid(alpha), False).kernel_lists()
+
+    def run(x):
+        x2 = x.reshape(x.shape[0], -1)
+        leak, v_init = torch.full((1,), decay, device=x.device), torch.zeros(1, device=x.device)
+        spikes, _, _ = autograd.neuron(x2, leak, v_init, 1, ints, floats, backend, P.MEMORY_MODES[memory])
+        return spikes.reshape(x.shape)
+
+    return run
+
+
+def norse_lsnn(device: str = "cpu") -> Run:
+    """:data:`spikefuse.compat.norse.NORSE_LSNN` with Norse's default parameters, its threshold starting at
+    ``v_th`` as Norse's ``LSNN`` starts it."""
+    import spikefuse
+    from spikefuse.compat.norse import NORSE_LSNN, SUPERSPIKE, lsnn_params
+
+    params = {k: v.to(device) for k, v in lsnn_params().items()}
+    v_th = float(params["v_th"])
+
+    def run(x):
+        state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], v_th))
+        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **params)
+
+    return run
