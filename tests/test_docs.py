@@ -29,6 +29,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -91,9 +92,12 @@ def page_dir(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_page_code_runs(page, page_dir):
+def test_page_code_runs(page, page_dir, monkeypatch):
     in_docs = page.parent != REPO
-    namespace = {"__name__": f"docs.{page.stem}"}
+    # a module of its own, as a reader's script is (a dataclass looks its module up in sys.modules)
+    module = types.ModuleType(f"docs.{page.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     for lang, code, line, needs, script in code_blocks(page.read_text()):
         if lang not in ("python", "bash") or (lang == "bash" and not in_docs):
             continue

@@ -34,8 +34,9 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     ``leak`` is the ``k`` of :mod:`spikefuse.params` (a number, or a scalar / per-channel tensor that may require
     grad). ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
     The fused kernels are the neuron engine's, generated from the LIF definition of ``spec``
-    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF on the CPU), else
-    the hand-written ones of :mod:`spikefuse.ops`; both give the same spikes and states bit for bit.
+    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF), except for
+    half-precision inputs on Triton, which run the hand-written kernels of :mod:`spikefuse.ops.triton`; both give
+    the same spikes and states bit for bit.
     """
     check_input(x)
     concrete = ops.resolve_backend(backend, x.device)
@@ -52,7 +53,7 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     x2 = x.reshape(t_steps, n)
     model = engine_model(spec, x.dtype, concrete)
     if concrete == "reference" or n == 0:
-        spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args())
+        spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args(), spec.surrogate)
     elif model is not None:  # the kernels generated from the LIF's definition
         spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0], inner,
                                                 model, spec.surrogate, spec.detach_reset, concrete,

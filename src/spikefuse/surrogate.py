@@ -1,8 +1,11 @@
 """Surrogate gradients of the Heaviside spike function.
 
-Each surrogate is defined once here: its parameters, the integer code the fused kernels switch on, and its
-derivative written in PyTorch (used by the reference backend). The numba and Triton backends evaluate the same
-formula for the same code; ``tests/ops/test_cpu.py`` and ``tests/ops/test_triton.py`` check each against
+Each surrogate is defined once: its two parameters, its derivative in PyTorch (:meth:`Surrogate.derivative`, which
+the references run) and the same function as a sympy expression (:meth:`Surrogate.sympy_derivative`), from which
+the neuron engine emits the backward of its fused CPU and Triton kernels. A surrogate of the user's is a subclass
+with these three methods (docs/custom-neuron.md). The built-in ones also carry an integer ``code``, which the
+hand-written Triton LIF kernels (half-precision inputs on a GPU) switch on. ``tests/ops/test_cpu.py``,
+``tests/ops/test_triton.py`` and ``tests/neurons/test_engine.py`` check every backend's formula against
 :meth:`Surrogate.derivative` on a grid, so a formula that drifts in one backend fails there.
 
 All derivatives are functions of ``u = h - threshold`` (the membrane potential relative to the threshold).
@@ -22,7 +25,8 @@ __all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid
 
 @dataclass(frozen=True)
 class Surrogate(Registered):
-    """Base class. ``code`` selects the formula inside the fused kernels; ``p`` are its two float parameters."""
+    """Base class: :meth:`params` (two floats), :meth:`derivative` and :meth:`sympy_derivative` of ``u``;
+    ``code`` selects the formula inside the hand-written Triton kernels (built-in surrogates only)."""
 
     code = -1
 
@@ -50,15 +54,17 @@ class Sigmoid(Surrogate):
         return float(self.alpha), 0.0
 
     def derivative(self, u):
-        s = torch.sigmoid(self.alpha * u)
-        return (1 - s) * s * self.alpha
+        # alpha * s * (1 - s) as alpha * e / (1 + e)^2 with e = exp(-|alpha*u|): the same (even) function, without
+        # the cancellation in 1 - s that loses ~eps / (1 - s) of relative precision far from the threshold
+        e = torch.exp(-(self.alpha * u).abs())
+        return self.alpha * e / (1 + e) ** 2
 
     @staticmethod
     def sympy_derivative(u, p1, p2):
         import sympy
 
-        s = 1 / (1 + sympy.exp(-p1 * u))
-        return (1 - s) * s * p1
+        e = sympy.exp(-sympy.Abs(p1 * u))  # as derivative()
+        return p1 * e / (1 + e) ** 2
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -11,22 +9,8 @@ from spikefuse import params as P
 from spikefuse.ops import reference
 
 
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-# Every test runs on the oracle and on the fused CPU kernels; "cpu" is skipped only while its module is missing.
-BACKENDS = [
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "cpu",
-        id="cpu",
-        marks=pytest.mark.skipif(not _has_module("spikefuse.ops.cpu"), reason="spikefuse.ops.cpu is not written yet"),
-    ),
-]
+# Every test runs on the oracle and on the fused CPU kernels.
+BACKENDS = [pytest.param("reference", id="reference"), pytest.param("cpu", id="cpu")]
 
 # Gradients: same formulas, summed in a different order than the peers' (autograd or hand-written) backward.
 GRAD_TOL = dict(rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
-"""The LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine against the hand-written LIF kernels
-(:mod:`spikefuse.ops.cpu`, which ran every LIF before): spikes and states bit-identical, gradients of the input, the
-initial state and the decay to 1e-5; and which calls run which. SpikingJelly's forms hand on the post-reset
-membrane (the definitions' handoff), so their states and the gradients of those states go through it."""
+"""The LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine against the reference of the LIF spec
+they define (:mod:`spikefuse.ops.reference`, plain PyTorch, with the formulas of :mod:`spikefuse.params`): spikes
+and states bit-identical, gradients of the input, the initial state and the decay to 1e-5; and which calls run
+which. SpikingJelly's forms hand on the post-reset membrane (the definitions' handoff), so their states and the
+gradients of those states go through it."""
 
 import pytest
 import torch
@@ -11,7 +12,6 @@ import spikefuse.nn
 from spikefuse import params as P
 from spikefuse.neurons import LIF_MODELS, SPIKINGJELLY_MODELS, NeuronModel
 from spikefuse.neurons.lif import engine_model
-from spikefuse.ops import autograd as hand_written
 from spikefuse.surrogate import ATan, Sigmoid
 
 pytest.importorskip("numba")
@@ -51,7 +51,7 @@ def _close(a, b, what):
 @pytest.mark.parametrize("engine_backend", ["cpu", "reference"])
 @pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(c))
-def test_engine_lif_equals_the_hand_written_kernels(case, detach, engine_backend):
+def test_engine_lif_equals_the_spec_reference(case, detach, engine_backend):
     _check(case, detach, False, engine_backend)
 
 
@@ -64,7 +64,7 @@ def test_per_channel_decay(case):
 @pytest.mark.parametrize("case", [("paper", "hard"), ("spikingjelly", "soft", "div_input")], ids=lambda c: "-".join(c))
 @pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
 def test_memory_potential(case, detach):
-    """Both sides keeping the potentials in forward (the LIF layer's default) instead of recomputing them."""
+    """The engine keeping the potentials in forward (the LIF layer's default) instead of recomputing them."""
     _check(case, detach, True, "cpu", memory="potential")
 
 
@@ -73,7 +73,7 @@ def test_memory_potential(case, detach):
 def test_half_precision_input(case, dtype):
     """float16 / bfloat16 inputs run in float32 on both sides: spikes (in the input's dtype) and float32 states bit
     for bit; the input's gradient in its dtype, where rounding the float32 gradients, which agree to 1e-5, may
-    differ by one unit in the last place."""
+    differ by one unit in the last place (the reference's half-precision x.grad is that of its float32 copy)."""
     _check(case, False, False, "cpu", dtype=dtype)
 
 
@@ -89,11 +89,8 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute", dtype=
     spec, model = _spec_and_model(case, threshold=threshold, v_reset=v_reset, surrogate=surrogate,
                                   detach_reset=detach)  # fmt: skip
     leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
-    spikes_lif, state_lif, _ = hand_written.neuron(
-        leaves_lif[0].reshape(7, -1), leaves_lif[2].reshape(-1), leaves_lif[1].reshape(-1), 9 if per_channel else 1,
-        *spec.kernel_lists(), "cpu", P.MEMORY_MODES[memory],
-    )  # fmt: skip
-    spikes_lif, state_lif = spikes_lif.reshape(x.shape), state_lif.reshape(v0.shape)
+    spikes_lif, state_lif = spikefuse.spiking_neuron(leaves_lif[0], leaves_lif[2], spec, v_init=leaves_lif[1],
+                                                     backend="reference")  # fmt: skip
 
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_engine, (state_engine,) = spikefuse.neuron(
@@ -112,7 +109,9 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute", dtype=
     for outputs, leaves in (((spikes_lif, state_lif), leaves_lif), ((spikes_engine, state_engine), leaves_engine)):
         torch.autograd.backward(outputs, (upstream, upstream_state))
     for name, a, b in zip(("x", "v_init", "decay"), leaves_engine, leaves_lif):
-        if a.dtype == torch.float32:
+        if b.grad is None:  # IF: the decay does not enter the reference's dynamics
+            assert name == "decay" and not a.grad.any(), name
+        elif a.dtype == torch.float32:
             _close(a.grad, b.grad, f"grad {name}")
         else:  # the float32 gradients, rounded to the input's dtype
             torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=torch.finfo(a.dtype).eps, atol=1e-6)
@@ -141,16 +140,15 @@ def test_spikefuse_lif_runs_the_definition_on_cpu_and_triton(case):
     assert engine_model(spec, torch.float32, "reference") is None
 
 
-def test_lif_layer_gives_the_hand_written_kernels_results():
-    """``spikefuse.nn.LIF`` (learnable per-channel decay, carried state) on the CPU against the hand-written kernels
-    it ran before: spikes and state bit for bit."""
+def test_lif_layer_gives_the_reference_results():
+    """``spikefuse.nn.LIF`` (learnable per-channel decay, carried state) on the CPU against the reference of its
+    spec: spikes and state bit for bit."""
     layer = spikefuse.nn.LIF(decay=0.7, threshold=0.6, learnable_decay=True, channels=4, stateful=True)
     x = torch.rand(5, 2, 4, 3, generator=torch.Generator().manual_seed(3))
     first, second = layer(x), layer(x)
     spec = P.NeuronSpec(threshold=0.6, surrogate=layer.surrogate)
-    v0 = torch.zeros(1)
+    state = None
     for got in (first, second):
-        spikes, v0, _ = hand_written.neuron(x.reshape(5, -1), layer.decay.detach(), v0, 3, *spec.kernel_lists(),
-                                            "cpu", P.SAVE_POTENTIAL)  # fmt: skip
-        assert torch.equal(got, spikes.reshape(x.shape))
-    assert torch.equal(layer.state, v0.reshape(layer.state.shape))
+        spikes, state = spikefuse.spiking_neuron(x, layer.decay.detach(), spec, v_init=state, backend="reference")
+        assert torch.equal(got, spikes)
+    assert torch.equal(layer.state, state)

@@ -1,4 +1,4 @@
-"""``spikefuse.ops.batchnorm_cpu`` against torch: the normalization the cpu neuron kernels fuse against
+"""``spikefuse.ops.batchnorm_cpu`` against torch: the normalization the engine's cpu neuron kernels fuse against
 ``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to rounding.
 
 The fused BatchNorm+LIF op's backward normalizes with these; if torch changes its CPU kernel, this fails (and the
@@ -8,11 +8,11 @@ spikes of the recomputation would no longer be the forward's).
 import pytest
 import torch
 
-from spikefuse import params as P
-from spikefuse.ops import batchnorm_cpu, cpu
+from spikefuse.neurons import LIF_MODELS
+from spikefuse.ops import batchnorm_cpu
 from spikefuse.ops.bitpack import pack
+from spikefuse.ops.engine import cpu as engine_cpu
 from spikefuse.surrogate import Sigmoid
-from spikefuse.validation import paper_spec
 
 
 def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalization, t_steps: int) -> torch.Tensor:
@@ -52,22 +52,22 @@ def test_fused_normalization_is_native_batch_norm_bit_for_bit(dtype, shape, affi
 def test_bad_input():
     x = torch.randn(4, 3, 2)
     mean, invstd = torch.zeros(3), torch.ones(3)
-    spec = paper_spec(1.0, 0.0, Sigmoid(), False).kernel_args()
-    one, zero, grad = torch.ones(1), torch.zeros(1), torch.zeros(1, 24)
 
-    def backward(x2, norm):
-        return cpu.backward(grad, zero, x2, one, 1, zero, None, spec, P.SAVE_INPUT, False, batch_norm=norm)
+    def source(x2, norm):
+        return batchnorm_cpu.source_args(x2, norm, copy=False)
 
     with pytest.raises(ValueError, match=r"not \[B, 3 channels, 5\] merged"):
-        backward(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 5))
+        source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 5))
     with pytest.raises(TypeError, match="fused BatchNorm needs float32 or float64 input"):
-        backward(x.reshape(1, -1).half(), batchnorm_cpu.Normalization(mean, invstd, None, None, 2))
+        source(x.reshape(1, -1).half(), batchnorm_cpu.Normalization(mean, invstd, None, None, 2))
     bad_bits = torch.zeros(2, dtype=torch.uint8)
     with pytest.raises(ValueError, match="residual_bits must be 3 packed uint8 bytes"):
-        backward(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
-    with pytest.raises(ValueError, match=r"fused BatchNorm \(batch_norm\) needs recompute mode"):
-        cpu.backward(torch.zeros(1, 24), zero, None, one, 1, zero, torch.zeros(1, 24), spec, P.SAVE_POTENTIAL,
-                     False, batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
+        source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
+    one, zero = torch.ones(1), torch.zeros(1)
+    with pytest.raises(ValueError, match="batch_norm and overwrite_x need the states recomputed"):
+        engine_cpu.backward(LIF_MODELS[("paper", "hard")], torch.zeros(1, 24), [zero], x.reshape(1, -1),
+                            [one, one, zero], 1, [zero], Sigmoid(), False, [False] * 3, saved=[torch.zeros(1, 24)],
+                            batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["fp32", "fp64"])

@@ -25,12 +25,6 @@ BACKENDS = ["reference", "cpu", "triton"]
 THRESHOLD, MARGIN = 0.4, 1e-3
 
 
-def _backend_available(backend):
-    try:
-        spikefuse.ops.module(backend)
-    except RuntimeError as err:
-        pytest.skip(str(err))
-
 
 def _bn_for(shape, **kw):
     return (nn.BatchNorm2d if len(shape) == 5 else nn.BatchNorm1d)(shape[2], **kw)
@@ -59,7 +53,6 @@ def _close(actual, expected, name):
 
 
 def _run_pair(shape, backend, *, train=True, momentum=0.1, affine=True, learnable=True, steps=1, eval_after=False):
-    _backend_available(backend)
     torch.manual_seed(0)
     bn = _bn_for(shape, momentum=momentum, affine=affine)
     fused = _fused_for(shape, backend, momentum=momentum, affine=affine, decay=0.5, threshold=THRESHOLD,
@@ -153,7 +146,6 @@ def _saved_bytes(fn):
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_saves_only_x_and_per_channel_stats(backend):
-    _backend_available(backend)
     shape = (4, 3, 5, 4, 4)
     x = torch.randn(shape, requires_grad=True)
     m = BatchNormLIF2d(5, decay=0.5, threshold=THRESHOLD, learnable_decay=True, channels=5, backend=backend)
@@ -240,7 +232,6 @@ def _well_posed_residual_pair(shape, seed, binary, dtype):
 def test_residual_matches_composition(backend, binary, dtype, shape):
     """LIF(BN(x) + residual) fused == SeqToBatch(nn.BatchNorm) -> + residual -> lif(reference): spikes, state and
     running statistics equal; gradients of x, residual, gamma, beta and a per-channel decay within 1e-5."""
-    _backend_available(backend)
     torch.manual_seed(0)
     channels = shape[2]
     bn = _bn_for(shape).to(dtype)
@@ -276,7 +267,6 @@ def test_residual_matches_composition(backend, binary, dtype, shape):
 def test_residual_gradcheck_fp64(backend, binary):
     """gradcheck of the final state with a detached reset, where the exact derivative exists (spikes themselves
     are piecewise constant and their backward is the surrogate by design, see tests/ops/test_cpu.py)."""
-    _backend_available(backend)
     shape = (3, 2, 2, 3)
     x, res = _well_posed_residual_pair(shape, 2, binary, torch.float64)
     w = torch.linspace(0.9, 1.1, 2, dtype=torch.float64, requires_grad=True)
@@ -294,7 +284,6 @@ def test_residual_gradcheck_fp64(backend, binary):
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_residual_saved_bytes(backend):
     """A float residual is saved as is; a binary one as bits (x + residual/32 + O(C))."""
-    _backend_available(backend)
     shape = (4, 3, 5, 4, 4)
     x = torch.randn(shape, requires_grad=True)
     res = (torch.rand(shape) < 0.5).float().requires_grad_(True)

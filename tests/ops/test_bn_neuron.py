@@ -29,12 +29,6 @@ CASES = {  # model, its parameters (the first learnable per channel), surrogate
 }
 
 
-def _backend_available(backend):
-    try:
-        spikefuse.ops.module(backend)
-    except RuntimeError as err:
-        pytest.skip(str(err))
-
 
 def _close(actual, expected, name):
     scale = expected.abs().max().clamp_min(1e-12)
@@ -94,7 +88,6 @@ def _leaves(x, weight, bias, res, params, state):
     (None, True, torch.float32), ("spikes", True, torch.float32), ("float", True, torch.float64),
     (None, False, torch.float64)], ids=["plain-train-fp32", "spikes-train-fp32", "float-train-fp64", "plain-eval-fp64"])
 def test_matches_composition(backend, case, residual, training, dtype):
-    _backend_available(backend)
     if backend == "triton" and dtype == torch.float64 and residual is None:
         pytest.skip("the interpreter is slow: Triton runs the three other ways")
     shape = (4, 3, 5, 2, 3)
@@ -128,7 +121,6 @@ def test_gradcheck_fp64_cpu(case, residual):
     """The cpu backend normalizes inside its neuron kernel in training mode: gradcheck goes through that, on the
     final states with a detached reset, where the exact derivative exists (spikes are piecewise constant, and their
     backward is the surrogate by design)."""
-    _backend_available("cpu")
     model, surrogate, x, weight, bias, stats, res, params, state = _inputs(case, (3, 2, 3, 2), torch.float64,
                                                                            residual, True, 11)  # fmt: skip
     first = model.params[0]
@@ -147,7 +139,6 @@ def test_gradcheck_fp64_cpu(case, residual):
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_saves_only_x_residual_bits_and_per_channel_values(backend):
-    _backend_available(backend)
     shape = (6, 4, 8, 5, 5)
     model, surrogate, x, weight, bias, stats, res, params, state = _inputs("alif", shape, torch.float32, "spikes",
                                                                            True, 5)  # fmt: skip

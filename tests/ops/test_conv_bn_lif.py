@@ -18,7 +18,6 @@ from spikefuse.bn_functional import conv_batchnorm_lif  # noqa: E402
 from spikefuse.nn import BatchNormLIF1d, BatchNormLIF2d, ConvBatchNormLIF, SeqToBatch  # noqa: E402
 
 from tests.ops.cases import saved_storages  # noqa: E402
-from tests.ops.test_bn_lif import _backend_available  # noqa: E402
 
 THRESHOLD = 0.4
 
@@ -58,7 +57,6 @@ def _close(a, b, what):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", list(CONVS))
 def test_matches_composition(backend, dtype, name):
-    _backend_available(backend)
     composed, fused, shape = _pair(name, backend, dtype, learnable=name.startswith("2d-stride"))
     g = torch.Generator().manual_seed(3)
     for training in (True, True, False):  # the second step starts from updated running statistics
@@ -82,7 +80,6 @@ def test_matches_composition(backend, dtype, name):
 def test_gradcheck_fp64(backend):
     """gradcheck of the final state with a detached reset, where the exact derivative exists (spikes themselves
     are piecewise constant and their backward is the surrogate by design); inputs kept away from the threshold."""
-    _backend_available(backend)
     g = torch.Generator().manual_seed(4)
     for _ in range(100):
         x = torch.rand(2, 2, 2, 4, 4, generator=g, dtype=torch.float64) * 2
@@ -105,7 +102,6 @@ def test_gradcheck_fp64(backend):
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_saves_the_conv_input_not_its_output(backend):
-    _backend_available(backend)
     composed, fused, shape = _pair("2d-stride2-pad1-bias", backend, torch.float32, learnable=False)
     x = torch.rand(shape, requires_grad=True) * 1.0
     saved_composed, _ = saved_storages(lambda: composed(x))

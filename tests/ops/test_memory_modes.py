@@ -16,12 +16,6 @@ from tests.ops.cases import saved_storages  # noqa: E402
 SHAPE = (5, 3, 4, 6)  # T, B, C, L
 
 
-def _available(backend):
-    try:
-        spikefuse.ops.module(backend)
-    except RuntimeError as err:
-        pytest.skip(str(err))
-
 
 def _constants(backend):
     """Bytes of the threshold and v_reset saved for backward: one float32 each where the LIF's definition runs on the
@@ -44,7 +38,6 @@ def _run(backend, memory, x, decay, v_init):
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 def test_potential_and_recompute_agree(backend):
-    _available(backend)
     torch.manual_seed(0)
     x = torch.rand(SHAPE) * 0.8
     decay = torch.full((SHAPE[2],), 0.4)
@@ -69,7 +62,6 @@ def test_potential_and_recompute_agree(backend):
 def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
     """When x is already saved by another op (as the BN input is), recompute adds nothing of size [T, N] or [N]
     (the default v_init is one value shared by every neuron), while potential adds the potentials h."""
-    _available(backend)
     x = torch.rand(SHAPE, requires_grad=True)
     for memory in ("potential", "recompute"):
         y = x * 2.0
@@ -83,7 +75,6 @@ def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
 def test_retained_graph_backward_twice_gives_the_same_gradients(backend):
     """The fused backends write grad_x over the saved h only when the graph is freed: a retained graph must still
     hold h for a second backward."""
-    _available(backend)
     torch.manual_seed(0)
     x = (torch.rand(SHAPE) * 0.8).requires_grad_(True)
     g = torch.randn(SHAPE)
@@ -101,7 +92,6 @@ def test_retained_graph_backward_twice_gives_the_same_gradients(backend):
 def test_backward_writes_grad_x_over_the_saved_potential(backend, dtype):
     """Without retain_graph, grad_x takes the storage of the saved h (when grad_x has h's dtype): backward
     allocates nothing of size [T, N]; the gradient is the reference's either way."""
-    _available(backend)
     torch.manual_seed(0)
     x = (torch.rand(SHAPE) * 0.8).to(dtype).requires_grad_(True)
     g = torch.randn(SHAPE).to(dtype)
@@ -126,7 +116,6 @@ def test_backward_writes_grad_x_over_the_saved_potential(backend, dtype):
 @pytest.mark.parametrize("used", ["spikes", "state"])
 def test_gradient_through_one_output_only(backend, used):
     """Gradients are not materialized: an unused output's gradient arrives as None and is taken as zero."""
-    _available(backend)
     torch.manual_seed(0)
     x = torch.rand(SHAPE) * 0.8
     grads = {}

@@ -22,10 +22,10 @@ COMBOS = [
 
 
 def _backend(name):
-    try:
-        return spikefuse.ops.module(name)
-    except RuntimeError as err:
-        pytest.skip(str(err))
+    """The hand-written backend ``name`` (the LIF specs' reference, and the Triton kernels that run half-precision
+    inputs on a GPU; the CPU runs the neuron engine, whose shared-state cases ``tests/neurons/test_engine.py``
+    covers)."""
+    return spikefuse.ops.module(name)
 
 
 def _pair(spec, per_channel, seed=3):
@@ -37,7 +37,7 @@ def _pair(spec, per_channel, seed=3):
     return x2, leak, inner, v_shared, v_shared.expand(x2.shape[1]).contiguous()
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("save", [P.SAVE_POTENTIAL, P.SAVE_INPUT], ids=["potential", "recompute"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "channel"])
 @pytest.mark.parametrize("combo", COMBOS)
@@ -63,7 +63,7 @@ def test_shared_v_init_and_grad_state_equal_their_expansion(combo, per_channel, 
         assert (gl_s is None and gl_f is None) or torch.equal(gl_s, gl_f)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("name", ["v_init", "grad_state"])
 def test_per_neuron_tensors_of_other_shapes_are_refused(backend, name):
     ops = _backend(backend)
@@ -85,7 +85,6 @@ def test_per_neuron_tensors_of_other_shapes_are_refused(backend, name):
 def test_default_initial_state_through_the_api(backend, return_state):
     """``lif`` without ``v_init`` (shared start, shared zero state gradient when the state is unused) against the
     reference, with the state used or not, learnable per-channel decay."""
-    _backend(backend)
     x = (torch.rand(SHAPE) * 0.8).requires_grad_(True)
     decay = torch.full((SHAPE[2],), 0.4, requires_grad=True)
     grads = []

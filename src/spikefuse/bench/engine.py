@@ -6,9 +6,8 @@ round-robin runs in one process: spikefuse's CubaLIF (generated CPU kernels) aga
 ``Synaptic`` (same dynamics, checked to give the same spikes), and spikefuse's definition of Norse's LSNN against
 Norse's ``LSNN`` module (likewise); spikefuse's ALIF (Bellec et al.), which has no peer of the same dynamics, against
 the floor alone; and the paper's LIF as :func:`spikefuse.lif` runs it (its definition in
-:data:`spikefuse.neurons.LIF_MODELS` on the engine) and on the hand-written kernels it ran before, each in both
-memory modes, checked to give the same spikes. The floor is the
-bytes a recomputing fused layer must move (forward: read x, write spikes; backward: read x and the upstream
+:data:`spikefuse.neurons.LIF_MODELS` on the engine) in both memory modes, checked to give the same spikes. The floor
+is the bytes a recomputing fused layer must move (forward: read x, write spikes; backward: read x and the upstream
 gradient, write grad_x; 20 per neuron-step) over the copy bandwidth measured in the same run.
 """
 
@@ -40,13 +39,10 @@ def _layer_cases():
     cases["spikefuse Norse-LSNN definition (cpu)"] = (ours.norse_lsnn(), "lsnn")
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
-    # The paper's LIF as spikefuse.lif runs it (the engine) and on the hand-written kernels, in both memory modes
-    # ("potential" is the LIF layers' default)
+    # The paper's LIF as spikefuse.lif runs it, in both memory modes ("potential" is the LIF layers' default)
     for memory in ("potential", "recompute"):
         cases[f"spikefuse.lif (engine definition, cpu, {memory})"] = (
             lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory), "lif")
-        cases[f"spikefuse LIF, hand-written kernels (cpu, {memory})"] = (
-            ours.hand_written_lif(0.8, 1.0, 4.0, "cpu", memory), "lif")
     try:
         import norse.torch as norse
 

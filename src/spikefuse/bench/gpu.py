@@ -71,7 +71,7 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
             x, decay=DECAY, threshold=THRESHOLD, memory=m), memory))  # fmt: skip
     for memory in ("potential", "recompute"):
         found.append(Case(f"spikefuse LIF, hand-written kernels ({memory})", "paper-lif",
-                          ours.hand_written_lif(DECAY, THRESHOLD, ALPHA, "triton", memory), memory))  # fmt: skip
+                          ours.hand_written_lif(DECAY, THRESHOLD, ALPHA, memory), memory))  # fmt: skip
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))

@@ -1,6 +1,6 @@
 """spikefuse's layers that the benchmarks time beside the public API and the peers: the paper's LIF on the
-hand-written kernels it ran before the neuron engine, and spikefuse's definition of Norse's LSNN started as Norse
-starts it. Each builder returns ``run(x)``, spikes of ``x`` ``[T, ...]``."""
+hand-written Triton kernels it ran before the neuron engine (which still run half-precision inputs on a GPU), and
+spikefuse's definition of Norse's LSNN started as Norse starts it. Each builder returns ``run(x)``, spikes of ``x`` ``[T, ...]``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 Run = Callable[[torch.Tensor], torch.Tensor]
 
 
-def hand_written_lif(decay: float, threshold: float, alpha: float, backend: str, memory: str) -> Run:
-    """Eq. (1)-(2) with a sigmoid surrogate of slope ``alpha`` on the hand-written kernels of ``backend``
+def hand_written_lif(decay: float, threshold: float, alpha: float, memory: str) -> Run:
+    """Eq. (1)-(2) with a sigmoid surrogate of slope ``alpha`` on the hand-written Triton kernels
     (:mod:`spikefuse.ops.autograd`), in ``memory`` mode."""
     from spikefuse import params as P
     from spikefuse.ops import autograd
@@ -24,7 +24,7 @@ def hand_written_lif(decay: float, threshold: float, alpha: float, backend: str,
     def run(x):
         x2 = x.reshape(x.shape[0], -1)
         leak, v_init = torch.full((1,), decay, device=x.device), torch.zeros(1, device=x.device)
-        spikes, _, _ = autograd.neuron(x2, leak, v_init, 1, ints, floats, backend, P.MEMORY_MODES[memory])
+        spikes, _, _ = autograd.neuron(x2, leak, v_init, 1, ints, floats, "triton", P.MEMORY_MODES[memory])
         return spikes.reshape(x.shape)
 
     return run

@@ -1,6 +1,6 @@
 """The LIF neurons of the temporal-fusion paper (Eq. (1)-(2)) and snnTorch's ``Leaky`` as neuron definitions, with
 the operations in the order of :mod:`spikefuse.params`, so the engine's kernels give the spikes and states of the
-hand-written LIF kernels (:mod:`spikefuse.ops.cpu`) bit for bit::
+spec's reference (:mod:`spikefuse.ops.reference`) bit for bit::
 
     paper, hard reset:      v[t] = where(s, v_reset, decay*v[t-1]) + x[t]
     paper, soft reset:      v[t] = decay*where(s, v[t-1] - threshold, v[t-1]) + x[t]
@@ -20,7 +20,8 @@ formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` the ``k`` o
     MUL_INPUT:  v[t] = u + (x[t] - (u - r)) * decay
     MUL:        v[t] = u - (u - r) * decay + x[t]
 
-with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike).
+with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike), or
+(:data:`SPIKINGJELLY_PRE_RESET_MODELS`, ``NeuronSpec(state_post_reset=False)``) without one.
 :func:`spikefuse.lif` and the layers built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``,
 ``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU and on Triton in
 float32 and float64, and on the CPU float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so does the
@@ -39,7 +40,8 @@ from ..ops.common import compute_dtype
 from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "engine_model", "engine_params", "initial_potential"]
+__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "engine_model", "engine_params",
+           "initial_potential"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -70,39 +72,46 @@ _SJ_CHARGES = {  # of v = u, the post-reset membrane
 }
 
 
-def _spikingjelly(reset: str, charge: str) -> NeuronModel:
+def _spikingjelly(reset: str, charge: str, post_reset: bool) -> NeuronModel:
     u, (_, formula) = _SJ_RESETS[reset], _SJ_CHARGES[charge]
+    handed_on = u if post_reset else "v"
     return NeuronModel(
-        name=f"sj_{reset}_{charge}", states=("v",), params=_PARAMS,
+        name=f"sj_{reset}_{charge}" + ("" if post_reset else "_pre_reset"), states=("v",), params=_PARAMS,
         step=(("v", u), ("v", formula)), fire="v - threshold", defaults=_DEFAULTS,
-        handoff=(("v", u),) if reset != "none" else (),  # with no reset the post-reset membrane is the membrane
-        equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {u}",
+        # with no reset the post-reset membrane is the membrane
+        handoff=(("v", u),) if post_reset and reset != "none" else (),
+        equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {handed_on}",
     )  # fmt: skip
 
 
 #: SpikingJelly's LIF / PLIF / IF forms, by (reset, charge).
-SPIKINGJELLY_MODELS = {(reset, charge): _spikingjelly(reset, charge) for reset in _SJ_RESETS for charge in _SJ_CHARGES}
+SPIKINGJELLY_MODELS = {(reset, charge): _spikingjelly(reset, charge, True) for reset in _SJ_RESETS
+                       for charge in _SJ_CHARGES}  # fmt: skip
+#: The same forms handing on the membrane before the reset (``NeuronSpec(state_post_reset=False)``): the reset of
+#: the last step is left to the next call, which applies it to its initial state.
+SPIKINGJELLY_PRE_RESET_MODELS = {(reset, charge): _spikingjelly(reset, charge, False) for reset in _SJ_RESETS
+                                 for charge in _SJ_CHARGES}  # fmt: skip
 
 _CHARGE_NAMES = {code: name for name, (code, _) in _SJ_CHARGES.items()}
 _DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
 _RESET_NAMES = {code: name for name, code in P.RESETS.items()}
 
-#: Where the engine's LIF definitions run (the rest, and half precision on Triton, runs the hand-written kernels of
-#: :mod:`spikefuse.ops`).
+#: Where the engine's LIF definitions run (half precision on Triton runs the hand-written kernels of
+#: :mod:`spikefuse.ops.triton`).
 ENGINE_BACKENDS = ("cpu", "triton")
 
 
 def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> NeuronModel | None:
-    """The definition of :data:`LIF_MODELS` or :data:`SPIKINGJELLY_MODELS` that runs ``spec`` on the engine for
-    inputs of ``dtype`` on ``backend`` (a concrete backend), or None where the hand-written kernels run it."""
+    """The definition of :data:`LIF_MODELS`, :data:`SPIKINGJELLY_MODELS` or :data:`SPIKINGJELLY_PRE_RESET_MODELS`
+    that runs ``spec`` on the engine for inputs of ``dtype`` on ``backend`` (a concrete backend), or None where the
+    hand-written Triton kernels (half precision) or the reference run it."""
     if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
         return None
     if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
         return None  # the hand-written Triton kernels read and write half precision (the engine's would convert x)
     if spec.dynamics == P.SPIKINGJELLY:
-        if not spec.state_post_reset:  # SpikingJelly hands on the post-reset membrane; no layer asks otherwise
-            return None
-        return SPIKINGJELLY_MODELS[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]
+        models = SPIKINGJELLY_MODELS if spec.state_post_reset else SPIKINGJELLY_PRE_RESET_MODELS
+        return models[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]
     return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))
 
 

@@ -1,5 +1,8 @@
-"""Backends. One module per backend, each with the entry points ``forward`` and ``backward`` documented in
-:mod:`spikefuse.ops.reference`; :mod:`spikefuse.ops.autograd` wraps the fused ones once as custom ops.
+"""Backends. The neuron engine (:mod:`spikefuse.ops.engine`) runs every neuron from its definition, one module per
+backend; here, with the entry points ``forward`` and ``backward`` documented in :mod:`spikefuse.ops.reference`, the
+LIF spec's plain-PyTorch reference and the hand-written Triton kernels that run half-precision LIF inputs on a GPU
+(:mod:`spikefuse.ops.autograd` wraps them once as custom ops), and the fused pieces beside the neurons (BatchNorm,
+max pooling, bit-packed spikes).
 
 Backends are imported lazily: numba and Triton are only loaded by the first call that needs them.
 """

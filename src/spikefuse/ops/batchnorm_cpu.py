@@ -1,5 +1,5 @@
 """Training-mode BatchNorm for the fused BatchNorm+LIF op on the CPU backend (:mod:`spikefuse.ops.bn_lif`), in
-pieces that the neuron kernels of :mod:`spikefuse.ops.cpu` fuse.
+pieces that the engine's CPU neuron kernels (:mod:`spikefuse.ops.engine.cpu`) fuse.
 
 The op's backward recomputes the normalized input from the saved conv output and statistics. With torch's ops that
 is a statistics pass and a normalization pass (``native_batch_norm``) into fresh memory, then the neuron's
@@ -213,7 +213,7 @@ def _per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
 
 
 class Normalization(NamedTuple):
-    """Training-mode BatchNorm fused into the cpu backend's neuron backward (``spikefuse.ops.cpu.backward``'s
+    """Training-mode BatchNorm fused into the cpu backend's neuron backward (``spikefuse.ops.engine.cpu.backward``'s
     ``batch_norm``), whose ``x [T, N]`` is then the raw input ``[T*B, C, *spatial]`` merged: each block of neurons
     normalizes its own rows with torch's formula (see the module docstring) and adds ``residual`` (``[T, N]``,
     floats) or ``residual_bits`` (:func:`spikefuse.ops.bitpack.pack` of it) when given."""

@@ -560,7 +560,7 @@ def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:
-    """Neurons per channel run (the spatial size) for a per-channel leak, else 1 (see :mod:`spikefuse.ops.cpu`)."""
+    """Neurons per channel run (the spatial size) for a per-channel leak, else 1 (the kernels' ``inner``)."""
     return math.prod(x.shape[3:]) if leak.numel() > 1 else 1
 
 

@@ -25,6 +25,13 @@ class SpecArgs(NamedTuple):
     v_reset: float
 
 
+def unknown_surrogate(code: int) -> ValueError:
+    """The error of a surrogate code that the hand-written kernels (and :func:`surrogate_from_args`) do not know."""
+    return ValueError(f"unknown surrogate code {code}: the hand-written LIF kernels know the built-in surrogates "
+                      "only (spikefuse.surrogate.SURROGATES); a surrogate of your own runs on the neuron engine, which "
+                      "runs the LIF for float32 and float64 inputs (and for half-precision ones on the CPU)")
+
+
 def surrogate_from_args(spec: SpecArgs) -> Surrogate:
     """Rebuild the surrogate object from its code and parameters (the inverse of ``Surrogate.params``)."""
     code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
@@ -38,7 +45,7 @@ def surrogate_from_args(spec: SpecArgs) -> Surrogate:
         return Triangle(p1)
     if code == FastSigmoid.code:
         return FastSigmoid(p1)
-    raise ValueError(f"unknown surrogate code {code}")
+    raise unknown_surrogate(code)
 
 
 def check_per_neuron(backend: str, name: str, t: torch.Tensor, n: int) -> None:

@@ -87,10 +87,13 @@ def step(h: torch.Tensor, s: torch.Tensor, x: torch.Tensor, k: torch.Tensor, spe
     return u - (u - r) * k + x
 
 
-def run(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, spec_args: tuple):
-    """Differentiable serial loop. Returns ``(spikes [T, N] in x2.dtype, state [N], h [T, N])``."""
+def run(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, spec_args: tuple,
+        surrogate: Surrogate | None = None):
+    """Differentiable serial loop. Returns ``(spikes [T, N] in x2.dtype, state [N], h [T, N])``. ``surrogate``: the
+    spec's own object (any :class:`Surrogate`, also one of the user's), else rebuilt from the surrogate code and
+    parameters in ``spec_args``."""
     spec = SpecArgs(*spec_args)
-    surrogate = surrogate_from_args(spec)
+    surrogate = surrogate or surrogate_from_args(spec)
     cdt = compute_dtype(x2.dtype)
     n = x2.shape[1]
     channels = leak.numel()

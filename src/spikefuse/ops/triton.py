@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .. import params as P
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
-from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad
+from .common import SpecArgs, check_per_neuron, compute_dtype, reduce_leak_grad, unknown_surrogate
 
 __all__ = ["forward", "backward", "SUPPORTED_DTYPES", "BLOCK_SIZES", "block_size"]
 
@@ -507,7 +507,7 @@ def _surrogate_consts(spec: SpecArgs) -> tuple[float, float]:
         return p1, p1 * p1
     if code == FastSigmoid.code:
         return p1, 0.0
-    raise ValueError(f"unknown surrogate code {code}")
+    raise unknown_surrogate(code)
 
 
 @functools.lru_cache(maxsize=256)

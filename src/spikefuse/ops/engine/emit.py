@@ -80,7 +80,7 @@ def sympy_source(e, names: dict[str, str], dialect: Dialect) -> str:
     def emit(e) -> str:
         if e.is_Symbol:
             return names[e.name]
-        if e.is_Number or isinstance(e, sympy.NumberSymbol):
+        if e.is_number:  # a constant, also one written as an expression (1/sqrt(pi))
             return dialect.number(float(e))
         if e.is_Add:
             return "(" + " + ".join(emit(a) for a in e.args) + ")"
@@ -201,6 +201,17 @@ def cache_dir() -> Path:
 _MODULES: dict[tuple, object] = {}
 
 
+def _formula_key(surrogate_type) -> str:
+    """What identifies a surrogate's formula: the source of its ``sympy_derivative`` (no sympy to import), or where
+    the source is not kept (a class defined by ``exec`` or ``python -c``) the expression it returns."""
+    try:
+        return inspect.getsource(surrogate_type.sympy_derivative)
+    except (OSError, TypeError):
+        import sympy
+
+        return sympy.srepr(surrogate_type.sympy_derivative(*sympy.symbols("u_ sg_p1 sg_p2")))
+
+
 def load_generated(backend: str, model, surrogate_type, tag: str, generator: str, make_source: Callable[[], str]):
     """The module of ``backend``'s kernels for ``model`` with ``surrogate_type`` (``tag``: the dtype), imported from
     :func:`cache_dir`; ``make_source()`` writes it the first time. ``generator``: a hash of the generating code."""
@@ -209,7 +220,7 @@ def load_generated(backend: str, model, surrogate_type, tag: str, generator: str
         return _MODULES[key]
     # The file name holds everything the source depends on (the dynamics, the surrogate's formula, the generator),
     # so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
-    inputs = (model.key, inspect.getsource(surrogate_type.sympy_derivative), generator, tag)
+    inputs = (model.key, _formula_key(surrogate_type), generator, tag)
     digest = hashlib.sha256(repr(inputs).encode()).hexdigest()[:12]
     name = f"spikefuse_{backend}_{model.name}_{surrogate_type.__name__}_{tag}_{digest}"
     folder = cache_dir()

@@ -1,0 +1,119 @@
+"""A surrogate defined only in this file, as a user defines one (docs/custom-neuron.md): with ``params``,
+``derivative`` and ``sympy_derivative`` and no line of the library changed, it runs on every engine backend (the
+reference, the CPU kernels, Triton under the interpreter) for a neuron definition and for the LIF specs, with the
+formula it defines; the hand-written Triton kernels, which know the built-in surrogates only, refuse it by name."""
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import sympy  # noqa: E402
+import torch  # noqa: E402
+
+import spikefuse  # noqa: E402
+from spikefuse.neurons import CUBA_LIF, LIF_MODELS  # noqa: E402
+from spikefuse.surrogate import Surrogate, resolve  # noqa: E402
+
+BACKENDS = ["reference", "cpu", "triton"]
+
+
+@dataclass(frozen=True)
+class Gaussian(Surrogate):
+    sigma: float = 0.5
+
+    def params(self):
+        return float(self.sigma), 0.0
+
+    def derivative(self, u):
+        return torch.exp(-0.5 * (u / self.sigma) ** 2) / (self.sigma * math.sqrt(2 * math.pi))
+
+    @staticmethod
+    def sympy_derivative(u, p1, p2):
+        return sympy.exp(-(u / p1) ** 2 / 2) / (p1 * sympy.sqrt(2 * sympy.pi))
+
+
+def test_resolve_keeps_a_surrogate_of_the_users():
+    g = Gaussian(0.3)
+    assert resolve(g) is g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_formula_on_a_grid(backend, dtype):
+    """T=1, no reset, zero initial state: grad_x = surrogate'(x - threshold), the definition's formula."""
+    u = torch.linspace(-2, 2, 401, dtype=torch.float64)
+    x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()
+    spikes = spikefuse.neuron(x, LIF_MODELS[("paper", "none")], surrogate=Gaussian(0.4), decay=0.9, threshold=0.5,
+                              backend=backend)  # fmt: skip
+    spikes.backward(torch.ones_like(spikes))
+    expected = Gaussian(0.4).derivative(x.detach()[0] - 0.5)
+    torch.testing.assert_close(x.grad[0], expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_neuron_and_lif_spec_match_the_reference(backend):
+    """CubaLIF (two states) and the paper's LIF spec, float32: spikes and states bit for bit, gradients to 1e-5."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(7, 3, 5, generator=g) * 0.7
+    upstream = torch.rand(x.shape, generator=g)
+    runs = {
+        "cuba": lambda x, b: spikefuse.neuron(x, CUBA_LIF, surrogate=Gaussian(0.4), alpha=0.8, beta=0.9, backend=b,
+                                              return_state=True),
+        "lif": lambda x, b: spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Gaussian(0.4), backend=b,
+                                          return_state=True),
+    }  # fmt: skip
+    for name, run in runs.items():
+        out = {}
+        for b in ("reference", backend):
+            xr = x.clone().requires_grad_()
+            spikes, state = run(xr, b)
+            spikes.backward(upstream)
+            out[b] = (spikes.detach(), state, xr.grad)
+        (ref_s, ref_state, ref_g), (s, state, grad) = out["reference"], out[backend]
+        assert 0 < float(ref_s.mean()) < 1, name
+        assert torch.equal(s, ref_s), name
+        for a, b in zip(state if isinstance(state, tuple) else (state,),
+                        ref_state if isinstance(ref_state, tuple) else (ref_state,)):  # fmt: skip
+            assert torch.equal(a.detach(), b.detach()), name
+        torch.testing.assert_close(grad, ref_g, rtol=1e-5, atol=1e-6)
+
+
+def test_hand_written_triton_kernels_refuse_it_by_name():
+    """Half precision on Triton runs the hand-written LIF kernels, which switch on the built-in surrogates' codes."""
+    x = torch.rand(3, 4).half()
+    with pytest.raises(ValueError, match="unknown surrogate code -1: the hand-written LIF kernels know the built-in "
+                                         "surrogates only"):  # fmt: skip
+        spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Gaussian(), backend="triton")
+
+
+def test_a_surrogate_whose_source_is_not_kept(monkeypatch):
+    """Defined by ``exec`` (as ``python -c`` or a docs runner does), where ``inspect.getsource`` fails: the kernels'
+    cache key is the formula itself."""
+    import types
+
+    module = types.ModuleType("user_surrogates")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(
+        "from dataclasses import dataclass\n"
+        "import sympy, torch\n"
+        "from spikefuse.surrogate import Surrogate\n"
+        "@dataclass(frozen=True)\n"
+        "class Bump(Surrogate):\n"
+        "    width: float = 0.7\n"
+        "    def params(self):\n"
+        "        return float(self.width), 0.0\n"
+        "    def derivative(self, u):\n"
+        "        return 1 / (1 + (u / self.width) ** 2)\n"
+        "    @staticmethod\n"
+        "    def sympy_derivative(u, p1, p2):\n"
+        "        return 1 / (1 + (u / p1) ** 2)\n",
+        module.__dict__,
+    )
+    x = torch.linspace(-1, 2, 31).reshape(1, -1).requires_grad_()
+    spikefuse.neuron(x, LIF_MODELS[("paper", "none")], surrogate=module.Bump(), decay=0.9, threshold=0.5,
+                     backend="cpu").sum().backward()  # fmt: skip
+    torch.testing.assert_close(x.grad[0], module.Bump().derivative(x.detach()[0] - 0.5))
