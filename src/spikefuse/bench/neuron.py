@@ -30,8 +30,8 @@ from ..validation import paper_spec
 from ..threads import set_threads
 from . import peers
 from .peers import ALPHA, DECAY, THRESHOLD
-from .common import (add_result_args, command_line, machine_info, markdown_table, result_tag, round_robin, timed,
-                     write_csv)
+from .common import (add_result_args, cache_evictor, command_line, machine_info, markdown_table, result_tag,
+                     round_robin, timed, write_csv)
 
 
 
@@ -149,10 +149,7 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     # The floor copies between the same kinds of memory our kernels use: from a torch tensor (like x) into a buffer
     # advised as huge pages (like the outputs from spikefuse.ops.buffers).
     src, dst = torch.rand(t_steps, n), buffers.fresh((t_steps, n), torch.float32)
-    evict = torch.zeros(_EVICT_BYTES // 4)
-
-    def empty_caches():
-        evict.sum()
+    empty_caches = cache_evictor(_EVICT_BYTES)
 
     def restore_h():
         h_work.copy_(h)
