@@ -120,8 +120,9 @@ def run(args) -> None:
         "",
         f"Medians of {args.repeats} round-robin runs after one warm-up. Floor: 20 bytes per neuron-step over the "
         f"copy bandwidth of the same run (the median of copies of the upstream gradient timed on their own before "
-        f"the layers, each after reading {EVICT_BYTES >> 20} MiB to empty the caches). 'spikefuse speed-up': the implementation's time over spikefuse's for the "
-        "same model; 'spikes differing': fraction of spikes that differ from the first implementation of the model.",
+        f"the layers, each after reading {EVICT_BYTES >> 20} MiB to empty the caches). 'spikefuse speed-up': the "
+        "implementation's time over spikefuse's for the same model; 'spikes differing': fraction of spikes that "
+        "differ from the first implementation of the model.",
         "",
         table,
     ]

@@ -1,6 +1,7 @@
 """spikefuse's layers that the benchmarks time beside the public API and the peers: the paper's LIF on the
 hand-written Triton kernels it ran before the neuron engine (which still run half-precision inputs on a GPU), and
-spikefuse's definition of Norse's LSNN started as Norse starts it. Each builder returns ``run(x)``, spikes of ``x`` ``[T, ...]``."""
+spikefuse's definition of Norse's LSNN started as Norse starts it. Each builder returns ``run(x)``, spikes of ``x``
+``[T, ...]``."""
 
 from __future__ import annotations
 
