@@ -9,7 +9,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import spikefuse  # noqa: E402
-from spikefuse.neurons.lif import ENGINE_BACKENDS  # noqa: E402
 
 from tests.ops.cases import saved_storages  # noqa: E402
 
@@ -17,10 +16,9 @@ SHAPE = (5, 3, 4, 6)  # T, B, C, L
 
 
 
-def _constants(backend):
-    """Bytes of the threshold and v_reset saved for backward: one float32 each where the LIF's definition runs on the
-    neuron engine (:func:`spikefuse.neurons.lif.engine_model`), none in the hand-written kernels' call."""
-    return 8 if backend in ENGINE_BACKENDS else 0
+# Bytes of the threshold and v_reset saved for backward: the LIF's definition on the neuron engine
+# (:func:`spikefuse.neurons.lif.engine_model`) takes them as float32 tensors of one element.
+CONSTANTS = 8
 
 
 def _run(backend, memory, x, decay, v_init):
@@ -52,7 +50,7 @@ def test_potential_and_recompute_agree(backend):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     if backend != "reference":  # the reference ignores the memory mode (autograd through its loop)
         x_bytes = x.nbytes
-        small = SHAPE[2] * 4 + _constants(backend)
+        small = SHAPE[2] * 4 + CONSTANTS
         # potential: h [T, N] + v_init [N] + leak; recompute: x [T, N] + v_init [N] + leak (v_init is x / T)
         assert rec[5] == x_bytes + v_init.nbytes + small
         assert pot[5] == x_bytes + v_init.nbytes + small
@@ -68,7 +66,7 @@ def test_recompute_does_not_save_h_with_x_saved_elsewhere(backend):
         stores, _ = saved_storages(lambda: spikefuse.lif(y, decay=0.5, threshold=0.5, backend=backend, memory=memory))
         extra = sum(v for k, v in stores.items() if k != y.untyped_storage().data_ptr())
         expected_h = x.nbytes if memory == "potential" else 0
-        assert extra == expected_h + 4 + 4 + _constants(backend), memory  # + the shared v_init and the leak, 4 B each
+        assert extra == expected_h + 4 + 4 + CONSTANTS, memory  # + the shared v_init and the leak, 4 B each
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])

@@ -104,8 +104,8 @@ class EngineNeuron:
 @dataclasses.dataclass(frozen=True)
 class HandWrittenLIF:
     """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``) on the
-    hand-written kernels of :mod:`spikefuse.ops`, where the engine does not run it: ``params = [leak]``,
-    ``init = [v_init]``."""
+    hand-written Triton kernels of :mod:`spikefuse.ops.triton`, which run half-precision inputs on a GPU, where the
+    engine does not: ``params = [leak]``, ``init = [v_init]``."""
 
     ints: tuple
     floats: tuple
@@ -475,7 +475,7 @@ def bn_neuron(
 
 def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor, backend: str) -> tuple:
     """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition where it
-    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written kernels; ``v_init`` None starts every
+    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written Triton kernels; ``v_init`` None starts every
     neuron from the reset value (one value shared by all: nothing of size N is read)."""
     v0 = initial_potential(spec, v_init, x)
     model = engine_model(spec, x.dtype, backend)
