@@ -475,8 +475,8 @@ def bn_neuron(
 
 def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor, backend: str) -> tuple:
     """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition where it
-    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written Triton kernels; ``v_init`` None starts every
-    neuron from the reset value (one value shared by all: nothing of size N is read)."""
+    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written Triton kernels; ``v_init`` None starts
+    every neuron from the reset value (one value shared by all: nothing of size N is read)."""
     v0 = initial_potential(spec, v_init, x)
     model = engine_model(spec, x.dtype, backend)
     if model is None:
