@@ -4,8 +4,8 @@ residual) for backward (Liang et al., Alg. 1-4).
 The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
 surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
 :func:`spikefuse.neurons.lif.engine_model`), or, where the engine does not run the LIF (half-precision inputs on
-Triton), the hand-written LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters and initial states
-as lists of tensors.
+Triton), the hand-written Triton LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters
+and initial states as lists of tensors.
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
