@@ -88,8 +88,8 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute", dtype=
 
     spec, model = _spec_and_model(case, threshold=threshold, v_reset=v_reset, surrogate=surrogate,
                                   detach_reset=detach)  # fmt: skip
-    leaves_lif = [t.clone().requires_grad_() for t in (x, v0, decay)]
-    spikes_lif, state_lif = spikefuse.spiking_neuron(leaves_lif[0], leaves_lif[2], spec, v_init=leaves_lif[1],
+    leaves_ref = [t.clone().requires_grad_() for t in (x, v0, decay)]
+    spikes_ref, state_ref = spikefuse.spiking_neuron(leaves_ref[0], leaves_ref[2], spec, v_init=leaves_ref[1],
                                                      backend="reference")  # fmt: skip
 
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
@@ -99,16 +99,16 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute", dtype=
         v_reset=v_reset,
     )  # fmt: skip
 
-    assert 0 < float(spikes_lif.detach().float().mean()) < 1, "the case must spike and not spike"
-    assert spikes_engine.dtype == spikes_lif.dtype == dtype and state_engine.dtype == state_lif.dtype == torch.float32
-    assert torch.equal(spikes_engine, spikes_lif)
+    assert 0 < float(spikes_ref.detach().float().mean()) < 1, "the case must spike and not spike"
+    assert spikes_engine.dtype == spikes_ref.dtype == dtype and state_engine.dtype == state_ref.dtype == torch.float32
+    assert torch.equal(spikes_engine, spikes_ref)
     if engine_backend == "cpu":
-        assert torch.equal(state_engine, state_lif)
+        assert torch.equal(state_engine, state_ref)
     else:  # the serial PyTorch loop rounds like the kernels, except where torch fuses an operation
-        torch.testing.assert_close(state_engine, state_lif, rtol=4 * torch.finfo(state_lif.dtype).eps, atol=0)
-    for outputs, leaves in (((spikes_lif, state_lif), leaves_lif), ((spikes_engine, state_engine), leaves_engine)):
+        torch.testing.assert_close(state_engine, state_ref, rtol=4 * torch.finfo(state_ref.dtype).eps, atol=0)
+    for outputs, leaves in (((spikes_ref, state_ref), leaves_ref), ((spikes_engine, state_engine), leaves_engine)):
         torch.autograd.backward(outputs, (upstream, upstream_state))
-    for name, a, b in zip(("x", "v_init", "decay"), leaves_engine, leaves_lif):
+    for name, a, b in zip(("x", "v_init", "decay"), leaves_engine, leaves_ref):
         if b.grad is None:  # IF: the decay does not enter the reference's dynamics
             assert name == "decay" and not a.grad.any(), name
         elif a.dtype == torch.float32:

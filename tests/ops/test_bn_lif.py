@@ -25,7 +25,6 @@ BACKENDS = ["reference", "cpu", "triton"]
 THRESHOLD, MARGIN = 0.4, 1e-3
 
 
-
 def _bn_for(shape, **kw):
     return (nn.BatchNorm2d if len(shape) == 5 else nn.BatchNorm1d)(shape[2], **kw)
 

@@ -29,7 +29,6 @@ CASES = {  # model, its parameters (the first learnable per channel), surrogate
 }
 
 
-
 def _close(actual, expected, name):
     scale = expected.abs().max().clamp_min(1e-12)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * float(scale), msg=lambda m: f"{name}: {m}")

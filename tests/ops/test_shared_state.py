@@ -21,13 +21,6 @@ COMBOS = [
 ]
 
 
-def _backend(name):
-    """The hand-written backend ``name`` (the LIF specs' reference, and the Triton kernels that run half-precision
-    inputs on a GPU; the CPU runs the neuron engine, whose shared-state cases ``tests/neurons/test_engine.py``
-    covers)."""
-    return spikefuse.ops.module(name)
-
-
 def _pair(spec, per_channel, seed=3):
     """Inputs ``(x2, leak, inner, v_shared [1], v_full [N])`` with the shared start value the API would use."""
     x, leak, _ = make_inputs(SHAPE, spec, torch.float32, seed, per_channel=per_channel)
@@ -37,12 +30,14 @@ def _pair(spec, per_channel, seed=3):
     return x2, leak, inner, v_shared, v_shared.expand(x2.shape[1]).contiguous()
 
 
+# The hand-written entry points: the LIF specs' reference and the Triton kernels that run half-precision inputs on a
+# GPU (on the CPU the neuron engine runs them, whose shared-state cases tests/neurons/test_engine.py covers).
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("save", [P.SAVE_POTENTIAL, P.SAVE_INPUT], ids=["potential", "recompute"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "channel"])
 @pytest.mark.parametrize("combo", COMBOS)
 def test_shared_v_init_and_grad_state_equal_their_expansion(combo, per_channel, save, backend):
-    ops = _backend(backend)
+    ops = spikefuse.ops.module(backend)
     spec = make_spec(*combo, Sigmoid(), False)
     args = spec.kernel_args()
     x2, leak, inner, v_shared, v_full = _pair(spec, per_channel)
@@ -66,7 +61,7 @@ def test_shared_v_init_and_grad_state_equal_their_expansion(combo, per_channel, 
 @pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("name", ["v_init", "grad_state"])
 def test_per_neuron_tensors_of_other_shapes_are_refused(backend, name):
-    ops = _backend(backend)
+    ops = spikefuse.ops.module(backend)
     args = P.NeuronSpec().kernel_args()
     x2 = torch.rand(3, 4)
     good = {"v_init": torch.zeros(4), "grad_state": torch.zeros(4)}

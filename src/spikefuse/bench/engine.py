@@ -19,13 +19,8 @@ import torch
 
 from ..threads import set_threads
 from . import ours, peers
-from .common import (add_result_args, cache_evictor, command_line, machine_info, markdown_table, result_tag,
-                     round_robin, write_csv)
-
-
-# Read before each timed copy: more than the last-level cache of the machines this runs on (480 MiB reported on the
-# Xeon VM).
-EVICT_BYTES = 1 << 30
+from .common import (EVICT_BYTES, add_result_args, cache_evictor, command_line, machine_info, markdown_table,
+                     result_tag, round_robin, write_csv)
 
 
 def _layer_cases():
@@ -91,7 +86,7 @@ def run(args) -> None:
         # long run, it measured 18.6 GB/s against 26 GB/s, and in a loop of its own it ran in the last-level cache.
         buf = torch.empty_like(upstream)
         copy = {"copy": lambda: buf.copy_(upstream)}
-        copy_s = round_robin(copy, 2 * args.repeats + 1, setups={"copy": cache_evictor(EVICT_BYTES)})["copy"]
+        copy_s = round_robin(copy, 2 * args.repeats + 1, setups={"copy": cache_evictor()})["copy"]
         copy_bw = 2 * upstream.nbytes / copy_s
         medians = round_robin({name: step(name) for name in cases}, args.repeats)
         floor_s = 20 * t_steps * args.neurons / copy_bw

@@ -30,8 +30,8 @@ from ..validation import paper_spec
 from ..threads import set_threads
 from . import peers
 from .peers import ALPHA, DECAY, THRESHOLD
-from .common import (add_result_args, cache_evictor, command_line, machine_info, markdown_table, result_tag,
-                     round_robin, timed, write_csv)
+from .common import (EVICT_BYTES, add_result_args, cache_evictor, command_line, machine_info, markdown_table,
+                     result_tag, round_robin, timed, write_csv)
 
 
 
@@ -124,10 +124,6 @@ def implementations(include_peers: bool, include_compile: bool) -> tuple[list[Im
     return impls, missing
 
 
-# Read between timed kernel runs so that none starts with the previous run's data in cache: bigger than the last
-# level cache of the machines this ran on (32 MB on the AMD EPYC VM, 105 MB on the Xeon).
-_EVICT_BYTES = 256 << 20
-
 
 def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[], object]], dict[str, Callable]]:
     """``(cases, setups)`` for :func:`round_robin`: the copy that sets the floor and our kernels alone (those the LIF
@@ -149,7 +145,7 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     # The floor copies between the same kinds of memory our kernels use: from a torch tensor (like x) into a buffer
     # advised as huge pages (like the outputs from spikefuse.ops.buffers).
     src, dst = torch.rand(t_steps, n), buffers.fresh((t_steps, n), torch.float32)
-    empty_caches = cache_evictor(_EVICT_BYTES)
+    empty_caches = cache_evictor()
 
     def restore_h():
         h_work.copy_(h)
@@ -299,7 +295,7 @@ def write_results(args, rows, compile_seconds, missing) -> None:
         + ", ".join(f"T={t}: {r[ours]['floor_12B_ms']:.1f} ms ({r[ours]['copy_GBps']} GB/s)" for t, r in by_t.items()),
         "",
         "Our kernels alone, writing into buffers of their own reused from call to call, each run (and the copy) "
-        f"after reading {_EVICT_BYTES >> 20} MB to empty the caches, as a fraction of the floor (1.0 = at the copy "
+        f"after reading {EVICT_BYTES >> 20} MiB to empty the caches, as a fraction of the floor (1.0 = at the copy "
         "bandwidth). The backward writes grad_x over the saved h, as the layer does when the graph is freed (h "
         "restored before each run, untimed); 'separate grad_x' is the backward when the graph is kept, whose stores "
         "first read their cache lines (16 instead of 12 bytes of traffic per neuron-step):",

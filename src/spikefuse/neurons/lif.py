@@ -74,13 +74,12 @@ _SJ_CHARGES = {  # of v = u, the post-reset membrane
 
 def _spikingjelly(reset: str, charge: str, post_reset: bool) -> NeuronModel:
     u, (_, formula) = _SJ_RESETS[reset], _SJ_CHARGES[charge]
-    handed_on = u if post_reset else "v"
+    handoff = post_reset and reset != "none"  # with no reset the post-reset membrane is the membrane: one model
     return NeuronModel(
-        name=f"sj_{reset}_{charge}" + ("" if post_reset else "_pre_reset"), states=("v",), params=_PARAMS,
-        step=(("v", u), ("v", formula)), fire="v - threshold", defaults=_DEFAULTS,
-        # with no reset the post-reset membrane is the membrane
-        handoff=(("v", u),) if post_reset and reset != "none" else (),
-        equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {handed_on}",
+        name=f"sj_{reset}_{charge}" + ("_pre_reset" if not post_reset and reset != "none" else ""), states=("v",),
+        params=_PARAMS, step=(("v", u), ("v", formula)), fire="v - threshold", defaults=_DEFAULTS,
+        handoff=(("v", u),) if handoff else (),
+        equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {u if handoff else 'v'}",
     )  # fmt: skip
 
 
