@@ -243,6 +243,18 @@ def test_many_blocks(backend):
         _check(model, params, (3, 2 * cpu.BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False, save=True)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_without_parameter_gradients(name, backend):
+    """No parameter needs a gradient: the CPU backward keeps the history of only the states its reverse pass reads
+    (CubaLIF's current is carried through the recompute in one row), over several blocks, the last partial."""
+    model, params = MODELS[name]
+    _check(model, params, (9, 2, 3, 5), torch.float32, backend, Sigmoid(4.0), False, need=False)
+    _check(model, params, (2, 3, 5), torch.float64, backend, Triangle(1.0), True, need=False)
+    if backend == "cpu":
+        _check(model, params, (9, 2 * cpu.MIN_BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False, need=False)
+
+
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_gradcheck_fp64(name, backend):

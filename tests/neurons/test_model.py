@@ -3,7 +3,7 @@
 import pytest
 import sympy
 
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, NeuronModel
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_ZERO, NeuronModel
 
 
 def _model(**kw):
@@ -49,6 +49,17 @@ def test_derivatives_follow_the_assignments_in_order():
     assert d.fire == (0, 1) and d.fire_param == (0, 0, -1)
     # the adaptive threshold enters the spike's derivative through a
     assert ALIF_MODEL.derivatives.fire == (1, -sympy.Symbol("beta"))
+
+
+def test_states_read_backward():
+    """The current's history is read only by its parameters' gradients (d v / d alpha = old_i) unless the reset
+    reads it (zero: d v / d s = -(beta*old_v + alpha*old_i + x)); the fire reads both of ALIF's states."""
+    assert CUBA_LIF.states_read_backward(False) == ("v",)
+    assert CUBA_LIF.states_read_backward(True) == ("i", "v")
+    assert CUBA_LIF_ZERO.states_read_backward(False) == ("i", "v")
+    assert ALIF_MODEL.states_read_backward(False) == ("v", "a")
+    # a state read by nothing but its own step
+    assert _model(states=("v", "w"), step=(("w", "w + x"), ("v", "k*v + x"))).states_read_backward(True) == ("v",)
 
 
 def test_key_changes_with_the_dynamics_only():

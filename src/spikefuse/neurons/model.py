@@ -181,6 +181,18 @@ class NeuronModel(Registered):
         expressions = [*(e for row in d.state + d.param for e in row), *d.spike, *d.input, *d.fire, *d.fire_param]
         return any(symbol.name == "x" for e in expressions for symbol in e.free_symbols)
 
+    def states_read_backward(self, param_grads: bool) -> tuple[str, ...]:
+        """The states whose value at every step a backward reads: those the fire reads (a step's spike and the
+        surrogate's argument) and those the step's derivatives read (the parameters' too with ``param_grads``). A
+        recomputing backward keeps the history of these alone and carries the others through time in place."""
+        d = self.derivatives
+        expressions = [*(e for row in d.state for e in row), *d.spike, *d.input, *d.fire]
+        if param_grads:
+            expressions += [*(e for row in d.param for e in row), *d.fire_param]
+        read = {symbol.name for e in expressions for symbol in e.free_symbols} | {
+            f"new_{k}" for k in _names(self.fire, "fire")}
+        return tuple(k for k in self.states if {f"old_{k}", f"new_{k}"} & read)
+
     @functools.cached_property
     def derivatives(self) -> Derivatives:
         import sympy

@@ -8,7 +8,9 @@ the machine code beside the source, so a call compiles only the kernels it runs:
   rows that stay in cache, writing the spikes and the final states; nothing is saved for backward
   (``forward_save``, memory="potential": every step's states are also written out for backward);
 - ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
-  the T steps into a block-sized scratch (it stays in cache), then runs back through time with the derivatives of
+  the T steps into a block-sized scratch (it stays in cache; a row per step for each state the reverse pass reads,
+  :meth:`~spikefuse.neurons.NeuronModel.states_read_backward`, one row for each other, updated in place, which
+  halves what CubaLIF's recompute writes), then runs back through time with the derivatives of
   :attr:`NeuronModel.derivatives`, writing the input gradient, the initial states' gradients and (``_grads``)
   per-neuron parameter gradients, reduced per channel afterwards (``backward_saved``: the states read from what
   ``forward_save`` wrote, no recompute; ``backward_over_x``: grad_x written over the input, a transient of the
@@ -49,8 +51,8 @@ from . import emit
 from .emit import Dialect
 
 # Neurons per parallel task: long rows (64 KiB of each [T, N] stream per step) keep the hardware prefetcher streaming
-# from one step's row to the next; the recomputing backward's scratch, (T+1) x states x block, is kept to about
-# SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
+# from one step's row to the next; the recomputing backward's scratch, (T+1) x replayed states x block, is kept to
+# about SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
@@ -105,9 +107,16 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
 
-    def rows(t: str) -> str:
-        """The state rows of scratch row-block ``t`` (``hist[t*S + i]``) as arguments."""
-        return "".join(f"hist[({t}) * {len(S)} + {i}], " for i in range(len(S)))
+    def replayed(grads: bool) -> tuple[str, ...]:
+        """The states whose history a recomputing backward keeps in its scratch (the others are carried through the
+        recompute in one row each, ``c_<k>``): those the reverse pass reads, or all with a handoff (its gradients
+        read every state after the last step)."""
+        return S if model.handoff else model.states_read_backward(grads)
+
+    def rows(t: str, kept: tuple[str, ...]) -> str:
+        """The state rows after step ``t`` as arguments: of scratch row-block ``t`` (``hist[t*len(kept) + i]``) for
+        the ``kept`` states, the carried row of the others."""
+        return "".join(f"hist[({t}) * {len(kept)} + {kept.index(k)}], " if k in kept else f"c_{k}, " for k in S)
 
     def variant(scalar: bool) -> list[str]:
         """The kernels with parameters as per-neuron arrays, or (``scalar``, suffix ``_scalar``) as scalars: when
@@ -153,22 +162,25 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return [*last_states(rows, indent),
                     *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff]]
 
-        def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False) -> list[str]:
+        def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False,
+                     carried: tuple[str, ...] = ()) -> list[str]:
             """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
-            for an update in place), with ``spikes`` the spike row ``sr``, with ``save`` copies of the new states
-            into rows ``sv_``."""
-            rows_args = (args(old, S) if old == new else args(old, S) + args(new, S)) + (args("sv_", S) if save else "")
+            for an update in place; likewise for the ``carried`` states, rows ``c_``), with ``spikes`` the spike row
+            ``sr``, with ``save`` copies of the new states into rows ``sv_``."""
+            src = [f"c_{k}" if k in carried else f"{old}{k}" for k in S]
+            dst = [f"c_{k}" if k in carried else f"{new}{k}" for k in S]
+            rows_args = args("", src) + args("", [d for d in dst if d not in src]) + (args("sv_", S) if save else "")
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def {name}{sfx}(xr, {'sr, one, ' if spikes else ''}{rows_args}{prow}{fresh}m):",
                 "    for j in range(m):",
                 *param_locals("        "),
-                *[f"        v_{k} = {old}{k}[j]" for k in S],
+                *[f"        v_{k} = {r}[j]" for k, r in zip(S, src)],
                 *fire_old("        "),
                 "        x_ = xr[j]",
                 *[f"        {line}" for line in step_lines],
                 *(fire_old("        ", after_step=True) if spikes else []),
-                *[f"        {new}{k}[j] = v_{k}" for k in S],
+                *[f"        {r}[j] = v_{k}" for k, r in zip(S, dst)],
                 *([f"        sv_{k}[j] = v_{k}" for k in S] if save else []),
                 *(["        sr[j] = s_ * one"] if spikes else []),
                 "",
@@ -185,7 +197,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
         forward = [
             *step_row("_forward_row", "st_", "st_", spikes=True),
-            *step_row("_recompute_row", "o_", "w_", spikes=False),
+            *(line for g in ("", "_grads")
+              for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False,
+                                   carried=tuple(k for k in S if k not in replayed(bool(g))))),
             # memory="potential": the forward also writes every step's states out (rows of `saved`)
             *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True),
             "@njit(cache=True, error_model='numpy')",
@@ -268,7 +282,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def handoff_grads(grads: bool, saved: bool) -> list[str]:
             """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
             after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
-            last = "saved_{k}[T - 1, n0 + j]" if saved else f"hist[T * {len(S)} + {{i}}, j]"
+            last = "saved_{k}[T - 1, n0 + j]" if saved else f"hist[T * {len(S)} + {{i}}, j]"  # all replayed
             sums = [f"{ind}gS_{i}[j] = " + chain([(f"gH_{k}", f"dH_{k}_{i}") for k in S]) for i in S]
             sums.append(f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}")
                                                                          for k in S]))  # fmt: skip
@@ -279,9 +293,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     *last_states(last, ind),
                     *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_GRAD), *sums]
 
-        def initial_grads(grads: bool) -> list[str]:
+        def initial_grads(grads: bool, kept: tuple[str, ...]) -> list[str]:
             """The initial states' (and the parameters') gradients, where the first step's spike is that of the
-            initial states and its gradient flows into them; with a handoff the first step sees no spike."""
+            initial states (the ``kept`` ones are in ``hist``'s first rows: the others are not read) and its gradient
+            flows into them; with a handoff the first step sees no spike."""
             lines = ["    for j in range(m):", "        n = n0 + j"]
             if model.handoff:
                 return [*lines,
@@ -291,7 +306,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return [
                 *lines,
                 *[f"        p_{p} = pv_{p}[j]" for p in ([] if scalar else P)],
-                *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(S)],
+                *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(kept)],
                 f"        u_ = {fire}",
                 *emit.assignments(fire_derivs, sym_names, "        ", NUMBA_GRAD),
                 *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
@@ -323,21 +338,26 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
                         f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
 
+            kept = S if saved else replayed(grads)
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
                 steps = ["    for t in range(T - 1, 0, -1):",
                          f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
-                         f"    {reverse('0', rows('0'), saved_rows('0'))}"]
+                         f"    {reverse('0', rows('0', S), saved_rows('0'))}"]
             else:
+                carried = [k for k in S if k not in kept]
+                new_rows = "".join(f"hist[(t + 1) * {len(kept)} + {i}], " for i in range(len(kept)))
                 states = [*(["    xs = source_tile(x, n0, m, src)"] if tile else []),
-                          f"    hist = np.empty(((T + 1) * {len(S)}, m), F)",
-                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
+                          f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
+                          *[f"    c_{k} = np.empty(m, F)" for k in carried],
+                          *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
+                                     [f"init_{k}" for k in (*kept, *carried)], "    "),
                           "    for t in range(T):",
-                          f"        _recompute_row{sfx}({xrow('t')}, {rows('t')}{rows('t + 1')}"
+                          f"        _recompute_row{g}{sfx}({xrow('t')}, {rows('t', kept)}{new_rows}"
                           f"{prow}{first('t')}m)"]
                 steps = ["    for t in range(T - 1, -1, -1):",
-                         f"        {reverse('t', rows('t'), rows('t + 1'))}"]
+                         f"        {reverse('t', rows('t', kept), rows('t + 1', kept))}"]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
@@ -351,7 +371,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *([f"    acc_{p} = np.zeros(m, F)" for p in P] if grads else []),
                 *(handoff_grads(grads, saved) if model.handoff else []),
                 *steps,
-                *initial_grads(grads),
+                *initial_grads(grads, kept),
                 "",
                 "",
                 "@njit(parallel=True, cache=True, error_model='numpy')",
@@ -379,6 +399,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"F = {np_dtype}",
         "",
         *emit.model_facts(model),
+        "# The states each block's scratch keeps every step of, without and with parameter gradients",
+        f"REPLAYED_STATES = {{False: {replayed(False)!r}, True: {replayed(True)!r}}}",
+        "",
     ]
     return "\n".join(header + variant(False) + ["", ""] + variant(True)) + "\n"
 
@@ -462,7 +485,8 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
             int(inner))  # fmt: skip
     outputs = (*(() if over or over_x else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
     # per neuron of a block: the recomputed states, and the input tile of a fused BatchNorm
-    scratch = 0 if saved else ((t_steps + 1) * len(model.states) + t_steps * bool(src)) * x2.element_size()
+    replayed = len(module.REPLAYED_STATES[any(need_param_grads)])
+    scratch = 0 if saved else ((t_steps + 1) * replayed + t_steps * bool(src)) * x2.element_size()
     block = _block(n, threads, scratch)
     name = ("backward" + ("_saved" if saved else "") + ("_over" if over else "") + ("_over_x" if over_x else "")
             + ("_src" if src else ""))  # fmt: skip
