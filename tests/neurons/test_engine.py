@@ -197,10 +197,13 @@ def test_every_surrogate(surrogate, backend):
 @pytest.mark.parametrize("memory", ["recompute", "potential"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
-def test_half_precision_runs_in_float32(backend, dtype, memory):
+@pytest.mark.parametrize("name", ["cuba_lif", "lif_hard", "cuba_post_reset"])
+def test_half_precision_runs_in_float32(name, backend, dtype, memory):
     """A float16 / bfloat16 input runs as its float32 value: spikes in the input's dtype, float32 states, and the
-    input's gradient the float32 run's rounded to the input's dtype, bit for bit."""
-    model, params = MODELS["cuba_lif"]
+    input's gradient the float32 run's rounded to the input's dtype (to nearest, ties to even), bit for bit. The
+    Triton kernels read and write the half-precision tensors themselves and keep every state's history in float32
+    (one state, two, and a handoff)."""
+    model, params = MODELS[name]
     g = torch.Generator().manual_seed(5)
     x = (torch.rand(6, 2, 40, generator=g) * 1.2).to(dtype)
     upstream = torch.rand(x.shape, generator=g).to(dtype)
@@ -208,13 +211,29 @@ def test_half_precision_runs_in_float32(backend, dtype, memory):
     for d in (dtype, torch.float32):
         xx = x.to(d, copy=True).requires_grad_()
         spikes, states = spikefuse.neuron(xx, model, return_state=True, backend=backend, memory=memory, **params)
-        torch.autograd.backward([spikes, states[1]], [upstream.to(d), torch.ones_like(states[1])])
+        torch.autograd.backward([spikes, states[-1]], [upstream.to(d), torch.ones_like(states[-1])])
         runs[d] = spikes, states, xx.grad
     (spikes, states, grad), (spikes32, states32, grad32) = runs[dtype], runs[torch.float32]
     assert 0 < float(spikes32.detach().mean()) < 1, "the case must spike and not spike"
     assert spikes.dtype == dtype and torch.equal(spikes, spikes32.to(dtype))
     assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(states, states32))
     assert grad.dtype == dtype and torch.equal(grad, grad32.to(dtype))
+
+
+def test_triton_backend_checks_its_tensors():
+    """The Triton backend indexes raw pointers: what it cannot read is refused with a message, never misread."""
+    model, _ = MODELS["cuba_lif"]
+    x = torch.rand(3, 8)
+    params = [torch.full((1,), 0.5) for _ in model.params]
+    init = [torch.zeros(1) for _ in model.states]
+    assert triton.READS_HALF and not cpu.READS_HALF and not reference.READS_HALF
+    with pytest.raises(TypeError, match="take float32, float64, float16 or bfloat16, got torch.int32"):
+        triton.forward(model, x.int(), params, 1, init, Sigmoid(4.0), False)
+    with pytest.raises(ValueError, match="every parameter and initial-state tensor must be contiguous, of dtype "
+                                         "torch.float32"):  # a half input's parameters are float32
+        triton.forward(model, x.half(), [p.half() for p in params], 1, init, Sigmoid(4.0), False)
+    with pytest.raises(ValueError, match="must be contiguous and of one dtype, got torch.float16 and torch.float32"):
+        triton.backward(model, x, [torch.zeros(1)] * 2, x.half(), params, 1, init, Sigmoid(4.0), False, [False] * 3)
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

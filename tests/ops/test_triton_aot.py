@@ -291,6 +291,10 @@ def _engine_cases():
                           block=512, N=n)  # fmt: skip
     quiet["id"] += "-nograd"
     work.append((quiet, 80))
+    # half precision read and written as it is (bfloat16's grad_x rounded to nearest by hand)
+    block = engine_block(n, len(cuba.states), torch.float32)
+    for xdt, kernels, arch in (("fp16", A.ENGINE_KERNELS, 90), ("bf16", ["engine-bwd"], 80)):
+        work += [(A.engine_case(cuba, "Sigmoid", kernel, xdt, block=block, N=n), arch) for kernel in kernels]
     return work
 
 
@@ -328,8 +332,14 @@ def test_engine_kernels_numerics_and_memory_access(engine_compiled):
         case = cases[cid]
         assert r["fma"] == 0, (cid, arch)
         assert r["i64_offsets"], (cid, arch)
-        width = str(min(128, case["const"]["BLOCK"] // A.NUM_THREADS * ELEM_BITS[case["xdt"]]))
-        assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {width}, (cid, arch, r["loop"])
+        per_thread = case["const"]["BLOCK"] // A.NUM_THREADS
+        width = str(min(128, per_thread * ELEM_BITS[case["xdt"]]))
+        if case["xdt"] in ("fp16", "bf16"):  # the half-precision streams, and the float32 history and states
+            state_width = str(min(128, per_thread * 32))
+            assert width in set(r["loop"]["ld"]) and set(r["loop"]["ld"]) | set(r["loop"]["st"]) <= {
+                width, state_width}, (cid, arch, r["loop"])
+        else:
+            assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {width}, (cid, arch, r["loop"])
         if case["kernel"] == "engine-bwd":
             assert r["bar"] > 0, (cid, arch)
         if any("/" in e for _, e in case["model"]["step"]) and case["xdt"] == "fp32":

@@ -251,6 +251,8 @@ def arithmetic_cases(xdt="fp32", block=1024, T=32, N=1_000_000, full=False) -> l
 # ----------------------------------------------------------------------------------------------------------------
 
 ENGINE_KERNELS = {"engine-fwd": "forward", "engine-bwd": "backward"}
+#: The engine kernels' pointers of the input's dtype (the others point at the compute dtype).
+ENGINE_X_POINTERS = {"x_ptr", "spikes_ptr", "gs_ptr", "gx_ptr"}
 
 
 def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_channel: bool = True,
@@ -291,7 +293,7 @@ def _engine_kernel(case):
               for k, value in case["model"].items()}  # fmt: skip (JSON turned the tuples into lists)
     model = NeuronModel(**fields)
     surrogate = {cls.__name__: cls for cls in SURROGATES.values()}[case["surrogate"]]
-    dtype = {"fp32": torch.float32, "fp64": torch.float64}[case["xdt"]]
+    dtype = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}[case["xdt"]]
     return getattr(E.kernels(model, surrogate, dtype), ENGINE_KERNELS[case["kernel"]]), E.COMPILE_OPTIONS
 
 
@@ -417,8 +419,8 @@ def _signature(case, fn):
     xdt, cdt = case["xdt"], COMPUTE[case["xdt"]]
     sig, constexprs, attrs = {}, {}, {}
     divisible = [["tt.divisibility", 16]]
-    if case["kernel"] in ENGINE_KERNELS:  # every argument not an int or a constexpr points at the compute dtype
-        pointers = {p: False for p in names if p not in case["ints"] and p not in case["const"]}
+    if case["kernel"] in ENGINE_KERNELS:  # every argument not an int or a constexpr is a pointer
+        pointers = {p: p in ENGINE_X_POINTERS for p in names if p not in case["ints"] and p not in case["const"]}
     else:
         pointers = POINTERS[case["kernel"]]
     for p, is_x in pointers.items():

@@ -4,8 +4,10 @@
 - :mod:`.cpu`: fused numba kernels generated from the definition (forward; backward from sympy's derivatives);
 - :mod:`.triton`: fused Triton kernels generated from the same definition (CUDA; the interpreter on the CPU).
 
-Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`). The generated backends
-are imported on first use: numba and Triton load only when a call needs them.
+Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`), and ``READS_HALF``:
+whether it takes float16 / bfloat16 ``[T, N]`` streams (the input, the spikes' gradient) as they are, converting
+each value as it reads it, or needs them in float32 first (:func:`stream`). The generated backends are imported on
+first use: numba and Triton load only when a call needs them.
 """
 
 from __future__ import annotations
@@ -13,16 +15,28 @@ from __future__ import annotations
 import torch
 
 from .. import module as _import_backend
+from ..common import compute_dtype
 
-__all__ = ["BACKENDS", "DTYPES", "module"]
+__all__ = ["BACKENDS", "DTYPES", "module", "stream", "stream_dtype"]
 
 BACKENDS = ("reference", "cpu", "triton")
 
 #: The input dtypes the engine takes: float32 and float64 compute in their own dtype, float16 and bfloat16 in float32
-#: (parameters and states in float32; :mod:`.autograd` converts, the backends see float32 or float64 only).
+#: (parameters and states in float32; the input converted for a backend that does not read half precision).
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def module(backend: str):
     """The module of a concrete backend; raises with an install hint when its compiler is missing."""
     return _import_backend(backend, __name__)
+
+
+def stream_dtype(backend_module, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which ``backend_module`` takes a ``[T, N]`` input stream of ``dtype``: a half precision as it is
+    where the backend reads it (``READS_HALF``), else the compute dtype."""
+    return dtype if backend_module.READS_HALF else compute_dtype(dtype)
+
+
+def stream(backend_module, t: torch.Tensor) -> torch.Tensor:
+    """``t``, a ``[T, N]`` input stream, in :func:`stream_dtype` (converted only where that differs)."""
+    return t.to(stream_dtype(backend_module, t.dtype))

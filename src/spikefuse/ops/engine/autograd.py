@@ -10,9 +10,10 @@ travel as keys into :data:`spikefuse.registry.OBJECTS`.
 *grad_params]``, an empty tensor where a gradient is not needed (a shared initial state, a parameter without
 ``requires_grad``).
 
-Half-precision inputs (float16 / bfloat16) run in float32, as the LIF kernels run them: the backends see the input
-converted (the half-precision one is what autograd keeps), parameters and states are float32
-(:func:`~spikefuse.ops.common.compute_dtype`), the spikes and the input's gradient come back in the input's dtype.
+Half-precision inputs (float16 / bfloat16) run in float32, as the LIF kernels run them: a backend sees the input
+as it is where it reads half precision, else converted (:func:`spikefuse.ops.engine.stream`; the half-precision
+one is what autograd keeps), parameters and states are float32 (:func:`~spikefuse.ops.common.compute_dtype`), the
+spikes and the input's gradient come back in the input's dtype.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import torch
 from torch import Tensor
 
 from ..common import compute_dtype, keeps_graph, refuse_double_backward
-from . import module
+from . import module, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
                   detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
-    spikes, final, saved = module(backend).forward(OBJECTS[model], x2.to(compute_dtype(x2.dtype)), list(params),
-                                                   inner, list(init), OBJECTS[surrogate], detach_reset, save,
-                                                   spike_dtype=x2.dtype)  # fmt: skip
+    backend_module = module(backend)
+    spikes, final, saved = backend_module.forward(OBJECTS[model], stream(backend_module, x2), list(params), inner,
+                                                  list(init), OBJECTS[surrogate], detach_reset, save,
+                                                  spike_dtype=x2.dtype)  # fmt: skip
     return [spikes, *final, *saved]
 
 
@@ -45,10 +47,11 @@ def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
 def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
                   need_param_grads, saved, overwrite_saved=False) -> list[Tensor]:  # fmt: skip
     cdt = compute_dtype(grad_spikes.dtype)
-    grad_spikes_c = grad_spikes.to(cdt)
+    backend_module = module(backend)
+    grad_spikes_c = stream(backend_module, grad_spikes)
     # x empty: it was not kept (see _save), and the kernels take a [T, N] buffer there that they do not read
-    xc = x2.to(cdt) if x2.numel() else grad_spikes_c
-    grad_x, grad_init, grad_params = module(backend).backward(
+    xc = stream(backend_module, x2) if x2.numel() else grad_spikes_c
+    grad_x, grad_init, grad_params = backend_module.backward(
         OBJECTS[model], grad_spikes_c, list(grad_final), xc, list(params), inner, list(init), OBJECTS[surrogate],
         detach_reset, list(need_param_grads), list(saved), overwrite_saved,
     )  # fmt: skip
@@ -85,7 +88,7 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
     needs_x = not saved or backend == "reference" or module(backend).kernels(
-        OBJECTS[model], type(OBJECTS[surrogate]), compute_dtype(x2.dtype)).BACKWARD_READS_INPUT
+        OBJECTS[model], type(OBJECTS[surrogate]), stream_dtype(module(backend), x2.dtype)).BACKWARD_READS_INPUT
     ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 

@@ -54,6 +54,7 @@ from .emit import Dialect
 # from one step's row to the next; the recomputing backward's scratch, (T+1) x replayed states x block, is kept to
 # about SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
 BLOCK = 16384
+READS_HALF = False  # numba's kernels take numpy arrays of the compute dtype
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for

@@ -1,7 +1,8 @@
 """The oracle of a :class:`~spikefuse.neurons.NeuronModel`: its step, evaluated as written on PyTorch tensors, in a
 serial loop over time, differentiated by autograd (the surrogate through :class:`spikefuse.ops.reference._Fire`).
 
-Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T, N]`` in the compute dtype;
+Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T, N]`` in the compute dtype, or
+in float16 / bfloat16 for a backend with ``READS_HALF``, then also ``grad_spikes``;
 ``params`` one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``;
 ``init`` one tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
 
@@ -25,6 +26,9 @@ import torch
 from ...neurons.model import WHERE
 from ...surrogate import Surrogate
 from ..reference import _Fire
+
+#: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
+READS_HALF = False
 
 class _Where(torch.autograd.Function):
     """``where(s, a, b)`` of a step: ``a`` where the spike ``s`` is 1, else ``b``, selected exactly; differentiated

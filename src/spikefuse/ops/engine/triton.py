@@ -16,6 +16,11 @@ it. Each program owns ``BLOCK`` neurons and loops over all T steps with the stat
   recursion, and writes grad_x over the first of them where the caller will not read them again. x is read back
   only where a derivative reads it.
 
+Half-precision inputs (float16, bfloat16) are read and written in their own dtype: the kernels load x and the
+spikes' gradient and convert each value to float32, the compute dtype, and store the spikes and grad_x converted
+back, so no float32 copy of a ``[T, N]`` tensor is made; states, parameters and the recomputed history (all of it,
+grad_x being half) are float32.
+
 Numerics. The step is emitted as written, numbers as constants of the compute dtype, divisions and square roots
 correctly rounded (``div_rn``, ``sqrt_rn``; Triton's plain float32 ``/`` and ``sqrt`` may be approximate on NVIDIA
 GPUs), and kernels launch with ``enable_fp_fusion=False`` (no FMA contraction): spikes and states equal the
@@ -35,12 +40,14 @@ from pathlib import Path
 import torch
 import triton
 
-from ..common import reduce_leak_grad
+from ..common import compute_dtype, reduce_leak_grad
 from ..triton import COMPILE_OPTIONS, _on_device, block_size
 from . import emit
 from .emit import Dialect
 
-_TAGS = {torch.float32: "float32", torch.float64: "float64"}  # the compute dtypes the kernels are made for
+READS_HALF = True  # see the module docstring
+# The input dtypes the kernels are made for, each with its kernels' tag; half precision computes in float32.
+_TAGS = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # The generator's version: this file and the emitters.
 _GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
 
@@ -68,10 +75,14 @@ def dialects(dtype: torch.dtype) -> tuple[Dialect, Dialect]:
 
 
 def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
-    """The source of the forward and backward Triton kernels of ``model`` with ``surrogate_type``'s derivative."""
+    """The source of the forward and backward Triton kernels of ``model`` with ``surrogate_type``'s derivative, for
+    inputs of ``dtype``."""
     S, P = model.states, model.params
-    exact, fast = dialects(dtype)
-    dt = f"tl.{_TAGS[dtype]}"
+    cdt = compute_dtype(dtype)
+    exact, fast = dialects(cdt)
+    dt = f"tl.{_TAGS[cdt]}"
+    # the states' history kept by a recomputing backward: the first state's in grad_x's rows unless grad_x is half
+    kept = S if cdt != dtype else S[1:]
     names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_"}
     fire = f"u_ = {emit.step_source(model.fire, names, exact)}"
     zero, one = exact.number(0.0), exact.number(1.0)
@@ -107,11 +118,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *head(),
         "    for t in range(0, T):",
         "        row = tl.cast(t, tl.int64) * N + offs",
-        "        x_ = tl.load(x_ptr + row, mask=mask, other=0.0)",
+        f"        x_ = tl.load(x_ptr + row, mask=mask, other=0.0).to({dt})",
         *[f"        {line}" for line in step],
         f"        {fire}",
         f"        {spike}",
-        "        tl.store(spikes_ptr + row, s_, mask=mask)",
+        "        tl.store(spikes_ptr + row, s_.to(spikes_ptr.dtype.element_ty), mask=mask)",
         "        if SAVE:",
         *[f"            tl.store(saved_{k} + row, v_{k}, mask=mask)" for k in S],
         *[f"    {line}" for line in handoff],
@@ -126,19 +137,18 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     def chain(pairs, base: str | None = None) -> str:
         return emit.chain_sum(pairs, derivs, zeros, base)
 
-    n_s = len(S)
-
     def history(k: str, t: str) -> str:
         """The load of state ``k`` after step ``t`` recomputed by the backward: the first state's rows are grad_x's
-        (each overwritten by its gradient once read), the others' in ``hist`` ``[T, states - 1, N]``."""
-        if k == S[0]:
+        (each overwritten by its gradient once read) unless grad_x is half, the others' in ``hist``
+        ``[T, len(kept), N]``."""
+        if k not in kept:
             return f"tl.load(gx_ptr + {t} * N + offs, mask=mask, other=0.0)"
-        return f"tl.load(hist_ptr + ({t} * {n_s - 1} + {S.index(k) - 1}) * N64 + offs, mask=mask, other=0.0)"
+        return f"tl.load(hist_ptr + ({t} * {len(kept)} + {kept.index(k)}) * N64 + offs, mask=mask, other=0.0)"
 
     def store_history(k: str, t: str) -> str:
-        if k == S[0]:
+        if k not in kept:
             return f"tl.store(gx_ptr + {t} * N + offs, v_{k}, mask=mask)"
-        return f"tl.store(hist_ptr + ({t} * {n_s - 1} + {S.index(k) - 1}) * N64 + offs, v_{k}, mask=mask)"
+        return f"tl.store(hist_ptr + ({t} * {len(kept)} + {kept.index(k)}) * N64 + offs, v_{k}, mask=mask)"
 
     def handoff_grads() -> list[str]:
         """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
@@ -189,10 +199,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *[f"    i_{k} = v_{k}" for k in S],  # the initial states
         "    sg_p1 = tl.load(sg_ptr)",
         "    sg_p2 = tl.load(sg_ptr + 1)",
-        # without SAVED, recompute every step's states into grad_x (the first state) and hist (the others)
+        # without SAVED, recompute every step's states into grad_x (the first state, unless half) and hist
         "    if not SAVED:",
         "        for t in range(0, T):",
-        "            x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0)",
+        f"            x_ = tl.load(x_ptr + tl.cast(t, tl.int64) * N + offs, mask=mask, other=0.0).to({dt})",
         *[f"    {ind}{line}" for line in step],
         f"    {ind}{fire}",
         f"    {ind}{spike}",
@@ -224,11 +234,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         *([f"{ind}s_ = tl.where(tr > 0, s_, {zero})"] if model.handoff else []),  # the first step sees none
         *[f"{ind}v_{k} = n_{k}" for k in S],
         f"{ind}{fire}",
-        *([f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0)"] if model.backward_reads_input else []),
+        *([f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0).to({dt})"] if model.backward_reads_input else []),
         *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
-        f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0) + gs",
+        f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0).to({dt}) + gs",
         *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
-        f"{ind}tl.store(gx_ptr + row, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
+        f"{ind}gx_ = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+        *([f"{ind}gx_ = round_to_bfloat16(gx_)"] if dtype == torch.bfloat16 else []),
+        f"{ind}tl.store(gx_ptr + row, gx_.to(gx_ptr.dtype.element_ty), mask=mask)",
         *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
                                                           + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
           for p in P],  # fmt: skip
@@ -248,8 +260,22 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "",
         "",
         *emit.model_facts(model),
+        *(_ROUND_TO_BFLOAT16 if dtype == torch.bfloat16 else []),
     ]
     return "\n".join(header + forward + ["", ""] + backward) + "\n"
+
+
+#: A generated bfloat16 module's rounding of grad_x: to nearest, ties to even, as torch converts (the interpreter's
+#: conversion truncates); the result is a float32 that the store converts exactly. NaN stays as it is.
+_ROUND_TO_BFLOAT16 = [
+    "@triton.jit",
+    "def round_to_bfloat16(v):",
+    "    b = v.to(tl.uint32, bitcast=True)",
+    "    b = ((b + ((b >> 16) & 1) + 0x7FFF) >> 16) << 16",
+    "    return tl.where(v == v, b.to(tl.float32, bitcast=True), v)",
+    "",
+    "",
+]
 
 
 def kernels(model, surrogate_type, dtype: torch.dtype):
@@ -262,13 +288,15 @@ def kernels(model, surrogate_type, dtype: torch.dtype):
 
 
 def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
-    """The kernels index raw pointers: every tensor must be contiguous, of x's dtype and on x's device."""
+    """The kernels index raw pointers: every tensor must be contiguous and on x's device, the parameters' and
+    states' of x's compute dtype."""
     if x2.dtype not in _TAGS:
-        raise TypeError(f"the generated Triton kernels run in float32 or float64, got {x2.dtype}")
+        raise TypeError(f"the generated Triton kernels take float32, float64, float16 or bfloat16, got {x2.dtype}")
+    cdt = compute_dtype(x2.dtype)
     for t in tensors:
-        if not t.is_contiguous() or t.dtype != x2.dtype or t.device != x2.device:
+        if not t.is_contiguous() or t.dtype != cdt or t.device != x2.device:
             raise ValueError(f"spikefuse engine Triton backend: every {what} tensor must be contiguous, of dtype "
-                             f"{x2.dtype} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
+                             f"{cdt} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
 
 
 def engine_block(n: int, states: int, dtype: torch.dtype) -> int:
@@ -290,15 +318,18 @@ def _param_args(params: list) -> tuple[bool, list]:
 
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
     t_steps, n = x2.shape
-    _check(x2, [x2, *params, *init], "input")
+    if not x2.is_contiguous():
+        raise ValueError("spikefuse engine Triton backend: the input must be contiguous")
+    _check(x2, [*params, *init], "parameter and initial-state")
+    cdt = compute_dtype(x2.dtype)
     spikes = torch.empty_like(x2, dtype=spike_dtype or x2.dtype)  # the store converts to the output's dtype
-    final = [torch.empty(n, dtype=x2.dtype, device=x2.device) for _ in model.states]
-    saved = [torch.empty_like(x2) for _ in model.states] if save else []
+    final = [torch.empty(n, dtype=cdt, device=x2.device) for _ in model.states]
+    saved = [torch.empty_like(x2, dtype=cdt) for _ in model.states] if save else []
     if n == 0:
         return spikes, final, saved
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
-    block = engine_block(n, len(model.states), x2.dtype)
+    block = engine_block(n, len(model.states), cdt)
     with _on_device(x2.device):
         module.forward[(triton.cdiv(n, block),)](
             x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, *(saved or final), t_steps, n,
@@ -310,26 +341,31 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
              saved=(), overwrite_saved=False, *, overwrite_x=False):  # fmt: skip
     t_steps, n = x2.shape
-    _check(x2, [x2, grad_spikes, *grad_final, *params, *init], "input and gradient")
-    device = x2.device
+    if not (x2.is_contiguous() and grad_spikes.is_contiguous()) or grad_spikes.dtype != x2.dtype:
+        raise ValueError("spikefuse engine Triton backend: the input and the spikes' gradient must be contiguous "
+                         f"and of one dtype, got {x2.dtype} and {grad_spikes.dtype}")  # fmt: skip
+    _check(x2, [*grad_final, *params, *init, *saved], "state, gradient and parameter")
+    device, cdt = x2.device, compute_dtype(x2.dtype)
+    half = cdt != x2.dtype
     # with the states saved and not read again, grad_x goes over the first one (memory="potential"); recomputing,
-    # grad_x's rows first hold the first state's history
-    grad_x = saved[0] if saved and overwrite_saved else torch.empty_like(x2)
-    grad_init = [torch.empty(n if v.numel() == n else 0, dtype=x2.dtype, device=device) for v in init]
-    per_neuron = [torch.empty(n if need else 0, dtype=x2.dtype, device=device) for need in need_param_grads]
+    # grad_x's rows first hold the first state's history (both where grad_x is of the compute dtype)
+    grad_x = saved[0] if saved and overwrite_saved and not half else torch.empty_like(x2)
+    grad_init = [torch.empty(n if v.numel() == n else 0, dtype=cdt, device=device) for v in init]
+    per_neuron = [torch.empty(n if need else 0, dtype=cdt, device=device) for need in need_param_grads]
     if n > 0:
         module = kernels(model, type(surrogate), x2.dtype)
         scalar, par = _param_args(params)
-        block = engine_block(n, len(model.states), x2.dtype)
-        hist = torch.empty((0 if saved else t_steps, len(model.states) - 1, n), dtype=x2.dtype, device=device)
-        sg = torch.tensor(surrogate.params(), dtype=x2.dtype, device=device)
-        # a buffer that is not written (its flag is off) still needs a valid pointer: grad_x stands in
+        block = engine_block(n, len(model.states), cdt)
+        kept = len(model.states) - (0 if half else 1)
+        hist = torch.empty((0 if saved else t_steps, kept, n), dtype=cdt, device=device)
+        sg = torch.tensor(surrogate.params(), dtype=cdt, device=device)
+        # a buffer that is not written (its flag is off) still needs a valid pointer of its dtype: sg stands in
         with _on_device(device):
             module.backward[(triton.cdiv(n, block),)](
                 grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
-                *(a for v in init for a in (v, v.numel())), sg, hist if hist.numel() else grad_x,
-                *(saved or [grad_x] * len(model.states)), grad_x,
-                *(g if g.numel() else grad_x for g in grad_init), *(g if g.numel() else grad_x for g in per_neuron),
+                *(a for v in init for a in (v, v.numel())), sg, hist if hist.numel() else sg,
+                *(saved or [sg] * len(model.states)), grad_x,
+                *(g if g.numel() else sg for g in grad_init), *(g if g.numel() else sg for g in per_neuron),
                 t_steps, n, int(inner), SCALAR=scalar, SAVED=bool(saved), DETACH=bool(detach_reset),
                 **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
                 **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
