@@ -1,7 +1,7 @@
 """``spikefuse bench gpu``: one spiking layer on a CUDA GPU, spikefuse's Triton kernels against the peers' GPU
 implementations and the memory-bandwidth floor (Fig. 5 of the temporal-fusion paper on a GPU).
 
-One layer of N neurons, fp32, at each T: forward alone and forward+backward (``y.backward(g)`` into a leaf input
+One layer of N neurons, fp32 (one group fp16), at each T: forward alone and forward+backward (``y.backward(g)`` into a leaf input
 whose ``.grad`` is freed inside the timed run), every implementation as its users run it, timed with CUDA events,
 round-robin, medians. Groups of one dynamics, each implementation's spikes compared with the group's first:
 
@@ -10,6 +10,9 @@ round-robin, medians. Groups of one dynamics, each implementation's spikes compa
 - ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it (the
   kernels generated from its definition), the hand-written kernels it ran before (both memory modes), an eager loop,
   ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the last two fire on ``>``);
+- ``paper-lif-fp16``: the same LIF on a float16 input, the hand-written kernels that ``spikefuse.lif`` runs it on
+  against the kernels generated from its definition (both read and write float16; which is faster decides whether
+  the hand-written ones can go);
 - ``cuba``: :class:`spikefuse.nn.CubaLIF` against a loop over snnTorch's ``Synaptic``;
 - ``lsnn``: spikefuse's definition of Norse's LSNN against Norse's ``LSNN`` module;
 - ``alif``: :class:`spikefuse.nn.ALIF` (no peer has these dynamics).
@@ -17,7 +20,7 @@ round-robin, medians. Groups of one dynamics, each implementation's spikes compa
 The floor is the bytes a fused layer must move per neuron-step over the device-to-device copy bandwidth measured in
 the same run: forward 12 (read x, write spikes and the membrane) with ``memory="potential"``, 8 (read x, write
 spikes) with ``"recompute"``; forward+backward 24 and 20 (backward: read the upstream gradient and the membrane, or
-x, write grad_x), for every state count. Memory: the bytes a forward leaves allocated for its backward (beyond its
+x, write grad_x), for every state count; in float16 x, spikes and the gradients take 2 bytes, the membrane 4. Memory: the bytes a forward leaves allocated for its backward (beyond its
 output) and the peak of a forward+backward, both over what was allocated before.
 """
 
@@ -36,7 +39,12 @@ from . import ours, peers
 from .peers import ALPHA, DECAY, THRESHOLD
 from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
 
-FLOOR_BYTES = {"potential": (12, 24), "recompute": (8, 20)}  # per neuron-step: (forward, forward+backward)
+
+def floor_bytes(memory: str, element: int) -> tuple[int, int]:
+    """Bytes per neuron-step (forward, forward+backward) for streams of ``element`` bytes; the membrane is float32."""
+    if memory == "potential":  # x, spikes, membrane; then the upstream gradient, membrane, grad_x
+        return 2 * element + 4, 4 * element + 8
+    return 2 * element, 5 * element  # x, spikes; then the upstream gradient, x, grad_x
 
 
 @dataclass
@@ -46,6 +54,7 @@ class Case:
     run: Callable[[torch.Tensor], torch.Tensor]
     memory: str | None = None  # ours: the memory mode, which sets the floor; None for peers
     note: str = ""
+    dtype: torch.dtype = torch.float32
 
 
 def _eager_lif(x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +81,10 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     for memory in ("potential", "recompute"):
         found.append(Case(f"spikefuse LIF, hand-written kernels ({memory})", "paper-lif",
                           ours.hand_written_lif(DECAY, THRESHOLD, ALPHA, memory), memory))  # fmt: skip
+    for name, build in (("hand-written kernels", ours.hand_written_lif), ("generated kernels", ours.generated_lif)):
+        for memory in ("potential", "recompute"):
+            found.append(Case(f"spikefuse LIF fp16, {name} ({memory})", "paper-lif-fp16",
+                              build(DECAY, THRESHOLD, ALPHA, memory), memory, dtype=torch.float16))  # fmt: skip
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
@@ -86,7 +99,7 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
             found.append(build())
         except Exception as err:  # a missing or broken peer is reported in the results, not fatal
             missing.append(f"{build.__name__.lstrip('_')}: {type(err).__name__}: {err}")
-    order = ["sj-lif", "paper-lif", "cuba", "lsnn", "alif"]
+    order = ["sj-lif", "paper-lif", "paper-lif-fp16", "cuba", "lsnn", "alif"]
     return sorted(found, key=lambda c: order.index(c.group)), missing
 
 
@@ -117,9 +130,9 @@ def _norse_lsnn() -> Case:
     return Case("Norse LSNN", "lsnn", lambda x: layer(x)[0])
 
 
-def _inputs(group: str, t_steps: int, n: int, gen: torch.Generator) -> torch.Tensor:
+def _inputs(group: str, dtype: torch.dtype, t_steps: int, n: int, gen: torch.Generator) -> torch.Tensor:
     scale = {"lsnn": 3.0}.get(group, 0.6)
-    return torch.rand(t_steps, n, generator=gen, device="cuda") * scale
+    return (torch.rand(t_steps, n, generator=gen, device="cuda") * scale).to(dtype)
 
 
 def _median_ms(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
@@ -164,8 +177,10 @@ def run(args: argparse.Namespace) -> None:
     for n in args.neurons:
         for t_steps in args.T:
             gen = torch.Generator(device="cuda").manual_seed(t_steps)
-            x = {group: _inputs(group, t_steps, n, gen) for group in dict.fromkeys(c.group for c in found)}
+            dtypes = {c.group: c.dtype for c in found}
+            x = {group: _inputs(group, dtype, t_steps, n, gen) for group, dtype in dtypes.items()}
             upstream = torch.randn(t_steps, n, generator=gen, device="cuda")
+            upstreams = {group: upstream.to(dtype) for group, dtype in dtypes.items()}
             leaves = {group: inputs.clone().requires_grad_() for group, inputs in x.items()}
             if not args.no_compile:
                 torch._dynamo.reset()  # torch.compile compiles again for each shape, as a user with one T sees it
@@ -187,7 +202,7 @@ def run(args: argparse.Namespace) -> None:
 
             def forward_backward(c):
                 def go():
-                    c.run(leaves[c.group]).backward(upstream)
+                    c.run(leaves[c.group]).backward(upstreams[c.group])
                     leaves[c.group].grad = None
 
                 return go
@@ -196,7 +211,7 @@ def run(args: argparse.Namespace) -> None:
             both = _median_ms({c.name: forward_backward(c) for c in found}, args.repeats)
             copy_ms = _median_ms({"copy": lambda: dst.copy_(src)}, args.repeats)["copy"]
             bandwidth = 2 * copy_bytes / (copy_ms * 1e-3)
-            memory = {c.name: _memory(c.run, x[c.group], upstream) for c in found}
+            memory = {c.name: _memory(c.run, x[c.group], upstreams[c.group]) for c in found}
             for c in found:
                 ours = next(o for o in found if o.group == c.group and o.memory)
                 row = {"N": n, "T": t_steps, "group": c.group, "implementation": c.name,
@@ -206,7 +221,7 @@ def run(args: argparse.Namespace) -> None:
                        "peak_MiB": round(memory[c.name][1], 1), "copy_GBps": round(bandwidth / 1e9, 1),
                        "floor_fraction_forward": "", "floor_fraction_forward_backward": "", "note": c.note}  # fmt: skip
                 if c.memory:
-                    f_bytes, fb_bytes = FLOOR_BYTES[c.memory]
+                    f_bytes, fb_bytes = floor_bytes(c.memory, c.dtype.itemsize)
                     row["floor_fraction_forward"] = round(f_bytes * t_steps * n / bandwidth * 1e3 / fwd[c.name], 3)
                     row["floor_fraction_forward_backward"] = round(
                         fb_bytes * t_steps * n / bandwidth * 1e3 / both[c.name], 3)
@@ -230,7 +245,7 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
           else "", r["kept_for_backward_MiB"], r["peak_MiB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
     )  # fmt: skip
     text = [
-        f"# One spiking layer on a GPU ({device}), fp32",
+        f"# One spiking layer on a GPU ({device}), fp32 (group paper-lif-fp16: fp16)",
         "",
         f"Machine: {device}, CUDA {torch.version.cuda}, Triton {triton.__version__}; host {machine_info()}",
         f"Command: `{command_line()}`",
@@ -238,7 +253,8 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
         f"Medians of {args.repeats} round-robin runs after two warm-ups, timed with CUDA events. 'x ours': the "
         "implementation's forward+backward time over that of spikefuse's first implementation of the same dynamics "
         "(group). Floor: the bytes the layer must move per neuron-step (forward 12 with memory='potential', 8 with "
-        "'recompute'; forward+backward 24 and 20) over the device-to-device copy bandwidth of the same run ("
+        "'recompute'; forward+backward 24 and 20; in fp16 8, 4, 16 and 10: the membrane stays fp32) over the "
+        "device-to-device copy bandwidth of the same run ("
         + ", ".join(sorted({f"{r['copy_GBps']} GB/s" for r in rows})) + "). 'kept for bwd': allocated after the "
         "forward beyond the output; 'peak': of forward+backward, over what was allocated before. 'spikes "
         "differing': fraction of spikes that differ from the group's first row.",
