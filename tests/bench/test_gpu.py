@@ -42,10 +42,11 @@ def test_floor_bytes():
 
 @pytest.mark.parametrize("memory", ["potential", "recompute"])
 def test_the_fp16_group_runs_one_lif_on_both_kernel_families(memory):
-    """The LIF the fp16 group times on the hand-written kernels and on the generated ones: the same spikes and
-    input gradient (through Triton's interpreter, or on the GPU with SPIKEFUSE_TEST_TRITON=cuda)."""
+    """The LIF the fp16 group times on the hand-written kernels and on the generated ones: the same spikes and input
+    gradients within a float16 rounding (through Triton's interpreter, or on the GPU with
+    SPIKEFUSE_TEST_TRITON=cuda)."""
     gen = torch.Generator().manual_seed(3)
-    x = (torch.rand(5, 3, 70, generator=gen) * 0.6).half()
+    x = (torch.rand(5, 3, 700, generator=gen) * 0.6).half()
     g = torch.rand(x.shape, generator=gen).half()
     runs = []
     for build in (ours.hand_written_lif, ours.generated_lif):
@@ -55,4 +56,6 @@ def test_the_fp16_group_runs_one_lif_on_both_kernel_families(memory):
         runs.append((spikes, leaf.grad))
     (s1, g1), (s2, g2) = runs
     assert s1.dtype == s2.dtype == torch.float16 and 0 < float(s1.detach().float().mean()) < 1 and torch.equal(s1, s2)
-    assert torch.equal(g1, g2)
+    # each family rounds its float32 gradient to float16; their float32 values may differ in the last bit (another
+    # order of operations), which moves a float16 result by one unit in the last place
+    torch.testing.assert_close(g1, g2, rtol=2.0**-10, atol=1e-7)
