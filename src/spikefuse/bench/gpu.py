@@ -1,9 +1,10 @@
 """``spikefuse bench gpu``: one spiking layer on a CUDA GPU, spikefuse's Triton kernels against the peers' GPU
 implementations and the memory-bandwidth floor (Fig. 5 of the temporal-fusion paper on a GPU).
 
-One layer of N neurons, fp32 (one group fp16), at each T: forward alone and forward+backward (``y.backward(g)`` into a leaf input
-whose ``.grad`` is freed inside the timed run), every implementation as its users run it, timed with CUDA events,
-round-robin, medians. Groups of one dynamics, each implementation's spikes compared with the group's first:
+One layer of N neurons, fp32 (one group fp16), at each T: forward alone and forward+backward (``y.backward(g)``
+into a leaf input whose ``.grad`` is freed inside the timed run), every implementation as its users run it, timed
+with CUDA events, round-robin, medians. Groups of one dynamics, each implementation's spikes compared with the
+group's first:
 
 - ``sj-lif``: SpikingJelly 2.0's ``LIFNode(step_mode='m')`` (on CUDA a pip install runs its Triton kernel: its native
   CUDA ops need a source build) against :class:`spikefuse.compat.spikingjelly.LIFNode` with the same arguments;
@@ -20,8 +21,9 @@ round-robin, medians. Groups of one dynamics, each implementation's spikes compa
 The floor is the bytes a fused layer must move per neuron-step over the device-to-device copy bandwidth measured in
 the same run: forward 12 (read x, write spikes and the membrane) with ``memory="potential"``, 8 (read x, write
 spikes) with ``"recompute"``; forward+backward 24 and 20 (backward: read the upstream gradient and the membrane, or
-x, write grad_x), for every state count; in float16 x, spikes and the gradients take 2 bytes, the membrane 4. Memory: the bytes a forward leaves allocated for its backward (beyond its
-output) and the peak of a forward+backward, both over what was allocated before.
+x, write grad_x), for every state count; in float16 x, spikes and the gradients take 2 bytes, the membrane 4.
+Memory: the bytes a forward leaves allocated for its backward (beyond its output) and the peak of a
+forward+backward, both over what was allocated before.
 """
 
 from __future__ import annotations

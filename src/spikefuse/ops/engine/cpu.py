@@ -54,9 +54,9 @@ from .emit import Dialect
 # from one step's row to the next; the recomputing backward's scratch, (T+1) x replayed states x block, is kept to
 # about SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
 BLOCK = 16384
-READS_HALF = False  # numba's kernels take numpy arrays of the compute dtype
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
+READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
 # The generator's version: this file, the emitters and the code the kernels call.
