@@ -56,6 +56,10 @@ from .emit import Dialect
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
+# Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
+# between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
+# per core; the steps left over at the end (T % ROW_STEPS) run one per pass.
+ROW_STEPS = 4
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
@@ -164,26 +168,44 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff]]
 
         def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False,
-                     carried: tuple[str, ...] = ()) -> list[str]:
+                     carried: tuple[str, ...] = (), steps: int = 1) -> list[str]:
             """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
             for an update in place; likewise for the ``carried`` states, rows ``c_``), with ``spikes`` the spike row
-            ``sr``, with ``save`` copies of the new states into rows ``sv_``."""
+            ``sr``, with ``save`` copies of the new states into rows ``sv_``. With ``steps`` > 1 (suffix ``_x<steps>``)
+            that many consecutive steps, each with rows of its own (numbered), the states in registers between
+            them; the states updated in place are written after the last."""
             src = [f"c_{k}" if k in carried else f"{old}{k}" for k in S]
             dst = [f"c_{k}" if k in carried else f"{new}{k}" for k in S]
-            rows_args = args("", src) + args("", [d for d in dst if d not in src]) + (args("sv_", S) if save else "")
+            moved = [(k, d) for k, r, d in zip(S, src, dst) if r != d]  # a row per step
+
+            def per_step(row: str, u: int) -> str:
+                return f"{row}{u}" if steps > 1 else row
+
+            step_args = [per_step("xr", u) for u in range(steps)]
+            if spikes:
+                step_args += [per_step("sr", u) for u in range(steps)] + ["one"]
+            step_args += src + [per_step(d, u) for u in range(steps) for _, d in moved]
+            if save:
+                step_args += [per_step(f"sv_{k}", u) for u in range(steps) for k in S]
+            body = []
+            for u in range(steps):
+                body += [
+                    *fire_old("        ", after_step=u > 0),
+                    f"        x_ = {per_step('xr', u)}[j]",
+                    *[f"        {line}" for line in step_lines],
+                    *(fire_old("        ", after_step=True) if spikes else []),
+                    *[f"        {per_step(d, u)}[j] = v_{k}" for k, d in moved],
+                    *([f"        {per_step(f'sv_{k}', u)}[j] = v_{k}" for k in S] if save else []),
+                    *([f"        {per_step('sr', u)}[j] = s_ * one"] if spikes else []),
+                ]
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def {name}{sfx}(xr, {'sr, one, ' if spikes else ''}{rows_args}{prow}{fresh}m):",
+                f"def {name}{'_x' + str(steps) if steps > 1 else ''}{sfx}({args('', step_args)}{prow}{fresh}m):",
                 "    for j in range(m):",
                 *param_locals("        "),
                 *[f"        v_{k} = {r}[j]" for k, r in zip(S, src)],
-                *fire_old("        "),
-                "        x_ = xr[j]",
-                *[f"        {line}" for line in step_lines],
-                *(fire_old("        ", after_step=True) if spikes else []),
-                *[f"        {r}[j] = v_{k}" for k, r in zip(S, dst)],
-                *([f"        sv_{k}[j] = v_{k}" for k in S] if save else []),
-                *(["        sr[j] = s_ * one"] if spikes else []),
+                *body,
+                *[f"        {r}[j] = v_{k}" for k, r, d in zip(S, src, dst) if r == d],
                 "",
                 "",
             ]
@@ -196,21 +218,36 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    for j in range(m):", *hand_off("st_{k}[j]", "        "),
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
+        def forward_steps(save: bool) -> list[str]:
+            """The forward block's loop over time: ROW_STEPS steps per row pass, then the rest one at a time."""
+            name = "_forward_save_row" if save else "_forward_row"
+
+            def call(steps: int) -> str:
+                rows = [f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
+                rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one"] + [f"st_{k}" for k in S]
+                if save:
+                    rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
+                suffix = f"_x{steps}" if steps > 1 else ""
+                return f"        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
+
+            return ["    T = x.shape[0]",
+                    f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
+                    f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
+
         forward = [
-            *step_row("_forward_row", "st_", "st_", spikes=True),
-            *(line for g in ("", "_grads")
-              for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False,
-                                   carried=tuple(k for k in S if k not in replayed(bool(g))))),
-            # memory="potential": the forward also writes every step's states out (rows of `saved`)
-            *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True),
+            *(line for steps in (1, ROW_STEPS) for line in (
+                *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
+                *(line for g in ("", "_grads")
+                  for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False, steps=steps,
+                                       carried=tuple(k for k in S if k not in replayed(bool(g))))),
+                # memory="potential": the forward also writes every step's states out (rows of `saved`)
+                *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True, steps=steps))),
             "@njit(cache=True, error_model='numpy')",
             f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
-            "    for t in range(x.shape[0]):",
-            f"        _forward_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], one, {args('st_', S)}{prow}"
-            f"{first('t')}m)",
+            *forward_steps(save=False),
             *final_states(),
             "",
             "",
@@ -227,9 +264,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
-            "    for t in range(x.shape[0]):",
-            f"        _forward_save_row{sfx}(x[t, n0:n0 + m], spikes[t, n0:n0 + m], one, {args('st_', S)}"
-            f"{saved_rows('t')}{prow}{first('t')}m)",
+            *forward_steps(save=True),
             *final_states(),
             "",
             "",
@@ -348,15 +383,22 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                          f"    {reverse('0', rows('0', S), saved_rows('0'))}"]
             else:
                 carried = [k for k in S if k not in kept]
-                new_rows = "".join(f"hist[(t + 1) * {len(kept)} + {i}], " for i in range(len(kept)))
+
+                def recompute(steps: int) -> str:
+                    """The recompute of steps t..t+steps-1 into their rows of ``hist``."""
+                    new_rows = "".join(f"hist[(t + {u + 1}) * {len(kept)} + {i}], "
+                                       for u in range(steps) for i in range(len(kept)))  # fmt: skip
+                    suffix = f"_x{steps}" if steps > 1 else ""
+                    return (f"        _recompute_row{g}{suffix}{sfx}({''.join(xrow(f't + {u}') + ', ' for u in range(steps))}"
+                            f"{rows('t', kept)}{new_rows}{prow}{first('t')}m)")
+
                 states = [*(["    xs = source_tile(x, n0, m, src)"] if tile else []),
                           f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
-                          "    for t in range(T):",
-                          f"        _recompute_row{g}{sfx}({xrow('t')}, {rows('t', kept)}{new_rows}"
-                          f"{prow}{first('t')}m)"]
+                          f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", recompute(ROW_STEPS),
+                          f"    for t in range(T - T % {ROW_STEPS}, T):", recompute(1)]
                 steps = ["    for t in range(T - 1, -1, -1):",
                          f"        {reverse('t', rows('t', kept), rows('t + 1', kept))}"]
             return [
