@@ -19,8 +19,9 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
-(``_forward_row``, ``_recompute_row``, ``_reverse_row``) looping over the block's neurons: LLVM vectorizes it behind
-a run-time check that its rows do not overlap, which passes. Inlined into the loop over time, that check spans the
+(``_forward_row``, ``_recompute_row``, ``_reverse_row``) looping over the block's neurons, and so are
+:data:`ROW_STEPS` consecutive steps of the forward and the recompute (suffix ``_x2``), which run their time loop but
+for a step left over: LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes. Inlined into the loop over time, that check spans the
 rows of every step, always fails on the reverse pass (its rows move backwards in memory), and the loop runs scalar.
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
@@ -58,8 +59,10 @@ MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
 # Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
 # between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
-# per core; the steps left over at the end (T % ROW_STEPS) run one per pass.
-ROW_STEPS = 4
+# per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
+# one-step one, which a cold start (and the test suite) pays for: two, and none in the reverse pass, whose code is
+# the largest, keep the default LIF's first call well under the 5 s that `spikefuse bench compile` checks.
+ROW_STEPS = 2
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
@@ -281,62 +284,38 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def chain(pairs, base: str | None = None) -> str:
             return emit.chain_sum(pairs, derivs, "F(0.0)", base)
 
-        def reverse_row(grads: bool, over: str = "", steps: int = 1) -> list[str]:
-            """Reverse steps of a block, one (or ``steps``, suffix ``_x<steps>``: steps t, t-1, ..., with the
-            gradients carried in registers between them); ``grads``: with the per-neuron parameter gradients
-            (suffix ``_grads``); ``over``: grad_x written over the first state's row of the step (``"state"``, suffix
-            ``_over``: its saved states, read first) or over the input's row (``"input"``, suffix ``_over_x``), one
-            pointer, which LLVM vectorizes without an overlap check. State rows ``r<u>_<k>``: the states after the
-            step u places back from the latest (``r0``: after step t, the last ``r``: before the earliest step);
-            ``fresh``: the earliest step is the first of the sequence."""
+        def reverse_row(grads: bool, over: str = "") -> list[str]:
+            """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``);
+            ``over``: grad_x written over the first state's row of the step (``"state"``, suffix ``_over``: its
+            saved states, read first) or over the input's row (``"input"``, suffix ``_over_x``), one pointer, which
+            LLVM vectorizes without an overlap check."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
-
-            def per(row: str, u: int) -> str:
-                return f"{row}{u}" if steps > 1 else row
-
-            def out(u: int) -> str:
-                return {"": per("gxr", u), "state": f"r{u}_{S[0]}", "input": per("xr", u)}[over]
-
-            rows = ([per("xr", u) for u in range(steps)] + [per("gr", u) for u in range(steps)]
-                    + ([] if over else [per("gxr", u) for u in range(steps)])
-                    + [f"r{u}_{k}" for u in range(steps + 1) for k in S])  # fmt: skip
             acc = args("acc_", P) if grads else ""
-            body = []
-            for u in range(steps):
-                body += [
-                    *[f"{ind}o_{k}_ = r{u + 1}_{k}[j]" for k in S],
-                    *[f"{ind}v_{k} = o_{k}_" for k in S],
-                    *fire_old(ind, after_step=u < steps - 1),
-                    *[f"{ind}v_{k} = n_{k}" for k in S],
-                    f"{ind}u_ = {fire}",
-                    f"{ind}x_ = {per('xr', u)}[j]",
-                    *emit.assignments({**fire_derivs, **step_derivs},
-                                      {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}}, ind, NUMBA_GRAD),
-                    f"{ind}g_s = {per('gr', u)}[j] + gs_",
-                    *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}_") for k in S],
-                    f"{ind}{out(u)}[j] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-                    *([f"{ind}acc_{p}_ += " + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}")
-                                                                                 for k in S])
-                       for p in P] if grads else []),  # fmt: skip
-                    *[f"{ind}gS_{old}_ = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
-                    f"{ind}gs_ = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
-                    *[f"{ind}n_{k} = o_{k}_" for k in S],
-                ]
+            out = {"": "gxr", "state": f"w_{S[0]}", "input": "xr"}[over]
+            accumulate = [f"{ind}acc_{p}[j] += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                         + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+                          for p in P] if grads else []  # fmt: skip
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def _reverse_row{g}{'_x' + str(steps) if steps > 1 else ''}{sfx}({args('', rows)}"
+                f"def _reverse_row{g}{sfx}(xr, gr, {'' if over else 'gxr, '}{args('o_', S)}{args('w_', S)}"
                 f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, {fresh}m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
-                *[f"{ind}gS_{k}_ = gS_{k}[j]" for k in S],
-                f"{ind}gs_ = gs[j]",
-                *([f"{ind}acc_{p}_ = acc_{p}[j]" for p in P] if grads else []),
-                *[f"{ind}n_{k} = r0_{k}[j]" for k in S],
-                *body,
-                *[f"{ind}gS_{k}[j] = gS_{k}_" for k in S],
-                f"{ind}gs[j] = gs_",
-                *([f"{ind}acc_{p}[j] = acc_{p}_" for p in P] if grads else []),
+                *[f"{ind}o_{k}_ = o_{k}[j]" for k in S],
+                *[f"{ind}v_{k} = o_{k}_" for k in S],
+                *fire_old(ind),
+                *[f"{ind}v_{k} = w_{k}[j]" for k in S],
+                f"{ind}u_ = {fire}",
+                f"{ind}x_ = xr[j]",
+                *emit.assignments({**fire_derivs, **step_derivs}, {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}},
+                                  ind, NUMBA_GRAD),
+                f"{ind}g_s = gr[j] + gs[j]",
+                *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[j]") for k in S],
+                f"{ind}{out}[j] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+                *accumulate,
+                *[f"{ind}gS_{old}[j] = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
+                f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
             ]
 
         def handoff_grads(grads: bool, saved: bool) -> list[str]:
@@ -387,36 +366,24 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             bwd_args = (f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
                         "sg_p2, detach, inner, " + ("need_params, " if grads else "") + ("" if over else "grad_x, ")
                         + ginit + (args("gpar_", P) if grads else ""))  # fmt: skip
+            row = f"_reverse_row{OVER_SUFFIX[over]}{g}{sfx}"
 
             def xrow(t: str) -> str:
                 """The block's input row of step ``t``."""
                 return f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
-            def reverse(steps: int, after, indent: str = "        ") -> str:
-                """The reverse of steps t, t-1, ..., t-steps+1; ``after(u)``: the state rows (as arguments) after
-                step t-u, for u up to ``steps`` (the states before the earliest step)."""
-                at = [f"t - {u}" if u else "t" for u in range(steps)]
-                rows = [xrow(i) for i in at] + [f"grad_spikes[{i}, n0:n0 + m]" for i in at]
-                rows += [] if over else [f"grad_x[{i}, n0:n0 + m]" for i in at]
-                name = f"_reverse_row{OVER_SUFFIX[over]}{g}{'_x' + str(steps) if steps > 1 else ''}{sfx}"
-                return (f"{indent}{name}({args('', rows)}{''.join(after(u) for u in range(steps + 1))}"
-                        f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, {first(f't - {steps - 1}')}m)")
+            def reverse(t: str, old: str, new: str) -> str:
+                gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
+                return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
+                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
 
             kept = S if saved else replayed(grads)
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
-                # ROW_STEPS steps per pass while they all have saved states before them, then one at a time;
-                # the first step's states before it are the initial ones
-                steps = ["    t = T - 1",
-                         f"    while t >= {ROW_STEPS}:",
-                         reverse(ROW_STEPS, lambda u: saved_rows(f"t - {u}")),
-                         f"        t -= {ROW_STEPS}",
-                         "    while t >= 1:",
-                         reverse(1, lambda u: saved_rows(f"t - {u}")),
-                         "        t -= 1",
-                         "    t = 0",
-                         reverse(1, lambda u: saved_rows("0") if u == 0 else rows("0", S), indent="    ")]
+                steps = ["    for t in range(T - 1, 0, -1):",
+                         f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
+                         f"    {reverse('0', rows('0', S), saved_rows('0'))}"]
             else:
                 carried = [k for k in S if k not in kept]
 
@@ -435,13 +402,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
                           f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", recompute(ROW_STEPS),
                           f"    for t in range(T - T % {ROW_STEPS}, T):", recompute(1)]
-                steps = ["    t = T - 1",
-                         f"    while t >= {ROW_STEPS - 1}:",
-                         reverse(ROW_STEPS, lambda u: rows(f"t + 1 - {u}", kept)),
-                         f"        t -= {ROW_STEPS}",
-                         "    while t >= 0:",
-                         reverse(1, lambda u: rows(f"t + 1 - {u}", kept)),
-                         "        t -= 1"]
+                steps = ["    for t in range(T - 1, -1, -1):",
+                         f"        {reverse('t', rows('t', kept), rows('t + 1', kept))}"]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
@@ -466,8 +428,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(block, N - n0))",
             ]
 
-        parts = [forward, *(reverse_row(grads, over, steps) for grads in (False, True) for over in OVER_SUFFIX
-                            for steps in (1, ROW_STEPS))]
+        parts = [forward, *(reverse_row(grads, over) for grads in (False, True) for over in OVER_SUFFIX)]
         parts += [backward(grads, saved) for grads in (False, True) for saved in (False, True)]
         parts += [backward(grads, True, over="state") for grads in (False, True)]
         parts += [backward(grads, False, over="input") for grads in (False, True)]
