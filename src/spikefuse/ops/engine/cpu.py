@@ -21,8 +21,9 @@ Each comes with parameters as scalars (suffix ``_scalar``: every parameter has o
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
 (``_forward_row``, ``_recompute_row``, ``_reverse_row``) looping over the block's neurons, and so are
 :data:`ROW_STEPS` consecutive steps of the forward and the recompute (suffix ``_x2``), which run their time loop but
-for a step left over: LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes. Inlined into the loop over time, that check spans the
-rows of every step, always fails on the reverse pass (its rows move backwards in memory), and the loop runs scalar.
+for a step left over: LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
+Inlined into the loop over time, that check spans the rows of every step, always fails on the reverse pass (its rows
+move backwards in memory), and the loop runs scalar.
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
 The forward writes each spike as ``s * one``: ``one`` is 1.0 for spikes in the compute dtype, and for float16 /
@@ -392,8 +393,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     new_rows = "".join(f"hist[(t + {u + 1}) * {len(kept)} + {i}], "
                                        for u in range(steps) for i in range(len(kept)))  # fmt: skip
                     suffix = f"_x{steps}" if steps > 1 else ""
-                    return (f"        _recompute_row{g}{suffix}{sfx}({''.join(xrow(f't + {u}') + ', ' for u in range(steps))}"
-                            f"{rows('t', kept)}{new_rows}{prow}{first('t')}m)")
+                    inputs = args("", [xrow(f"t + {u}") for u in range(steps)])
+                    return (f"        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
+                            f"{first('t')}m)")
 
                 states = [*(["    xs = source_tile(x, n0, m, src)"] if tile else []),
                           f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
