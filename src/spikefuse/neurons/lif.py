@@ -107,7 +107,7 @@ def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> Neuron
     if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
         return None
     if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
-        return None  # the hand-written Triton kernels read and write half precision (the engine's would convert x)
+        return None  # the hand-written Triton kernels, until a GPU run times the generated ones beside them
     if spec.dynamics == P.SPIKINGJELLY:
         models = SPIKINGJELLY_MODELS if spec.state_post_reset else SPIKINGJELLY_PRE_RESET_MODELS
         return models[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]

@@ -113,6 +113,12 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         """The ``fresh`` argument of a row function's call at step ``t``."""
         return f"{t} == 0, " if model.handoff else ""
 
+    def in_passes(call) -> list[str]:
+        """A block's loop forward in time over ``T`` steps from ``t``: ``call(steps)`` (the line running steps
+        t..t+steps-1) with :data:`ROW_STEPS` steps per pass, then with one for a step left over."""
+        return [f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
+                f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
+
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
 
@@ -234,9 +240,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 suffix = f"_x{steps}" if steps > 1 else ""
                 return f"        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
 
-            return ["    T = x.shape[0]",
-                    f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
-                    f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
+            return ["    T = x.shape[0]", *in_passes(call)]
 
         forward = [
             *(line for steps in (1, ROW_STEPS) for line in (
@@ -402,8 +406,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
-                          f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", recompute(ROW_STEPS),
-                          f"    for t in range(T - T % {ROW_STEPS}, T):", recompute(1)]
+                          *in_passes(recompute)]
                 steps = ["    for t in range(T - 1, -1, -1):",
                          f"        {reverse('t', rows('t', kept), rows('t + 1', kept))}"]
             return [
