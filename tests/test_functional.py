@@ -1,4 +1,9 @@
-"""The public API: validation of bad input (by message), backend selection, state continuation."""
+"""The public API: validation of bad input (by message), backend selection, state continuation, the Triton
+backend against the reference."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -181,3 +186,109 @@ def test_torch_func_over_fused_kernels_raises_and_reference_works():
     assert torch.equal(grad, leaf.grad)
     batched = torch.func.vmap(lambda x: lif(x, backend="reference"))(torch.rand(3, 4, 5))
     assert batched.shape == (3, 4, 5)
+
+
+# The public API on backend="triton" (Triton's interpreter on the CPU, or the GPU with SPIKEFUSE_TEST_TRITON=cuda)
+# against the reference: the kernels generated from the LIF definitions of spikefuse.neurons.lif
+
+def _api_specs():
+    """Every dynamics x reset x charge combination of the LIF spec, surrogates cycled, detach_reset alternating."""
+    from tests.ops.cases import SURROGATES, dynamics_combos, make_spec, spec_id
+
+    specs = [make_spec(*combo, SURROGATES[i % len(SURROGATES)], i % 2 == 1, variant=i)
+             for i, combo in enumerate(dynamics_combos())]  # fmt: skip
+    return [pytest.param(spec, id=spec_id(spec)) for spec in specs]
+
+
+API_SPECS = _api_specs()
+
+
+def _triton_against_reference(spec, memory, x, *, chained, per_channel=True):
+    """spiking_neuron on Triton and on the reference (two chained calls with a learnable decay and v_init, or one):
+    outputs bit for bit, gradients to 1e-5."""
+    gen = torch.Generator().manual_seed(x.numel())
+    channels = x.shape[2] if per_channel and x.dim() > 2 else 1
+    leak = torch.rand(channels, generator=gen, dtype=torch.float64).to(torch.float32) * 0.5 + 0.4
+    v = torch.rand(x.shape[1:], generator=gen) * 0.5
+    results = {}
+    for backend in ("triton", "reference"):
+        xr, kr, vr = x.clone().requires_grad_(), leak.clone().requires_grad_(chained), v.clone().requires_grad_(chained)
+        w = torch.linspace(-1, 1, x.numel()).reshape(x.shape)
+        if chained:
+            s1, st1 = spikefuse.spiking_neuron(xr[:3], kr, spec, v_init=vr, backend=backend, memory=memory)
+            s2, st2 = spikefuse.spiking_neuron(xr[3:], kr, spec, v_init=st1, backend=backend, memory=memory)
+            outputs, spikes = (s1, s2, st2), torch.cat([s1, s2])
+        else:
+            spikes, st2 = spikefuse.spiking_neuron(xr, kr, spec, v_init=vr, backend=backend, memory=memory)
+            outputs = (spikes, st2)
+        ((spikes * w).sum() + (st2 * st2).sum()).backward()
+        results[backend] = outputs, (xr.grad, vr.grad, kr.grad)
+    (got, got_grads), (want, want_grads) = results["triton"], results["reference"]
+    if x.numel() > 20:
+        assert 0 < float(want[0].detach().mean()) < 1, "the input must make some spikes and not only spikes"
+    for g, w in zip(got, want):
+        assert torch.equal(g.detach(), w.detach())
+    for name, g, w in zip(("x", "v_init", "decay"), got_grads, want_grads):
+        if w is None:
+            assert g is None or not g.any(), name
+            continue
+        scale = max(float(w.abs().max()), 1.0)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("memory", ["potential", "recompute"])
+@pytest.mark.parametrize("spec", API_SPECS)
+def test_triton_backend_equals_the_reference(spec, memory):
+    x = torch.rand(6, 2, 3, 4, generator=torch.Generator().manual_seed(1)) * 2.0
+    _triton_against_reference(spec, memory, x, chained=False)
+
+
+@pytest.mark.parametrize("memory", ["potential", "recompute"])
+def test_triton_backend_learnable_decay_v_init_and_continuation(memory):
+    x = torch.rand(6, 2, 3, 4, generator=torch.Generator().manual_seed(3)) * 0.9
+    _triton_against_reference(API_SPECS[0].values[0], memory, x, chained=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (5, 1), (3, 1, 1, 1), (2, 3, 1, 5, 2), (1, 300), (3, 5, 7)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+def test_triton_backend_odd_shapes(shape):
+    """T=1, N=1, unit and trailing dims; a per-channel decay wherever the rank allows more than one channel."""
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(len(shape))) * 0.9
+    _triton_against_reference(API_SPECS[7].values[0], "recompute", x, chained=False, per_channel=len(shape) > 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_triton_backend_half_precision(dtype):
+    """float16 / bfloat16 inputs on Triton, read and written in their dtype, computed in float32: the reference's
+    spikes (in the input's dtype) and float32 state bit for bit, its input gradient rounded to the input's dtype."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.rand(7, 2, 3, 5, generator=gen) * 0.9).to(dtype)
+    upstream = torch.rand(x.shape, generator=gen).to(dtype)
+    results = {}
+    for backend in ("triton", "reference"):
+        leaf = x.clone().requires_grad_()
+        spikes, state = spikefuse.lif(leaf, decay=0.7, threshold=0.5, backend=backend, return_state=True)
+        spikes.backward(upstream)
+        results[backend] = spikes, state, leaf.grad
+    (s, v, g), (s_ref, v_ref, g_ref) = results["triton"], results["reference"]
+    assert s.dtype == g.dtype == dtype and v.dtype == torch.float32 and 0 < float(s.detach().float().mean()) < 1
+    assert torch.equal(s, s_ref) and torch.equal(v, v_ref)
+    torch.testing.assert_close(g.float(), g_ref.float(), rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+def test_importing_spikefuse_does_not_import_triton():
+    code = "import sys, spikefuse, spikefuse.functional, spikefuse.ops; assert 'triton' not in sys.modules, 'triton'"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_a_backend_whose_compiler_is_missing_says_what_to_install(monkeypatch):
+    """numba missing: the first call on the cpu backend names the package to install and the way out."""
+    from spikefuse.ops import engine
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
+    for name in ("spikefuse.ops.engine.cpu", "spikefuse.ops.numba_common", "spikefuse.ops.batchnorm_cpu"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # restored afterwards
+    with pytest.raises(RuntimeError, match=r"backend='cpu' cannot run: .*numba.*pip install numba. or pick "
+                                           r"backend='reference'"):  # fmt: skip
+        engine.module("cpu")

@@ -82,12 +82,32 @@ def test_neuron_and_lif_spec_match_the_reference(backend):
         torch.testing.assert_close(grad, ref_g, rtol=1e-5, atol=1e-6)
 
 
-def test_hand_written_triton_kernels_refuse_it_by_name():
-    """Half precision on Triton runs the hand-written LIF kernels, which switch on the built-in surrogates' codes."""
-    x = torch.rand(3, 4).half()
-    with pytest.raises(ValueError, match="unknown surrogate code -1: the hand-written LIF kernels know the built-in "
-                                         "surrogates only"):  # fmt: skip
-        spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Gaussian(), backend="triton")
+def test_a_spec_tuple_names_built_in_surrogates_only():
+    """The LIF spec's flat tuple carries a surrogate's code: one of the user's has none, and rebuilding it from the
+    tuple says to pass the object."""
+    from spikefuse.ops.common import SpecArgs, surrogate_from_args
+
+    args = SpecArgs(*spikefuse.params.NeuronSpec(surrogate=Gaussian()).kernel_args())
+    with pytest.raises(ValueError, match="unknown surrogate code -1: a spec tuple names the built-in surrogates only"):
+        surrogate_from_args(args)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_batchnorm_lif_with_a_users_surrogate(backend):
+    """The fused BatchNorm + LIF with a surrogate of the user's on every backend (the reference's LIF gets the
+    object itself), half precision on Triton: the same spikes and input gradient."""
+    x = torch.randn(4, 2, 3, 5, generator=torch.Generator().manual_seed(0))
+    dtype = torch.float16 if backend == "triton" else torch.float32
+    out = {}
+    for b in ("reference", backend):
+        leaf = x.to(dtype).requires_grad_()
+        spikes = spikefuse.batchnorm_lif(leaf, None, None, torch.ones(3), torch.zeros(3), True, decay=0.8,
+                                         threshold=0.5, surrogate=Gaussian(), backend=b)  # fmt: skip
+        spikes.float().sum().backward()
+        out[b] = spikes.detach(), leaf.grad
+    assert 0 < float(out["reference"][0].float().mean()) < 1
+    assert torch.equal(out[backend][0], out["reference"][0])
+    torch.testing.assert_close(out[backend][1], out["reference"][1], rtol=1e-3, atol=1e-3)
 
 
 def test_a_surrogate_whose_source_is_not_kept(monkeypatch):

@@ -9,7 +9,6 @@ import torch
 from . import ops
 from .bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
 from .neurons.lif import engine_model, engine_params, initial_potential
-from .ops import autograd as _autograd  # registers the spikefuse:: custom ops
 from .ops.engine import autograd as _engine_autograd
 from . import params as P
 from .ops import reference
@@ -34,9 +33,8 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
     ``leak`` is the ``k`` of :mod:`spikefuse.params` (a number, or a scalar / per-channel tensor that may require
     grad). ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
     The fused kernels are the neuron engine's, generated from the LIF definition of ``spec``
-    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF), except for
-    half-precision inputs on Triton, which run the hand-written kernels of :mod:`spikefuse.ops.triton`; both give
-    the same spikes and states bit for bit.
+    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF), which gives the
+    spikes and states of the reference bit for bit.
     """
     check_input(x)
     concrete = ops.resolve_backend(backend, x.device)
@@ -51,17 +49,12 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
         check_v_init(v_init, x)
     v0 = initial_potential(spec, v_init, x)
     x2 = x.reshape(t_steps, n)
-    model = engine_model(spec, x.dtype, concrete)
     if concrete == "reference" or n == 0:
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args(), spec.surrogate)
-    elif model is not None:  # the kernels generated from the LIF's definition
-        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0], inner,
-                                                model, spec.surrogate, spec.detach_reset, concrete,
-                                                save=memory == "potential")  # fmt: skip
     else:
-        spikes, state, _ = _autograd.neuron(
-            x2.contiguous(), k, v0, inner, *spec.kernel_lists(), concrete, P.MEMORY_MODES[memory]
-        )
+        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0], inner,
+                                                engine_model(spec), spec.surrogate, spec.detach_reset, concrete,
+                                                save=memory == "potential")  # fmt: skip
     return spikes.reshape(x.shape), state.reshape(trailing)
 
 

@@ -3,10 +3,10 @@
 Each surrogate is defined once: its two parameters, its derivative in PyTorch (:meth:`Surrogate.derivative`, which
 the references run) and the same function as a sympy expression (:meth:`Surrogate.sympy_derivative`), from which
 the neuron engine emits the backward of its fused CPU and Triton kernels. A surrogate of the user's is a subclass
-with these three methods (docs/custom-neuron.md). The built-in ones also carry an integer ``code``, which the
-hand-written Triton LIF kernels (half-precision inputs on a GPU) switch on. ``tests/ops/test_cpu.py``,
-``tests/ops/test_triton.py`` and ``tests/neurons/test_engine.py`` check every backend's formula against
-:meth:`Surrogate.derivative` on a grid, so a formula that drifts in one backend fails there.
+with these three methods (docs/custom-neuron.md). The built-in ones also carry an integer ``code``, which names them
+in the LIF spec's flat tuple (:meth:`spikefuse.params.NeuronSpec.kernel_args`). ``tests/ops/test_cpu.py`` and
+``tests/neurons/test_engine.py`` check every backend's formula against :meth:`Surrogate.derivative` on a grid, so a
+formula that drifts in one backend fails there.
 
 All derivatives are functions of ``u = h - threshold`` (the membrane potential relative to the threshold).
 """
@@ -26,7 +26,7 @@ __all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid
 @dataclass(frozen=True)
 class Surrogate(Registered):
     """Base class: :meth:`params` (two floats), :meth:`derivative` and :meth:`sympy_derivative` of ``u``;
-    ``code`` selects the formula inside the hand-written Triton kernels (built-in surrogates only)."""
+    ``code`` names a built-in surrogate in a spec tuple."""
 
     code = -1
 

@@ -325,7 +325,7 @@ def test_user_model_through_the_public_api_and_module(backend):
 
 def test_triton_block_keeps_eight_words_of_state_per_thread():
     """The generated Triton kernels' block: the LIF launcher's choice, capped at 8 state words per thread."""
-    from spikefuse.ops.triton import block_size
+    from spikefuse.ops.engine.triton import block_size
 
     n = 2**24
     assert block_size(n) == 1024

@@ -1,6 +1,6 @@
 """Backend-agnostic test cases for the fused neuron kernels: the valid spec combinations and well-posed inputs.
 
-Used by ``tests/ops/test_cpu.py`` and ``tests/ops/test_triton.py``. Nothing here knows about a backend; the
+Used by ``tests/ops/test_cpu.py`` and ``tests/ops/test_shared_state.py``. Nothing here knows about a backend; the
 simulation that keeps inputs away from the threshold uses :func:`spikefuse.ops.reference.step`, the oracle.
 
 - :func:`all_specs` enumerates every valid ``dynamics x reset x charge x detach_reset x surrogate`` combination

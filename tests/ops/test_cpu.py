@@ -310,7 +310,7 @@ def test_spikingjelly_state_before_the_reset(reset, memory):
     a firing initial state: the reference's spikes and states, and its gradients; two calls equal one."""
     spec = make_spec(P.SPIKINGJELLY, reset, P.CHARGE_DIV_INPUT, False, Sigmoid(), False, variant=1)
     name = {P.HARD: "hard", P.SOFT: "soft"}[reset]
-    assert engine_model(spec, torch.float32, "cpu") is SPIKINGJELLY_PRE_RESET_MODELS[(name, "div_input")]
+    assert engine_model(spec) is SPIKINGJELLY_PRE_RESET_MODELS[(name, "div_input")]
     x, leak, v = make_inputs((6, 2, 3, 4), spec, torch.float64, 19, per_channel=True)
     v = v + spec.threshold * (torch.rand(v.shape, generator=torch.Generator().manual_seed(5)) > 0.5)
     ref = _api_run(spec, x, leak, v, "reference", "potential")

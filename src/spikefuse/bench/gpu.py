@@ -1,19 +1,17 @@
 """``spikefuse bench gpu``: one spiking layer on a CUDA GPU, spikefuse's Triton kernels against the peers' GPU
 implementations and the memory-bandwidth floor (Fig. 5 of the temporal-fusion paper on a GPU).
 
-One layer of N neurons, fp32 (one group fp16), at each T: forward alone and forward+backward (``y.backward(g)``
-into a leaf input whose ``.grad`` is freed inside the timed run), every implementation as its users run it, timed
-with CUDA events, round-robin, medians. Groups of one dynamics, each implementation's spikes compared with the
-group's first:
+One layer of N neurons, fp32 (the groups ending in ``-fp16``: fp16), at each T: forward alone and forward+backward
+(``y.backward(g)`` into a leaf input whose ``.grad`` is freed inside the timed run), every implementation as its
+users run it, timed with CUDA events, round-robin, medians. Groups of one dynamics, each implementation's spikes
+compared with the group's first:
 
 - ``sj-lif``: SpikingJelly 2.0's ``LIFNode(step_mode='m')`` (on CUDA a pip install runs its Triton kernel: its native
   CUDA ops need a source build) against :class:`spikefuse.compat.spikingjelly.LIFNode` with the same arguments;
-- ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it (the
-  kernels generated from its definition), the hand-written kernels it ran before (both memory modes), an eager loop,
-  ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the last two fire on ``>``);
-- ``paper-lif-fp16``: the same LIF on a float16 input, the hand-written kernels that ``spikefuse.lif`` runs it on
-  against the kernels generated from its definition (both read and write float16; which is faster decides whether
-  the hand-written ones can go);
+  ``sj-lif-fp16``: the same on a float16 input (spikefuse reads and writes float16, its membrane float32);
+- ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it (both
+  memory modes), an eager loop, ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the
+  last two fire on ``>``); ``paper-lif-fp16``: ``spikefuse.lif`` on a float16 input;
 - ``cuba``: :class:`spikefuse.nn.CubaLIF` against a loop over snnTorch's ``Synaptic``;
 - ``lsnn``: spikefuse's definition of Norse's LSNN against Norse's ``LSNN`` module;
 - ``alif``: :class:`spikefuse.nn.ALIF` (no peer has these dynamics).
@@ -77,16 +75,13 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     found = [
         Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
     ]
-    for memory in ("potential", "recompute"):
-        found.append(Case(f"spikefuse.lif ({memory})", "paper-lif", lambda x, m=memory: spikefuse.lif(
-            x, decay=DECAY, threshold=THRESHOLD, memory=m), memory))  # fmt: skip
-    for memory in ("potential", "recompute"):
-        found.append(Case(f"spikefuse LIF, hand-written kernels ({memory})", "paper-lif",
-                          ours.hand_written_lif(DECAY, THRESHOLD, ALPHA, memory), memory))  # fmt: skip
-    for name, build in (("hand-written kernels", ours.hand_written_lif), ("generated kernels", ours.generated_lif)):
+    found.append(Case("spikefuse compat.spikingjelly.LIFNode fp16", "sj-lif-fp16", lambda x: sf_sj.reset() or sf_sj(x),
+                      "potential", dtype=torch.float16))  # fmt: skip
+    for group, dtype in (("paper-lif", torch.float32), ("paper-lif-fp16", torch.float16)):
         for memory in ("potential", "recompute"):
-            found.append(Case(f"spikefuse LIF fp16, {name} ({memory})", "paper-lif-fp16",
-                              build(DECAY, THRESHOLD, ALPHA, memory), memory, dtype=torch.float16))  # fmt: skip
+            name = f"spikefuse.lif{' fp16' if dtype == torch.float16 else ''} ({memory})"
+            found.append(Case(name, group, lambda x, m=memory: spikefuse.lif(
+                x, decay=DECAY, threshold=THRESHOLD, surrogate=Sigmoid(ALPHA), memory=m), memory, dtype=dtype))
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
@@ -96,12 +91,12 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
     missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]
-    for build in (_spikingjelly, _snntorch_leaky, _snntorch_synaptic, _norse_lif, _norse_lsnn):
+    for build in (_spikingjelly, _spikingjelly_fp16, _snntorch_leaky, _snntorch_synaptic, _norse_lif, _norse_lsnn):
         try:
             found.append(build())
         except Exception as err:  # a missing or broken peer is reported in the results, not fatal
             missing.append(f"{build.__name__.lstrip('_')}: {type(err).__name__}: {err}")
-    order = ["sj-lif", "paper-lif", "paper-lif-fp16", "cuba", "lsnn", "alif"]
+    order = ["sj-lif", "sj-lif-fp16", "paper-lif", "paper-lif-fp16", "cuba", "lsnn", "alif"]
     return sorted(found, key=lambda c: order.index(c.group)), missing
 
 
@@ -109,6 +104,11 @@ def _spikingjelly() -> Case:
     # A pip install has no native CUDA build; name the Triton kernel it then runs, so that a failure says so
     os.environ.setdefault("SJ_LIF_CUDA_IMPLEMENTATION", "triton")
     return Case("SpikingJelly 2.0 LIFNode (its Triton kernel)", "sj-lif", peers.spikingjelly_lif("cuda"))
+
+
+def _spikingjelly_fp16() -> Case:
+    case = _spikingjelly()
+    return Case(case.name + " fp16", "sj-lif-fp16", case.run, dtype=torch.float16)
 
 
 def _snntorch_leaky() -> Case:
@@ -247,7 +247,7 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
           else "", r["kept_for_backward_MiB"], r["peak_MiB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
     )  # fmt: skip
     text = [
-        f"# One spiking layer on a GPU ({device}), fp32 (group paper-lif-fp16: fp16)",
+        f"# One spiking layer on a GPU ({device}), fp32 (groups ending in -fp16: fp16)",
         "",
         f"Machine: {device}, CUDA {torch.version.cuda}, Triton {triton.__version__}; host {machine_info()}",
         f"Command: `{command_line()}`",

@@ -1,11 +1,12 @@
 """``spikefuse bench gpu-static``: the Triton kernels compiled for A100 (sm_80) and H100 (sm_90) without a GPU.
 
-Compiles the specializations the launchers of :mod:`spikefuse.ops.triton` launch (enumerated from the launchers'
-own functions, see :mod:`spikefuse.ops.triton_aot`) and reports per kernel and specialization group: registers per
-thread, local memory (spills), the width of the global loads / stores in the time loop of the PTX, and the DRAM
-bytes per neuron-step. From the bytes it estimates the time of one LIF layer (the temporal-fusion paper's Fig. 5:
-N = 1M neurons, T = 4..128) as bytes / bandwidth on an A100, an H100 and an RTX 4090, plus ~5 us launch overhead per
-kernel, and checks from the register counts whether enough loads are in flight to reach that bandwidth. Next to it:
+Compiles the kernels the neuron engine generates (:mod:`spikefuse.ops.engine.triton`, through
+:mod:`spikefuse.ops.triton_aot`) for the shipped neurons (the paper's LIF, CubaLIF, ALIF) in every dtype and memory
+mode, and (standard set) every LIF definition behind the public API with the surrogates cycled, and reports per
+kernel: registers per thread, local memory (spills), the width of the global loads / stores in the time loops of
+the PTX, and the DRAM bytes per neuron-step. From the bytes it estimates the time of one LIF layer (the
+temporal-fusion paper's Fig. 5: N = 1M neurons, T = 4..128) as bytes / bandwidth on an A100, an H100 and an RTX
+4090, plus ~5 us launch overhead per kernel, and checks from the register counts whether enough loads are in flight to reach that bandwidth. Next to it:
 SpikingJelly's published Triton LIF figure. Writes ``benchmarks/results/gpu_static.md`` and ``gpu_static.json``.
 """
 
@@ -43,10 +44,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="compile the Triton kernels for sm_80/sm_90 without a GPU: registers, spills, vector width, roofline",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--set", dest="case_set", choices=("standard", "structural", "full"), default="standard",
-                   help="standard: every kernel x dtype x block x memory group, plus every dynamics/reset/charge/"
-                        "surrogate/detach combination in fp32; full: every constexpr set the launchers produce "
-                        "(~50k per arch, hours) (default: %(default)s)")
+    p.add_argument("--set", dest="case_set", choices=("shipped", "standard", "full"), default="standard",
+                   help="shipped: the paper's LIF, CubaLIF and ALIF x dtype x memory mode; standard: also every LIF "
+                        "definition of the public API in fp32 with the surrogates cycled; full: those with every "
+                        "surrogate in every dtype (default: %(default)s)")
     p.add_argument("--archs", nargs="+", default=["sm_80", "sm_90"], choices=["sm_80", "sm_90"])
     p.add_argument("--jobs", type=int, default=2, help="compiler processes (default: %(default)s)")
     p.add_argument("--T", nargs="+", type=int, default=list(T_DEFAULT), help="time steps of the roofline table")
@@ -92,24 +93,81 @@ def kernel_estimate(case: dict, res: dict, gpu: dict, T: int, N: int) -> dict:
                 est_us=bound_us / min(1.0, ratio) + LAUNCH_US)  # fmt: skip
 
 
-def _case_for(cases, kernel, xdt, group, block):
-    return next(c for c in cases if c["kernel"] == kernel and c["xdt"] == xdt and c["group"] == group
-                and c["const"]["BLOCK"] == block)  # fmt: skip
+SHIPPED = ("lif_hard", "cuba_lif", "alif")  # the paper's LIF (Eq. (1)-(2)), CubaLIF, ALIF
+
+
+def _shipped_models() -> dict:
+    from ..neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS
+
+    return {m.name: m for m in (LIF_MODELS[("paper", "hard")], CUBA_LIF, ALIF_MODEL)}
+
+
+def _block(model, xdt: str, N: int) -> int:
+    """The block :func:`spikefuse.ops.engine.triton.engine_block` launches ``model`` with."""
+    import torch
+
+    from ..ops.engine.triton import engine_block
+
+    return engine_block(N, len(model.states), torch.float64 if xdt == "fp64" else torch.float32)
+
+
+def shipped_cases(N: int, dtypes=("fp32", "fp16", "bf16", "fp64"), T: int = 32) -> list[dict]:
+    """The shipped neurons' forward and backward in every dtype and memory mode (per-channel parameters, every
+    gradient), and the LIF's backward without the decay's gradient (a fixed decay, as SpikingJelly's LIF has)."""
+    from ..ops import triton_aot as A
+
+    cases = []
+    for name, model in _shipped_models().items():
+        for xdt in dtypes:
+            for kernel in A.ENGINE_KERNELS:
+                for saved in (True, False):
+                    cases.append(A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, block=_block(model, xdt, N),
+                                               T=T, N=N))  # fmt: skip
+                    if name == "lif_hard" and kernel == "engine-bwd":
+                        fixed = A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, need_params=False,
+                                              block=_block(model, xdt, N), T=T, N=N)  # fmt: skip
+                        cases.append(dict(fixed, id=fixed["id"] + "-fixed", group=fixed["group"] + "-fixed"))
+    return cases
+
+
+def definition_cases(N: int, dtypes=("fp32",), every_surrogate: bool = False, T: int = 32) -> list[dict]:
+    """Every LIF definition behind the public API (the paper's, snnTorch's and SpikingJelly's forms), forward and
+    recomputing backward, with the surrogates cycled (or each of them), group ``all``."""
+    from ..neurons import LIF_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
+    from ..ops import triton_aot as A
+    from ..surrogate import SURROGATES
+
+    surrogates = [cls.__name__ for cls in SURROGATES.values()]
+    models = {m.name: m for m in (*LIF_MODELS.values(), *SPIKINGJELLY_MODELS.values(),
+                                  *SPIKINGJELLY_PRE_RESET_MODELS.values())}  # fmt: skip
+    cases = []
+    for i, model in enumerate(models.values()):
+        for xdt in dtypes:
+            for kernel in A.ENGINE_KERNELS:
+                for sg in surrogates if every_surrogate else [surrogates[i % len(surrogates)]]:
+                    c = A.engine_case(model, sg, kernel, xdt, block=_block(model, xdt, N), T=T, N=N)
+                    cases.append(dict(c, id=c["id"] + "-all", group="all"))
+    return cases
+
+
+def _case_for(cases, kernel, xdt, model, saved, need_params=True):
+    return next(c for c in cases if c["kernel"] == kernel and c["xdt"] == xdt and c["group"] != "all"
+                and c["model"]["name"] == model and c["const"][("SAVED" if kernel == "engine-bwd" else "SAVE")] == saved
+                and (kernel == "engine-fwd" or all(c["const"][f"NEED_{p}"] == need_params
+                                                    for p in c["model"]["params"])))  # fmt: skip
 
 
 def layer_estimates(cases, results, gpu_key, xdt, mode, Ts, N, need_leak=True):
-    """fwd / bwd / fwd+bwd of one LIF layer (paper neuron, scalar leak) in memory mode ``mode``."""
-    from ..ops import triton as K
-
+    """fwd / bwd / fwd+bwd of one LIF layer (the paper's neuron, scalar decay) in memory mode ``mode``."""
     gpu = GPUS[gpu_key]
-    block = K.block_size(N)
-    fwd = _case_for(cases, "fwd", xdt, mode, block)
-    bwd = _case_for(cases, "bwd", xdt, mode if need_leak else f"{mode}-noleak", block)
+    saved = mode == "potential"
+    fwd = _case_for(cases, "engine-fwd", xdt, "lif_hard", saved)
+    bwd = _case_for(cases, "engine-bwd", xdt, "lif_hard", saved, need_leak)
     rows = []
     for T in Ts:
         f = kernel_estimate(fwd, results[(fwd["id"], gpu["arch"])], gpu, T, N)
         b = kernel_estimate(bwd, results[(bwd["id"], gpu["arch"])], gpu, T, N)
-        rows.append(dict(T=T, N=N, xdt=xdt, mode=mode, gpu=gpu_key, block=block, fwd=f, bwd=b,
+        rows.append(dict(T=T, N=N, xdt=xdt, mode=mode, gpu=gpu_key, block=fwd["const"]["BLOCK"], fwd=f, bwd=b,
                          total_bound_us=f["bound_us"] + b["bound_us"], total_est_us=f["est_us"] + b["est_us"]))
     return rows
 
@@ -126,17 +184,13 @@ def _width(acc: dict) -> str:
     return " ".join(f"{n}x{w}b" for w, n in sorted(acc.items(), key=lambda kv: -int(kv[0])))
 
 
-def _flags(case) -> str:
-    k = case["const"]
-    if case["kernel"] == "fwd":
-        return f"SAVE_H={int(k['SAVE_H'])} PC={int(k['PER_CHANNEL'])}"
-    return (f"RECOMPUTE={int(k['RECOMPUTE'])} GX_IN_H={int(k['GX_IN_H'])} USE_X={int(k['USE_X'])} "
-            f"NEED_LEAK={int(k['NEED_LEAK'])} PC={int(k['PER_CHANNEL'])}")  # fmt: skip
+def _mode(case) -> str:
+    return "potential" if case["const"].get("SAVED", case["const"].get("SAVE")) else "recompute"
 
 
 def _toolchain_versions(tools: dict) -> dict:
     """The tools' versions and the options the kernels are compiled with (recorded in the JSON)."""
-    from ..ops.triton import COMPILE_OPTIONS
+    from ..ops.engine.triton import COMPILE_OPTIONS
 
     out = dict(tools, compile_options=COMPILE_OPTIONS)
     if tools.get("ptxas"):
@@ -145,7 +199,7 @@ def _toolchain_versions(tools: dict) -> dict:
     return out
 
 
-def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dict]:
+def build_report(args, cases, results, tools, seconds) -> tuple[str, dict]:
     from ..ops.triton_aot import ARCHS, traffic
     from .common import command_line, machine_info, markdown_table
 
@@ -159,44 +213,44 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
         "",
         f"Command: `{command_line()}`  ",
         f"Triton {tools['triton']} (ptxas: {tools.get('ptxas_version', '?')}), compiled on: {machine_info()}  ",
-        f"Compiled {len(cases)} specializations x {len(archs)} targets ({', '.join(args.archs)}) = {len(results)} "
-        f"kernels in {seconds:.0f} s; **{len(failed)} failed**. Set `{args.case_set}`. The launchers can launch "
-        f"{counts['fwd']} forward and {counts['bwd']} backward constexpr specializations (x dtype x block; "
-        "Triton's own integer / alignment specializations multiply these further).",
+        f"Compiled {len(cases)} specializations of the kernels the neuron engine generates "
+        f"(`spikefuse.ops.engine.triton`) x {len(archs)} targets ({', '.join(args.archs)}) = {len(results)} "
+        f"kernels in {seconds:.0f} s; **{len(failed)} failed**. Set `{args.case_set}`.",
         "",
         f"Registers per thread over all compiled kernels: {min(r['reg'] for r in ok)}..{max(r['reg'] for r in ok)}; "
-        f"local memory (cuobjdump LOCAL): max {max(r['local'] for r in ok)} bytes, stack (spills) max {max(r['stack'] for r in ok)} "
-        f"bytes; every pointer offset 64-bit: {all(r['i64_offsets'] for r in ok)}.",
+        f"local memory (cuobjdump LOCAL): max {max(r['local'] for r in ok)} bytes, stack (spills) max "
+        f"{max(r['stack'] for r in ok)} bytes; every pointer offset 64-bit: {all(r['i64_offsets'] for r in ok)}.",
         "",
         f"Local memory: {len(spilled)} of {len(ok)} kernels use it (a stack frame or `STL` / `LDL` spill "
         f"instructions in the SASS){': ' + ', '.join(spilled[:20]) if spilled else ''}. Compile options: "
         f"`{tools.get('compile_options', 'not recorded')}`; without a register budget (`maxnreg`) ptxas aims at an "
-        "occupancy of its own choosing and spills a few registers to reach it. The time loops keep only what must "
-        "survive a step in registers (the potential, not the spike flags). Per "
-        "kernel: `reg`, `stack`, `sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
+        "occupancy of its own choosing and spills a few registers to reach it. Per kernel: `reg`, `stack`, "
+        "`sass_stl`, `sass_ldl`, `sass_p2r` in gpu_static.json.",
         "",
-        "Layout: 4 warps = 128 threads per program, BLOCK / 128 neurons per thread, so a time-step access of a "
-        "thread is BLOCK/128 x the element size wide; with `N % 16 == 0` and 16-byte-aligned tensors (Triton "
-        "specializes both automatically at launch: `tt.divisibility = 16`) the loads / stores are vectorized up to "
-        "128 bits (`ld.global.v4.b32`). `N % 16 != 0` or an unaligned view compiles to scalar accesses.",
+        "Layout: 4 warps = 128 threads per program, BLOCK / 128 neurons per thread "
+        "(`spikefuse.ops.engine.triton.engine_block`: fewer for neurons of several states, so that the backward "
+        "keeps its states in registers), so a time-step access of a thread is BLOCK/128 x the element size wide; "
+        "with `N % 16 == 0` and 16-byte-aligned tensors (Triton specializes both at launch: "
+        "`tt.divisibility = 16`) the loads / stores are vectorized up to 128 bits (`ld.global.v4.b32`).",
         "",
     ]
     if failed:
         lines += ["## Failures", ""] + [f"- `{r['id']}` sm_{r['arch']}: {r['error'][:300]}" for r in failed] + [""]
 
-    # Structural table at every block.
-    structural = [c for c in cases if c["group"] != "all"]
-    if structural:
-        lines += ["## Per kernel, memory group, dtype and block (paper LIF; PLIF for the `-x` groups)", "",
-                  "Loop ld / st: the global accesses inside the time loop(s) of the PTX, as count x bits. "
+    shipped = [c for c in cases if c["group"] != "all"]
+    if shipped:
+        lines += ["## The shipped neurons, per kernel, memory mode and dtype", "",
+                  "Parameters per channel, every gradient (`-fixed`: the LIF without the decay's gradient). "
+                  "Loop ld / st: the global accesses inside the time loops of the PTX, as count x bits. "
                   "Bytes/step: DRAM bytes per neuron and time step.", ""]  # fmt: skip
-        header = ["kernel", "group", "flags", "dtype", "BLOCK", "bytes/step"]
+        header = ["neuron", "kernel", "memory", "dtype", "BLOCK", "bytes/step"]
         for a in archs:
             header += [f"regs sm_{a}", f"local sm_{a}"]
-        header += ["loop ld (sm_90)", "loop st (sm_90)"]
+        header += [f"loop ld (sm_{archs[-1]})", f"loop st (sm_{archs[-1]})"]
         rows = []
-        for c in structural:
-            row = [c["kernel"], c["group"], _flags(c), c["xdt"], c["const"]["BLOCK"], traffic(c)["per_step"]]
+        for c in shipped:
+            name = c["model"]["name"] + ("-fixed" if c["group"].endswith("-fixed") else "")
+            row = [name, c["kernel"], _mode(c), c["xdt"], c["const"]["BLOCK"], traffic(c)["per_step"]]
             for a in archs:
                 r = results.get((c["id"], a))
                 row += [r["reg"], r["local"]] if r and r["ok"] else ["FAIL", "FAIL"]
@@ -207,41 +261,40 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
 
     arith = [c for c in cases if c["group"] == "all"]
     if arith:
-        lines += ["## Every dynamics / reset / charge / state_post_reset / detach / surrogate combination", ""]
-        header = ["kernel", "arch", "kernels", "regs min / median / max", "max-register spec", "local max",
-                  "loop ld", "loop st"]  # fmt: skip
+        lines += ["## Every LIF definition of the public API (paper, snnTorch, SpikingJelly forms)", ""]
+        header = ["kernel", "dtype", "arch", "kernels", "regs min / median / max", "max-register definition",
+                  "local max", "loop ld", "loop st"]  # fmt: skip
         rows = []
-        for kernel in ("fwd", "bwd"):
-            for a in archs:
-                rs = [(c, results[(c["id"], a)]) for c in arith if c["kernel"] == kernel and (c["id"], a) in results]
-                good = [(c, r) for c, r in rs if r["ok"]]
-                if not good:
-                    continue
-                regs = [r["reg"] for _, r in good]
-                cmax, rmax = max(good, key=lambda cr: cr[1]["reg"])
-                k = cmax["const"]
-                spec = (f"DYN={k['DYN']} RESET={k['RESET']} CHARGE={k['CHARGE']} SPR={int(k['SPR'])}"
-                        + (f" DETACH={int(k['DETACH'])} SG={k['SG']} USE_X={int(k['USE_X'])}" if kernel == "bwd"
-                           else ""))  # fmt: skip
-                widths = {_width(r["loop"]["ld"]) for _, r in good}
-                st_widths = {_width(r["loop"]["st"]) for _, r in good}
-                rows.append([kernel, f"sm_{a}", f"{len(good)}/{len(rs)}",
-                             f"{min(regs)} / {statistics.median(regs):g} / {max(regs)}", spec,
-                             max(r["local"] for _, r in good), " or ".join(sorted(widths)),
-                             " or ".join(sorted(st_widths))])  # fmt: skip
-        lines += ["fp32, BLOCK=1024, N=1M (launch-time specialization `N % 16 == 0`), forward saving h with a "
-                  "per-channel leak, backward in recompute mode with the leak gradient (the largest variants).", "",
-                  markdown_table(header, rows), ""]  # fmt: skip
+        for kernel in ("engine-fwd", "engine-bwd"):
+            for xdt in sorted({c["xdt"] for c in arith}):
+                for a in archs:
+                    rs = [(c, results[(c["id"], a)]) for c in arith
+                          if c["kernel"] == kernel and c["xdt"] == xdt and (c["id"], a) in results]  # fmt: skip
+                    good = [(c, r) for c, r in rs if r["ok"]]
+                    if not good:
+                        continue
+                    regs = [r["reg"] for _, r in good]
+                    cmax, _ = max(good, key=lambda cr: cr[1]["reg"])
+                    rows.append([kernel, xdt, f"sm_{a}", f"{len(good)}/{len(rs)}",
+                                 f"{min(regs)} / {statistics.median(regs):g} / {max(regs)}",
+                                 f"{cmax['model']['name']}, {cmax['surrogate']}", max(r["local"] for _, r in good),
+                                 " or ".join(sorted({_width(r["loop"]["ld"]) for _, r in good})),
+                                 " or ".join(sorted({_width(r["loop"]["st"]) for _, r in good}))])  # fmt: skip
+        lines += ["Per-channel decay, every gradient, the recomputing backward; N = 1M (launch-time "
+                  "specialization `N % 16 == 0`).", "", markdown_table(header, rows), ""]  # fmt: skip
 
     # Rooflines.
     estimates = {}
-    if structural and {80, 90} <= set(archs):
+    lif_dtypes = [d for d in ("fp32", "fp16") if any(c["model"]["name"] == "lif_hard" and c["xdt"] == d
+                                                     for c in shipped)]  # fmt: skip
+    if lif_dtypes and {80, 90} <= set(archs):
         lines += [
-            f"## Roofline of one LIF layer: N = {args.N:,} neurons (the paper's Fig. 5), T = {min(args.T)}..{max(args.T)}",
+            f"## Roofline of one LIF layer: N = {args.N:,} neurons (the paper's Fig. 5), "
+            f"T = {min(args.T)}..{max(args.T)}",
             "",
-            "Time = DRAM bytes / peak bandwidth (every tensor element read or written once: h[T, N] round-trips "
-            "through DRAM between forward and backward, no L2 reuse). `est.` adds ~5 us launch overhead per kernel "
-            "(one forward, one backward launch; the leak-gradient sum and the allocations are extra small PyTorch "
+            "The paper's LIF, learnable scalar decay. Time = DRAM bytes / peak bandwidth (every tensor element read "
+            "or written once, no L2 reuse). `est.` adds ~5 us launch overhead per kernel "
+            "(one forward, one backward launch; the decay-gradient sum and the allocations are extra small PyTorch "
             "kernels) and divides by the in-flight check when it is below 1. In-flight check: resident warps per SM "
             f"(from the register count and the number of programs) x one time step of loads per warp, over the "
             f"bytes needed in flight to sustain the bandwidth at {LATENCY_NS:.0f} ns loaded DRAM latency (Little's "
@@ -250,7 +303,7 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
             + " (the A100 figure, 1.94e12 B/s, is the 80GB PCIe card; the SXM4 80GB has 2.039e12 B/s).",
             "",
         ]
-        for xdt in ("fp32", "fp16"):
+        for xdt in lif_dtypes:
             for mode in ("potential", "recompute"):
                 header = ["T", "bytes fwd+bwd"]
                 for g in ("A100", "H100"):
@@ -268,13 +321,14 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
                                 f"{e['total_bound_us']:.1f}", f"**{e['total_est_us']:.1f}**",
                                 f"{e['fwd']['mlp_ratio']:.1f} / {e['bwd']['mlp_ratio']:.1f}"]  # fmt: skip
                     rows.append(row)
-                fcase = _case_for(cases, "fwd", xdt, mode, est["A100"][0]["block"])
-                bcase = _case_for(cases, "bwd", xdt, mode, est["A100"][0]["block"])
+                saved = mode == "potential"
+                fcase = _case_for(cases, "engine-fwd", xdt, "lif_hard", saved)
+                bcase = _case_for(cases, "engine-bwd", xdt, "lif_hard", saved)
                 lines += [f"### {xdt}, memory mode `{mode}` (BLOCK {est['A100'][0]['block']}): forward "
                           f"{traffic(fcase)['per_step']} B + backward {traffic(bcase)['per_step']} B per neuron-step",
                           "", markdown_table(header, rows), ""]  # fmt: skip
 
-        # SpikingJelly's figure.
+    if "fp16" in lif_dtypes and 80 in archs:
         sj_rows = []
         estimates["spikingjelly"] = {}
         for mode in ("potential", "recompute"):
@@ -282,7 +336,7 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
                 e = layer_estimates(cases, results, SJ["gpu"], SJ["xdt"], mode, [SJ["T"]], SJ["N"],
                                     need_leak=need_leak)[0]  # fmt: skip
                 estimates["spikingjelly"][f"{mode}-{'leak' if need_leak else 'noleak'}"] = e
-                sj_rows.append([f"spikefuse roofline, `{mode}`" + (", learnable leak" if need_leak else ""),
+                sj_rows.append([f"spikefuse roofline, `{mode}`" + (", learnable decay" if need_leak else ""),
                                 f"{(e['fwd']['bytes'] + e['bwd']['bytes']) / 1e6:.0f} MB",
                                 f"{e['total_bound_us'] / 1e3:.2f}", f"{e['total_est_us'] / 1e3:.2f}",
                                 f"{SJ['ms'] / (e['total_est_us'] / 1e3):.2f}x"])  # fmt: skip
@@ -305,7 +359,6 @@ def build_report(args, cases, results, tools, counts, seconds) -> tuple[str, dic
         "case_set": args.case_set,
         "archs": args.archs,
         "seconds": seconds,
-        "launchable_specializations": counts,
         "assumptions": {"gpus": GPUS, "launch_us": LAUNCH_US, "latency_ns": LATENCY_NS, "spikingjelly": SJ},
         "cases": cases,
         "results": [dict(r, traffic=traffic(next(c for c in cases if c["id"] == r["id"]))) for r in results.values()],
@@ -324,8 +377,7 @@ def _render(args) -> int:
         setattr(args, k, saved[k])
     common.command_line = lambda: saved["command"]
     common.machine_info = lambda: saved["machine"]
-    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["launchable_specializations"],
-                         saved["seconds"])  # fmt: skip
+    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["seconds"])
     out = Path(args.results_dir)
     (out / "gpu_static.md").write_text(md + "\n")
     print(md)
@@ -344,16 +396,10 @@ def run(args) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     tools = _toolchain_versions(tools)
-    if args.case_set == "full":
-        cases = A.structural_cases(T=32, N=args.N)
-        for xdt in A.DTYPES:
-            for block in A.launcher_blocks():
-                cases += [dict(c, id=f"{c['id']}-{xdt}-{block}") for c in A.arithmetic_cases(xdt, block, full=True)]
-    else:
-        cases = A.structural_cases(T=32, N=args.N)
-        if args.case_set == "standard":
-            cases += A.arithmetic_cases("fp32", 1024)
-    counts = A.full_counts()
+    cases = shipped_cases(args.N)
+    if args.case_set != "shipped":
+        full = args.case_set == "full"
+        cases += definition_cases(args.N, A.DTYPES if full else ("fp32",), every_surrogate=full)
     archs = [A.ARCHS[a] for a in args.archs]
     print(f"compiling {len(cases)} specializations for {', '.join(args.archs)} with {args.jobs} jobs "
           f"(Triton {tools['triton']})", flush=True)  # fmt: skip
@@ -367,7 +413,7 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="spikefuse-aot-") as tmp:
         results = A.compile_cases(cases, archs, jobs=args.jobs, cache_dir=args.cache_dir or tmp, progress=progress)
     seconds = time.perf_counter() - start
-    md, report = build_report(args, cases, results, tools, counts, seconds)
+    md, report = build_report(args, cases, results, tools, seconds)
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_static.md").write_text(md + "\n")

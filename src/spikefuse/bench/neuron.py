@@ -136,7 +136,7 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     """
     t_steps, n = x.shape
     spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
-    model = engine_model(spec, x.dtype, "cpu")
+    model = engine_model(spec)
     params = engine_params(spec, torch.full((1,), DECAY))
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
     v_init, zero_state, need = [torch.zeros(1)], [torch.zeros(1)], [False] * len(params)

@@ -23,10 +23,8 @@ formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` the ``k`` o
 with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike), or
 (:data:`SPIKINGJELLY_PRE_RESET_MODELS`, ``NeuronSpec(state_post_reset=False)``) without one.
 :func:`spikefuse.lif` and the layers built on it (``spikefuse.nn.LIF``, ``IF``, learnable-decay ``LIF``,
-``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU and on Triton in
-float32 and float64, and on the CPU float16 / bfloat16 inputs in float32 (:func:`engine_model`), and so does the
-fused BatchNorm+LIF (:func:`spikefuse.batchnorm_lif`); half-precision inputs on Triton run the hand-written kernels,
-which read and write them without a converted copy.
+``compat.snntorch.Leaky``, ``compat.spikingjelly``'s nodes, the NIR modules) run these on the CPU and on Triton
+(:func:`engine_model`), and so does the fused BatchNorm+LIF (:func:`spikefuse.batchnorm_lif`).
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ import torch
 
 from .. import params as P
 from ..ops.common import compute_dtype
-from ..ops.engine import DTYPES as ENGINE_DTYPES
 from .model import NeuronModel
 
 __all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "engine_model", "engine_params",
@@ -95,23 +92,13 @@ _CHARGE_NAMES = {code: name for name, (code, _) in _SJ_CHARGES.items()}
 _DYNAMICS_NAMES = {code: name for name, code in P.DYNAMICS.items()}
 _RESET_NAMES = {code: name for name, code in P.RESETS.items()}
 
-#: Where the engine's LIF definitions run (half precision on Triton runs the hand-written kernels of
-#: :mod:`spikefuse.ops.triton`).
-ENGINE_BACKENDS = ("cpu", "triton")
-
-
-def engine_model(spec: P.NeuronSpec, dtype: torch.dtype, backend: str) -> NeuronModel | None:
+def engine_model(spec: P.NeuronSpec) -> NeuronModel:
     """The definition of :data:`LIF_MODELS`, :data:`SPIKINGJELLY_MODELS` or :data:`SPIKINGJELLY_PRE_RESET_MODELS`
-    that runs ``spec`` on the engine for inputs of ``dtype`` on ``backend`` (a concrete backend), or None where the
-    hand-written Triton kernels (half precision) or the reference run it."""
-    if backend not in ENGINE_BACKENDS or dtype not in ENGINE_DTYPES:
-        return None
-    if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
-        return None  # the hand-written Triton kernels, until a GPU run times the generated ones beside them
+    that runs ``spec`` on the engine (every backend but the reference, which runs ``spec`` itself)."""
     if spec.dynamics == P.SPIKINGJELLY:
         models = SPIKINGJELLY_MODELS if spec.state_post_reset else SPIKINGJELLY_PRE_RESET_MODELS
         return models[(_RESET_NAMES[spec.reset], _CHARGE_NAMES[spec.charge])]
-    return LIF_MODELS.get((_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset]))
+    return LIF_MODELS[(_DYNAMICS_NAMES[spec.dynamics], _RESET_NAMES[spec.reset])]
 
 
 def initial_potential(spec: P.NeuronSpec, v_init: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,11 @@
 """Backends. The neuron engine (:mod:`spikefuse.ops.engine`) runs every neuron from its definition, one module per
-backend; here, with the entry points ``forward`` and ``backward`` documented in :mod:`spikefuse.ops.reference`, the
-LIF spec's plain-PyTorch reference and the hand-written Triton kernels that run half-precision LIF inputs on a GPU
-(:mod:`spikefuse.ops.autograd` wraps them once as custom ops), and the fused pieces beside the neurons (BatchNorm,
-max pooling, bit-packed spikes).
-
-Backends are imported lazily: numba and Triton are only loaded by the first call that needs them.
+backend, imported lazily: numba and Triton are only loaded by the first call that needs them. Beside it: the LIF
+spec's plain-PyTorch reference (:mod:`spikefuse.ops.reference`, the oracle of the engine's LIF definitions), and
+the fused pieces beside the neurons (BatchNorm, max pooling, bit-packed spikes).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
@@ -50,17 +46,3 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"backend='triton' runs on CUDA devices, not {device}")
     return backend
-
-
-def module(backend: str, package: str = __name__):
-    """The module implementing a concrete backend (in ``package``: these ops, or the neuron engine's); raises with an
-    install hint when its compiler is missing."""
-    name = {"reference": "reference", "cpu": "cpu", "triton": "triton"}[backend]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ImportError as err:
-        requirement = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
-        raise RuntimeError(
-            f"backend={backend!r} cannot run: {err}. Install it with `pip install {requirement}`"
-            + (" or pick backend='reference'" if backend != "reference" else "")
-        ) from err

@@ -3,9 +3,8 @@ residual) for backward (Liang et al., Alg. 1-4).
 
 The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
 surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
-:func:`spikefuse.neurons.lif.engine_model`), or, where the engine does not run the LIF (half-precision inputs on
-Triton), the hand-written Triton LIF kernels (:class:`HandWrittenLIF`). The op takes it as a key, and its parameters
-and initial states as lists of tensors.
+:func:`spikefuse.neurons.lif.engine_model`), or, on the reference backend, the LIF spec's plain-PyTorch reference
+(:class:`ReferenceLIF`). The op takes it as a key, and its parameters and initial states as lists of tensors.
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
@@ -63,11 +62,11 @@ from ..neurons.lif import engine_model, engine_params, initial_potential
 from ..neurons.model import NeuronModel
 from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
-from . import batchnorm_cpu, engine, module
+from . import batchnorm_cpu, engine, reference
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
-__all__ = ["EngineNeuron", "HandWrittenLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
+__all__ = ["EngineNeuron", "ReferenceLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
            "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
 
 
@@ -102,25 +101,27 @@ class EngineNeuron:
 
 
 @dataclasses.dataclass(frozen=True)
-class HandWrittenLIF:
-    """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``) on the
-    hand-written Triton kernels of :mod:`spikefuse.ops.triton`, which run half-precision inputs on a GPU, where the
-    engine does not: ``params = [leak]``, ``init = [v_init]``."""
+class ReferenceLIF:
+    """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``; its surrogate
+    object, which may be the user's) on its plain-PyTorch reference (:mod:`spikefuse.ops.reference`), the oracle
+    that the engine's LIF definitions are tested against: ``params = [leak]``, ``init = [v_init]``; ``backend`` is
+    ``"reference"``."""
 
     ints: tuple
     floats: tuple
+    surrogate: Surrogate
     name = "LIF"
 
     def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
-        spikes, state, _ = module(backend).forward(y2, params[0], inner, init[0], (*self.ints, *self.floats),
-                                                   P.SAVE_INPUT)  # fmt: skip
+        spikes, state, _ = reference.forward(y2, params[0], inner, init[0], (*self.ints, *self.floats),
+                                             P.SAVE_INPUT, surrogate=self.surrogate)  # fmt: skip
         return spikes, [state]
 
     def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
                  init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
-        grad_x, grad_v, grad_leak = module(backend).backward(
+        grad_x, grad_v, grad_leak = reference.backward(
             grad_spikes, grad_final[0], x2, params[0], inner, init[0], None, (*self.ints, *self.floats),
-            P.SAVE_INPUT, need_param_grads[0], **input_kw,
+            P.SAVE_INPUT, need_param_grads[0], surrogate=self.surrogate, **input_kw,
         )  # fmt: skip
         if need_param_grads[0] and grad_leak is None:  # an IF charge does not use the leak: zero, not missing
             grad_leak = torch.zeros_like(params[0])
@@ -136,14 +137,14 @@ def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -
     return register(EngineNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
 
 
-def _hand_written_key(ints: tuple, floats: tuple) -> str:
-    return register(HandWrittenLIF(tuple(ints), tuple(floats)))
+def _reference_lif_key(ints: tuple, floats: tuple, surrogate_key: str) -> str:
+    return register(ReferenceLIF(tuple(ints), tuple(floats), OBJECTS[surrogate_key]))
 
 
 # torch.compile calls these as Python and takes their results as constants (their arguments are strings and tuples
 # of numbers: dynamo of torch 2.11 cannot hand a frozen dataclass to such a function).
 _engine_neuron_key._dynamo_marked_constant = True
-_hand_written_key._dynamo_marked_constant = True
+_reference_lif_key._dynamo_marked_constant = True
 
 
 def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
@@ -172,7 +173,7 @@ def _forward_impl(
     backend: str,
 ) -> list[Tensor]:
     """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
-    (``neuron``: the key of an :class:`EngineNeuron` or :class:`HandWrittenLIF`); returns ``[spikes [T, N], mean,
+    (``neuron``: the key of an :class:`EngineNeuron` or :class:`ReferenceLIF`); returns ``[spikes [T, N], mean,
     invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
@@ -393,7 +394,7 @@ torch.library.register_autograd("spikefuse::bn_lif_forward", _backward, setup_co
 
 class _EagerBatchNormNeuron(torch.autograd.Function):
     """``bn_lif_forward`` with the same autograd, without the custom-op dispatch, which costs more than the kernels
-    of a small layer (as for the neuron op, :func:`spikefuse.ops.autograd.neuron`); the parameters and initial
+    of a small layer (as for the neuron op, :func:`spikefuse.ops.engine.autograd.neuron`); the parameters and initial
     states are flat arguments, so that autograd sees them."""
 
     @staticmethod
@@ -449,7 +450,7 @@ def bn_neuron(
     return_stats: bool = False,
 ):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
-    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`, or of a :class:`HandWrittenLIF`).
+    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`, or of a :class:`ReferenceLIF`).
 
     Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
@@ -474,15 +475,14 @@ def bn_neuron(
 
 
 def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor, backend: str) -> tuple:
-    """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition where it
-    runs (:func:`spikefuse.neurons.lif.engine_model`), else the hand-written Triton kernels; ``v_init`` None starts
-    every neuron from the reset value (one value shared by all: nothing of size N is read)."""
+    """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition
+    (:func:`spikefuse.neurons.lif.engine_model`), or the spec's reference on the reference backend; ``v_init`` None
+    starts every neuron from the reset value (one value shared by all: nothing of size N is read)."""
     v0 = initial_potential(spec, v_init, x)
-    model = engine_model(spec, x.dtype, backend)
-    if model is None:
+    if backend == "reference":
         ints, floats = spec.kernel_lists()
-        return _hand_written_key(tuple(ints), tuple(floats)), [leak], [v0]
-    return engine_neuron_key(model, spec.surrogate, spec.detach_reset), engine_params(spec, leak), [v0]
+        return _reference_lif_key(tuple(ints), tuple(floats), key_of(spec.surrogate)), [leak], [v0]
+    return engine_neuron_key(engine_model(spec), spec.surrogate, spec.detach_reset), engine_params(spec, leak), [v0]
 
 
 def bn_spiking_neuron(

@@ -26,10 +26,9 @@ class SpecArgs(NamedTuple):
 
 
 def unknown_surrogate(code: int) -> ValueError:
-    """The error of a surrogate code that the hand-written kernels (and :func:`surrogate_from_args`) do not know."""
-    return ValueError(f"unknown surrogate code {code}: the hand-written LIF kernels know the built-in surrogates "
-                      "only (spikefuse.surrogate.SURROGATES); a surrogate of your own runs on the neuron engine, which "
-                      "runs the LIF for float32 and float64 inputs (and for half-precision ones on the CPU)")
+    """The error of a surrogate code that :func:`surrogate_from_args` does not know."""
+    return ValueError(f"unknown surrogate code {code}: a spec tuple names the built-in surrogates only "
+                      "(spikefuse.surrogate.SURROGATES); pass a surrogate of your own as the object itself")
 
 
 def surrogate_from_args(spec: SpecArgs) -> Surrogate:
@@ -46,12 +45,6 @@ def surrogate_from_args(spec: SpecArgs) -> Surrogate:
     if code == FastSigmoid.code:
         return FastSigmoid(p1)
     raise unknown_surrogate(code)
-
-
-def check_per_neuron(backend: str, name: str, t: torch.Tensor, n: int) -> None:
-    """``v_init`` / ``grad_state`` hold one value per neuron (``[N]``) or one shared by all (``[1]``)."""
-    if t.ndim != 1 or t.shape[0] not in (n, 1):
-        raise ValueError(f"{backend} backend: {name} has shape {tuple(t.shape)}, expected ({n},) or (1,)")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

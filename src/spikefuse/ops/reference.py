@@ -114,14 +114,14 @@ def run(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, 
     return torch.stack(spikes), state, torch.stack(potentials)
 
 
-def forward(x2, leak, inner, v_init, spec_args, save):
+def forward(x2, leak, inner, v_init, spec_args, save, *, surrogate=None):
     with torch.no_grad():
-        spikes, state, _ = run(x2, leak, inner, v_init, spec_args)
+        spikes, state, _ = run(x2, leak, inner, v_init, spec_args, surrogate)
     return spikes, state, None
 
 
 def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args, save, need_leak_grad, *,
-             overwrite_saved=False, overwrite_x=False):
+             overwrite_saved=False, overwrite_x=False, surrogate=None):
     """Recompute the loop with autograd and differentiate it (the reference has no hand-written backward).
 
     ``overwrite_saved`` / ``overwrite_x`` allow writing grad_x over ``saved`` / ``x``; autograd gives the reference
@@ -131,7 +131,7 @@ def backward(grad_spikes, grad_state, x2, leak, inner, v_init, saved, spec_args,
         x2 = x2.detach().requires_grad_(True)
         v_init = v_init.detach().requires_grad_(True)
         k = leak.detach().requires_grad_(need_leak_grad)
-        spikes, state, _ = run(x2, k, inner, v_init, spec_args)
+        spikes, state, _ = run(x2, k, inner, v_init, spec_args, surrogate)
         inputs = [x2, v_init] + ([k] if need_leak_grad else [])
         grads = torch.autograd.grad(
             (spikes, state), inputs, (grad_spikes.to(spikes.dtype), grad_state.expand(n)), allow_unused=True

@@ -1,23 +1,21 @@
-"""Ahead-of-time compilation of the Triton kernels for NVIDIA targets, without a GPU, and what the binaries say.
+"""Ahead-of-time compilation of the neuron engine's Triton kernels for NVIDIA targets, without a GPU, and what the
+binaries say.
 
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` runs the whole NVIDIA pipeline (TTIR ->
 TTGIR -> LLVM -> PTX -> ``ptxas`` -> cubin) on a machine without a GPU. This module
 
-* enumerates the specializations the launchers of :mod:`spikefuse.ops.triton` launch: every
-  :class:`~spikefuse.params.NeuronSpec` is turned into constexprs by the launcher's own ``_launch_args`` and
-  ``_backward_flags``; the call adds the memory mode, the per-channel leak, the input dtype and the block sizes
-  ``block_size`` can choose; the integer arguments ``T, N, inner, C`` are specialized by Triton's own
-  ``native_specialize_impl`` (``== 1``: a constexpr; ``% 16 == 0``: ``tt.divisibility=16``; ``>= 2**31``: i64)
-  and the pointers are 16-byte aligned as fresh PyTorch allocations are (an unaligned view is a separate variant);
-* compiles cases with the launchers' ``COMPILE_OPTIONS`` in a subprocess with a clean environment
+* describes a specialization of a kernel that :mod:`spikefuse.ops.engine.triton` generates from a
+  :class:`~spikefuse.neurons.NeuronModel` as its launcher launches it (:func:`engine_case`): the model's definition
+  travels inside the case, so a neuron defined anywhere (a test file, a user's script) compiles like a shipped one;
+  the integer arguments are specialized by Triton's own ``native_specialize_impl`` (``== 1``: a constexpr;
+  ``% 16 == 0``: ``tt.divisibility=16``; ``>= 2**31``: i64) and the pointers are 16-byte aligned as fresh PyTorch
+  allocations are (an unaligned view is a separate variant);
+* compiles cases with the launcher's ``COMPILE_OPTIONS`` in a subprocess with a clean environment
   (``TRITON_INTERPRET`` must not be set there, and the test-suite sets it) and collects per kernel: registers per
   thread, stack / local memory (spills) from ``cuobjdump --dump-resource-usage``, the global loads / stores inside
-  the time loop of the PTX by access width (``ld.global.v4.b32`` = 128 bits), and whether every pointer offset is
+  the time loops of the PTX by access width (``ld.global.v4.b32`` = 128 bits), and whether every pointer offset is
   64-bit (TTIR);
-* counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines;
-* compiles the kernels the neuron engine generates from a :class:`~spikefuse.neurons.NeuronModel`
-  (:mod:`spikefuse.ops.engine.triton`; :func:`engine_case`): the model's definition travels inside the case, so a
-  neuron defined anywhere (a test file, a user's script) compiles like a shipped one.
+* counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines.
 
 ``python -m spikefuse.ops.triton_aot`` is the worker: cases as JSON on stdin, one JSON result per line on stdout.
 Nothing here imports triton at module level (the test-suite runs Triton's interpreter in-process).
@@ -25,7 +23,6 @@ Nothing here imports triton at module level (the test-suite runs Triton's interp
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -35,220 +32,17 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = [
-    "ARCHS", "DTYPES", "BLOCK_SIZES", "Case", "neuron_specs", "forward_constexprs", "backward_constexprs", "launch_ints",
-    "full_counts", "structural_cases", "arithmetic_cases", "compile_cases", "traffic", "toolchain", "ptx_accesses",
-    "engine_case",
-]  # fmt: skip
+__all__ = ["ARCHS", "DTYPES", "COMPUTE", "NUM_THREADS", "Case", "ENGINE_KERNELS", "engine_case", "case_model",
+           "compile_cases", "traffic", "toolchain", "ptx_accesses"]  # fmt: skip
 
 ARCHS = {"sm_80": 80, "sm_90": 90}
 #: Triton's pointer type names of the input dtypes, and the compute dtype of each.
 DTYPES = ("fp32", "fp16", "bf16", "fp64")
 COMPUTE = {"fp32": "fp32", "fp16": "fp32", "bf16": "fp32", "fp64": "fp64"}
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
-BLOCK_SIZES = (128, 256, 512, 1024)  # checked against spikefuse.ops.triton.BLOCK_SIZES in the worker and tests
 NUM_THREADS = 128  # 32 * NUM_WARPS of the launcher
 
-# Pointer arguments of each kernel and whether each has the input dtype (else the compute dtype).
-POINTERS = {
-    "fwd": {"x_ptr": True, "leak_ptr": False, "v0_ptr": False, "spikes_ptr": True, "state_ptr": False,
-            "saved_ptr": False},
-    "bwd": {"gs_ptr": True, "gstate_ptr": False, "x_ptr": True, "h_ptr": False, "gx_ptr": True, "leak_ptr": False,
-            "v0_ptr": False, "gv_ptr": False, "gleak_ptr": False},
-}  # fmt: skip
-KERNELS = {"fwd": "_forward_kernel", "bwd": "_backward_kernel"}
-FLOAT_ARGS = {"fwd": ("th", "vr"), "bwd": ("th", "vr", "c1", "c2")}
-
-Case = dict  # {"id", "kernel", "xdt", "const": {...}, "ints": {"T", "N", "inner", "C"}, "aligned", "group"}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Enumeration, through the launcher's own functions
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def neuron_specs():
-    """Every :class:`NeuronSpec` that differs in a kernel constexpr: dynamics x reset x charge (SpikingJelly) x
-    state_post_reset x detach_reset x surrogate (the launcher normalizes what does not matter, see
-    ``_launch_args``; the float parameters are runtime arguments)."""
-    from .. import params as P
-    from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
-
-    surrogates = (Sigmoid(), ATan(), Rectangle(), Triangle(), FastSigmoid())
-    for dyn, reset, spr, detach, sg in itertools.product(
-        (P.PAPER, P.SNNTORCH, P.SPIKINGJELLY), (P.HARD, P.SOFT, P.NONE), (False, True), (False, True), surrogates
-    ):
-        charges = (P.CHARGE_MUL, P.CHARGE_IF, P.CHARGE_DIV_INPUT, P.CHARGE_DIV, P.CHARGE_MUL_INPUT)
-        for charge in charges if dyn == P.SPIKINGJELLY else (P.CHARGE_MUL,):
-            yield P.NeuronSpec(reset=reset, surrogate=sg, detach_reset=detach, dynamics=dyn, charge=charge,
-                               state_post_reset=spr)  # fmt: skip
-
-
-def _key(d: dict) -> tuple:
-    return tuple(sorted(d.items()))
-
-
-def forward_constexprs(xdt: str) -> list[dict]:
-    """The distinct forward constexprs the launcher produces for input dtype ``xdt`` (without BLOCK)."""
-    from . import triton as K
-
-    out = {}
-    for spec in neuron_specs():
-        _, common, _ = K._launch_args(tuple(spec.kernel_args()), xdt == "fp64")
-        for save_h, per_channel in itertools.product((True, False), (False, True)):
-            c = {**common, "SAVE_H": save_h, "PER_CHANNEL": per_channel}
-            out.setdefault(_key(c), c)
-    return list(out.values())
-
-
-def backward_constexprs(xdt: str) -> list[dict]:
-    """The distinct backward constexprs the launcher produces for input dtype ``xdt`` (without BLOCK): both memory
-    modes, with and without the leak gradient, with and without ``x`` handed to backward (recompute always has it),
-    with and without grad_x written over the saved h (eager autograd once the graph is freed)."""
-    import torch
-
-    from .. import params as P
-    from . import triton as K
-    from .common import SpecArgs
-
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}[xdt]
-    out = {}
-    for spec in neuron_specs():
-        args = tuple(spec.kernel_args())
-        _, _, common = K._launch_args(args, xdt == "fp64")
-        for save, need_leak, has_x, per_channel, overwrite in itertools.product(
-            (P.SAVE_POTENTIAL, P.SAVE_INPUT), (True, False), (True, False), (False, True), (False, True)
-        ):
-            if save == P.SAVE_INPUT and not has_x:
-                continue  # the launcher refuses recompute without x
-            flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x, overwrite)
-            c = {**common, **flags, "PER_CHANNEL": per_channel}
-            out.setdefault(_key(c), c)
-    return list(out.values())
-
-
-def launcher_blocks() -> list[int]:
-    """The block sizes ``block_size(n)`` chooses for some ``n`` (the launcher's own choice function)."""
-    from . import triton as K
-
-    assert tuple(K.BLOCK_SIZES) == BLOCK_SIZES, (K.BLOCK_SIZES, BLOCK_SIZES)
-    return sorted({K.block_size(2**e) for e in range(40)})
-
-
-def launch_ints(T: int, N: int, per_channel: bool, inner: int = 1, channels: int = 2) -> dict:
-    """The integer arguments as the launcher passes them (``inner, C = 1, 1`` without a per-channel leak)."""
-    return {"T": T, "N": N, "inner": inner if per_channel else 1, "C": channels if per_channel else 1}
-
-
-def full_counts() -> dict:
-    """How many specializations the launchers can launch for each kernel (constexprs x dtype x block), before
-    Triton's integer / alignment specializations multiply them further."""
-    blocks = len(launcher_blocks())
-    return {
-        "fwd": sum(len(forward_constexprs(d)) for d in DTYPES) * blocks,
-        "bwd": sum(len(backward_constexprs(d)) for d in DTYPES) * blocks,
-    }
-
-
-def _case(kernel, xdt, const, ints, group, aligned=True, tag=""):
-    cid = f"{kernel}-{xdt}-B{const['BLOCK']}-{group}" + (f"-{tag}" if tag else "")
-    return {"id": cid, "kernel": kernel, "xdt": xdt, "const": const, "ints": ints, "aligned": aligned, "group": group}
-
-
-def _paper_lif():
-    """The temporal-fusion paper's neuron (Eq. (1)): leak toward 0, hard reset, sigmoid surrogate."""
-    from .. import params as P
-
-    return P.NeuronSpec(dynamics=P.PAPER, reset=P.HARD)
-
-
-def _fwd_const(spec, xdt, save_h, per_channel, block):
-    from . import triton as K
-
-    _, common, _ = K._launch_args(tuple(spec.kernel_args()), xdt == "fp64")
-    return {**common, "SAVE_H": save_h, "PER_CHANNEL": per_channel, "BLOCK": block}
-
-
-def _bwd_const(spec, xdt, save, need_leak, has_x, per_channel, block, overwrite=False):
-    import torch
-
-    from . import triton as K
-    from .common import SpecArgs
-
-    args = tuple(spec.kernel_args())
-    _, _, common = K._launch_args(args, xdt == "fp64")
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}[xdt]
-    flags = K._backward_flags(SpecArgs(*args), torch_dtype, save, need_leak, has_x, overwrite)
-    return {**common, **flags, "PER_CHANNEL": per_channel, "BLOCK": block}
-
-
-#: The memory-structure groups: what changes which tensors a kernel reads and writes.
-FWD_GROUPS = {  # name: (SAVE_H, PER_CHANNEL)
-    "potential": (True, False),
-    "potential-pc": (True, True),
-    "recompute": (False, False),
-    "recompute-pc": (False, True),
-}
-BWD_GROUPS = {  # name: (spec, save, need_leak, has_x, PER_CHANNEL[, overwrite]); x handed over as autograd does
-    "potential": ("paper", "potential", True, False, False),
-    "potential-inplace": ("paper", "potential", True, False, False, True),  # grad_x over h: graph freed
-    "potential-pc": ("paper", "potential", True, False, True),
-    "potential-noleak": ("paper", "potential", False, False, False),
-    "potential-x": ("plif", "potential", True, True, True),  # PLIF decay-input: dh/dk reads x
-    "recompute": ("paper", "recompute", True, True, False),
-    "recompute-pc": ("paper", "recompute", True, True, True),
-    "recompute-noleak": ("paper", "recompute", False, True, False),
-    "recompute-x": ("plif", "recompute", True, True, True),
-}
-
-
-def _group_spec(name):
-    from .. import params as P
-
-    if name == "plif":
-        return P.NeuronSpec(dynamics=P.SPIKINGJELLY, reset=P.HARD, charge=P.CHARGE_MUL_INPUT, state_post_reset=True)
-    return _paper_lif()
-
-
-def structural_cases(dtypes=DTYPES, blocks=None, T=32, N=1_000_000, groups=None) -> list[Case]:
-    """Every kernel x dtype x block x memory-structure group, for the paper's LIF (PLIF for the ``x`` groups)."""
-    from .. import params as P
-
-    blocks = blocks or launcher_blocks()
-    cases = []
-    for xdt, block in itertools.product(dtypes, blocks):
-        for g, (save_h, pc) in FWD_GROUPS.items():
-            if groups and g not in groups:
-                continue
-            const = _fwd_const(_paper_lif(), xdt, save_h, pc, block)
-            cases.append(_case("fwd", xdt, const, launch_ints(T, N, pc), g))
-        for g, (spec, save, need_leak, has_x, pc, *overwrite) in BWD_GROUPS.items():
-            if groups and g not in groups:
-                continue
-            const = _bwd_const(_group_spec(spec), xdt, P.MEMORY_MODES[save], need_leak, has_x, pc, block, *overwrite)
-            cases.append(_case("bwd", xdt, const, launch_ints(T, N, pc), g))
-    return cases
-
-
-def arithmetic_cases(xdt="fp32", block=1024, T=32, N=1_000_000, full=False) -> list[Case]:
-    """The code that changes with the neuron's dynamics, reset, charge, state_post_reset, detach and surrogate
-    switches, for one dtype and block: every constexpr set the launcher produces (``full``), or each arithmetic
-    combination once in the kernel's largest memory variant (forward: saving ``h``, per-channel leak; backward:
-    recompute with the leak gradient, ``x`` and a per-channel leak), which has the most live registers."""
-    cases = []
-    for kernel, consts in (("fwd", forward_constexprs(xdt)), ("bwd", backward_constexprs(xdt))):
-        for i, c in enumerate(consts):
-            if not full and not (c["PER_CHANNEL"] and (c["SAVE_H"] if kernel == "fwd" else
-                                                       (c["RECOMPUTE"] and c["NEED_LEAK"]))):
-                continue
-            const = {**c, "BLOCK": block}
-            cases.append(_case(kernel, xdt, const, launch_ints(T, N, c["PER_CHANNEL"]), "all", tag=f"a{i}"))
-    return cases
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The neuron engine's generated kernels
-# ----------------------------------------------------------------------------------------------------------------
+Case = dict  # {"id", "kernel", "xdt", "const": {...}, "ints": {...}, "aligned", "group", "model", "surrogate"}
 
 ENGINE_KERNELS = {"engine-fwd": "forward", "engine-bwd": "backward"}
 #: The engine kernels' pointers of the input's dtype (the others point at the compute dtype).
@@ -256,17 +50,18 @@ ENGINE_X_POINTERS = {"x_ptr", "spikes_ptr", "gs_ptr", "gx_ptr"}
 
 
 def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_channel: bool = True,
-                detach: bool = False, need_params: bool = True, grad_init: bool = True, block: int = 1024,
-                T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
+                detach: bool = False, need_params: bool = True, grad_init: bool = True, saved: bool = False,
+                block: int = 1024, T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
     """A generated kernel of ``model`` (a :class:`~spikefuse.neurons.NeuronModel`) with the surrogate class named
     ``surrogate``, as :func:`spikefuse.ops.engine.triton.forward` / ``backward`` launch it: parameters per channel
     (2 channels) or all scalar (``SCALAR``), initial states and final-state gradients per neuron, every parameter
-    and initial-state gradient needed or none."""
+    and initial-state gradient needed or none; ``saved``: memory="potential" (the forward writes every step's
+    states, the backward reads them), else the backward recomputes them."""
     from ..registry import arguments
 
     if kernel not in ENGINE_KERNELS:
         raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
-    const = {"SCALAR": not per_channel, "BLOCK": block, ("SAVED" if kernel == "engine-bwd" else "SAVE"): False}
+    const = {"SCALAR": not per_channel, "BLOCK": block, ("SAVED" if kernel == "engine-bwd" else "SAVE"): saved}
     ints = {"T": T, "N": N, "inner": 1}
     ints.update({f"size_{p}": 2 if per_channel else 1 for p in model.params})
     ints.update({f"isize_{k}": N for k in model.states})
@@ -275,23 +70,30 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
         const.update({f"NEED_{p}": need_params for p in model.params})
         const.update({f"GRAD_INIT_{k}": grad_init for k in model.states})
         ints.update({f"gsize_{k}": N for k in model.states})
-    group = f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar")
-    case = _case(kernel, xdt, const, ints, group)
-    case.update(model=arguments(model), surrogate=surrogate)
-    return case
+    group = (f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar")
+             + ("-potential" if saved else "-recompute"))  # fmt: skip
+    cid = f"{kernel}-{xdt}-B{block}-{group}"
+    return {"id": cid, "kernel": kernel, "xdt": xdt, "const": const, "ints": ints, "aligned": True, "group": group,
+            "model": arguments(model), "surrogate": surrogate}
+
+
+def case_model(case: Case):
+    """The :class:`~spikefuse.neurons.NeuronModel` a case carries."""
+    from ..neurons import NeuronModel
+
+    fields = {k: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
+              for k, value in case["model"].items()}  # fmt: skip (JSON turned the tuples into lists)
+    return NeuronModel(**fields)
 
 
 def _engine_kernel(case):
     """The generated ``@triton.jit`` function of an engine case (written into the worker's kernel cache folder)."""
     import torch
 
-    from ..neurons import NeuronModel
     from ..surrogate import SURROGATES
     from .engine import triton as E
 
-    fields = {k: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
-              for k, value in case["model"].items()}  # fmt: skip (JSON turned the tuples into lists)
-    model = NeuronModel(**fields)
+    model = case_model(case)
     surrogate = {cls.__name__: cls for cls in SURROGATES.values()}[case["surrogate"]]
     dtype = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}[case["xdt"]]
     return getattr(E.kernels(model, surrogate, dtype), ENGINE_KERNELS[case["kernel"]]), E.COMPILE_OPTIONS
@@ -303,26 +105,26 @@ def _engine_kernel(case):
 
 
 def traffic(case: Case) -> dict:
-    """DRAM bytes of one kernel: ``per_step`` per neuron and time step (the time loop), ``per_neuron`` once per
-    neuron (initial state, final state, per-neuron gradients), and the streams behind them. Every element is read
-    or written once (no reuse across programs; the leak is negligible and left out)."""
-    x = BYTES[case["xdt"]]
-    c = BYTES[COMPUTE[case["xdt"]]]
-    k = case["const"]
-    streams = []
-    if case["kernel"] == "fwd":
-        streams += [("read x", x), ("write spikes", x)]
-        if k["SAVE_H"]:
-            streams.append(("write h", c))
-        per_neuron = c + c  # read v_init, write state
+    """DRAM bytes of one kernel: ``per_step`` per neuron and time step (the time loops), ``per_neuron`` once per
+    neuron (initial and final states, their gradients, per-neuron parameter gradients), and the streams behind
+    them. Every element is read or written once (no reuse across programs; the parameters are negligible and left
+    out)."""
+    model = case_model(case)
+    x, c = BYTES[case["xdt"]], BYTES[COMPUTE[case["xdt"]]]
+    k, states = case["const"], model.states
+    per_neuron = c * len(states)  # the initial states
+    if case["kernel"] == "engine-fwd":
+        streams = [("read x", x), ("write spikes", x)]
+        streams += [(f"write {s}", c) for s in states] if k["SAVE"] else []
+        per_neuron += c * len(states)  # the final states
     else:
-        if k["RECOMPUTE"]:
-            streams += [("recompute: read x", x), ("recompute: write h", c)]
-        streams += [("read grad_spikes", x), ("read h", c)]
-        if k["USE_X"]:
-            streams.append(("read x", x))
-        streams.append(("write grad_x", c if k["GX_IN_H"] else x))
-        per_neuron = c + c + c + (c if k["NEED_LEAK"] else 0)  # grad_state, v_init, grad_v_init, leak partials
+        streams = [] if k["SAVED"] else [("recompute: read x", x)] + [(f"recompute: write {s}", c) for s in states]
+        streams += [("read grad_spikes", x)] + [(f"read {s}", c) for s in states]
+        streams += [("read x", x)] if model.backward_reads_input else []
+        streams.append(("write grad_x", x))
+        per_neuron += c * len(states)  # the final states' gradients
+        per_neuron += c * sum(bool(k[f"GRAD_INIT_{s}"]) for s in states)
+        per_neuron += c * sum(bool(k[f"NEED_{p}"]) for p in model.params)  # per-neuron partials, reduced after
     return {"per_step": sum(b for _, b in streams), "per_neuron": per_neuron, "streams": streams}
 
 
@@ -419,10 +221,8 @@ def _signature(case, fn):
     xdt, cdt = case["xdt"], COMPUTE[case["xdt"]]
     sig, constexprs, attrs = {}, {}, {}
     divisible = [["tt.divisibility", 16]]
-    if case["kernel"] in ENGINE_KERNELS:  # every argument not an int or a constexpr is a pointer
-        pointers = {p: p in ENGINE_X_POINTERS for p in names if p not in case["ints"] and p not in case["const"]}
-    else:
-        pointers = POINTERS[case["kernel"]]
+    # every argument not an int or a constexpr is a pointer
+    pointers = {p: p in ENGINE_X_POINTERS for p in names if p not in case["ints"] and p not in case["const"]}
     for p, is_x in pointers.items():
         sig[p] = "*" + (xdt if is_x else cdt)
         if case["aligned"]:
@@ -436,9 +236,6 @@ def _signature(case, fn):
             sig[p] = ty
             if spec == "D":
                 attrs[(names.index(p),)] = divisible
-    for c in FLOAT_ARGS.get(case["kernel"], ()):
-        for part in ("hi", "mid", "lo"):
-            sig[f"{c}_{part}"] = "fp32"
     for k, v in case["const"].items():
         sig[k] = "constexpr"
         constexprs[(names.index(k),)] = v
@@ -460,15 +257,10 @@ def compile_one(case: Case, arch: int, tools: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import triton as K
-
     res = {"id": case["id"], "arch": arch}
     start = time.perf_counter()
     try:
-        if case["kernel"] in ENGINE_KERNELS:
-            fn, options = _engine_kernel(case)
-        else:
-            fn, options = getattr(K, KERNELS[case["kernel"]]), K.COMPILE_OPTIONS
+        fn, options = _engine_kernel(case)
         sig, constexprs, attrs = _signature(case, fn)
         src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(options))

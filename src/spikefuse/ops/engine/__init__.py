@@ -12,9 +12,10 @@ first use: numba and Triton load only when a call needs them.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
-from .. import module as _import_backend
 from ..common import compute_dtype
 
 __all__ = ["BACKENDS", "DTYPES", "module", "stream", "stream_dtype"]
@@ -28,7 +29,14 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 def module(backend: str):
     """The module of a concrete backend; raises with an install hint when its compiler is missing."""
-    return _import_backend(backend, __name__)
+    try:
+        return importlib.import_module(f"{__name__}.{backend}")
+    except ImportError as err:
+        requirement = {"cpu": "numba", "triton": "triton"}.get(backend, str(err.name))
+        raise RuntimeError(
+            f"backend={backend!r} cannot run: {err}. Install it with `pip install {requirement}`"
+            + (" or pick backend='reference'" if backend != "reference" else "")
+        ) from err
 
 
 def stream_dtype(backend_module, dtype: torch.dtype) -> torch.dtype:

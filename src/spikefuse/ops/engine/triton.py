@@ -34,6 +34,7 @@ Entry points as :mod:`spikefuse.ops.engine.reference`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -41,7 +42,6 @@ import torch
 import triton
 
 from ..common import compute_dtype, reduce_leak_grad
-from ..triton import COMPILE_OPTIONS, _on_device, block_size
 from . import emit
 from .emit import Dialect
 
@@ -50,6 +50,13 @@ READS_HALF = True  # see the module docstring
 _TAGS = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # The generator's version: this file and the emitters.
 _GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+NUM_WARPS = 4  # 128 threads; a block of at least 128 neurons gives each neuron one thread
+#: The options every kernel is compiled with (:mod:`spikefuse.ops.triton_aot` compiles with the same). No FMA
+#: contraction: bit-identical forward (see above). ``maxnreg``: without an explicit register budget ptxas picks a
+#: register target for the occupancy it hopes to reach and spills a few registers to local memory to meet it; with
+#: the hardware's 255 it spills only what cannot fit. These kernels are bound by DRAM bandwidth and keep enough loads
+#: in flight at the lower occupancy (see ``spikefuse bench gpu-static``).
+COMPILE_OPTIONS = dict(num_warps=NUM_WARPS, maxnreg=255, enable_fp_fusion=False)
 
 
 def dialects(dtype: torch.dtype) -> tuple[Dialect, Dialect]:
@@ -299,8 +306,17 @@ def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
                              f"{cdt} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
 
 
+def block_size(n: int) -> int:
+    """Neurons per program before :func:`engine_block`'s cap: large blocks when there are enough of them to fill a
+    GPU, else smaller ones, never below ``32 * NUM_WARPS``."""
+    for block in (1024, 512, 256):
+        if triton.cdiv(n, block) >= 512:
+            return block
+    return 128
+
+
 def engine_block(n: int, states: int, dtype: torch.dtype) -> int:
-    """Neurons per program: :func:`spikefuse.ops.triton.block_size`, capped so that each of the 128 threads holds
+    """Neurons per program: :func:`block_size`, capped so that each of the 128 threads holds
     at most 8 words of state (neurons per thread x states x words per value; a float64 is two): the backward keeps
     several values per state live across its reverse loop, and more state per thread spills registers to local
     memory (ALIF in float64 at 1024 neurons did on sm_90). At least 128 (one neuron per thread)."""
@@ -309,6 +325,11 @@ def engine_block(n: int, states: int, dtype: torch.dtype) -> int:
     while cap * 2 * words <= 128 * 8:
         cap *= 2
     return min(block_size(n), cap)
+
+
+def _on_device(device: torch.device):
+    """Launch on the tensors' GPU (Triton launches on the current device, on its current stream)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _param_args(params: list) -> tuple[bool, list]:
