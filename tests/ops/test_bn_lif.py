@@ -261,6 +261,33 @@ def test_residual_matches_composition(backend, binary, dtype, shape):
     assert torch.equal(fused.running_mean, bn.running_mean) and torch.equal(fused.running_var, bn.running_var)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision(backend, dtype):
+    """float16 / bfloat16 input and residual, the neuron in float32 (Triton reads and writes the half-precision
+    tensors itself, the CPU gets them converted): the reference's spikes in the input's dtype, and its gradients of
+    x, the residual, gamma, beta and the decay within the input's rounding."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(3, 2, 4, 5, generator=gen) * 2 + 0.5).to(dtype)
+    residual = torch.rand(x.shape, generator=gen).to(dtype)
+    upstream = torch.randn(x.shape, generator=gen).to(dtype)
+    out = {}
+    for b in ("reference", backend):
+        leaves = [t.clone().requires_grad_() for t in (x, residual)]
+        weight, bias = torch.linspace(0.9, 1.1, 4, requires_grad=True), torch.zeros(4, requires_grad=True)
+        decay = torch.full((4,), 0.6, requires_grad=True)
+        spikes = batchnorm_lif(leaves[0], None, None, weight, bias, True, decay=decay, threshold=THRESHOLD,
+                               backend=b, residual=leaves[1])  # fmt: skip
+        spikes.backward(upstream)
+        out[b] = spikes.detach(), [leaves[0].grad, leaves[1].grad, weight.grad, bias.grad, decay.grad]
+    (s_ref, g_ref), (s, g) = out["reference"], out[backend]
+    assert s.dtype == dtype and 0 < float(s_ref.float().mean()) < 1 and torch.equal(s, s_ref)
+    for name, a, b in zip(("x", "residual", "gamma", "beta", "decay"), g, g_ref):
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(a.float(), b.float(), rtol=eps, atol=eps * float(b.float().abs().max()),
+                                   msg=lambda m: f"grad {name}: {m}")  # fmt: skip
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("binary", [False, True], ids=["float-residual", "spike-residual"])
 def test_residual_gradcheck_fp64(backend, binary):

@@ -84,19 +84,21 @@ class EngineNeuron:
         return self.model.name
 
     def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
-        cdt = compute_dtype(y2.dtype)  # a half-precision input runs in float32, its spikes in its own dtype
-        spikes, final, _ = engine.module(backend).forward(self.model, y2.to(cdt), params, inner, init, self.surrogate,
-                                                          self.detach_reset, spike_dtype=y2.dtype)  # fmt: skip
+        # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
+        # in its own dtype
+        kernels = engine.module(backend)
+        spikes, final, _ = kernels.forward(self.model, engine.stream(kernels, y2), params, inner, init, self.surrogate,
+                                           self.detach_reset, spike_dtype=y2.dtype)  # fmt: skip
         return spikes, final
 
     def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
                  init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
         """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``overwrite_x``, or the cpu
         backend's ``batch_norm``."""
-        cdt = compute_dtype(x2.dtype)
-        return engine.module(backend).backward(
-            self.model, grad_spikes.to(cdt), grad_final, x2.to(cdt), params, inner, init, self.surrogate,
-            self.detach_reset, need_param_grads, **input_kw,
+        kernels = engine.module(backend)
+        return kernels.backward(
+            self.model, engine.stream(kernels, grad_spikes), grad_final, engine.stream(kernels, x2), params, inner,
+            init, self.surrogate, self.detach_reset, need_param_grads, **input_kw,
         )  # fmt: skip
 
 
