@@ -199,9 +199,14 @@ def _toolchain_versions(tools: dict) -> dict:
     return out
 
 
-def build_report(args, cases, results, tools, seconds) -> tuple[str, dict]:
+def build_report(args, cases, results, tools, seconds, command: str | None = None,
+                 machine: str | None = None) -> tuple[str, dict]:  # fmt: skip
+    """The markdown report and the JSON record; ``command`` / ``machine``: an earlier run's (default: this one's)."""
     from ..ops.triton_aot import ARCHS, traffic
     from .common import command_line, machine_info, markdown_table
+
+    command = command or command_line()
+    machine = machine or machine_info()
 
     archs = [ARCHS[a] for a in args.archs]
     failed = [r for r in results.values() if not r["ok"]]
@@ -211,8 +216,8 @@ def build_report(args, cases, results, tools, seconds) -> tuple[str, dict]:
     lines = [
         "# Triton kernels compiled for A100 / H100 without a GPU (`spikefuse bench gpu-static`)",
         "",
-        f"Command: `{command_line()}`  ",
-        f"Triton {tools['triton']} (ptxas: {tools.get('ptxas_version', '?')}), compiled on: {machine_info()}  ",
+        f"Command: `{command}`  ",
+        f"Triton {tools['triton']} (ptxas: {tools.get('ptxas_version', '?')}), compiled on: {machine}  ",
         f"Compiled {len(cases)} specializations of the kernels the neuron engine generates "
         f"(`spikefuse.ops.engine.triton`) x {len(archs)} targets ({', '.join(args.archs)}) = {len(results)} "
         f"kernels in {seconds:.0f} s; **{len(failed)} failed**. Set `{args.case_set}`.",
@@ -353,8 +358,8 @@ def build_report(args, cases, results, tools, seconds) -> tuple[str, dict]:
             "",
         ]
     report = {
-        "command": command_line(),
-        "machine": machine_info(),
+        "command": command,
+        "machine": machine,
         "toolchain": tools,
         "case_set": args.case_set,
         "archs": args.archs,
@@ -369,15 +374,12 @@ def build_report(args, cases, results, tools, seconds) -> tuple[str, dict]:
 
 def _render(args) -> int:
     """Re-render gpu_static.md from an earlier run's JSON (its command, toolchain and compile time kept)."""
-    from . import common
-
     saved = json.loads(Path(args.render).read_text())
     results = {(r["id"], r["arch"]): r for r in saved["results"]}
     for k in ("case_set", "archs"):
         setattr(args, k, saved[k])
-    common.command_line = lambda: saved["command"]
-    common.machine_info = lambda: saved["machine"]
-    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["seconds"])
+    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["seconds"], saved["command"],
+                         saved["machine"])  # fmt: skip
     out = Path(args.results_dir)
     (out / "gpu_static.md").write_text(md + "\n")
     print(md)
