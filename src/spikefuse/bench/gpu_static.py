@@ -6,8 +6,9 @@ mode, and (standard set) every LIF definition behind the public API with the sur
 kernel: registers per thread, local memory (spills), the width of the global loads / stores in the time loops of
 the PTX, and the DRAM bytes per neuron-step. From the bytes it estimates the time of one LIF layer (the
 temporal-fusion paper's Fig. 5: N = 1M neurons, T = 4..128) as bytes / bandwidth on an A100, an H100 and an RTX
-4090, plus ~5 us launch overhead per kernel, and checks from the register counts whether enough loads are in flight to reach that bandwidth. Next to it:
-SpikingJelly's published Triton LIF figure. Writes ``benchmarks/results/gpu_static.md`` and ``gpu_static.json``.
+4090, plus ~5 us launch overhead per kernel, and checks from the register counts whether enough loads are in flight
+to reach that bandwidth. Next to it: SpikingJelly's published Triton LIF figure. Writes
+``benchmarks/results/gpu_static.md`` and ``gpu_static.json``.
 """
 
 from __future__ import annotations
