@@ -97,7 +97,6 @@ def _engine_cases():
     """Every model's forward and backward (fp32, per-channel parameters, every gradient) with the surrogates cycled
     and the archs alternated; float64 backward of the models with the most state on both archs; the all-scalar
     parameter variant; a backward that needs no parameter or initial-state gradient, with detach_reset."""
-    from spikefuse.ops.engine.triton import engine_block
     from spikefuse.surrogate import SURROGATES
 
     surrogates = [cls.__name__ for cls in SURROGATES.values()]
@@ -105,13 +104,11 @@ def _engine_cases():
     work = []
     models = _engine_models()
     for i, model in enumerate(models):
-        block = engine_block(n, len(model.states), torch.float32)
         for j, kernel in enumerate(A.ENGINE_KERNELS):
-            case = A.engine_case(model, surrogates[(2 * i + j) % len(surrogates)], kernel, block=block, N=n)
+            case = A.engine_case(model, surrogates[(2 * i + j) % len(surrogates)], kernel, N=n)
             work.append((case, (80, 90)[(i + j) % 2]))
     for model in (m for m in models if m.name in ("alif", "norse_lsnn")):
-        block = engine_block(n, len(model.states), torch.float64)
-        case = A.engine_case(model, "ATan", "engine-bwd", "fp64", block=block, N=n)
+        case = A.engine_case(model, "ATan", "engine-bwd", "fp64", N=n)
         work += [(case, 80), (case, 90)]
     cuba = models[0]
     for kernel in A.ENGINE_KERNELS:
@@ -121,18 +118,15 @@ def _engine_cases():
     quiet["id"] += "-nograd"
     work.append((quiet, 80))
     # half precision read and written as it is (bfloat16's grad_x rounded to nearest by hand)
-    block = engine_block(n, len(cuba.states), torch.float32)
     for xdt, kernels, arch in (("fp16", A.ENGINE_KERNELS, 90), ("bf16", ["engine-bwd"], 80)):
-        work += [(A.engine_case(cuba, "Sigmoid", kernel, xdt, block=block, N=n), arch) for kernel in kernels]
+        work += [(A.engine_case(cuba, "Sigmoid", kernel, xdt, N=n), arch) for kernel in kernels]
     # memory="potential": the forward writes every step's states, the backward reads them (float32, float16 LIF)
     lif = next(m for m in models if m.name == "lif_hard")  # the paper's LIF
     for model, xdt in ((cuba, "fp32"), (lif, "fp16")):
-        block = engine_block(n, len(model.states), torch.float32)
-        work += [(A.engine_case(model, "ATan", kernel, xdt, saved=True, block=block, N=n), 90)
-                 for kernel in A.ENGINE_KERNELS]  # fmt: skip
+        work += [(A.engine_case(model, "ATan", kernel, xdt, saved=True, N=n), 90) for kernel in A.ENGINE_KERNELS]
     # Triton's launch-time specializations of T, N and the pointers' alignment
     for kernel, model in zip(A.ENGINE_KERNELS, (lif, cuba)):
-        base = A.engine_case(model, "Sigmoid", kernel, block=engine_block(n, len(model.states), torch.float32), N=n)
+        base = A.engine_case(model, "Sigmoid", kernel, N=n)
         for tag, (ints, aligned) in VARIANTS.items():
             v = copy.deepcopy(base)
             v["ints"].update({name: ints["N"] for name in v["ints"] if name.startswith(("isize_", "gsize_"))}, **ints)

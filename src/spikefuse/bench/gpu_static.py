@@ -103,15 +103,6 @@ def _shipped_models() -> dict:
     return {m.name: m for m in (LIF_MODELS[("paper", "hard")], CUBA_LIF, ALIF_MODEL)}
 
 
-def _block(model, xdt: str, N: int) -> int:
-    """The block :func:`spikefuse.ops.engine.triton.engine_block` launches ``model`` with."""
-    import torch
-
-    from ..ops.engine.triton import engine_block
-
-    return engine_block(N, len(model.states), torch.float64 if xdt == "fp64" else torch.float32)
-
-
 def shipped_cases(N: int, dtypes=("fp32", "fp16", "bf16", "fp64"), T: int = 32) -> list[dict]:
     """The shipped neurons' forward and backward in every dtype and memory mode (per-channel parameters, every
     gradient), and the LIF's backward without the decay's gradient (a fixed decay, as SpikingJelly's LIF has)."""
@@ -122,11 +113,9 @@ def shipped_cases(N: int, dtypes=("fp32", "fp16", "bf16", "fp64"), T: int = 32) 
         for xdt in dtypes:
             for kernel in A.ENGINE_KERNELS:
                 for saved in (True, False):
-                    cases.append(A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, block=_block(model, xdt, N),
-                                               T=T, N=N))  # fmt: skip
+                    cases.append(A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, T=T, N=N))
                     if name == "lif_hard" and kernel == "engine-bwd":
-                        fixed = A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, need_params=False,
-                                              block=_block(model, xdt, N), T=T, N=N)  # fmt: skip
+                        fixed = A.engine_case(model, "Sigmoid", kernel, xdt, saved=saved, need_params=False, T=T, N=N)
                         cases.append(dict(fixed, id=fixed["id"] + "-fixed", group=fixed["group"] + "-fixed"))
     return cases
 
@@ -146,7 +135,7 @@ def definition_cases(N: int, dtypes=("fp32",), every_surrogate: bool = False, T:
         for xdt in dtypes:
             for kernel in A.ENGINE_KERNELS:
                 for sg in surrogates if every_surrogate else [surrogates[i % len(surrogates)]]:
-                    c = A.engine_case(model, sg, kernel, xdt, block=_block(model, xdt, N), T=T, N=N)
+                    c = A.engine_case(model, sg, kernel, xdt, T=T, N=N)
                     cases.append(dict(c, id=c["id"] + "-all", group="all"))
     return cases
 

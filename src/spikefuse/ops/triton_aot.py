@@ -51,16 +51,21 @@ ENGINE_X_POINTERS = {"x_ptr", "spikes_ptr", "gs_ptr", "gx_ptr"}
 
 def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_channel: bool = True,
                 detach: bool = False, need_params: bool = True, grad_init: bool = True, saved: bool = False,
-                block: int = 1024, T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
+                block: int | None = None, T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
     """A generated kernel of ``model`` (a :class:`~spikefuse.neurons.NeuronModel`) with the surrogate class named
     ``surrogate``, as :func:`spikefuse.ops.engine.triton.forward` / ``backward`` launch it: parameters per channel
     (2 channels) or all scalar (``SCALAR``), initial states and final-state gradients per neuron, every parameter
     and initial-state gradient needed or none; ``saved``: memory="potential" (the forward writes every step's
-    states, the backward reads them), else the backward recomputes them."""
+    states, the backward reads them), else the backward recomputes them; ``block``: neurons per program (default:
+    the launcher's :func:`~spikefuse.ops.engine.triton.engine_block`)."""
     from ..registry import arguments
 
     if kernel not in ENGINE_KERNELS:
         raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
+    if block is None:
+        from .engine.triton import engine_block
+
+        block = engine_block(N, len(model.states), _torch_dtype(COMPUTE[xdt]))
     const = {"SCALAR": not per_channel, "BLOCK": block, ("SAVED" if kernel == "engine-bwd" else "SAVE"): saved}
     ints = {"T": T, "N": N, "inner": 1}
     ints.update({f"size_{p}": 2 if per_channel else 1 for p in model.params})
@@ -77,6 +82,13 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
             "model": arguments(model), "surrogate": surrogate}
 
 
+def _torch_dtype(xdt: str):
+    """The torch dtype of one of :data:`DTYPES`."""
+    import torch
+
+    return {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}[xdt]
+
+
 def case_model(case: Case):
     """The :class:`~spikefuse.neurons.NeuronModel` a case carries."""
     from ..neurons import NeuronModel
@@ -88,15 +100,13 @@ def case_model(case: Case):
 
 def _engine_kernel(case):
     """The generated ``@triton.jit`` function of an engine case (written into the worker's kernel cache folder)."""
-    import torch
-
     from ..surrogate import SURROGATES
     from .engine import triton as E
 
     model = case_model(case)
     surrogate = {cls.__name__: cls for cls in SURROGATES.values()}[case["surrogate"]]
-    dtype = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}[case["xdt"]]
-    return getattr(E.kernels(model, surrogate, dtype), ENGINE_KERNELS[case["kernel"]]), E.COMPILE_OPTIONS
+    kernels = E.kernels(model, surrogate, _torch_dtype(case["xdt"]))
+    return getattr(kernels, ENGINE_KERNELS[case["kernel"]]), E.COMPILE_OPTIONS
 
 
 # ----------------------------------------------------------------------------------------------------------------
