@@ -203,13 +203,12 @@ def _api_specs():
 API_SPECS = _api_specs()
 
 
-def _triton_against_reference(spec, memory, x, *, chained, per_channel=True):
-    """spiking_neuron on Triton and on the reference (two chained calls with a learnable decay and v_init, or one):
-    outputs bit for bit, gradients to 1e-5."""
-    gen = torch.Generator().manual_seed(x.numel())
-    channels = x.shape[2] if per_channel and x.dim() > 2 else 1
-    leak = torch.rand(channels, generator=gen, dtype=torch.float64).to(torch.float32) * 0.5 + 0.4
-    v = torch.rand(x.shape[1:], generator=gen) * 0.5
+def _triton_against_reference(spec, memory, shape, seed, *, chained, per_channel=True):
+    """spiking_neuron on Triton and on the reference (two chained calls with a learnable decay and v_init, or one)
+    over the inputs ``tests.ops.cases.make_inputs`` draws: outputs bit for bit, gradients to 1e-5."""
+    from tests.ops.cases import make_inputs
+
+    x, leak, v = make_inputs(shape, spec, seed=seed, per_channel=per_channel)
     results = {}
     for backend in ("triton", "reference"):
         xr, kr, vr = x.clone().requires_grad_(), leak.clone().requires_grad_(chained), v.clone().requires_grad_(chained)
@@ -239,22 +238,20 @@ def _triton_against_reference(spec, memory, x, *, chained, per_channel=True):
 @pytest.mark.parametrize("memory", ["potential", "recompute"])
 @pytest.mark.parametrize("spec", API_SPECS)
 def test_triton_backend_equals_the_reference(spec, memory):
-    x = torch.rand(6, 2, 3, 4, generator=torch.Generator().manual_seed(1)) * 2.0
-    _triton_against_reference(spec, memory, x, chained=False)
+    _triton_against_reference(spec, memory, (6, 2, 3, 4), 1, chained=False)
 
 
 @pytest.mark.parametrize("memory", ["potential", "recompute"])
 def test_triton_backend_learnable_decay_v_init_and_continuation(memory):
-    x = torch.rand(6, 2, 3, 4, generator=torch.Generator().manual_seed(3)) * 0.9
-    _triton_against_reference(API_SPECS[0].values[0], memory, x, chained=True)
+    _triton_against_reference(API_SPECS[0].values[0], memory, (6, 2, 3, 4), 3, chained=True)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 7), (5, 1), (3, 1, 1, 1), (2, 3, 1, 5, 2), (1, 300), (3, 5, 7)],
                          ids=lambda s: "x".join(map(str, s)))  # fmt: skip
 def test_triton_backend_odd_shapes(shape):
     """T=1, N=1, unit and trailing dims; a per-channel decay wherever the rank allows more than one channel."""
-    x = torch.rand(shape, generator=torch.Generator().manual_seed(len(shape))) * 0.9
-    _triton_against_reference(API_SPECS[7].values[0], "recompute", x, chained=False, per_channel=len(shape) > 2)
+    _triton_against_reference(API_SPECS[7].values[0], "recompute", shape, len(shape), chained=False,
+                              per_channel=len(shape) > 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
