@@ -60,16 +60,17 @@ def _window_max(x, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
 
 @njit(inline="always")
 def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
-    """Index of the first set bit of a window in row-major scan order, or of its first element when none is."""
+    """Index of the first set bit of a window in row-major scan order, or of its first element when none is: the
+    scan runs backwards keeping the last set bit seen, without a branch (an early exit on spikes mispredicts)."""
     sd, sh, sw = dilation
-    for ii in range(nd):
-        for jj in range(nh):
+    first = base + (d0 * h_in + h0) * w_in + w0
+    for ii in range(nd - 1, -1, -1):
+        for jj in range(nh - 1, -1, -1):
             row = base + ((d0 + ii * sd) * h_in + h0 + jj * sh) * w_in + w0
-            for kk in range(nw):
+            for kk in range(nw - 1, -1, -1):
                 e = row + kk * sw
-                if (bits[e >> 3] >> (e & 7)) & 1:
-                    return e
-    return base + (d0 * h_in + h0) * w_in + w0
+                first = e if (bits[e >> 3] >> (e & 7)) & 1 else first
+    return first
 
 
 @njit(inline="always")

@@ -19,9 +19,11 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
-(``_forward_row``, ``_recompute_row``, ``_reverse_row``) looping over the block's neurons, and so are
-:data:`ROW_STEPS` consecutive steps of the forward and the recompute (suffix ``_x2``), which run their time loop but
-for a step left over: LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
+(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :data:`ROW_STEPS` consecutive
+steps of the forward and the recompute (suffix ``_x2``), which run their time loop but for a step left over; the
+reverse pass runs two steps per row function (``_reverse_rows``, its gradients carried between them in registers),
+which also runs a step left over on its own (``pair`` false), so that no one-step twin is compiled beside it.
+LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
 Inlined into the loop over time, that check spans the rows of every step, always fails on the reverse pass (its rows
 move backwards in memory), and the loop runs scalar.
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
@@ -61,8 +63,9 @@ SCRATCH_BYTES = 2 << 20
 # Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
 # between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
 # per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
-# one-step one, which a cold start (and the test suite) pays for: two, and none in the reverse pass, whose code is
-# the largest, keep the default LIF's first call well under the 5 s that `spikefuse bench compile` checks.
+# one-step one, which a cold start (and the test suite) pays for: two keep the default LIF's first call under the 5 s
+# that `spikefuse bench compile` checks. (The reverse pass, whose code is the largest, always runs two steps per
+# row pass, with no one-step twin: see ``reverse_rows``.)
 ROW_STEPS = 2
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
@@ -87,7 +90,7 @@ NUMBA = Dialect(
 #: The backward's spelling: gradients only, with the vectorizable exp.
 NUMBA_GRAD = dataclasses.replace(NUMBA, functions={**NUMBA.functions, "exp": "vexp"})
 
-#: Where a reverse step writes grad_x (see ``reverse_row``), and the suffix of its functions.
+#: Where a reverse step writes grad_x (see ``reverse_rows``), and the suffix of its functions.
 OVER_SUFFIX = {"": "", "state": "_over", "input": "_over_x"}
 
 
@@ -128,10 +131,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         read every state after the last step)."""
         return S if model.handoff else model.states_read_backward(grads)
 
+    def row_list(t: str, kept: tuple[str, ...]) -> list[str]:
+        """The state rows after step ``t``: of scratch row-block ``t`` (``hist[t*len(kept) + i]``) for the ``kept``
+        states, the carried row of the others."""
+        return [f"hist[({t}) * {len(kept)} + {kept.index(k)}]" if k in kept else f"c_{k}" for k in S]
+
     def rows(t: str, kept: tuple[str, ...]) -> str:
-        """The state rows after step ``t`` as arguments: of scratch row-block ``t`` (``hist[t*len(kept) + i]``) for
-        the ``kept`` states, the carried row of the others."""
-        return "".join(f"hist[({t}) * {len(kept)} + {kept.index(k)}], " if k in kept else f"c_{k}, " for k in S)
+        """:func:`row_list` as arguments."""
+        return args("", row_list(t, kept))
 
     def variant(scalar: bool) -> list[str]:
         """The kernels with parameters as per-neuron arrays, or (``scalar``, suffix ``_scalar``) as scalars: when
@@ -155,9 +162,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             """A per-neuron array's block, or its one value for all (:func:`~spikefuse.ops.numba_common.load_row`)."""
             return [f"{indent}load_row({d}, {s}, n0, m)" for d, s in zip(dst, src)]
 
-        def saved_rows(t: str) -> str:
-            """The block's rows of the states saved for step ``t`` (memory="potential") as arguments."""
-            return "".join(f"saved_{k}[{t}, n0:n0 + m], " for k in S)
+        def saved_list(t: str) -> list[str]:
+            """The block's rows of the states saved for step ``t`` (memory="potential")."""
+            return [f"saved_{k}[{t}, n0:n0 + m]" for k in S]
 
         def fire_old(indent: str, after_step: bool = False) -> list[str]:
             """The previous step's spike, from the states before the step (what the forward wrote); none before the
@@ -289,38 +296,59 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         def chain(pairs, base: str | None = None) -> str:
             return emit.chain_sum(pairs, derivs, "F(0.0)", base)
 
-        def reverse_row(grads: bool, over: str = "") -> list[str]:
-            """One reverse step of a block; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``);
-            ``over``: grad_x written over the first state's row of the step (``"state"``, suffix ``_over``: its
-            saved states, read first) or over the input's row (``"input"``, suffix ``_over_x``), one pointer, which
-            LLVM vectorizes without an overlap check."""
+        def reverse_rows(grads: bool, over: str = "") -> list[str]:
+            """Two reverse steps of a block, t and t - 1 (``pair`` False: step t alone, the second step's results
+            dropped), the carried gradients in registers between them; ``grads``: with the per-neuron parameter
+            gradients (suffix ``_grads``); ``over``: grad_x written over the first state's row of the step (``"state"``,
+            suffix ``_over``: its saved states) or over the input's row (``"input"``, suffix ``_over_x``), one pointer,
+            which LLVM vectorizes without an overlap check. Rows: ``x<u>``, ``g<u>`` (grad of the spikes), ``gx<u>``
+            of step t - u; ``w0_*`` the states after step t, ``w1_*`` after t - 1, ``o_*`` before it. Every row is read
+            before any is written."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
-            acc = args("acc_", P) if grads else ""
-            out = {"": "gxr", "state": f"w_{S[0]}", "input": "xr"}[over]
-            accumulate = [f"{ind}acc_{p}[j] += " + chain([("g_s * sg_", f"dF_{p}")]
-                                                         + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-                          for p in P] if grads else []  # fmt: skip
+            outs = {"": ["gx0", "gx1"], "state": [f"w0_{S[0]}", f"w1_{S[0]}"], "input": ["x0", "x1"]}[over]
+            flags = "fresh0, fresh1, " if model.handoff else ""
+            names = {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}}
+
+            def one_step(u: int, old: str, new: str, carried_s: str, carried: str) -> list[str]:
+                """Step t - u from the states ``old``/``new`` (locals ``<old>_<k>_``), the gradients carried in from the
+                later step (``carried_s`` of the spike, ``carried.format(k=...)`` of the states); its results in
+                ``gx_<u>``, ``gS<u>_<k>``, ``gs<u>``, ``a<u>_<p>``."""
+                acc_in = {p: "acc_" + p + "[j]" if u == 0 else "a0_" + p for p in P}
+                return [
+                    *([f"{ind}fresh = fresh{u}"] if model.handoff else []),
+                    *[f"{ind}o_{k}_ = {old}_{k}_" for k in S],
+                    *[f"{ind}v_{k} = o_{k}_" for k in S],
+                    *fire_old(ind),
+                    *[f"{ind}v_{k} = {new}_{k}_" for k in S],
+                    f"{ind}u_ = {fire}",
+                    f"{ind}x_ = x{u}[j]",
+                    *emit.assignments({**fire_derivs, **step_derivs}, names, ind, NUMBA_GRAD),
+                    f"{ind}g_s = g{u}[j] + {carried_s}",
+                    *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=carried.format(k=k)) for k in S],
+                    f"{ind}gx_{u} = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+                    *([f"{ind}a{u}_{p} = {acc_in[p]} + " + chain([("g_s * sg_", f"dF_{p}")]
+                                                                 + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+                       for p in P] if grads else []),  # fmt: skip
+                    *[f"{ind}gS{u}_{old_k} = " + chain([(f"g_{k}", f"dS_{k}_{old_k}") for k in S]) for old_k in S],
+                    f"{ind}gs{u} = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+                ]
+
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def _reverse_row{g}{sfx}(xr, gr, {'' if over else 'gxr, '}{args('o_', S)}{args('w_', S)}"
-                f"{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, {fresh}m):",
+                f"def _reverse_rows{g}{sfx}(x0, x1, g0, g1, {'' if over else 'gx0, gx1, '}{args('o_', S)}"
+                f"{args('w0_', S)}{args('w1_', S)}{args('gS_', S)}gs, {args('acc_', P) if grads else ''}{prow}"
+                f"sg_p1, sg_p2, detach, {flags}pair, m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
-                *[f"{ind}o_{k}_ = o_{k}[j]" for k in S],
-                *[f"{ind}v_{k} = o_{k}_" for k in S],
-                *fire_old(ind),
-                *[f"{ind}v_{k} = w_{k}[j]" for k in S],
-                f"{ind}u_ = {fire}",
-                f"{ind}x_ = xr[j]",
-                *emit.assignments({**fire_derivs, **step_derivs}, {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}},
-                                  ind, NUMBA_GRAD),
-                f"{ind}g_s = gr[j] + gs[j]",
-                *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[j]") for k in S],
-                f"{ind}{out}[j] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-                *accumulate,
-                *[f"{ind}gS_{old}[j] = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
-                f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+                *[f"{ind}L{r}_{k}_ = {r}_{k}[j]" for r in ("w0", "w1", "o") for k in S],
+                *one_step(0, "Lw1", "Lw0", "gs[j]", "gS_{k}[j]"),
+                *one_step(1, "Lo", "Lw1", "gs0", "gS0_{k}"),
+                *[f"{ind}gS_{k}[j] = gS1_{k} if pair else gS0_{k}" for k in S],
+                f"{ind}gs[j] = gs1 if pair else gs0",
+                *([f"{ind}acc_{p}[j] = a1_{p} if pair else a0_{p}" for p in P] if grads else []),
+                f"{ind}{outs[0]}[j] = gx_0",
+                f"{ind}{outs[1]}[j] = gx_1",
             ]
 
         def handoff_grads(grads: bool, saved: bool) -> list[str]:
@@ -360,7 +388,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             ]
 
         def backward(grads: bool, saved: bool, over: str = "", tile: bool = False) -> list[str]:
-            """The backward kernels; ``grads`` as :func:`reverse_row`; ``saved``: reading the states the forward saved
+            """The backward kernels; ``grads`` as :func:`reverse_rows`; ``saved``: reading the states the forward saved
             (memory="potential", suffix ``_saved``) instead of recomputing them; ``over``: grad_x written over the
             saved first state (``"state"``, suffix ``_saved_over``) or over ``x`` (``"input"``, suffix ``_over_x``),
             with no grad_x argument; ``tile`` (suffix ``_src``): the block reads its input from the tile that
@@ -371,24 +399,42 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             bwd_args = (f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
                         "sg_p2, detach, inner, " + ("need_params, " if grads else "") + ("" if over else "grad_x, ")
                         + ginit + (args("gpar_", P) if grads else ""))  # fmt: skip
-            row = f"_reverse_row{OVER_SUFFIX[over]}{g}{sfx}"
+            row = f"_reverse_rows{OVER_SUFFIX[over]}{g}{sfx}"
 
             def xrow(t: str) -> str:
                 """The block's input row of step ``t``."""
                 return f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
-            def reverse(t: str, old: str, new: str) -> str:
-                gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
-                return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{old}{new}{args('gS_', S)}gs, "
-                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
+            def reverse(t: str, old: list[str], new0: list[str], new1: list[str]) -> str:
+                """Steps ``t`` and ``t - 1`` from the state rows ``new0`` (after t), ``new1`` (after t - 1) and ``old``
+                (before t - 1)."""
+                gx = "" if over else f"grad_x[{t}, n0:n0 + m], grad_x[{t} - 1, n0:n0 + m], "
+                return (f"{row}({xrow(t)}, {xrow(f'{t} - 1')}, grad_spikes[{t}, n0:n0 + m], "
+                        f"grad_spikes[{t} - 1, n0:n0 + m], {gx}{args('', old + new0 + new1)}{args('gS_', S)}gs, "
+                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}{first(f'{t} - 1')}{t} > 0, m)")
+
+            def first_step_alone(old: list[str], new: list[str]) -> list[str]:
+                """Step 0 on its own (T odd): the second step's rows are spare ones, its states a copy of those
+                before step 0 (a row written over by grad_x is one of them)."""
+                gx = "" if over else f"grad_x[0, n0:n0 + m], spare[{len(S) + 1}], "
+                spares = [f"spare[{i}]" for i in range(len(S))]
+                return ["    if T % 2:", "        for j in range(m):",
+                        *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(old)],
+                        f"        {row}({xrow('0')}, spare[{len(S)}], grad_spikes[0, n0:n0 + m], spare[{len(S)}], "
+                        f"{gx}{args('', spares + new + spares)}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, "
+                        f"{first('0')}{first('1')}0 > 0, m)"]
 
             kept = S if saved else replayed(grads)
+            spare = [f"    spare = np.empty(({len(S) + 2}, m), F)"]
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
-                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
-                steps = ["    for t in range(T - 1, 0, -1):",
-                         f"        {reverse('t', saved_rows('t - 1'), saved_rows('t'))}",
-                         f"    {reverse('0', rows('0', S), saved_rows('0'))}"]
+                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
+                          *spare]
+                steps = ["    for t in range(T - 1, 1, -2):",
+                         f"        {reverse('t', saved_list('t - 2'), saved_list('t'), saved_list('t - 1'))}",
+                         "    if T % 2 == 0:",
+                         f"        {reverse('1', row_list('0', S), saved_list('1'), saved_list('0'))}",
+                         *first_step_alone(row_list('0', S), saved_list('0'))]
             else:
                 carried = [k for k in S if k not in kept]
 
@@ -406,9 +452,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
-                          *in_passes(recompute)]
-                steps = ["    for t in range(T - 1, -1, -1):",
-                         f"        {reverse('t', rows('t', kept), rows('t + 1', kept))}"]
+                          *in_passes(recompute), *spare]
+                pair = reverse("t", row_list("t - 1", kept), row_list("t + 1", kept), row_list("t", kept))
+                steps = ["    for t in range(T - 1, 0, -2):", f"        {pair}",
+                         *first_step_alone(row_list('0', kept), row_list('1', kept))]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
@@ -433,7 +480,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"        _backward_block{mode}{g}{sfx}({bwd_args}n0, min(block, N - n0))",
             ]
 
-        parts = [forward, *(reverse_row(grads, over) for grads in (False, True) for over in OVER_SUFFIX)]
+        parts = [forward, *(reverse_rows(grads, over) for grads in (False, True) for over in OVER_SUFFIX)]
         parts += [backward(grads, saved) for grads in (False, True) for saved in (False, True)]
         parts += [backward(grads, True, over="state") for grads in (False, True)]
         parts += [backward(grads, False, over="input") for grads in (False, True)]
