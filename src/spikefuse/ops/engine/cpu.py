@@ -67,6 +67,15 @@ SCRATCH_BYTES = 2 << 20
 # that `spikefuse bench compile` checks. (The reverse pass, whose code is the largest, always runs two steps per
 # row pass, with no one-step twin: see ``reverse_rows``.)
 ROW_STEPS = 2
+
+
+def reverse_steps(grads: bool) -> int:
+    """Steps per row pass of the reverse pass: two (gradients carried between them in registers, a step left over run
+    by the same function), one in the kernels with per-neuron parameter gradients, whose row function is the largest:
+    two steps of it compile in about twice the time, which every new neuron, surrogate and dtype with a learnable
+    parameter (and the test suite) would pay."""
+    return 1 if grads else 2
+
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
@@ -297,16 +306,17 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return emit.chain_sum(pairs, derivs, "F(0.0)", base)
 
         def reverse_rows(grads: bool, over: str = "") -> list[str]:
-            """Two reverse steps of a block, t and t - 1 (``pair`` False: step t alone, the second step's results
-            dropped), the carried gradients in registers between them; ``grads``: with the per-neuron parameter
-            gradients (suffix ``_grads``); ``over``: grad_x written over the first state's row of the step (``"state"``,
-            suffix ``_over``: its saved states) or over the input's row (``"input"``, suffix ``_over_x``), one pointer,
-            which LLVM vectorizes without an overlap check. Rows: ``x<u>``, ``g<u>`` (grad of the spikes), ``gx<u>``
-            of step t - u; ``w0_*`` the states after step t, ``w1_*`` after t - 1, ``o_*`` before it. Every row is read
-            before any is written."""
+            """:func:`reverse_steps` reverse steps of a block, t (and t - 1; ``pair`` False: step t alone, the second
+            step's results dropped), the carried gradients in registers between them; ``grads``: with the per-neuron
+            parameter gradients (suffix ``_grads``); ``over``: grad_x written over the first state's row of the step
+            (``"state"``, suffix ``_over``: its saved states) or over the input's row (``"input"``, suffix
+            ``_over_x``), one pointer, which LLVM vectorizes without an overlap check. Rows: ``x<u>``, ``g<u>`` (grad
+            of the spikes), ``gx<u>`` of step t - u; ``w0_*`` the states after step t, ``w1_*`` after t - 1, ``o_*``
+            before the last step. Every row is read before any is written."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
-            outs = {"": ["gx0", "gx1"], "state": [f"w0_{S[0]}", f"w1_{S[0]}"], "input": ["x0", "x1"]}[over]
-            flags = "fresh0, fresh1, " if model.handoff else ""
+            n = reverse_steps(grads)
+            outs = {"": ["gx0", "gx1"], "state": [f"w0_{S[0]}", f"w1_{S[0]}"], "input": ["x0", "x1"]}[over][:n]
+            flags = args("fresh", range(n)) if model.handoff else ""
             names = {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}}
 
             def one_step(u: int, old: str, new: str, carried_s: str, carried: str) -> list[str]:
@@ -333,22 +343,24 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     f"{ind}gs{u} = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
                 ]
 
+            rows_in = ["w0", "w1", "o"] if n == 2 else ["w0", "o"]
+            pick = {2: lambda a, b: f"{a} if pair else {b}", 1: lambda a, b: b}[n]
             return [
                 "@njit(cache=True, error_model='numpy')",
-                f"def _reverse_rows{g}{sfx}(x0, x1, g0, g1, {'' if over else 'gx0, gx1, '}{args('o_', S)}"
-                f"{args('w0_', S)}{args('w1_', S)}{args('gS_', S)}gs, {args('acc_', P) if grads else ''}{prow}"
-                f"sg_p1, sg_p2, detach, {flags}pair, m):",
+                f"def _reverse_rows{g}{sfx}({args('x', range(n))}{args('g', range(n))}"
+                f"{'' if over else args('gx', range(n))}{args('o_', S)}{args('w0_', S)}"
+                f"{args('w1_', S) if n == 2 else ''}{args('gS_', S)}gs, {args('acc_', P) if grads else ''}{prow}"
+                f"sg_p1, sg_p2, detach, {flags}{'pair, ' if n == 2 else ''}m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
-                *[f"{ind}L{r}_{k}_ = {r}_{k}[j]" for r in ("w0", "w1", "o") for k in S],
-                *one_step(0, "Lw1", "Lw0", "gs[j]", "gS_{k}[j]"),
-                *one_step(1, "Lo", "Lw1", "gs0", "gS0_{k}"),
-                *[f"{ind}gS_{k}[j] = gS1_{k} if pair else gS0_{k}" for k in S],
-                f"{ind}gs[j] = gs1 if pair else gs0",
-                *([f"{ind}acc_{p}[j] = a1_{p} if pair else a0_{p}" for p in P] if grads else []),
-                f"{ind}{outs[0]}[j] = gx_0",
-                f"{ind}{outs[1]}[j] = gx_1",
+                *[f"{ind}L{r}_{k}_ = {r}_{k}[j]" for r in rows_in for k in S],
+                *one_step(0, "Lw1" if n == 2 else "Lo", "Lw0", "gs[j]", "gS_{k}[j]"),
+                *(one_step(1, "Lo", "Lw1", "gs0", "gS0_{k}") if n == 2 else []),
+                *[f"{ind}gS_{k}[j] = " + pick(f"gS1_{k}", f"gS0_{k}") for k in S],
+                f"{ind}gs[j] = " + pick("gs1", "gs0"),
+                *([f"{ind}acc_{p}[j] = " + pick(f"a1_{p}", f"a0_{p}") for p in P] if grads else []),
+                *[f"{ind}{out}[j] = gx_{u}" for u, out in enumerate(outs)],
             ]
 
         def handoff_grads(grads: bool, saved: bool) -> list[str]:
@@ -424,8 +436,15 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                         f"{gx}{args('', spares + new + spares)}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, "
                         f"{first('0')}{first('1')}0 > 0, m)"]
 
+            def reverse_one(t: str, old: list[str], new: list[str]) -> str:
+                """Step ``t`` alone (the one-step row function of the parameter-gradient kernels)."""
+                gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
+                return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{args('', old + new)}{args('gS_', S)}gs, "
+                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
+
             kept = S if saved else replayed(grads)
-            spare = [f"    spare = np.empty(({len(S) + 2}, m), F)"]
+            pairs = reverse_steps(grads) == 2
+            spare = [f"    spare = np.empty(({len(S) + 2}, m), F)"] if pairs else []
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
                           *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
@@ -434,7 +453,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                          f"        {reverse('t', saved_list('t - 2'), saved_list('t'), saved_list('t - 1'))}",
                          "    if T % 2 == 0:",
                          f"        {reverse('1', row_list('0', S), saved_list('1'), saved_list('0'))}",
-                         *first_step_alone(row_list('0', S), saved_list('0'))]
+                         *first_step_alone(row_list('0', S), saved_list('0'))] if pairs else [
+                         "    for t in range(T - 1, 0, -1):",
+                         f"        {reverse_one('t', saved_list('t - 1'), saved_list('t'))}",
+                         f"    {reverse_one('0', row_list('0', S), saved_list('0'))}"]
             else:
                 carried = [k for k in S if k not in kept]
 
@@ -453,9 +475,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
                           *in_passes(recompute), *spare]
-                pair = reverse("t", row_list("t - 1", kept), row_list("t + 1", kept), row_list("t", kept))
-                steps = ["    for t in range(T - 1, 0, -2):", f"        {pair}",
-                         *first_step_alone(row_list('0', kept), row_list('1', kept))]
+                if pairs:
+                    pair = reverse("t", row_list("t - 1", kept), row_list("t + 1", kept), row_list("t", kept))
+                    steps = ["    for t in range(T - 1, 0, -2):", f"        {pair}",
+                             *first_step_alone(row_list("0", kept), row_list("1", kept))]
+                else:
+                    steps = ["    for t in range(T - 1, -1, -1):",
+                             f"        {reverse_one('t', row_list('t', kept), row_list('t + 1', kept))}"]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
