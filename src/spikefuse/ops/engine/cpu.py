@@ -22,7 +22,8 @@ expanded to a block-sized row per parameter. One time step of a block is a row f
 (``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :data:`ROW_STEPS` consecutive
 steps of the forward and the recompute (suffix ``_x2``), which run their time loop but for a step left over; the
 reverse pass runs two steps per row function (``_reverse_rows``, its gradients carried between them in registers),
-which also runs a step left over on its own (``pair`` false), so that no one-step twin is compiled beside it.
+which also runs a step left over on its own (``pair`` false), so that no one-step twin is compiled beside it (one
+step in the kernels with parameter gradients: :func:`reverse_steps`).
 LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
 Inlined into the loop over time, that check spans the rows of every step, always fails on the reverse pass (its rows
 move backwards in memory), and the loop runs scalar.
@@ -64,8 +65,7 @@ SCRATCH_BYTES = 2 << 20
 # between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
 # per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
 # one-step one, which a cold start (and the test suite) pays for: two keep the default LIF's first call under the 5 s
-# that `spikefuse bench compile` checks. (The reverse pass, whose code is the largest, always runs two steps per
-# row pass, with no one-step twin: see ``reverse_rows``.)
+# that `spikefuse bench compile` checks. (The reverse pass has no one-step twin: see reverse_steps.)
 ROW_STEPS = 2
 
 
