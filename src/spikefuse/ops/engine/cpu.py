@@ -417,30 +417,40 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 """The block's input row of step ``t``."""
                 return f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
+            def call(xs: list[str], gys: list[str], gxs: list[str], old: list[str], news: list[list[str]],
+                     flags: str) -> str:
+                """The row function's call on a step's rows (``xs``, ``gys``, ``gxs``: input, spike gradient and
+                grad_x, one per step), the states before the last step and after each (``old``, ``news``) and the
+                trailing flags (``fresh<u>``, ``pair``)."""
+                return (f"{row}({args('', xs)}{args('', gys)}{'' if over else args('', gxs)}"
+                        f"{args('', old + [r for new in news for r in new])}{args('gS_', S)}gs, {acc}{prow}sg_p1, "
+                        f"sg_p2, detach, {flags}m)")
+
+            def step_rows(t: str) -> tuple[str, str, str]:
+                """The block's input, spike-gradient and grad_x rows of step ``t``."""
+                return xrow(t), f"grad_spikes[{t}, n0:n0 + m]", f"grad_x[{t}, n0:n0 + m]"
+
             def reverse(t: str, old: list[str], new0: list[str], new1: list[str]) -> str:
                 """Steps ``t`` and ``t - 1`` from the state rows ``new0`` (after t), ``new1`` (after t - 1) and ``old``
                 (before t - 1)."""
-                gx = "" if over else f"grad_x[{t}, n0:n0 + m], grad_x[{t} - 1, n0:n0 + m], "
-                return (f"{row}({xrow(t)}, {xrow(f'{t} - 1')}, grad_spikes[{t}, n0:n0 + m], "
-                        f"grad_spikes[{t} - 1, n0:n0 + m], {gx}{args('', old + new0 + new1)}{args('gS_', S)}gs, "
-                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}{first(f'{t} - 1')}{t} > 0, m)")
+                xs, gys, gxs = (list(r) for r in zip(step_rows(t), step_rows(f"{t} - 1")))
+                return call(xs, gys, gxs, old, [new0, new1], f"{first(t)}{first(f'{t} - 1')}{t} > 0, ")
 
             def first_step_alone(old: list[str], new: list[str]) -> list[str]:
                 """Step 0 on its own (T odd): the second step's rows are spare ones, its states a copy of those
                 before step 0 (a row written over by grad_x is one of them)."""
-                gx = "" if over else f"grad_x[0, n0:n0 + m], spare[{len(S) + 1}], "
+                x0, gy0, gx0 = step_rows("0")
                 spares = [f"spare[{i}]" for i in range(len(S))]
+                spare_in, spare_gx = f"spare[{len(S)}]", f"spare[{len(S) + 1}]"
                 return ["    if T % 2:", "        for j in range(m):",
                         *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(old)],
-                        f"        {row}({xrow('0')}, spare[{len(S)}], grad_spikes[0, n0:n0 + m], spare[{len(S)}], "
-                        f"{gx}{args('', spares + new + spares)}{args('gS_', S)}gs, {acc}{prow}sg_p1, sg_p2, detach, "
-                        f"{first('0')}{first('1')}0 > 0, m)"]
+                        "        " + call([x0, spare_in], [gy0, spare_in], [gx0, spare_gx], spares, [new, spares],
+                                          f"{first('0')}{first('1')}0 > 0, ")]  # fmt: skip
 
             def reverse_one(t: str, old: list[str], new: list[str]) -> str:
                 """Step ``t`` alone (the one-step row function of the parameter-gradient kernels)."""
-                gx = "" if over else f"grad_x[{t}, n0:n0 + m], "
-                return (f"{row}({xrow(t)}, grad_spikes[{t}, n0:n0 + m], {gx}{args('', old + new)}{args('gS_', S)}gs, "
-                        f"{acc}{prow}sg_p1, sg_p2, detach, {first(t)}m)")
+                x, gy, gx = step_rows(t)
+                return call([x], [gy], [gx], old, [new], first(t))
 
             kept = S if saved else replayed(grads)
             pairs = reverse_steps(grads) == 2
