@@ -19,11 +19,11 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
-(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :data:`ROW_STEPS` consecutive
-steps of the forward and the recompute (suffix ``_x2``), which run their time loop but for a step left over; the
-reverse pass runs two steps per row function (``_reverse_rows``, its gradients carried between them in registers),
-which also runs a step left over on its own (``pair`` false), so that no one-step twin is compiled beside it (one
-step in the kernels with parameter gradients: :func:`reverse_steps`).
+(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :func:`row_steps` consecutive
+steps of the forward and the recompute (suffix ``_x<steps>``), which run their time loop but for the steps left
+over; the reverse pass runs :func:`reverse_steps` steps per row function (``_reverse_rows``, its gradients carried
+between them in registers), which also runs the steps left over (``valid`` of them counting), so that no one-step
+twin is compiled beside it.
 LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
 Inlined into the loop over time, that check spans the rows of every step, always fails on the reverse pass (its rows
 move backwards in memory), and the loop runs scalar.
@@ -61,20 +61,25 @@ from .emit import Dialect
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
-# Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
-# between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
-# per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
-# one-step one, which a cold start (and the test suite) pays for: two keep the default LIF's first call under the 5 s
-# that `spikefuse bench compile` checks. (The reverse pass has no one-step twin: see reverse_steps.)
-ROW_STEPS = 2
 
 
-def reverse_steps(grads: bool) -> int:
-    """Steps per row pass of the reverse pass: two (gradients carried between them in registers, a step left over run
-    by the same function), one in the kernels with per-neuron parameter gradients, whose row function is the largest:
-    two steps of it compile in about twice the time, which every new neuron, surrogate and dtype with a learnable
-    parameter (and the test suite) would pay."""
-    return 1 if grads else 2
+def row_steps(model) -> int:
+    """Steps per row pass of the forward and the recompute: a pass over several steps keeps the states in registers
+    between them (each state's row is read and written once per pass, not per step) and streams that many rows of
+    each ``[T, N]`` tensor at once, which keeps more memory traffic in flight per core; steps left over at the end
+    run one at a time. Four for a neuron of several states, whose rows are most of a pass's cache traffic; two for
+    one state: each function of several steps is compiled beside the one-step one, which a cold start (and the test
+    suite) pays for, and two keep the default LIF's first call under the 5 s that `spikefuse bench compile` checks.
+    (The reverse pass has no one-step twin: see :func:`reverse_steps`.)"""
+    return 2 if len(model.states) == 1 else 4
+
+
+def reverse_steps(model, grads: bool) -> int:
+    """Steps per row pass of the reverse pass, its gradients carried between them in registers, steps left over run
+    by the same function (see ``steps_left``): as :func:`row_steps`, but one in the kernels with per-neuron parameter
+    gradients, whose row function is the largest: several steps of it compile in proportionally more time, which
+    every new neuron, surrogate and dtype with a learnable parameter (and the test suite) would pay."""
+    return 1 if grads else row_steps(model)
 
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
@@ -125,11 +130,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         """The ``fresh`` argument of a row function's call at step ``t``."""
         return f"{t} == 0, " if model.handoff else ""
 
+    per_pass = row_steps(model)
+
     def in_passes(call) -> list[str]:
         """A block's loop forward in time over ``T`` steps from ``t``: ``call(steps)`` (the line running steps
-        t..t+steps-1) with :data:`ROW_STEPS` steps per pass, then with one for a step left over."""
-        return [f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
-                f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
+        t..t+steps-1) with :func:`row_steps` steps per pass, then with one for each step left over."""
+        return [f"    for t in range(0, T - {per_pass - 1}, {per_pass}):", call(per_pass),
+                f"    for t in range(T - T % {per_pass}, T):", call(1)]
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -245,7 +252,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
         def forward_steps(save: bool) -> list[str]:
-            """The forward block's loop over time: ROW_STEPS steps per row pass, then the rest one at a time."""
+            """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time."""
             name = "_forward_save_row" if save else "_forward_row"
 
             def call(steps: int) -> str:
@@ -259,7 +266,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    T = x.shape[0]", *in_passes(call)]
 
         forward = [
-            *(line for steps in (1, ROW_STEPS) for line in (
+            *(line for steps in (1, per_pass) for line in (
                 *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
                 *(line for g in ("", "_grads")
                   for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False, steps=steps,
@@ -306,24 +313,26 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return emit.chain_sum(pairs, derivs, "F(0.0)", base)
 
         def reverse_rows(grads: bool, over: str = "") -> list[str]:
-            """:func:`reverse_steps` reverse steps of a block, t (and t - 1; ``pair`` False: step t alone, the second
-            step's results dropped), the carried gradients in registers between them; ``grads``: with the per-neuron
-            parameter gradients (suffix ``_grads``); ``over``: grad_x written over the first state's row of the step
-            (``"state"``, suffix ``_over``: its saved states) or over the input's row (``"input"``, suffix
-            ``_over_x``), one pointer, which LLVM vectorizes without an overlap check. Rows: ``x<u>``, ``g<u>`` (grad
-            of the spikes), ``gx<u>`` of step t - u; ``w0_*`` the states after step t, ``w1_*`` after t - 1, ``o_*``
-            before the last step. Every row is read before any is written."""
+            """``n`` = :func:`reverse_steps` reverse steps of a block, t, t - 1, ..., t - n + 1 (only the first
+            ``valid`` of them count: the others' results are dropped), the carried gradients in registers between
+            them; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``); ``over``: grad_x written over
+            the first state's row of the step (``"state"``, suffix ``_over``: its saved states) or over the input's row
+            (``"input"``, suffix ``_over_x``), one pointer, which LLVM vectorizes without an overlap check. Rows:
+            ``x<u>``, ``g<u>`` (grad of the spikes), ``gx<u>`` of step t - u; ``w<u>_*`` the states after step t - u,
+            ``o_*`` before the last step. Every row is read before any is written."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
-            n = reverse_steps(grads)
-            outs = {"": ["gx0", "gx1"], "state": [f"w0_{S[0]}", f"w1_{S[0]}"], "input": ["x0", "x1"]}[over][:n]
+            n = reverse_steps(model, grads)
+            outs = [{"": f"gx{u}", "state": f"w{u}_{S[0]}", "input": f"x{u}"}[over] for u in range(n)]
             flags = args("fresh", range(n)) if model.handoff else ""
             names = {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}}
 
-            def one_step(u: int, old: str, new: str, carried_s: str, carried: str) -> list[str]:
-                """Step t - u from the states ``old``/``new`` (locals ``<old>_<k>_``), the gradients carried in from the
-                later step (``carried_s`` of the spike, ``carried.format(k=...)`` of the states); its results in
-                ``gx_<u>``, ``gS<u>_<k>``, ``gs<u>``, ``a<u>_<p>``."""
-                acc_in = {p: "acc_" + p + "[j]" if u == 0 else "a0_" + p for p in P}
+            def one_step(u: int) -> list[str]:
+                """Step t - u, from the states after it (locals ``Lw<u>_<k>_``) and before it (``Lw<u+1>_<k>_``, or
+                ``Lo_<k>_`` for the last), the gradients carried in from the later step; its results in ``gx_<u>``,
+                ``gS<u>_<k>``, ``gs<u>``, ``a<u>_<p>``."""
+                old, new = f"Lw{u + 1}" if u < n - 1 else "Lo", f"Lw{u}"
+                carried_s, carried = ("gs[j]", "gS_{k}[j]") if u == 0 else (f"gs{u - 1}", f"gS{u - 1}_{{k}}")
+                acc_in = {p: f"acc_{p}[j]" if u == 0 else f"a{u - 1}_{p}" for p in P}
                 return [
                     *([f"{ind}fresh = fresh{u}"] if model.handoff else []),
                     *[f"{ind}o_{k}_ = {old}_{k}_" for k in S],
@@ -343,23 +352,28 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     f"{ind}gs{u} = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
                 ]
 
-            rows_in = ["w0", "w1", "o"] if n == 2 else ["w0", "o"]
-            pick = {2: lambda a, b: f"{a} if pair else {b}", 1: lambda a, b: b}[n]
+            def last(value) -> str:
+                """``value(u)`` of the last step that counts, u = valid - 1."""
+                picked = value(0)
+                for u in range(1, n):
+                    picked = f"{value(u)} if valid > {u} else ({picked})"
+                return picked
+
+            rows_in = [f"w{u}" for u in range(n)] + ["o"]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _reverse_rows{g}{sfx}({args('x', range(n))}{args('g', range(n))}"
-                f"{'' if over else args('gx', range(n))}{args('o_', S)}{args('w0_', S)}"
-                f"{args('w1_', S) if n == 2 else ''}{args('gS_', S)}gs, {args('acc_', P) if grads else ''}{prow}"
-                f"sg_p1, sg_p2, detach, {flags}{'pair, ' if n == 2 else ''}m):",
+                f"{'' if over else args('gx', range(n))}{args('o_', S)}"
+                f"{''.join(args(f'w{u}_', S) for u in range(n))}{args('gS_', S)}gs, "
+                f"{args('acc_', P) if grads else ''}{prow}sg_p1, sg_p2, detach, {flags}{'valid, ' if n > 1 else ''}m):",
                 "    prefer_wide_vectors()",
                 "    for j in range(m):",
                 *param_locals(ind),
                 *[f"{ind}L{r}_{k}_ = {r}_{k}[j]" for r in rows_in for k in S],
-                *one_step(0, "Lw1" if n == 2 else "Lo", "Lw0", "gs[j]", "gS_{k}[j]"),
-                *(one_step(1, "Lo", "Lw1", "gs0", "gS0_{k}") if n == 2 else []),
-                *[f"{ind}gS_{k}[j] = " + pick(f"gS1_{k}", f"gS0_{k}") for k in S],
-                f"{ind}gs[j] = " + pick("gs1", "gs0"),
-                *([f"{ind}acc_{p}[j] = " + pick(f"a1_{p}", f"a0_{p}") for p in P] if grads else []),
+                *(line for u in range(n) for line in one_step(u)),
+                *[f"{ind}gS_{k}[j] = " + last(lambda u, k=k: f"gS{u}_{k}") for k in S],
+                f"{ind}gs[j] = " + last(lambda u: f"gs{u}"),
+                *([f"{ind}acc_{p}[j] = " + last(lambda u, p=p: f"a{u}_{p}") for p in P] if grads else []),
                 *[f"{ind}{out}[j] = gx_{u}" for u, out in enumerate(outs)],
             ]
 
@@ -419,9 +433,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
             def call(xs: list[str], gys: list[str], gxs: list[str], old: list[str], news: list[list[str]],
                      flags: str) -> str:
-                """The row function's call on a step's rows (``xs``, ``gys``, ``gxs``: input, spike gradient and
+                """The row function's call on its steps' rows (``xs``, ``gys``, ``gxs``: input, spike gradient and
                 grad_x, one per step), the states before the last step and after each (``old``, ``news``) and the
-                trailing flags (``fresh<u>``, ``pair``)."""
+                trailing flags (``fresh<u>``, ``valid``)."""
                 return (f"{row}({args('', xs)}{args('', gys)}{'' if over else args('', gxs)}"
                         f"{args('', old + [r for new in news for r in new])}{args('gS_', S)}gs, {acc}{prow}sg_p1, "
                         f"sg_p2, detach, {flags}m)")
@@ -430,43 +444,60 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 """The block's input, spike-gradient and grad_x rows of step ``t``."""
                 return xrow(t), f"grad_spikes[{t}, n0:n0 + m]", f"grad_x[{t}, n0:n0 + m]"
 
-            def reverse(t: str, old: list[str], new0: list[str], new1: list[str]) -> str:
-                """Steps ``t`` and ``t - 1`` from the state rows ``new0`` (after t), ``new1`` (after t - 1) and ``old``
-                (before t - 1)."""
-                xs, gys, gxs = (list(r) for r in zip(step_rows(t), step_rows(f"{t} - 1")))
-                return call(xs, gys, gxs, old, [new0, new1], f"{first(t)}{first(f'{t} - 1')}{t} > 0, ")
-
-            def first_step_alone(old: list[str], new: list[str]) -> list[str]:
-                """Step 0 on its own (T odd): the second step's rows are spare ones, its states a copy of those
-                before step 0 (a row written over by grad_x is one of them)."""
-                x0, gy0, gx0 = step_rows("0")
-                spares = [f"spare[{i}]" for i in range(len(S))]
-                spare_in, spare_gx = f"spare[{len(S)}]", f"spare[{len(S) + 1}]"
-                return ["    if T % 2:", "        for j in range(m):",
-                        *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(old)],
-                        "        " + call([x0, spare_in], [gy0, spare_in], [gx0, spare_gx], spares, [new, spares],
-                                          f"{first('0')}{first('1')}0 > 0, ")]  # fmt: skip
-
-            def reverse_one(t: str, old: list[str], new: list[str]) -> str:
-                """Step ``t`` alone (the one-step row function of the parameter-gradient kernels)."""
-                x, gy, gx = step_rows(t)
-                return call([x], [gy], [gx], old, [new], first(t))
-
             kept = S if saved else replayed(grads)
-            pairs = reverse_steps(grads) == 2
-            spare = [f"    spare = np.empty(({len(S) + 2}, m), F)"] if pairs else []
+            n = reverse_steps(model, grads)
+
+            def after(t: str) -> list[str]:
+                """The block's state rows after step ``t``."""
+                return saved_list(t) if saved else row_list(f"{t} + 1", kept)
+
+            def group(t: str, old: list[str]) -> str:
+                """Steps ``t`` down to ``t - n + 1``, all of them counting, from the states before the last, ``old``
+                (``valid`` is n, written as an expression of ``T`` so that numba types it as an integer, not as a
+                literal, which would compile the row function once more)."""
+                xs, gys, gxs = (list(r) for r in zip(*(step_rows(f"{t} - {u}") for u in range(n))))
+                flags = "".join(first(f"{t} - {u}") for u in range(n)) + (f"min(T, {n}), " if n > 1 else "")
+                return call(xs, gys, gxs, old, [after(f"{t} - {u}") for u in range(n)], flags)
+
+            def steps_left(initial: list[str]) -> list[str]:
+                """The ``T % n`` steps left at the bottom (k - 1 down to 0): the same row function, the steps past
+                step 0 not counting. Their input and spike-gradient rows are a zeroed spare, their states a copy of
+                the initial ones (the last counting step's old states), and each row they write is a spare of its own
+                (a row written twice, or read through another argument, would fail LLVM's overlap check: scalar)."""
+                if n == 1:
+                    return []
+                copies = [f"spare[{i}]" for i in range(len(S))]
+                spare_in = f"spare[{len(S)}]"
+
+                def spare_out(u: int) -> str:
+                    return f"spare[{len(S) + u}]"
+
+                lines = ["    if T % " + str(n) + ":", f"        spare = np.zeros(({len(S) + n}, m), F)",
+                         "        for j in range(m):",
+                         *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(initial)]]  # fmt: skip
+                for k in range(1, n):
+                    rows, news = [], []
+                    for u in range(n):
+                        if u < k:
+                            rows.append(step_rows(str(k - 1 - u)))
+                            news.append(after(str(k - 1 - u)))
+                        else:
+                            rows.append((spare_out(u) if over == "input" else spare_in, spare_in, spare_out(u)))
+                            news.append([spare_out(u)] + copies[1:] if over == "state" and u > k else copies)
+                    old = [spare_in] + copies[1:] if over == "state" else copies
+                    xs, gys, gxs = (list(r) for r in zip(*rows))
+                    flags = "".join(first(str(k - 1 - u)) for u in range(n)) + f"T % {n}, "
+                    lines += [f"        {'if' if k == 1 else 'elif'} T % {n} == {k}:",
+                              "            " + call(xs, gys, gxs, old, news, flags)]
+                return lines
+
             if saved:  # hist: the initial states only; the others are the forward's
                 states = [f"    hist = np.empty(({len(S)}, m), F)",
-                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
-                          *spare]
-                steps = ["    for t in range(T - 1, 1, -2):",
-                         f"        {reverse('t', saved_list('t - 2'), saved_list('t'), saved_list('t - 1'))}",
-                         "    if T % 2 == 0:",
-                         f"        {reverse('1', row_list('0', S), saved_list('1'), saved_list('0'))}",
-                         *first_step_alone(row_list('0', S), saved_list('0'))] if pairs else [
-                         "    for t in range(T - 1, 0, -1):",
-                         f"        {reverse_one('t', saved_list('t - 1'), saved_list('t'))}",
-                         f"    {reverse_one('0', row_list('0', S), saved_list('0'))}"]
+                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
+                bottom = f"    {group(str(n - 1), row_list('0', S))}"
+                steps = [f"    for t in range(T - 1, {n - 1}, -{n}):", f"        {group('t', saved_list(f't - {n}'))}",
+                         *([bottom] if n == 1 else [f"    if T % {n} == 0:", "    " + bottom]),
+                         *steps_left(row_list("0", S))]
             else:
                 carried = [k for k in S if k not in kept]
 
@@ -484,14 +515,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
                                      [f"init_{k}" for k in (*kept, *carried)], "    "),
-                          *in_passes(recompute), *spare]
-                if pairs:
-                    pair = reverse("t", row_list("t - 1", kept), row_list("t + 1", kept), row_list("t", kept))
-                    steps = ["    for t in range(T - 1, 0, -2):", f"        {pair}",
-                             *first_step_alone(row_list("0", kept), row_list("1", kept))]
-                else:
-                    steps = ["    for t in range(T - 1, -1, -1):",
-                             f"        {reverse_one('t', row_list('t', kept), row_list('t + 1', kept))}"]
+                          *in_passes(recompute)]
+                steps = [f"    for t in range(T - 1, {n - 2}, -{n}):", f"        {group('t', after(f't - {n}'))}",
+                         *steps_left(row_list("0", kept))]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
