@@ -19,7 +19,7 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
-(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :func:`row_steps` consecutive
+(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :data:`ROW_STEPS` consecutive
 steps of the forward and the recompute (suffix ``_x<steps>``), which run their time loop but for the steps left
 over; the reverse pass runs :func:`reverse_steps` steps per row function (``_reverse_rows``, its gradients carried
 between them in registers), which also runs the steps left over (``valid`` of them counting), so that no one-step
@@ -63,23 +63,23 @@ MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
 
 
-def row_steps(model) -> int:
-    """Steps per row pass of the forward and the recompute: a pass over several steps keeps the states in registers
-    between them (each state's row is read and written once per pass, not per step) and streams that many rows of
-    each ``[T, N]`` tensor at once, which keeps more memory traffic in flight per core; steps left over at the end
-    run one at a time. Four for a neuron of several states, whose rows are most of a pass's cache traffic; two for
-    one state: each function of several steps is compiled beside the one-step one, which a cold start (and the test
-    suite) pays for, and two keep the default LIF's first call under the 5 s that `spikefuse bench compile` checks.
-    (The reverse pass has no one-step twin: see :func:`reverse_steps`.)"""
-    return 2 if len(model.states) == 1 else 4
+# Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
+# between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
+# per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
+# one-step one, which a cold start (and the test suite) pays for: two keep the default LIF's first call under the 5 s
+# that `spikefuse bench compile` checks. With four, some functions of CubaLIF and ALIF (the potential-saving
+# forward) and of three-state neurons (the recompute and the reverse) have more rows than LLVM checks for overlap at
+# run time, and run scalar. (The reverse pass has no one-step twin: see reverse_steps.)
+ROW_STEPS = 2
 
 
-def reverse_steps(model, grads: bool) -> int:
+def reverse_steps(grads: bool) -> int:
     """Steps per row pass of the reverse pass, its gradients carried between them in registers, steps left over run
-    by the same function (see ``steps_left``): as :func:`row_steps`, but one in the kernels with per-neuron parameter
+    by the same function (see ``steps_left``): :data:`ROW_STEPS`, but one in the kernels with per-neuron parameter
     gradients, whose row function is the largest: several steps of it compile in proportionally more time, which
     every new neuron, surrogate and dtype with a learnable parameter (and the test suite) would pay."""
-    return 1 if grads else row_steps(model)
+    return 1 if grads else ROW_STEPS
+
 
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
@@ -130,13 +130,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         """The ``fresh`` argument of a row function's call at step ``t``."""
         return f"{t} == 0, " if model.handoff else ""
 
-    per_pass = row_steps(model)
-
     def in_passes(call) -> list[str]:
         """A block's loop forward in time over ``T`` steps from ``t``: ``call(steps)`` (the line running steps
-        t..t+steps-1) with :func:`row_steps` steps per pass, then with one for each step left over."""
-        return [f"    for t in range(0, T - {per_pass - 1}, {per_pass}):", call(per_pass),
-                f"    for t in range(T - T % {per_pass}, T):", call(1)]
+        t..t+steps-1) with :data:`ROW_STEPS` steps per pass, then with one for each step left over."""
+        return [f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
+                f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -252,7 +250,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
         def forward_steps(save: bool) -> list[str]:
-            """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time."""
+            """The forward block's loop over time: ROW_STEPS steps per row pass, then the rest one at a time."""
             name = "_forward_save_row" if save else "_forward_row"
 
             def call(steps: int) -> str:
@@ -266,7 +264,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    T = x.shape[0]", *in_passes(call)]
 
         forward = [
-            *(line for steps in (1, per_pass) for line in (
+            *(line for steps in (1, ROW_STEPS) for line in (
                 *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
                 *(line for g in ("", "_grads")
                   for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False, steps=steps,
@@ -321,7 +319,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             ``x<u>``, ``g<u>`` (grad of the spikes), ``gx<u>`` of step t - u; ``w<u>_*`` the states after step t - u,
             ``o_*`` before the last step. Every row is read before any is written."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
-            n = reverse_steps(model, grads)
+            n = reverse_steps(grads)
             outs = [{"": f"gx{u}", "state": f"w{u}_{S[0]}", "input": f"x{u}"}[over] for u in range(n)]
             flags = args("fresh", range(n)) if model.handoff else ""
             names = {**sym_names, **{f"old_{k}": f"o_{k}_" for k in S}}
@@ -445,7 +443,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 return xrow(t), f"grad_spikes[{t}, n0:n0 + m]", f"grad_x[{t}, n0:n0 + m]"
 
             kept = S if saved else replayed(grads)
-            n = reverse_steps(model, grads)
+            n = reverse_steps(grads)
 
             def after(t: str) -> list[str]:
                 """The block's state rows after step ``t``."""
