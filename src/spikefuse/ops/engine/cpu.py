@@ -61,8 +61,6 @@ from .emit import Dialect
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
-
-
 # Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
 # between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
 # per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
@@ -79,7 +77,6 @@ def reverse_steps(grads: bool) -> int:
     gradients, whose row function is the largest: several steps of it compile in proportionally more time, which
     every new neuron, surrogate and dtype with a learnable parameter (and the test suite) would pay."""
     return 1 if grads else ROW_STEPS
-
 
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
