@@ -323,6 +323,21 @@ def test_user_model_through_the_public_api_and_module(backend):
     assert torch.equal(out.detach(), reference_out)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_final_state_without_a_gradient_path(backend):
+    """ALIF with detach_reset from the default (shared) initial states: its final adaptation depends on no input, so
+    the reference's backward has no gradient to take through it (it raised), and the fused kernels agree with it."""
+    x = torch.rand(5, 2, 7) * 0.8
+    grads = {}
+    for run in ("reference", backend):
+        leaf = x.clone().requires_grad_()
+        spikes, (v, a) = spikefuse.neuron(leaf, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True, backend=run,
+                                          return_state=True)  # fmt: skip
+        (spikes * torch.linspace(0.5, 1.5, 7) + v + a).sum().backward()
+        grads[run] = leaf.grad
+    _close(grads[backend], grads["reference"], "grad x")
+
+
 def test_triton_block_keeps_eight_words_of_state_per_thread():
     """The generated Triton kernels' block: the LIF launcher's choice, capped at 8 state words per thread."""
     from spikefuse.ops.engine.triton import block_size

@@ -118,9 +118,10 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
         params = [p.detach().requires_grad_(bool(need)) for p, need in zip(params, need_param_grads)]
         spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset)
         leaves = [x2] + [v for v in init if v.requires_grad] + [p for p in params if p.requires_grad]
-        grads = torch.autograd.grad(
-            (spikes, *final), leaves, (grad_spikes, *(g.expand(n) for g in grad_final)), allow_unused=True
-        )
+        # a final state may not depend on any leaf (ALIF's adaptation with detach_reset from a shared initial value)
+        outputs = [(v, g) for v, g in zip((spikes, *final), (grad_spikes, *(g.expand(n) for g in grad_final)))
+                   if v.requires_grad]  # fmt: skip
+        grads = torch.autograd.grad([v for v, _ in outputs], leaves, [g for _, g in outputs], allow_unused=True)
     grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
     grad_x, rest = grads[0], iter(grads[1:])
     grad_init = [next(rest) if v.requires_grad else None for v in init]
