@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 __all__ = ["EXP2_DEGREE", "block_for", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd",
-           "pow2", "prefer_wide_vectors"]  # fmt: skip
+           "pow2", "prefer_wide_vectors", "rows_apart"]  # fmt: skip
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
 #: stays below the dtype's own rounding in float32 and ~1e-12 in float64.
@@ -94,6 +94,30 @@ def prefer_wide_vectors(typingctx):
 
     def codegen(context, builder, signature, args):
         set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def rows_apart(typingctx):
+    """Mark the data of every array argument of the calling function ``noalias``: a promise that no element one
+    argument writes is read or written through another while the function runs.
+
+    A row function of the engine takes a row per state and step; without the promise LLVM vectorizes its loop behind a
+    run-time check of every pair of rows for overlap, and past its limit on pairs (a forward of four steps of two
+    states keeping its states, or a recompute of four steps of three) keeps the loop scalar. The generated callers pass
+    each row a function writes once, in no other argument (read-only rows may repeat). numba passes an array as its
+    fields, the data a pointer to the element type; the other pointers (the array's owner, the return slot) are
+    ``i8*`` or structs and are left as they are.
+    """
+
+    def codegen(context, builder, signature, args):
+        for arg in builder.function.args:
+            pointee = getattr(arg.type, "pointee", None)
+            if isinstance(pointee, (llvmir.HalfType, llvmir.FloatType, llvmir.DoubleType)) or (
+                    isinstance(pointee, llvmir.IntType) and pointee.width > 8):
+                arg.add_attribute("noalias")
         return context.get_dummy_value()
 
     return types.none(), codegen

@@ -19,14 +19,14 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
-(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :data:`ROW_STEPS` consecutive
+(``_forward_row``, ``_recompute_row``) looping over the block's neurons, and so are :func:`row_steps` consecutive
 steps of the forward and the recompute (suffix ``_x<steps>``), which run their time loop but for the steps left
 over; the reverse pass runs :func:`reverse_steps` steps per row function (``_reverse_rows``, its gradients carried
 between them in registers), which also runs the steps left over (``valid`` of them counting), so that no one-step
 twin is compiled beside it.
-LLVM vectorizes each behind a run-time check that its rows do not overlap, which passes.
-Inlined into the loop over time, that check spans the rows of every step, always fails on the reverse pass (its rows
-move backwards in memory), and the loop runs scalar.
+Each row function declares its rows apart (:func:`~spikefuse.ops.numba_common.rows_apart`: the callers pass each row
+it writes once), so LLVM vectorizes its loop with no run-time overlap check between its rows.
+A loop over time with the steps inlined would not vectorize: its rows move backwards in memory on the reverse pass.
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
 The forward writes each spike as ``s * one``: ``one`` is 1.0 for spikes in the compute dtype, and for float16 /
@@ -61,22 +61,26 @@ from .emit import Dialect
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
-# Steps per row pass of the forward and the recompute: a pass over ROW_STEPS steps keeps the states in registers
-# between them and streams ROW_STEPS rows of each [T, N] tensor at once, which keeps more memory traffic in flight
-# per core; a step left over at the end runs on its own. Each function of several steps is compiled beside the
-# one-step one, which a cold start (and the test suite) pays for: two keep the default LIF's first call under the 5 s
-# that `spikefuse bench compile` checks. With four, some functions of CubaLIF and ALIF (the potential-saving
-# forward) and of three-state neurons (the recompute and the reverse) have more rows than LLVM checks for overlap at
-# run time, and run scalar. (The reverse pass has no one-step twin: see reverse_steps.)
-ROW_STEPS = 2
+
+
+def row_steps(model) -> int:
+    """Steps per row pass of the forward and the recompute: a pass over several steps keeps the states in registers
+    between them (each state's row is read and written once per pass, not per step) and streams that many rows of
+    each ``[T, N]`` tensor at once, which keeps more memory traffic in flight per core; steps left over at the end
+    run one at a time. Four for a neuron of several states, whose rows are most of a pass's cache traffic; two for
+    one state: each function of several steps is compiled beside the one-step one, which a cold start (and the test
+    suite) pays for, and two keep the default LIF's first call under the 5 s that `spikefuse bench compile` checks.
+    (The reverse pass has no one-step twin: see :func:`reverse_steps`.)"""
+    return 2 if len(model.states) == 1 else 4
 
 
 def reverse_steps(grads: bool) -> int:
     """Steps per row pass of the reverse pass, its gradients carried between them in registers, steps left over run
-    by the same function (see ``steps_left``): :data:`ROW_STEPS`, but one in the kernels with per-neuron parameter
-    gradients, whose row function is the largest: several steps of it compile in proportionally more time, which
-    every new neuron, surrogate and dtype with a learnable parameter (and the test suite) would pay."""
-    return 1 if grads else ROW_STEPS
+    by the same function (see ``steps_left``): two, and one in the kernels with per-neuron parameter gradients. Its
+    row function is the largest, and its compile time grows with the steps: four would put ALIF's first
+    forward+backward past the 8 s `spikefuse bench compile` checks."""
+    return 1 if grads else 2
+
 
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
@@ -127,11 +131,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         """The ``fresh`` argument of a row function's call at step ``t``."""
         return f"{t} == 0, " if model.handoff else ""
 
+    per_pass = row_steps(model)
+
     def in_passes(call) -> list[str]:
         """A block's loop forward in time over ``T`` steps from ``t``: ``call(steps)`` (the line running steps
-        t..t+steps-1) with :data:`ROW_STEPS` steps per pass, then with one for each step left over."""
-        return [f"    for t in range(0, T - {ROW_STEPS - 1}, {ROW_STEPS}):", call(ROW_STEPS),
-                f"    for t in range(T - T % {ROW_STEPS}, T):", call(1)]
+        t..t+steps-1) with :func:`row_steps` steps per pass, then with one for each step left over."""
+        return [f"    for t in range(0, T - {per_pass - 1}, {per_pass}):", call(per_pass),
+                f"    for t in range(T - T % {per_pass}, T):", call(1)]
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -229,6 +235,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def {name}{'_x' + str(steps) if steps > 1 else ''}{sfx}({args('', step_args)}{prow}{fresh}m):",
+                "    rows_apart()",
                 "    for j in range(m):",
                 *param_locals("        "),
                 *[f"        v_{k} = {r}[j]" for k, r in zip(S, src)],
@@ -247,7 +254,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
         def forward_steps(save: bool) -> list[str]:
-            """The forward block's loop over time: ROW_STEPS steps per row pass, then the rest one at a time."""
+            """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time."""
             name = "_forward_save_row" if save else "_forward_row"
 
             def call(steps: int) -> str:
@@ -261,7 +268,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    T = x.shape[0]", *in_passes(call)]
 
         forward = [
-            *(line for steps in (1, ROW_STEPS) for line in (
+            *(line for steps in (1, per_pass) for line in (
                 *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
                 *(line for g in ("", "_grads")
                   for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False, steps=steps,
@@ -362,6 +369,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"{''.join(args(f'w{u}_', S) for u in range(n))}{args('gS_', S)}gs, "
                 f"{args('acc_', P) if grads else ''}{prow}sg_p1, sg_p2, detach, {flags}{'valid, ' if n > 1 else ''}m):",
                 "    prefer_wide_vectors()",
+                "    rows_apart()",
                 "    for j in range(m):",
                 *param_locals(ind),
                 *[f"{ind}L{r}_{k}_ = {r}_{k}[j]" for r in rows_in for k in S],
@@ -550,7 +558,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.batchnorm_cpu import source_tile",
-        "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors",
+        "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors, rows_apart",
         f"F = {np_dtype}",
         "",
         *emit.model_facts(model),
