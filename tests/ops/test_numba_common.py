@@ -1,5 +1,5 @@
-"""The numba building blocks both CPU backends share: the vectorizable exp against the exact value, and the block
-row loads against numpy indexing."""
+"""The numba building blocks both CPU backends share: the vectorizable exp against the exact value, the block
+row loads against numpy indexing, and the rows-apart promise in the compiled signature."""
 
 import numpy as np
 import pytest

@@ -25,8 +25,8 @@ over; the reverse pass runs :func:`reverse_steps` steps per row function (``_rev
 between them in registers), which also runs the steps left over (``valid`` of them counting), so that no one-step
 twin is compiled beside it.
 Each row function declares its rows apart (:func:`~spikefuse.ops.numba_common.rows_apart`: the callers pass each row
-it writes once), so LLVM vectorizes its loop with no run-time overlap check between its rows.
-A loop over time with the steps inlined would not vectorize: its rows move backwards in memory on the reverse pass.
+it writes once), so LLVM vectorizes its loop with no run-time overlap check between its rows (before that promise,
+a row function with more rows than LLVM checks at run time stayed scalar).
 The backward writes ``exp`` as :func:`spikefuse.ops.numba_common.exp`, which vectorizes (libm's is a scalar call).
 
 The forward writes each spike as ``s * one``: ``one`` is 1.0 for spikes in the compute dtype, and for float16 /
@@ -319,7 +319,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             ``valid`` of them count: the others' results are dropped), the carried gradients in registers between
             them; ``grads``: with the per-neuron parameter gradients (suffix ``_grads``); ``over``: grad_x written over
             the first state's row of the step (``"state"``, suffix ``_over``: its saved states) or over the input's row
-            (``"input"``, suffix ``_over_x``), one pointer, which LLVM vectorizes without an overlap check. Rows:
+            (``"input"``, suffix ``_over_x``), through that row's own argument (a second one would break the promise of
+            :func:`~spikefuse.ops.numba_common.rows_apart`). Rows:
             ``x<u>``, ``g<u>`` (grad of the spikes), ``gx<u>`` of step t - u; ``w<u>_*`` the states after step t - u,
             ``o_*`` before the last step. Every row is read before any is written."""
             g = OVER_SUFFIX[over] + ("_grads" if grads else "")
@@ -465,8 +466,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             def steps_left(initial: list[str]) -> list[str]:
                 """The ``T % n`` steps left at the bottom (k - 1 down to 0): the same row function, the steps past
                 step 0 not counting. Their input and spike-gradient rows are a zeroed spare, their states a copy of
-                the initial ones (the last counting step's old states), and each row they write is a spare of its own
-                (a row written twice, or read through another argument, would fail LLVM's overlap check: scalar)."""
+                the initial ones (the last counting step's old states), and each row they write is a spare of its own:
+                a row written twice, or read through another argument, would break the promise of
+                :func:`~spikefuse.ops.numba_common.rows_apart` (results undefined)."""
                 if n == 1:
                     return []
                 copies = [f"spare[{i}]" for i in range(len(S))]
