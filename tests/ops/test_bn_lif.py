@@ -17,6 +17,7 @@ import spikefuse  # noqa: E402
 from spikefuse.bn_functional import batchnorm_lif  # noqa: E402
 from spikefuse.nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
 from spikefuse.ops import reference  # noqa: E402
+from spikefuse.ops.engine import cpu  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
 
 from tests.ops.cases import saved_storages  # noqa: E402
@@ -101,6 +102,30 @@ def _run_pair(shape, backend, *, train=True, momentum=0.1, affine=True, learnabl
 )
 def test_matches_composition_training(backend, shape):
     _run_pair(shape, backend, eval_after=True)
+
+
+def test_cpu_backward_over_several_source_blocks():
+    """The cpu backend's fused BatchNorm backward cuts its blocks to ``SOURCE_SCRATCH_BYTES`` of scratch (it runs at a
+    lean step's memory peak): over several of those blocks, the last partial, the composition's results."""
+    shape = (8, 2, 4, 45, 45)
+    neurons = 2 * 4 * 45 * 45
+    scratch = ((8 + 1) + 8) * 4  # per neuron: the replayed potential's history and the normalized input's tile
+    block = cpu._block(neurons, 1, scratch, cpu.SOURCE_SCRATCH_BYTES)
+    assert block < cpu.BLOCK and block % 64 == 0 and neurons // block >= 2 and neurons % block
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 2 + 0.5
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(4))
+    results = []
+    for backend in ("reference", "cpu"):
+        torch.manual_seed(0)
+        layer = _fused_for(shape, backend, decay=0.5, threshold=THRESHOLD, learnable_decay=True, channels=shape[2])
+        xb = x.clone().requires_grad_(True)
+        out = layer(xb)
+        (out * g).sum().backward()
+        results.append((out, xb.grad, layer.weight.grad, layer.bias.grad, layer.decay.grad))
+    (ref, *ref_grads), (out, *grads) = results
+    assert torch.equal(out, ref) and 0 < out.mean() < 1
+    for name, a, b in zip(("x", "gamma", "beta", "decay"), grads, ref_grads):
+        _close(a, b, f"grad {name}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

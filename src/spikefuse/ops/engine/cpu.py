@@ -57,10 +57,13 @@ from .emit import Dialect
 
 # Neurons per parallel task: long rows (64 KiB of each [T, N] stream per step) keep the hardware prefetcher streaming
 # from one step's row to the next; the recomputing backward's scratch, (T+1) x replayed states x block, is kept to
-# about SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK.
+# about SCRATCH_BYTES (the L2 cache), and no block is smaller than MIN_BLOCK. A fused BatchNorm's backward (``_src``)
+# keeps its scratch to SOURCE_SCRATCH_BYTES: it runs at a lean training step's memory peak (the first layer's
+# backward), where each running task's scratch adds to the peak.
 BLOCK = 16384
 MIN_BLOCK = 2048
 SCRATCH_BYTES = 2 << 20
+SOURCE_SCRATCH_BYTES = 512 << 10
 
 
 def row_steps(model) -> int:
@@ -592,12 +595,12 @@ def _params(params: list, dtype: torch.dtype) -> tuple[str, list]:
     return "", [_np(p) for p in params]
 
 
-def _block(n: int, threads: int, scratch_per_neuron: int = 0) -> int:
-    """Neurons per parallel task: :data:`BLOCK`, fewer where the backward's scratch would outgrow
-    :data:`SCRATCH_BYTES` (not below :data:`MIN_BLOCK`) or some thread would get no block."""
+def _block(n: int, threads: int, scratch_per_neuron: int = 0, scratch_bytes: int = SCRATCH_BYTES) -> int:
+    """Neurons per parallel task: :data:`BLOCK`, fewer where the backward's scratch would outgrow ``scratch_bytes``
+    (a multiple of 64 neurons, not below :data:`MIN_BLOCK`) or some thread would get no block."""
     block = BLOCK
     if scratch_per_neuron:
-        block = max(MIN_BLOCK, min(BLOCK, SCRATCH_BYTES // scratch_per_neuron))
+        block = max(MIN_BLOCK, min(BLOCK, scratch_bytes // scratch_per_neuron // 64 * 64))
     return block_for(n, threads, block)
 
 
@@ -652,7 +655,7 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     # per neuron of a block: the recomputed states, and the input tile of a fused BatchNorm
     replayed = len(module.REPLAYED_STATES[any(need_param_grads)])
     scratch = 0 if saved else ((t_steps + 1) * replayed + t_steps * bool(src)) * x2.element_size()
-    block = _block(n, threads, scratch)
+    block = _block(n, threads, scratch, SOURCE_SCRATCH_BYTES if src else SCRATCH_BYTES)
     name = ("backward" + ("_saved" if saved else "") + ("_over" if over else "") + ("_over_x" if over_x else "")
             + ("_src" if src else ""))  # fmt: skip
     if any(need_param_grads):
