@@ -104,14 +104,21 @@ def test_matches_composition_training(backend, shape):
     _run_pair(shape, backend, eval_after=True)
 
 
-def test_cpu_backward_over_several_source_blocks():
+def test_cpu_backward_over_several_source_blocks(monkeypatch):
     """The cpu backend's fused BatchNorm backward cuts its blocks to ``SOURCE_SCRATCH_BYTES`` of scratch (it runs at a
-    lean step's memory peak): over several of those blocks, the last partial, the composition's results."""
+    lean step's memory peak): over several of those blocks, the last partial, the reference backend's results."""
     shape = (8, 2, 4, 45, 45)
     neurons = 2 * 4 * 45 * 45
-    scratch = ((8 + 1) + 8) * 4  # per neuron: the replayed potential's history and the normalized input's tile
-    block = cpu._block(neurons, 1, scratch, cpu.SOURCE_SCRATCH_BYTES)
-    assert block < cpu.BLOCK and block % 64 == 0 and neurons // block >= 2 and neurons % block
+    blocks = []  # the block size of each fused-BatchNorm backward, as the cpu backend picks it
+    original_block = cpu._block
+
+    def recorded_block(n, threads, scratch_per_neuron=0, scratch_bytes=cpu.SCRATCH_BYTES):
+        block = original_block(n, threads, scratch_per_neuron, scratch_bytes)
+        if scratch_bytes == cpu.SOURCE_SCRATCH_BYTES:
+            blocks.append(block)
+        return block
+
+    monkeypatch.setattr(cpu, "_block", recorded_block)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 2 + 0.5
     g = torch.randn(shape, generator=torch.Generator().manual_seed(4))
     results = []
@@ -123,6 +130,8 @@ def test_cpu_backward_over_several_source_blocks():
         (out * g).sum().backward()
         results.append((out, xb.grad, layer.weight.grad, layer.bias.grad, layer.decay.grad))
     (ref, *ref_grads), (out, *grads) = results
+    assert len(blocks) == 1 and blocks[0] < cpu.BLOCK and blocks[0] % 64 == 0
+    assert neurons // blocks[0] >= 2 and neurons % blocks[0]
     assert torch.equal(out, ref) and 0 < out.mean() < 1
     for name, a, b in zip(("x", "gamma", "beta", "decay"), grads, ref_grads):
         _close(a, b, f"grad {name}")
