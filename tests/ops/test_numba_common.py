@@ -1,5 +1,6 @@
 """The numba building blocks both CPU backends share: the vectorizable exp against the exact value, the block
-row loads against numpy indexing, and the rows-apart promise in the compiled signature."""
+row loads and the bit unpacking against numpy, the blocks' split over threads, and the rows-apart promise in the
+compiled signature."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ import pytest
 pytest.importorskip("numba")
 from numba import njit
 
-from spikefuse.ops.numba_common import channel_row, exp, load_row, rows_apart
+from spikefuse.ops.numba_common import block_for, channel_row, exp, load_row, rows_apart, unpack_bits
 
 
 @njit(error_model="numpy")
@@ -44,7 +45,7 @@ def test_exp_special_values(dtype):
 
 
 @pytest.mark.parametrize("channels, inner, n0, m", [(1, 5, 3, 17), (3, 4, 0, 30), (3, 4, 7, 30), (5, 1, 2, 11),
-                                                    (2, 7, 13, 1)])  # fmt: skip
+                                                    (2, 7, 13, 1), (3, 64, 100, 500), (4, 1000, 10, 20)])  # fmt: skip
 def test_channel_row_matches_division(channels, inner, n0, m):
     values = np.arange(1, channels + 1, dtype=np.float32)
     dst = np.empty(m, np.float32)
@@ -82,3 +83,24 @@ def test_rows_apart_marks_the_array_data_noalias():
     for name in ("x", "halves", "out"):  # numba passes an array as its fields: the owner first, the data fifth
         assert "noalias" in params[f"arg.{name}.4"], params[f"arg.{name}.4"]
         assert "noalias" not in params[f"arg.{name}.0"], params[f"arg.{name}.0"]
+
+
+@pytest.mark.parametrize("start, m", [(0, 64), (0, 61), (3, 1), (3, 5), (5, 70), (8, 16), (13, 0), (1, 7)])
+@pytest.mark.parametrize("dtype, one", [(np.float32, 1.0), (np.float64, 1.0), (np.int32, 0x3F800000), (np.uint8, 1)])
+def test_unpack_bits_matches_numpy(start, m, dtype, one):
+    """Any start bit (the unrolled bytes from the first byte boundary, single bits before and after) and length."""
+    bits = np.random.default_rng(start * 100 + m).integers(0, 256, size=12, dtype=np.uint8)
+    out = np.full(m, 7, dtype=dtype)
+    unpack_bits(bits, start, out, dtype(one))
+    want = np.unpackbits(bits, bitorder="little")[start : start + m].astype(dtype) * dtype(one)
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("n, threads, block", [(65536, 2, 7680), (16384, 2, 7680), (100, 2, 16384), (1, 4, 2048),
+                                               (0, 2, 2048), (10**6, 3, 16384)])  # fmt: skip
+def test_block_for_splits_evenly_over_the_threads(n, threads, block):
+    b = block_for(n, threads, block)
+    tasks = -(-n // b)
+    assert b % 64 == 0 and 64 <= b <= max(64, block)
+    if n >= 64 * threads:
+        assert tasks % threads == 0, "every thread runs as many tasks"

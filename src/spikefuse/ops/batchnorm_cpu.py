@@ -36,7 +36,7 @@ from numba import njit, prange
 
 from ..threads import match_numba_threads
 from . import buffers
-from .numba_common import channel_row, fma
+from .numba_common import channel_row, fma, unpack_bits
 
 __all__ = ["Normalization", "affine_factors", "backward", "source_args", "source_tile", "SUPPORTED_DTYPES"]
 
@@ -277,7 +277,6 @@ def source_tile(x, n0, m, src):
     channel_row(na, alpha, n0, spatial)
     channel_row(nb, beta, n0, spatial)
     one = x.dtype.type(1.0)
-    zero = x.dtype.type(0.0)
     for t in range(t_steps):
         xr = x[t, n0 : n0 + m]
         tr = tile[t]
@@ -288,12 +287,10 @@ def source_tile(x, n0, m, src):
             rr = residual[t, n0 : n0 + m]
             for i in range(m):
                 tr[i] = fma(xr[i], na[i], nb[i]) + rr[i]
-        else:
-            base = t * n + n0
+        else:  # the residual's bits unpacked into the tile's row first: both loops vectorize
+            unpack_bits(bits, t * n + n0, tr, one)
             for i in range(m):
-                e = base + i
-                r = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
-                tr[i] = fma(xr[i], na[i], nb[i]) + r
+                tr[i] = fma(xr[i], na[i], nb[i]) + tr[i]
     return tile
 
 

@@ -8,18 +8,18 @@ with zero bits when ``x.numel()`` is not a multiple of 8. ``unpack(packed, shape
 
 Speed: CPU tensors go through numba kernels (``njit(parallel=True, cache=True)``) that read the input through an
 integer view of the same width (any float dtype incl. float16/bfloat16, integers, bool) and write ``unpack``'s
-output as the integer bit pattern of 0/1, so no dtype conversion pass is needed. Other devices (CUDA) use
+output as the integer bit pattern of 0/1 (:func:`spikefuse.ops.numba_common.unpack_bits`, each byte unrolled into
+its eight elements so that the loop vectorizes), so no dtype conversion pass is needed. Other devices (CUDA) use
 vectorized torch bit operations, which run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported
-for testing and for comparison. Measured on a 32x64x128x16x16 float32 spike tensor (67M elements, 268 MB),
-2 shared CPU cores, best of 5 (``python -m spikefuse.ops.bitpack`` re-runs it):
+for testing and for comparison. ``python -m spikefuse.ops.bitpack`` times them on a 32x64x128x16x16 float32 spike
+tensor (67M elements, 268 MB), best of 5; on the 2-core Intel Xeon of 2026-11-26:
 
 =========================  ========  ===============================================================
-pack, numba (used)         ~0.1 s    about one read of the input: memory-bound (a copy takes ~0.13 s)
-pack, numpy.packbits       ~0.19 s   single-threaded
-pack, torch ops            ~1.3 s    eight strided passes plus a bool temporary
-unpack, numba (used)       ~0.94 s   0.15 s of kernel; the rest is first-touch page faults of the
-                                     fresh 268 MB output, which any unpack pays
-unpack, torch ops          ~1.15 s
+pack, numba (used)         18 ms     a fifth of a copy: reads the input, writes 1/32 of it
+pack, numpy.packbits       34 ms     single-threaded
+pack, torch ops            93 ms     eight strided passes plus a bool temporary
+unpack, numba (used)       62 ms     as fast as a copy of the input (62 ms)
+unpack, torch ops          119 ms
 =========================  ========  ===============================================================
 """
 
@@ -31,6 +31,7 @@ import torch
 from numba import njit, prange
 
 from ..threads import match_numba_threads
+from .numba_common import unpack_bits
 
 __all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel"]
 
@@ -85,19 +86,10 @@ def _pack_kernel(x, mask, out):
 @njit(parallel=True, cache=True)
 def _unpack_kernel(packed, one, out):
     n = out.size
-    nfull = n // 8
-    zero = one - one
-    ntasks = (nfull + _BYTES_PER_TASK - 1) // _BYTES_PER_TASK
-    for t in prange(ntasks):
-        j0 = t * _BYTES_PER_TASK
-        j1 = min(j0 + _BYTES_PER_TASK, nfull)
-        for j in range(j0, j1):
-            b = packed[j]
-            i = 8 * j
-            for k in range(8):
-                out[i + k] = one if (b >> k) & 1 else zero
-    for i in range(nfull * 8, n):
-        out[i] = one if (packed[nfull] >> (i - nfull * 8)) & 1 else zero
+    per_task = 8 * _BYTES_PER_TASK
+    for t in prange((n + per_task - 1) // per_task):
+        e0 = t * per_task
+        unpack_bits(packed, e0, out[e0 : min(e0 + per_task, n)], one)
 
 
 def _int_view(dtype: torch.dtype):

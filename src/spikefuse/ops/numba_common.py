@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 __all__ = ["EXP2_DEGREE", "block_for", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd",
-           "pow2", "prefer_wide_vectors", "rows_apart"]  # fmt: skip
+           "pow2", "prefer_wide_vectors", "rows_apart", "unpack_bits"]  # fmt: skip
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
 #: stays below the dtype's own rounding in float32 and ~1e-12 in float64.
@@ -160,23 +160,27 @@ def _exp_overload(y):
 
 @njit(error_model="numpy")
 def channel_row(dst, values, n0, inner):
-    """``dst[i] = values[((n0 + i) // inner) % C]`` (a per-channel value for each neuron of a block from ``n0``) by
-    counting instead of dividing: two 64-bit integer divisions per neuron cost as much as a tenth of a whole kernel."""
+    """``dst[i] = values[((n0 + i) // inner) % C]`` (a per-channel value for each neuron of a block from ``n0``), a
+    run of one value per channel: no division per neuron (two 64-bit integer divisions per neuron cost as much as a
+    tenth of a whole kernel), and each run's fill vectorizes (a per-neuron count with a branch stays scalar)."""
     c = values.shape[0]
+    m = dst.shape[0]
     if c == 1:
         k = values[0]
-        for i in range(dst.shape[0]):
+        for i in range(m):
             dst[i] = k
         return
     q = n0 // inner
-    r = n0 - q * inner  # position inside the current channel's run of ``inner`` neurons
+    i = 0
+    run = min(inner - (n0 - q * inner), m)  # the rest of the first channel's run of ``inner`` neurons
     ch = q % c
-    for i in range(dst.shape[0]):
-        dst[i] = values[ch]
-        r += 1
-        if r == inner:
-            r = 0
-            ch = ch + 1 if ch + 1 < c else 0
+    while i < m:
+        v = values[ch]
+        for k in range(i, i + run):
+            dst[k] = v
+        i += run
+        run = min(inner, m - i)
+        ch = ch + 1 if ch + 1 < c else 0
 
 
 @njit(error_model="numpy")
@@ -192,8 +196,43 @@ def load_row(dst, src, n0, m):
             dst[i] = src[n0 + i]
 
 
+@njit(error_model="numpy")
+def unpack_bits(bits, start, out, one):
+    """``out[i] = one`` where bit ``start + i`` of ``bits`` is set, else 0 (bit ``k`` of byte ``j`` is element
+    ``8*j + k``, as :func:`spikefuse.ops.bitpack.pack` stores them). From a byte boundary the bytes are unrolled into
+    their eight elements, which LLVM vectorizes (a loop over the bits, or over the elements indexing a byte each,
+    stays scalar: 10-18x slower); the elements before the first byte boundary and after the last full byte, one at a
+    time."""
+    m = out.shape[0]
+    zero = one - one
+    head = min((8 - start % 8) % 8, m)
+    for i in range(head):
+        e = start + i
+        out[i] = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
+    full = (m - head) >> 3
+    src = bits[(start + head) >> 3 : ((start + head) >> 3) + full]
+    dst = out[head : head + 8 * full]  # views indexed from 0: no negative-index wraparound, so the loop vectorizes
+    for j in range(full):
+        b = src[j]
+        k = 8 * j
+        dst[k] = one * (b & 1)
+        dst[k + 1] = one * ((b >> 1) & 1)
+        dst[k + 2] = one * ((b >> 2) & 1)
+        dst[k + 3] = one * ((b >> 3) & 1)
+        dst[k + 4] = one * ((b >> 4) & 1)
+        dst[k + 5] = one * ((b >> 5) & 1)
+        dst[k + 6] = one * ((b >> 6) & 1)
+        dst[k + 7] = one * ((b >> 7) & 1)
+    for i in range(head + 8 * full, m):
+        e = start + i
+        out[i] = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
+
+
 def block_for(n: int, threads: int, block: int) -> int:
-    """``block`` neurons per task, smaller when N is small so that every thread gets work."""
-    per_thread = -(-n // threads)
-    b = min(block, max(64, -(-per_thread // 64) * 64))
-    return max(1, b)
+    """At most ``block`` neurons per task (a multiple of 64), as evenly split as that allows: as many tasks as a
+    multiple of ``threads``, so that no thread runs one task more than another (nine blocks on two threads take as
+    long as ten), and every thread gets work when N is small."""
+    tasks = max(1, -(-n // max(64, block)))
+    tasks = -(-tasks // threads) * threads
+    per_task = -(-n // tasks)
+    return max(64, -(-per_task // 64) * 64)
