@@ -1,5 +1,6 @@
-"""``spikefuse.ops.batchnorm_cpu`` against torch: the normalization the engine's cpu neuron kernels fuse against
-``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to rounding.
+"""``spikefuse.ops.batchnorm_cpu`` against torch: the statistics and the normalization the engine's cpu neuron
+kernels fuse against ``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to
+rounding.
 
 The fused BatchNorm+LIF op's backward normalizes with these; if torch changes its CPU kernel, this fails (and the
 spikes of the recomputation would no longer be the forward's).
@@ -47,6 +48,43 @@ def test_fused_normalization_is_native_batch_norm_bit_for_bit(dtype, shape, affi
         assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual * 0.7)
         norm = batchnorm_cpu.Normalization(mean, invstd, w, b, spatial, residual_bits=pack(residual)[0])
         assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual)
+
+
+@pytest.mark.parametrize("shape", [(128, 64, 8, 8), (128, 17, 2, 2), (3, 9, 5), (2, 1, 2), (40, 7, 3, 3, 2), (5, 100, 33)])
+@pytest.mark.parametrize("running", [True, False], ids=["running", "no-running"])
+@pytest.mark.parametrize("momentum", [0.1, 0.37, 1.0])
+def test_statistics_are_native_batch_norm_bit_for_bit(shape, running, momentum):
+    """Mean, invstd and the running statistics' update of float32 input: channels in groups of eight and the ones left
+    over, means far from 0 and spreads far from 1 (the double sums' rounding shows there)."""
+    g = torch.Generator().manual_seed(sum(shape))
+    for scale, offset in ((1.0, 0.0), (1e-3, 7.0), (40.0, -3.0)):
+        x = torch.randn(shape, generator=g) * scale + offset
+        assert batchnorm_cpu.statistics_supported(x, None, None, None)
+        rm = torch.randn(shape[1], generator=g) if running else None
+        rv = torch.rand(shape[1], generator=g) + 0.5 if running else None
+        rm_torch = rm.clone() if running else None
+        rv_torch = rv.clone() if running else None
+        _, mean, invstd = torch.native_batch_norm(x, None, None, rm_torch, rv_torch, True, momentum, 1e-5)
+        before = (rm.clone(), rv.clone()) if running else None
+        got_mean, got_invstd, got_rm, got_rv = batchnorm_cpu.statistics(x, rm, rv, momentum, 1e-5)
+        assert torch.equal(got_mean, mean) and torch.equal(got_invstd, invstd)
+        if running:
+            assert torch.equal(got_rm, rm_torch) and torch.equal(got_rv, rv_torch)
+            assert torch.equal(rm, before[0]) and torch.equal(rv, before[1]), "the update goes to copies"
+        else:
+            assert got_rm is None and got_rv is None
+
+
+def test_statistics_support():
+    """float32 CPU input of more than one element per sample and channel, float32 (or no) parameters; else torch's
+    ``native_batch_norm`` keeps the forward (its channels-last path for 1-element maps, float64)."""
+    x = torch.randn(4, 3, 5)
+    assert batchnorm_cpu.statistics_supported(x, torch.zeros(3), torch.ones(3), torch.zeros(3))
+    assert not batchnorm_cpu.statistics_supported(x.double(), None, None, None)
+    assert not batchnorm_cpu.statistics_supported(torch.randn(4, 3, 1, 1), None, None, None)
+    assert not batchnorm_cpu.statistics_supported(torch.randn(4, 3), None, None, None)
+    assert not batchnorm_cpu.statistics_supported(x, None, torch.ones(3, dtype=torch.float64), None)
+    assert not batchnorm_cpu.statistics_supported(torch.randn(0, 3, 5), None, None, None)
 
 
 def test_bad_input():

@@ -10,9 +10,14 @@ each block of neurons normalizes its own rows into a tile in cache right before 
 (``x * alpha + beta``, compiled to FMAs), so ``y`` is bit-identical to ``native_batch_norm``'s
 (tests/ops/test_batchnorm_cpu.py checks it against torch, so a torch that changes its kernel fails there, not
 silently in a spike). The residual is added as the composition adds it (``y + r``, one rounding), read from its
-bits when it was saved as bits. (The forward keeps ``native_batch_norm``: its statistics pass, torch's serial
-double-precision sums that the saved statistics must equal bit for bit, costs more than the normalization a fused
-forward would spare.)
+bits when it was saved as bits.
+
+The forward normalizes the same way inside the neuron's forward kernel, from :func:`statistics`: torch's training
+statistics of float32 input (``native_batch_norm``'s ``mean``/``invstd`` and running-statistics update) bit for
+bit, its serial double-precision sums per channel in the same order, but eight channels' sums side by side (eight
+independent chains of additions where torch runs one; its normalized output, which the neuron would only read once,
+is not written at all). float64 input, and maps of one element per channel (torch takes its channels-last path
+there, with per-thread partial sums), keep ``native_batch_norm``.
 
 :func:`backward` is BatchNorm's training-mode backward, torch's formula (``grad_weight = dotp*invstd``,
 ``grad_bias = sum``, ``grad_x = (gy - sum/N - (x - mean)*dotp*invstd^2/N) * invstd*weight`` with ``sum`` and
@@ -36,9 +41,10 @@ from numba import njit, prange
 
 from ..threads import match_numba_threads
 from . import buffers
-from .numba_common import channel_row, fma, unpack_bits
+from .numba_common import channel_row, fma, rows_apart, unpack_bits
 
-__all__ = ["Normalization", "affine_factors", "backward", "source_args", "source_tile", "SUPPORTED_DTYPES"]
+__all__ = ["Normalization", "affine_factors", "backward", "source_args", "source_factors", "source_row",
+           "source_tile", "statistics", "statistics_supported", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -46,9 +52,143 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SERIAL_WORK = 1 << 15
 
 # BatchNorm's backward runs one channel at a time (its elements read twice while in cache) when a sample's plane
-# has at least this many elements; below, a loop per plane costs more than a second pass over the input (planes of
-# 64 and fewer elements were faster per sample, of 256 per channel).
+# has at least this many elements; below, a loop per plane is too short, and chunks of channels run as columns of
+# the [samples, C*size] matrix instead.
 _CHANNEL_LOOP_MIN_SIZE = 256
+
+
+# Channels whose statistics one task sums side by side: eight chains of double additions keep the floating-point
+# units busy where torch's one chain per channel waits on each addition.
+_STATISTICS_GROUP = 8
+
+
+@njit(cache=True, error_model="numpy")
+def _group_statistics(x, c0, channels, size, mean, var_sum):
+    """Mean and sum of squared deviations of channels ``c0 .. c0 + 7`` of ``x`` (flat ``[samples, C, size]``), each in
+    torch's order (samples, then positions; double accumulators; the mean rounded to the input's dtype before the
+    deviations), the eight channels' sums interleaved."""
+    F = x.dtype.type
+    samples = x.shape[0] // (channels * size)
+    count = np.float64(samples * size)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for i in range(samples):
+        r = x[(i * channels + c0) * size : (i * channels + c0 + 8) * size]
+        for k in range(size):
+            a0 += np.float64(r[k])
+            a1 += np.float64(r[size + k])
+            a2 += np.float64(r[2 * size + k])
+            a3 += np.float64(r[3 * size + k])
+            a4 += np.float64(r[4 * size + k])
+            a5 += np.float64(r[5 * size + k])
+            a6 += np.float64(r[6 * size + k])
+            a7 += np.float64(r[7 * size + k])
+    m0, m1, m2, m3 = F(a0 / count), F(a1 / count), F(a2 / count), F(a3 / count)
+    m4, m5, m6, m7 = F(a4 / count), F(a5 / count), F(a6 / count), F(a7 / count)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for i in range(samples):
+        r = x[(i * channels + c0) * size : (i * channels + c0 + 8) * size]
+        for k in range(size):  # the deviation and its square in the input's dtype, as torch's `(x - mean) * (x - mean)`
+            d0 = r[k] - m0
+            d1 = r[size + k] - m1
+            d2 = r[2 * size + k] - m2
+            d3 = r[3 * size + k] - m3
+            d4 = r[4 * size + k] - m4
+            d5 = r[5 * size + k] - m5
+            d6 = r[6 * size + k] - m6
+            d7 = r[7 * size + k] - m7
+            a0 += np.float64(d0 * d0)
+            a1 += np.float64(d1 * d1)
+            a2 += np.float64(d2 * d2)
+            a3 += np.float64(d3 * d3)
+            a4 += np.float64(d4 * d4)
+            a5 += np.float64(d5 * d5)
+            a6 += np.float64(d6 * d6)
+            a7 += np.float64(d7 * d7)
+    mean[c0], mean[c0 + 1], mean[c0 + 2], mean[c0 + 3] = m0, m1, m2, m3
+    mean[c0 + 4], mean[c0 + 5], mean[c0 + 6], mean[c0 + 7] = m4, m5, m6, m7
+    var_sum[c0], var_sum[c0 + 1], var_sum[c0 + 2], var_sum[c0 + 3] = F(a0), F(a1), F(a2), F(a3)
+    var_sum[c0 + 4], var_sum[c0 + 5], var_sum[c0 + 6], var_sum[c0 + 7] = F(a4), F(a5), F(a6), F(a7)
+
+
+@njit(cache=True, error_model="numpy")
+def _channel_statistics(x, c, channels, size, mean, var_sum):
+    """:func:`_group_statistics` of the one channel ``c``."""
+    F = x.dtype.type
+    samples = x.shape[0] // (channels * size)
+    a = 0.0
+    for i in range(samples):
+        r = x[(i * channels + c) * size : (i * channels + c + 1) * size]
+        for k in range(size):
+            a += np.float64(r[k])
+    m = F(a / np.float64(samples * size))
+    a = 0.0
+    for i in range(samples):
+        r = x[(i * channels + c) * size : (i * channels + c + 1) * size]
+        for k in range(size):
+            d = r[k] - m
+            a += np.float64(d * d)
+    mean[c] = m
+    var_sum[c] = F(a)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _statistics_kernel(x, channels, size, mean, var_sum):
+    """Per channel of flat ``[samples, C, size]`` ``x``: the mean and the sum of squared deviations, groups of
+    :data:`_STATISTICS_GROUP` channels in parallel, the channels left over one each."""
+    groups = channels // _STATISTICS_GROUP
+    for g in prange(groups + channels % _STATISTICS_GROUP):
+        if g < groups:
+            _group_statistics(x, g * _STATISTICS_GROUP, channels, size, mean, var_sum)
+        else:
+            _channel_statistics(x, groups * _STATISTICS_GROUP + g - groups, channels, size, mean, var_sum)
+
+
+@njit(cache=True, error_model="numpy")
+def _finish_statistics(mean, var_sum, n, momentum, eps, running_mean, running_var, has_running, invstd):
+    """torch's ``batch_norm_cpu_update_stats_template`` from the sums: ``invstd = 1 / sqrt(var + eps)`` in double of
+    the biased ``var`` (in the input's dtype), and the running statistics' update in place with the unbiased
+    variance, each operation in the dtype torch's C++ gives it."""
+    F = mean.dtype.type
+    keep = F(1.0) - F(momentum)
+    for c in range(mean.shape[0]):
+        var = var_sum[c] / F(n)
+        invstd[c] = F(1.0 / np.sqrt(np.float64(var) + eps))
+        if has_running:
+            running_mean[c] = F(momentum) * mean[c] + keep * running_mean[c]
+            unbiased = np.float64(var_sum[c] / F(n - 1))
+            running_var[c] = F(np.float64(F(momentum)) * unbiased + np.float64(keep * running_var[c]))
+
+
+def statistics_supported(x: torch.Tensor, running_mean: torch.Tensor | None, weight: torch.Tensor | None,
+                         bias: torch.Tensor | None) -> bool:  # fmt: skip
+    """Whether :func:`statistics` (and the forward's fused normalization) takes this training-mode BatchNorm: float32
+    CPU input ``[B', C, ...]`` of more than one element per sample and channel, parameters and running statistics
+    float32 or None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 3 or x.numel() == 0:
+        return False
+    if x.numel() // (x.shape[0] * x.shape[1]) < 2:
+        return False
+    return all(t is None or t.dtype == torch.float32 for t in (running_mean, weight, bias))
+
+
+def statistics(x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+               momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """``(mean, invstd, new running_mean, new running_var)`` of training-mode BatchNorm over contiguous ``x`` (see
+    :func:`statistics_supported`): ``native_batch_norm``'s ``save_mean``/``save_invstd`` and its update of the running
+    statistics bit for bit, the update made on copies (None without running statistics)."""
+    samples, channels = x.shape[:2]
+    size = x.numel() // (samples * channels)
+    mean = torch.empty(channels, dtype=x.dtype)
+    var_sum = torch.empty(channels, dtype=x.dtype)
+    invstd = torch.empty(channels, dtype=x.dtype)
+    match_numba_threads()
+    _statistics_kernel(_flat(x.detach()), channels, size, mean.numpy(), var_sum.numpy())
+    has_running = running_mean is not None
+    rm = running_mean.detach().clone() if has_running else mean.new_empty(channels)
+    rv = running_var.detach().clone() if has_running else mean.new_empty(channels)
+    _finish_statistics(mean.numpy(), var_sum.numpy(), samples * size, float(momentum), float(eps), rm.numpy(),
+                       rv.numpy(), has_running, invstd.numpy())  # fmt: skip
+    return mean, invstd, (rm if has_running else None), (rv if has_running else None)
 
 
 @njit(cache=True, error_model="numpy")
@@ -117,52 +257,98 @@ def _per_channel_kernel(x, gy, mean, invstd, weight, has_weight, channels, size,
             _grad_x_row(x, gy, out, (i * channels + c) * size, size, m, k, gm, a)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _partial_sums_kernel(x, gy, mean, channels, size, sums, dots):
-    """Flat arrays; ``sums``/``dots`` ``[samples, C]``: the sums of each sample and channel (parallel over
-    samples: for planes too small to run a channel's elements as one loop, see :func:`backward`)."""
-    for i in prange(x.shape[0] // (channels * size)):
-        if size == 1:  # [B', C] (BatchNorm1d, a 1x1 map): a loop over channels, not one call per element
-            for c in range(channels):
-                g = gy[i * channels + c]
-                sums[i, c] = g
-                dots[i, c] = (x[i * channels + c] - mean[c]) * g
-        else:
-            for c in range(channels):
-                sums[i, c], dots[i, c] = _row_sums(x, gy, (i * channels + c) * size, size, mean[c])
-
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def _grad_x_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, sums, dots, out):
-    """``grad_x`` from the channels' total sums ``sums``/``dots`` ``[C]``, parallel over samples."""
-    n = x.dtype.type(x.shape[0] // channels)
-    one = x.dtype.type(1.0)
-    k = np.empty(channels, dtype=x.dtype)
-    grad_mean = np.empty(channels, dtype=x.dtype)
-    a = np.empty(channels, dtype=x.dtype)
-    for c in range(channels):
-        k[c], grad_mean[c], a[c] = _factors(sums[c], dots[c], invstd[c], weight[c] if has_weight else one, n)
-    for i in prange(x.shape[0] // (channels * size)):
-        if size == 1:  # [B', C] (BatchNorm1d, a 1x1 map): one loop over the channels, not a row per element
-            _grad_x_row_over_channels(x, gy, out, i * channels, mean, k, grad_mean, a)
-        else:
-            for c in range(channels):
-                _grad_x_row(x, gy, out, (i * channels + c) * size, size, mean[c], k[c], grad_mean[c], a[c])
-
-
 @njit(inline="always", error_model="numpy")
-def _grad_x_row_over_channels(x, gy, out, base, mean, k, gm, a):
-    """:func:`_grad_x_row` of one sample of a ``[B', C]`` input, the factors per channel."""
-    channels = mean.shape[0]
-    xs = x[base : base + channels]
-    gs = gy[base : base + channels]
-    if out is gy:
-        for c in range(channels):
-            gs[c] = (gs[c] - gm[c] - (xs[c] - mean[c]) * k[c]) * a[c]
-    else:
-        os = out[base : base + channels]
-        for c in range(channels):
-            os[c] = (gs[c] - gm[c] - (xs[c] - mean[c]) * k[c]) * a[c]
+def _column_rows(dst, values, size):
+    """``dst[j] = values[j // size]``: a per-channel value for each column of a chunk of whole channels."""
+    for c in range(values.shape[0]):
+        v = values[c]
+        for k in range(c * size, (c + 1) * size):
+            dst[k] = v
+
+
+@njit(cache=True, error_model="numpy")
+def _column_sums(xr, gr, col_mean, col_sum, col_dot):
+    """One sample's row of a chunk: ``col_sum += gy``, ``col_dot += (x - mean)*gy`` (rows apart: vectorized)."""
+    rows_apart()
+    for j in range(xr.shape[0]):
+        g = gr[j]
+        col_sum[j] += g
+        col_dot[j] += (xr[j] - col_mean[j]) * g
+
+
+@njit(cache=True, error_model="numpy")
+def _column_grad(xr, gr, col_mean, col_k, col_gm, col_a, orow):
+    """One sample's row of a chunk's ``grad_x`` into ``orow`` (see :func:`_factors`)."""
+    rows_apart()
+    for j in range(xr.shape[0]):
+        orow[j] = (gr[j] - col_gm[j] - (xr[j] - col_mean[j]) * col_k[j]) * col_a[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _column_grad_in_place(xr, gr, col_mean, col_k, col_gm, col_a):
+    """:func:`_column_grad` written over ``gr`` (one argument: the rows-apart promise holds)."""
+    rows_apart()
+    for j in range(xr.shape[0]):
+        gr[j] = (gr[j] - col_gm[j] - (xr[j] - col_mean[j]) * col_k[j]) * col_a[j]
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _column_chunk_kernel(x, gy, mean, invstd, weight, has_weight, channels, size, per_chunk, sums, dots, out):
+    """For planes too small to loop over one channel's elements (see :func:`backward`): the input as a matrix
+    ``[samples, C*size]``, chunks of ``per_chunk`` whole channels' columns in parallel. A chunk sums ``gy`` and
+    ``(x - mean)*gy`` per column down the samples (rows of the chunk's width, which vectorize), adds each channel's
+    ``size`` columns, then writes ``grad_x`` while the chunk is still in cache; ``sums``/``dots`` ``[C]`` receive the
+    totals."""
+    row = channels * size
+    samples = x.shape[0] // row
+    n = x.dtype.type(samples * size)
+    one = x.dtype.type(1.0)
+    for chunk in prange((channels + per_chunk - 1) // per_chunk):
+        c0 = chunk * per_chunk
+        cn = min(per_chunk, channels - c0)
+        width = cn * size
+        j0 = c0 * size
+        col_mean = np.empty(width, x.dtype)
+        _column_rows(col_mean, mean[c0 : c0 + cn], size)
+        col_sum = np.zeros(width, x.dtype)
+        col_dot = np.zeros(width, x.dtype)
+        for i in range(samples):
+            _column_sums(x[i * row + j0 : i * row + j0 + width], gy[i * row + j0 : i * row + j0 + width], col_mean,
+                         col_sum, col_dot)  # fmt: skip
+        k = np.empty(cn, x.dtype)
+        gm = np.empty(cn, x.dtype)
+        a = np.empty(cn, x.dtype)
+        for c in range(cn):
+            total = x.dtype.type(0.0)
+            dotp = x.dtype.type(0.0)
+            for j in range(c * size, (c + 1) * size):
+                total += col_sum[j]
+                dotp += col_dot[j]
+            sums[c0 + c] = total
+            dots[c0 + c] = dotp
+            k[c], gm[c], a[c] = _factors(total, dotp, invstd[c0 + c], weight[c0 + c] if has_weight else one, n)
+        col_k, col_gm, col_a = col_sum, col_dot, np.empty(width, x.dtype)  # the sums are done: reuse their rows
+        _column_rows(col_k, k, size)
+        _column_rows(col_gm, gm, size)
+        _column_rows(col_a, a, size)
+        for i in range(samples):
+            xr = x[i * row + j0 : i * row + j0 + width]
+            gr = gy[i * row + j0 : i * row + j0 + width]
+            if out is gy:
+                _column_grad_in_place(xr, gr, col_mean, col_k, col_gm, col_a)
+            else:
+                _column_grad(xr, gr, col_mean, col_k, col_gm, col_a, out[i * row + j0 : i * row + j0 + width])
+
+
+# Elements of x (and as many of gy) per chunk of the small-plane kernel: both fit in the L2 cache between its passes.
+_CHUNK_ELEMENTS = 1 << 16
+
+
+def _channels_per_chunk(samples: int, channels: int, size: int, threads: int) -> int:
+    """Whole channels per chunk of :func:`_column_chunk_kernel`: about :data:`_CHUNK_ELEMENTS` elements, and at least
+    one chunk per thread."""
+    per_chunk = max(1, _CHUNK_ELEMENTS // (samples * size))
+    return max(1, min(per_chunk, -(-channels // threads)))
 
 
 def backward(
@@ -186,17 +372,14 @@ def backward(
     inv = invstd.detach().to(x.dtype)
     xf, gyf, mean_np, outf = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), _flat(out)
     scale = (inv.numpy(), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight, per channel
-    match_numba_threads(x.numel(), _SERIAL_WORK)
+    threads = match_numba_threads(x.numel(), _SERIAL_WORK)
+    total = torch.empty(channels, dtype=x.dtype)
+    dotp = torch.empty(channels, dtype=x.dtype)
     if size >= _CHANNEL_LOOP_MIN_SIZE:
-        total = torch.empty(channels, dtype=x.dtype)
-        dotp = torch.empty(channels, dtype=x.dtype)
         _per_channel_kernel(xf, gyf, mean_np, *scale, channels, size, total.numpy(), dotp.numpy(), outf)
     else:
-        sums = torch.empty((samples, channels), dtype=x.dtype)
-        dots = torch.empty((samples, channels), dtype=x.dtype)
-        _partial_sums_kernel(xf, gyf, mean_np, channels, size, sums.numpy(), dots.numpy())
-        total, dotp = sums.sum(0), dots.sum(0)
-        _grad_x_kernel(xf, gyf, mean_np, *scale, channels, size, total.numpy(), dotp.numpy(), outf)
+        _column_chunk_kernel(xf, gyf, mean_np, *scale, channels, size, _channels_per_chunk(samples, channels, size,
+                             threads), total.numpy(), dotp.numpy(), outf)  # fmt: skip
     if not (need_affine and weight is not None):
         return out, None, None
     return out, (dotp * inv).to(weight.dtype), total.to(weight.dtype)
@@ -255,6 +438,43 @@ def _check(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor) -> None:
 SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
 
 
+@njit(cache=True, error_model="numpy")
+def source_factors(n0, m, src):
+    """``(alpha, beta)`` rows of a block of neurons ``[n0, n0 + m)``: each neuron's channel's BatchNorm factors (see
+    :func:`source_tile`; empty for ``SOURCE_COPY``)."""
+    mode, alpha, beta, spatial, residual, bits = src
+    if mode == SOURCE_COPY:
+        return alpha[:0], beta[:0]
+    na = np.empty(m, alpha.dtype)
+    nb = np.empty(m, beta.dtype)
+    channel_row(na, alpha, n0, spatial)
+    channel_row(nb, beta, n0, spatial)
+    return na, nb
+
+
+@njit(cache=True, error_model="numpy")
+def source_row(x, t, n0, src, na, nb, out):
+    """Row ``t`` of the input of a block of neurons ``[n0, n0 + len(out))`` into ``out`` (see :func:`source_tile`;
+    ``na``/``nb`` from :func:`source_factors`)."""
+    mode, alpha, beta, spatial, residual, bits = src
+    m = out.shape[0]
+    xr = x[t, n0 : n0 + m]
+    if mode == SOURCE_COPY:
+        for i in range(m):  # a loop, not a slice assignment: numba would compile its shape-error formatting
+            out[i] = xr[i]
+    elif mode == SOURCE_BN:
+        for i in range(m):
+            out[i] = fma(xr[i], na[i], nb[i])
+    elif mode == SOURCE_BN_RESIDUAL:
+        rr = residual[t, n0 : n0 + m]
+        for i in range(m):
+            out[i] = fma(xr[i], na[i], nb[i]) + rr[i]
+    else:  # the residual's bits unpacked into the row first: both loops vectorize
+        unpack_bits(bits, t * x.shape[1] + n0, out, x.dtype.type(1.0))
+        for i in range(m):
+            out[i] = fma(xr[i], na[i], nb[i]) + out[i]
+
+
 @njit(cache=True, error_model="numpy")  # not inlined: compiled once for every kernel that calls it, once a block
 def source_tile(x, n0, m, src):
     """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``).
@@ -262,35 +482,12 @@ def source_tile(x, n0, m, src):
     (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
     ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds ``fma(x, alpha, beta)
     [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own ``[T, m]``: it stays in cache
-    between its writing and the neuron's reading."""
-    mode, alpha, beta, spatial, residual, bits = src
-    t_steps, n = x.shape
-    tile = np.empty((t_steps, m), x.dtype)
-    if mode == SOURCE_COPY:
-        for t in range(t_steps):  # a loop, not a slice assignment: numba would compile its shape-error formatting
-            tr, xr = tile[t], x[t, n0 : n0 + m]
-            for i in range(m):
-                tr[i] = xr[i]
-        return tile
-    na = np.empty(m, x.dtype)
-    nb = np.empty(m, x.dtype)
-    channel_row(na, alpha, n0, spatial)
-    channel_row(nb, beta, n0, spatial)
-    one = x.dtype.type(1.0)
-    for t in range(t_steps):
-        xr = x[t, n0 : n0 + m]
-        tr = tile[t]
-        if mode == SOURCE_BN:
-            for i in range(m):
-                tr[i] = fma(xr[i], na[i], nb[i])
-        elif mode == SOURCE_BN_RESIDUAL:
-            rr = residual[t, n0 : n0 + m]
-            for i in range(m):
-                tr[i] = fma(xr[i], na[i], nb[i]) + rr[i]
-        else:  # the residual's bits unpacked into the tile's row first: both loops vectorize
-            unpack_bits(bits, t * n + n0, tr, one)
-            for i in range(m):
-                tr[i] = fma(xr[i], na[i], nb[i]) + tr[i]
+    between its writing and the neuron's reading. (A kernel that reads each step's row once, the forward, makes
+    the rows one at a time with :func:`source_row` instead.)"""
+    tile = np.empty((x.shape[0], m), x.dtype)
+    na, nb = source_factors(n0, m, src)
+    for t in range(x.shape[0]):
+        source_row(x, t, n0, src, na, nb, tile[t])
     return tile
 
 
@@ -320,7 +517,7 @@ def source_args(x: torch.Tensor | None, batch_norm: Normalization | None, copy: 
     _, no_residual, no_bits = _empty_arrays(alpha.dtype)
     spatial = int(batch_norm.spatial)
     if batch_norm.residual is not None:
-        residual = batch_norm.residual.reshape(t_steps, n)
+        residual = batch_norm.residual.detach().reshape(t_steps, n)
         if residual.dtype != x.dtype or residual.device.type != "cpu" or not residual.is_contiguous():
             raise ValueError(f"cpu backend: the residual must be a contiguous {x.dtype} CPU tensor like x")
         return SOURCE_BN_RESIDUAL, alpha, beta, spatial, residual.numpy(), no_bits

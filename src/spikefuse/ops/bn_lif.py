@@ -15,7 +15,10 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
    updates copies of the running statistics and returns them (it stays functional, as registered autograd
    needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
    under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
-   backward's recomputation matches it.
+   backward's recomputation matches it. The cpu backend in training mode on float32 input
+   (:func:`spikefuse.ops.batchnorm_cpu.statistics_supported`) computes only the statistics, bit-identical to
+   ``native_batch_norm``'s (:func:`spikefuse.ops.batchnorm_cpu.statistics`), and normalizes inside its neuron
+   kernel (plus the residual), block by block into a tile in cache: no ``y`` is written (steps 2 and 3 in one);
 2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
    the same float add as the composition); with ``pack_residual`` (a binary residual: the spikes of an identity
    shortcut) it is also packed to bits (:mod:`spikefuse.ops.bitpack`) and saved as those, otherwise saved as is;
@@ -83,12 +86,13 @@ class EngineNeuron:
     def name(self) -> str:
         return self.model.name
 
-    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list, **input_kw) -> tuple[Tensor, list]:
+        """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm``."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype
         kernels = engine.module(backend)
         spikes, final, _ = kernels.forward(self.model, engine.stream(kernels, y2), params, inner, init, self.surrogate,
-                                           self.detach_reset, spike_dtype=y2.dtype)  # fmt: skip
+                                           self.detach_reset, spike_dtype=y2.dtype, **input_kw)  # fmt: skip
         return spikes, final
 
     def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
@@ -180,16 +184,21 @@ def _forward_impl(
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
     empty."""
-    rm = running_mean.clone() if running_mean is not None else None
-    rv = running_var.clone() if running_var is not None else None
-    y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
-    bits = xb.new_empty(0, dtype=torch.uint8)
-    if residual is not None:
-        y += residual
-        if pack_residual:
-            bits = pack(residual)[0]
-    spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
-    del y
+    bits = pack(residual)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
+    if _fused_statistics(backend, training, xb, running_mean, weight, bias):
+        # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
+        mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
+        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
+        spikes, final = OBJECTS[neuron].forward(backend, xb.reshape(t_steps, -1), list(params), inner, list(init),
+                                                batch_norm=norm)  # fmt: skip
+    else:
+        rm = running_mean.clone() if running_mean is not None else None
+        rv = running_var.clone() if running_var is not None else None
+        y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
+        if residual is not None:
+            y += residual
+        spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
+        del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
 
@@ -557,8 +566,14 @@ def bn_spiking_neuron_backward(
 
 
 def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
-    """Whether the neuron kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
+    """Whether the neuron's backward kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
     return backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
+
+
+def _fused_statistics(backend: str, training: bool, xb: Tensor, running_mean, weight, bias) -> bool:
+    """Whether the forward computes the statistics itself and normalizes inside the neuron's forward kernel
+    (:func:`spikefuse.ops.batchnorm_cpu.statistics`), bit-identical to ``native_batch_norm``."""
+    return backend == "cpu" and training and batchnorm_cpu.statistics_supported(xb, running_mean, weight, bias)
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:

@@ -256,17 +256,20 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    for j in range(m):", *hand_off("st_{k}[j]", "        "),
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
-        def forward_steps(save: bool) -> list[str]:
-            """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time."""
+        def forward_steps(save: bool, source: bool = False) -> list[str]:
+            """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time;
+            ``source``: each step's input row made from ``x`` into a row of ``xs`` first (a fused BatchNorm,
+            :func:`~spikefuse.ops.batchnorm_cpu.source_row`), not read from ``x``."""
             name = "_forward_save_row" if save else "_forward_row"
 
             def call(steps: int) -> str:
-                rows = [f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
+                made = "".join(f"        source_row(x, t + {u}, n0, src, na, nb, xs[{u}])\n" for u in range(steps))
+                rows = [f"xs[{u}]" if source else f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
                 rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one"] + [f"st_{k}" for k in S]
                 if save:
                     rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
                 suffix = f"_x{steps}" if steps > 1 else ""
-                return f"        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
+                return f"{made if source else ''}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
 
             return ["    T = x.shape[0]", *in_passes(call)]
 
@@ -293,6 +296,26 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
             f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, min(block, N - n0))",
+            "",
+            "",
+            # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
+            "@njit(cache=True, error_model='numpy')",
+            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}n0, m):",
+            "    na, nb = source_factors(n0, m, src)",
+            f"    xs = np.empty(({per_pass}, m), F)",
+            *load_params("    "),
+            *[f"    st_{k} = np.empty(m, F)" for k in S],
+            *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
+            *forward_steps(save=False, source=True),
+            *final_states(),
+            "",
+            "",
+            "@njit(parallel=True, cache=True, error_model='numpy')",
+            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}block):",
+            "    N = x.shape[1]",
+            "    for b in prange((N + block - 1) // block):",
+            "        n0 = b * block",
+            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}n0, min(block, N - n0))",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
@@ -562,7 +585,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
-        "from spikefuse.ops.batchnorm_cpu import source_tile",
+        "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
         "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors, rows_apart",
         f"F = {np_dtype}",
         "",
@@ -609,8 +632,14 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None, *,
+            batch_norm=None):
+    """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
+    input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block computes
+    into a tile in cache, bit-identical to ``native_batch_norm``'s (see :func:`backward`)."""
     t_steps, n = x2.shape
+    if save and batch_norm is not None:
+        raise ValueError("engine cpu backend: batch_norm runs the forward that saves nothing (no save)")
     module = kernels(model, type(surrogate), x2.dtype)
     threads = match_numba_threads(t_steps * n)
     spike_dtype = spike_dtype or x2.dtype
@@ -622,9 +651,14 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
-    getattr(module, ("forward_save" if save else "forward") + suffix)(
-        _np(x2), *par, *(_np(v) for v in init), int(inner), spike_array, one, *(f.numpy() for f in final),
-        *(v.numpy() for v in saved), _block(n, threads),
+    if batch_norm is None:
+        name, src, block = "forward_save" if save else "forward", (), _block(n, threads)
+    else:
+        src = (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
+        name, block = "forward_src", _block(n, threads)
+    getattr(module, name + suffix)(
+        _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *(f.numpy() for f in final),
+        *(v.numpy() for v in saved), block,
     )  # fmt: skip
     return spikes, final, saved
 
