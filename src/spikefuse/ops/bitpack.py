@@ -25,6 +25,7 @@ unpack, torch ops          119 ms
 
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 import torch
@@ -53,6 +54,7 @@ _INT_VIEW = {
 # Packed bytes per parallel task of the CPU kernels (32768 elements): small enough that a layer's spikes (a few
 # MB) still split over the threads, as prange gives each thread whole tasks.
 _BYTES_PER_TASK = 1 << 12
+_WORDS_PER_TASK = _BYTES_PER_TASK // 8
 
 
 def packed_numel(numel: int) -> int:
@@ -62,25 +64,24 @@ def packed_numel(numel: int) -> int:
 
 # --------------------------------------------------------------------------------------------------- CPU (numba)
 @njit(parallel=True, cache=True)
-def _pack_kernel(x, mask, out):
+def _pack_kernel(x, mask, out, words):
+    """``words``: the whole 64-bit words of ``out`` (its first ``8 * (x.size // 64)`` bytes, as uint64), each made from
+    64 elements at once (a compare per element and a shift into the word, which LLVM vectorizes: 2-3x faster than
+    a byte at a time); the elements after the last whole word go bit by bit into ``out``'s last bytes."""
     n = x.size
-    nfull = n // 8
-    ntasks = (nfull + _BYTES_PER_TASK - 1) // _BYTES_PER_TASK
-    for t in prange(ntasks):
-        j0 = t * _BYTES_PER_TASK
-        j1 = min(j0 + _BYTES_PER_TASK, nfull)
-        for j in range(j0, j1):
-            i = 8 * j
-            b = np.uint8(0)
-            for k in range(8):  # branch-free, so LLVM vectorizes it
-                b |= np.uint8((x[i + k] & mask) != 0) << np.uint8(k)
-            out[j] = b
-    if nfull * 8 < n:
-        b = np.uint8(0)
-        for i in range(nfull * 8, n):
-            if (x[i] & mask) != 0:
-                b |= np.uint8(1 << (i - nfull * 8))
-        out[nfull] = b
+    tasks = (words.size + _WORDS_PER_TASK - 1) // _WORDS_PER_TASK
+    for t in prange(tasks):
+        for w in range(t * _WORDS_PER_TASK, min((t + 1) * _WORDS_PER_TASK, words.size)):
+            xs = x[64 * w : 64 * w + 64]
+            bits = np.uint64(0)
+            for k in range(64):
+                bits |= np.uint64((xs[k] & mask) != 0) << np.uint64(k)
+            words[w] = bits
+    for j in range(8 * words.size, out.size):
+        out[j] = 0
+    for i in range(64 * words.size, n):
+        if (x[i] & mask) != 0:
+            out[i >> 3] |= np.uint8(1 << (i & 7))
 
 
 @njit(parallel=True, cache=True)
@@ -106,7 +107,10 @@ def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(packed_numel(flat.numel()), dtype=torch.uint8)
     if flat.numel():
         match_numba_threads()
-        _pack_kernel(flat.numpy(), mask, out.numpy())
+        out_np = out.numpy()  # torch's allocations are 64-byte aligned: the whole words view the same bytes
+        # bit k of a word is bit k % 8 of its byte k // 8 on a little-endian machine; elsewhere every bit goes singly
+        whole = 8 * (flat.numel() // 64) if sys.byteorder == "little" else 0
+        _pack_kernel(flat.numpy(), mask, out_np, out_np[:whole].view(np.uint64))
     return out
 
 
