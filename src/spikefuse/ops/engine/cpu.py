@@ -447,9 +447,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             """The backward kernels; ``grads`` as :func:`reverse_rows`; ``saved``: reading the states the forward saved
             (memory="potential", suffix ``_saved``) instead of recomputing them; ``over``: grad_x written over the
             saved first state (``"state"``, suffix ``_saved_over``) or over ``x`` (``"input"``, suffix ``_over_x``),
-            with no grad_x argument; ``tile`` (suffix ``_src``): the block reads its input from the tile that
-            :func:`~spikefuse.ops.batchnorm_cpu.source_tile` fills from ``x`` and ``src`` (a fused BatchNorm)."""
+            with no grad_x argument; ``tile`` (suffix ``_src``): the block's input is made from ``x`` and ``src`` (a
+            fused BatchNorm): for a neuron whose reverse pass reads no input (:attr:`NeuronModel.backward_reads_input`)
+            each step's row right before its recompute reads it (:func:`~spikefuse.ops.batchnorm_cpu.source_row`, as
+            the forward does), otherwise all steps into the tile that :func:`~spikefuse.ops.batchnorm_cpu.source_tile`
+            fills, which both passes read."""
             g = "_grads" if grads else ""
+            by_row = tile and not model.backward_reads_input
             mode = ("_saved" if saved else "") + OVER_SUFFIX[over] + ("_src" if tile else "")
             acc = args("acc_", P) if grads else ""
             bwd_args = (f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
@@ -458,8 +462,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             row = f"_reverse_rows{OVER_SUFFIX[over]}{g}{sfx}"
 
             def xrow(t: str) -> str:
-                """The block's input row of step ``t``."""
-                return f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
+                """The block's input row of step ``t`` (by rows: a made row the reverse pass does not read)."""
+                return "xs[0]" if by_row else f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
             def call(xs: list[str], gys: list[str], gxs: list[str], old: list[str], news: list[list[str]],
                      flags: str) -> str:
@@ -537,11 +541,17 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     new_rows = "".join(f"hist[(t + {u + 1}) * {len(kept)} + {i}], "
                                        for u in range(steps) for i in range(len(kept)))  # fmt: skip
                     suffix = f"_x{steps}" if steps > 1 else ""
-                    inputs = args("", [xrow(f"t + {u}") for u in range(steps)])
-                    return (f"        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
+                    if by_row:
+                        made = "".join(f"        source_row(x, t + {u}, n0, src, na, nb, xs[{u}])\n"
+                                       for u in range(steps))  # fmt: skip
+                        inputs = args("", [f"xs[{u}]" for u in range(steps)])
+                    else:
+                        made, inputs = "", args("", [xrow(f"t + {u}") for u in range(steps)])
+                    return (f"{made}        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
                             f"{first('t')}m)")
 
-                states = [*(["    xs = source_tile(x, n0, m, src)"] if tile else []),
+                made_rows = ["    na, nb = source_factors(n0, m, src)", f"    xs = np.empty(({row_steps(model)}, m), F)"]
+                states = [*(made_rows if by_row else ["    xs = source_tile(x, n0, m, src)"] if tile else []),
                           f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
@@ -686,9 +696,11 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
             *(_np(v) for v in saved), *_surrogate_args(surrogate, x2.dtype), bool(detach_reset),
             int(inner))  # fmt: skip
     outputs = (*(() if over or over_x else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
-    # per neuron of a block: the recomputed states, and the input tile of a fused BatchNorm
+    # per neuron of a block: the recomputed states, and the input rows of a fused BatchNorm (every step's, when the
+    # reverse pass reads them)
     replayed = len(module.REPLAYED_STATES[any(need_param_grads)])
-    scratch = 0 if saved else ((t_steps + 1) * replayed + t_steps * bool(src)) * x2.element_size()
+    made_rows = (t_steps if module.BACKWARD_READS_INPUT else row_steps(model)) if src else 0
+    scratch = 0 if saved else ((t_steps + 1) * replayed + made_rows) * x2.element_size()
     block = _block(n, threads, scratch, SOURCE_SCRATCH_BYTES if src else SCRATCH_BYTES)
     name = ("backward" + ("_saved" if saved else "") + ("_over" if over else "") + ("_over_x" if over_x else "")
             + ("_src" if src else ""))  # fmt: skip
