@@ -25,9 +25,14 @@ def register(obj) -> str:
 
 
 def key_of(obj) -> str:
-    """The key of ``obj`` for a custom op: its ``op_key`` inside a compiled function (a constant to dynamo), else
-    :func:`register` (which also serves an object whose class skipped :class:`Registered`'s ``__post_init__``)."""
-    return obj.op_key if torch.compiler.is_compiling() else register(obj)
+    """The key of ``obj`` for a custom op: its ``op_key`` (set when it was built; a constant to dynamo inside a
+    compiled function), else :func:`register` (an object whose class skipped :class:`Registered`'s
+    ``__post_init__``). Eager calls take the key every call, and a repr of every field costs more than a small
+    layer's kernel: a registered object keeps its key."""
+    key = getattr(obj, "op_key", "")
+    if torch.compiler.is_compiling():
+        return key
+    return key if key and key in OBJECTS else register(obj)
 
 
 def arguments(obj) -> dict:

@@ -136,11 +136,22 @@ class ReferenceLIF:
 
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
     """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
-    return _engine_neuron_key(key_of(model), key_of(surrogate), bool(detach_reset))
+    parts = (key_of(model), key_of(surrogate), bool(detach_reset))
+    if torch.compiler.is_compiling():
+        return _engine_neuron_key(*parts)
+    key = _ENGINE_NEURON_KEYS.get(parts)
+    if key is None:
+        key = _ENGINE_NEURON_KEYS[parts] = _engine_neuron_key(*parts)
+    return key
 
 
 def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:
     return register(EngineNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
+
+
+# Eager calls' keys of EngineNeurons by their parts' keys: the repr of a new EngineNeuron (its key) costs as much as a
+# small layer's kernel, and the parts' keys name registered objects, which stay registered.
+_ENGINE_NEURON_KEYS: dict[tuple, str] = {}
 
 
 def _reference_lif_key(ints: tuple, floats: tuple, surrogate_key: str) -> str:
