@@ -32,6 +32,7 @@ import torch
 from numba import njit, prange
 
 from ..threads import match_numba_threads
+from . import buffers
 from .numba_common import unpack_bits
 
 __all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel"]
@@ -116,7 +117,7 @@ def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
 
 def _unpack_cpu(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     view, _, one = _int_view(dtype)
-    out = torch.empty(shape, dtype=dtype)
+    out = buffers.empty(tuple(shape), dtype)  # a cached buffer: a fresh one faults its pages in while unpack writes it
     if out.numel():
         match_numba_threads()
         _unpack_kernel(packed.contiguous().numpy(), one, out.view(-1).view(view).numpy())

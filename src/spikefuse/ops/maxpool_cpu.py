@@ -22,6 +22,7 @@ import torch
 from numba import njit, prange
 
 from ..threads import match_numba_threads
+from . import buffers
 
 __all__ = ["forward", "backward", "SUPPORTED_DTYPES"]
 
@@ -125,7 +126,7 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     """Max-pooling of contiguous ``x [N, C, *spatial]`` into ``out_shape``, with per-dim ``kernel``, ``stride``,
     ``padding`` and ``dilation`` of the spatial dims' length, all as torch resolved and checked them (the caller
     gets ``out_shape`` from torch's pooling on a meta tensor): ``F.max_poolNd``'s output bit for bit."""
-    out = torch.empty(out_shape, dtype=x.dtype)
+    out = buffers.empty(tuple(out_shape), x.dtype)
     if out.numel():
         match_numba_threads(x.numel(), _SERIAL_WORK)
         args = _launch_args(x.shape, out_shape, kernel, stride, padding, dilation)
@@ -136,7 +137,7 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
 def backward(grad_y: torch.Tensor, bits: torch.Tensor, in_shape, kernel, stride, padding, dilation) -> torch.Tensor:
     """The input gradient of :func:`forward` for an input of ``in_shape`` saved as ``bits``
     (:func:`.bitpack.pack`)."""
-    grad_x = torch.zeros(in_shape, dtype=grad_y.dtype)
+    grad_x = buffers.empty(tuple(in_shape), grad_y.dtype).zero_()  # cached: fresh pages would fault in
     if grad_y.numel():
         match_numba_threads(grad_x.numel(), _SERIAL_WORK)
         args = _launch_args(in_shape, grad_y.shape, kernel, stride, padding, dilation)
