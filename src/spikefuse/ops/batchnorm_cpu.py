@@ -369,9 +369,10 @@ def backward(
     samples, channels = x.shape[:2]
     size = x.numel() // (samples * channels)
     out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
-    inv = invstd.detach().to(x.dtype)
+    inv = invstd.detach()
+    inv = inv if inv.dtype == x.dtype else inv.to(x.dtype)
     xf, gyf, mean_np, outf = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), _flat(out)
-    scale = (inv.numpy(), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight, per channel
+    scale = (_per_channel(inv, x.dtype), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight
     threads = match_numba_threads(x.numel(), _SERIAL_WORK)
     total = torch.empty(channels, dtype=x.dtype)
     dotp = torch.empty(channels, dtype=x.dtype)
@@ -390,9 +391,14 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 
 def _per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> np.ndarray:
+    """A per-channel tensor as an array of ``dtype`` (a view where it already is one: a conversion per call of a
+    small layer costs as much as its kernels)."""
     if t is None:
-        return np.empty(0, dtype=np.float32 if dtype == torch.float32 else np.float64)
-    return t.detach().to(dtype).contiguous().numpy()
+        return _empty_arrays(np.dtype(np.float32 if dtype == torch.float32 else np.float64))[0]
+    t = t.detach()
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t.numpy() if t.is_contiguous() else t.contiguous().numpy()
 
 
 class Normalization(NamedTuple):
@@ -414,7 +420,7 @@ def affine_factors(norm: Normalization, dtype: torch.dtype) -> tuple[np.ndarray,
     """Per channel ``alpha = invstd * weight`` and ``beta = fma(-mean, alpha, bias)`` in ``dtype``: torch's CPU
     kernel's ``y = fma(x, alpha, beta)``."""
     mean = _per_channel(norm.mean, dtype)
-    alpha, beta = np.empty_like(mean), np.empty_like(mean)
+    alpha, beta = np.empty(mean.shape[0], mean.dtype), np.empty(mean.shape[0], mean.dtype)
     _affine_kernel(
         mean, _per_channel(norm.invstd, dtype), _per_channel(norm.weight, dtype), _per_channel(norm.bias, dtype),
         norm.weight is not None, norm.bias is not None, alpha, beta,
