@@ -12,7 +12,7 @@ def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
     code = main(["bench", "memory", "--quick", "--in-process", "--models", "resnet18", "--forms", "fused", "lean", "floor",
                  "--threads", "1", "--rounds", "2", "--results-dir", str(tmp_path)])
     assert code == 0
-    assert "resnet18 / lean (round 2 of 2)" in capsys.readouterr().err
+    assert "resnet18: step times, every form side by side (round 2 of 2)" in capsys.readouterr().err
     md, csv_path = tmp_path / "bench-memory-quick.md", tmp_path / "bench-memory-quick.csv"
     assert md.exists() and csv_path.exists()
     rows = list(csv.DictReader(csv_path.open()))
@@ -26,12 +26,28 @@ def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
         assert float(r["saved_total_MiB"]) > 0
     floor = by_form["floor"]  # another network: timed, not compared
     assert floor["loss_rel_diff"] == "" and floor["grad_max_rel_diff"] == "" and float(floor["step_vs_floor"]) == 1.0
+    assert float(by_form["fused"]["step_vs_fused"]) == 1.0 and float(by_form["lean"]["step_vs_fused"]) > 0
     assert float(by_form["lean"]["stack_vs_vanilla"]) < 0.6
     text = md.read_text()
     assert "Machine:" in text and "Command:" in text and "| resnet18 | lean |" in text
-    assert "then the median over 2 rounds, the forms taking turns" in text
+    assert "2 rounds of 1 cycle, a cycle one step of every form in turn" in text
 
 
 def test_bench_memory_rounds_must_be_positive(tmp_path):
     with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
         main(["bench", "memory", "--quick", "--in-process", "--rounds", "0", "--results-dir", str(tmp_path)])
+
+
+def test_side_by_side_timing_alternates_the_forms(monkeypatch):
+    """Cycle i runs one step of every form, starting at form i mod n: each form's i-th time comes from the same
+    cycle as the others' (their ratio is paired), and no form always runs first."""
+    order = []
+
+    def fake_training(cfg):
+        return None, lambda: order.append(cfg["form"]), lambda: None
+
+    monkeypatch.setattr(memory, "_training", fake_training)
+    monkeypatch.setattr(memory, "_set_malloc_thresholds", lambda nbytes: None)
+    times = memory.time_side_by_side({"repeats": 4, "threads": None}, ["a", "b", "c"])
+    assert order == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert {form: len(t) for form, t in times.items()} == {"a": 4, "b": 4, "c": 4}

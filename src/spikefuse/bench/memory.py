@@ -27,7 +27,11 @@ and an Adam update unless ``--no-optimizer``):
   threshold fixed at 64 KiB (``mallopt``) so that every tensor buffer is mapped and unmapped on its own and the
   RSS follows the bytes live on the heap (a tracemalloc for torch's CPU allocator); in the default subprocess mode
   also the process's resident-set high-water mark (``VmHWM``); spikefuse's CPU buffer cache is off for this step (:mod:`spikefuse.ops.buffers`);
-- the median time of a step;
+- the time of a step, measured side by side: one more process builds every form of the model and times their steps
+  in alternation (each cycle one step of each form, the order rotating from cycle to cycle), so that a drift of the
+  shared machine, which moved separate processes' step times by 10-30% within minutes, hits every form of a cycle
+  alike; the step time is the median over the cycles, and each ratio ("vs fused", "vs floor") the median of the
+  cycles' ratios;
 - loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
   over max abs value, per parameter, worst parameter reported).
 
@@ -84,11 +88,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "+ max-pool) (default: %(default)s)")
     p.add_argument("--no-optimizer", dest="optimizer", action="store_false",
                    help="time forward+backward only (default: an Adam update is part of every step)")
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per form, median reported (default: 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed cycles per timing process, one step of every form each (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="run every form this many times, the forms taking turns, and report the median of the "
-                        "rounds' step times: a drift of the machine during the run hits every form alike "
-                        "(default: %(default)s)")  # fmt: skip
+                   help="timing processes, each building every form anew; step times and ratios are medians over "
+                        "the cycles of all of them (default: %(default)s)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--in-process", action="store_true",
@@ -214,21 +218,13 @@ def _group(module) -> str | None:
     return None
 
 
-def run_form(cfg: dict) -> dict:
-    """Measure one model in one form (in this process); returns a JSON-able result plus ``grads``."""
-    import gc
-    import time
-
+def _training(cfg: dict):
+    """``(model, step, update)`` for ``cfg``'s model and form: ``step(hooks)`` runs the forward (with ``hooks``:
+    recording the storages saved for backward by group) and backward and returns ``(loss, saved)``; ``update()``
+    the optimizer's."""
     import torch
     import torch.nn.functional as F
 
-    import spikefuse
-
-    from ..threads import set_threads
-
-    _set_malloc_thresholds(PEAK_MMAP_THRESHOLD)
-    if cfg.get("threads"):
-        set_threads(cfg["threads"])
     model, reset = make_form(cfg)
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -282,10 +278,22 @@ def run_form(cfg: dict) -> dict:
         loss.backward()
         return loss, saved
 
-    def train_step():
-        step()
-        update()
+    return model, step, update
 
+
+def run_form(cfg: dict) -> dict:
+    """Measure one model in one form's memory, loss and gradients (in this process); returns a JSON-able result plus
+    ``grads``."""
+    import gc
+
+    import spikefuse
+
+    from ..threads import set_threads
+
+    _set_malloc_thresholds(PEAK_MMAP_THRESHOLD)
+    if cfg.get("threads"):
+        set_threads(cfg["threads"])
+    model, step, update = _training(cfg)
     # 1: saved bytes, loss and gradients (also the warm-up: numba/Triton compilation)
     loss, saved = step(hooks=True)
     result = {
@@ -307,19 +315,41 @@ def run_form(cfg: dict) -> dict:
     gc.collect()
     before = _status_kib("VmRSS")
     if before is not None and _reset_peak():
-        train_step()
+        step()
+        update()
         result["step_peak"] = (_status_kib("VmHWM") - before) * 1024
     spikefuse.set_cpu_cache_limit(cache_limit)
-    # 3: timing, after one untimed step with the training run's allocator settings
-    _set_malloc_thresholds(TIMING_MMAP_THRESHOLD)
-    train_step()
-    times = []
-    for _ in range(cfg["repeats"]):
-        start = time.perf_counter()
-        train_step()
-        times.append(time.perf_counter() - start)
-    result["step_s"] = statistics.median(times)
     return result, grads
+
+
+def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
+    """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model, in this process, the forms'
+    steps alternating: cycle ``i`` runs one step of each form, starting at form ``i mod len(forms)``, after one
+    untimed step of each, with the training run's allocator settings. Entry ``i`` of every list is cycle ``i``."""
+    import time
+
+    from ..threads import set_threads
+
+    _set_malloc_thresholds(TIMING_MMAP_THRESHOLD)
+    if cfg.get("threads"):
+        set_threads(cfg["threads"])
+    runs = {form: _training({**cfg, "form": form}) for form in forms}
+
+    def train_step(form):
+        _, step, update = runs[form]
+        step()
+        update()
+
+    for form in forms:
+        train_step(form)
+    times = {form: [] for form in forms}
+    for cycle in range(cfg["repeats"]):
+        for k in range(len(forms)):
+            form = forms[(cycle + k) % len(forms)]
+            start = time.perf_counter()
+            train_step(form)
+            times[form].append(time.perf_counter() - start)
+    return times
 
 
 def _worker(cfg_json: str, out_path: str) -> None:
@@ -333,16 +363,32 @@ def _worker(cfg_json: str, out_path: str) -> None:
     torch.save({"result": result, "grads": grads}, out_path)
 
 
+def _timing_worker(cfg_json: str, forms_json: str, out_path: str) -> None:
+    Path(out_path).write_text(json.dumps(time_side_by_side(json.loads(cfg_json), json.loads(forms_json))))
+
+
+def _subprocess(what: str, code: str, *argv: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench memory: {what} failed:\n{proc.stderr[-3000:]}")
+
+
 def _run_isolated(cfg: dict, tmp: Path) -> tuple[dict, dict]:
     import torch
 
     out = tmp / f"{cfg['model']}-{cfg['form']}.pt"
     code = "import sys; from spikefuse.bench.memory import _worker; _worker(sys.argv[1], sys.argv[2])"
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg), str(out)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench memory: {cfg['model']}/{cfg['form']} failed:\n{proc.stderr[-3000:]}")
+    _subprocess(f"{cfg['model']}/{cfg['form']}", code, json.dumps(cfg), str(out))
     data = torch.load(out)
     return data["result"], data["grads"]
+
+
+def _time_isolated(cfg: dict, forms: list[str], tmp: Path) -> dict[str, list[float]]:
+    out = tmp / f"{cfg['model']}-times.json"
+    code = ("import sys; from spikefuse.bench.memory import _timing_worker; "
+            "_timing_worker(sys.argv[1], sys.argv[2], sys.argv[3])")  # fmt: skip
+    _subprocess(f"{cfg['model']} timing", code, json.dumps(cfg), json.dumps(forms), str(out))
+    return json.loads(out.read_text())
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -407,21 +453,28 @@ def _run(args, cfg0: dict) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
-            results, step_times = {}, {form: [] for form in forms}
+            results = {}
+            for form in forms:
+                cfg = {**cfg0, "model": model, "form": form}
+                print(f"bench memory: {model} / {form}: memory ...", file=sys.stderr, flush=True)
+                results[form] = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
+            cycles = {form: [] for form in forms}  # every timing process's cycles, in order
             for round_ in range(args.rounds):
+                print(f"bench memory: {model}: step times, every form side by side (round {round_ + 1} of "
+                      f"{args.rounds}) ...", file=sys.stderr, flush=True)  # fmt: skip
+                cfg = {**cfg0, "model": model}
+                times = time_side_by_side(cfg, forms) if args.in_process else _time_isolated(cfg, forms, Path(tmp))
                 for form in forms:
-                    cfg = {**cfg0, "model": model, "form": form}
-                    print(f"bench memory: {model} / {form} (round {round_ + 1} of {args.rounds}) ...",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    result = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
-                    results.setdefault(form, result)  # memory and gradients: the same in every round
-                    step_times[form].append(result[0]["step_s"])
-            for form, times in step_times.items():
-                results[form][0]["step_s"] = statistics.median(times)
+                    cycles[form] += times[form]
+
+            def ratio(form: str, base: str) -> str:
+                if base not in cycles:
+                    return ""
+                return f"{statistics.median(a / b for a, b in zip(cycles[form], cycles[base])):.3f}"
+
             ref, ref_grads = results["vanilla"]
-            fused_time = results["fused"][0]["step_s"] if "fused" in results else None
-            floor_time = results["floor"][0]["step_s"] if "floor" in results else None
             for form, (res, grads) in results.items():
+                res["step_s"] = statistics.median(cycles[form])
                 compared = form not in NOT_COMPARED
                 rel, worst = _max_rel(grads, ref_grads) if compared else (None, "")
                 saved = res["saved_stack"] + res["saved_other"]
@@ -435,8 +488,7 @@ def _run(args, cfg0: dict) -> int:
                     "step_peak_MiB": _mib(peak), "maxrss_MiB": _mib(res.get("maxrss")),
                     "peak_vs_vanilla": f"{peak / ref_peak:.3f}" if peak and ref_peak else "",
                     "step_s": f"{res['step_s']:.4f}",
-                    "step_vs_fused": f"{res['step_s'] / fused_time:.3f}" if fused_time else "",
-                    "step_vs_floor": f"{res['step_s'] / floor_time:.3f}" if floor_time else "",
+                    "step_vs_fused": ratio(form, "fused"), "step_vs_floor": ratio(form, "floor"),
                     "loss": f"{res['loss']:.6f}",
                     "loss_rel_diff":
                         f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}" if compared else "",
@@ -470,9 +522,12 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         f"per sample at every step), ResNet18 width {cfg['resnet_width']}, {cfg['stem']} stem; one step = forward, "
         f"cross-entropy of the time-averaged output, backward"
         f"{', Adam update' if cfg['optimizer'] else ' (no optimizer update)'}; "
-        f"{'all forms in one process' if args.in_process else 'each form in a fresh subprocess'}; "
-        f"median of {cfg['repeats']} timed step(s)"
-        + (f", then the median over {args.rounds} rounds, the forms taking turns." if args.rounds > 1 else "."),
+        f"memory: {'all forms in this process' if args.in_process else 'each form in a fresh subprocess'}; time: "
+        f"{args.rounds} {'round' if args.rounds == 1 else 'rounds'} of {cfg['repeats']} "
+        f"{'cycle' if cfg['repeats'] == 1 else 'cycles'}"
+        f"{'' if args.in_process else ', each round a fresh process building every form'}, a cycle one step of every "
+        f"form in turn (the order rotating); step s the median over the cycles, vs fused / vs floor the median of "
+        f"the cycles' ratios.",
         "",
         "Forms: " + "; ".join(f"`{k}` = {v}" for k, v in FORMS.items()) + ".",
         "",
@@ -483,8 +538,9 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         "- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
         "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
         "(imports, weights and all).",
-        "- step s: median of the timed steps, after one untimed step, with glibc's mmap threshold at 32 MiB, where "
-        "its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its pages in anew).",
+        "- step s: median of the timed steps, after one untimed step of every form, with glibc's mmap threshold at "
+        "32 MiB, where its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its pages in "
+        "anew).",
         "- grad max rel diff: max over parameters of max|g - g_vanilla| / max|g_vanilla|; loss and gradients from "
         "the same weights and input. SpikingJelly computes the same dynamics with another rounding order "
         "(`V - V/tau` instead of `decay*V`), so a spike can flip there.",
