@@ -31,9 +31,6 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Below this many input elements a call runs on one thread (waking the pool costs more than it saves).
 _SERIAL_WORK = 1 << 15
 
-_NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
-
-
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
     """``[2, out_size]``: the first input index of each output's window along one dim, moved past the padding
     (torch's ``while (start < 0) start += dilation``), and the number of input elements it covers (a loop over a
@@ -74,41 +71,37 @@ def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
     return first
 
 
-@njit(inline="always")
-def _pool_window(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
-    """Forward: ``dst[o]`` = the maximum of ``src``'s (the input's) window."""
-    dst[o] = _window_max(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)
-
-
-@njit(inline="always")
-def _unpool_window(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
-    """Backward: ``dst`` (grad_x) += ``aux[o]`` (grad_y) at the window's index found from ``src`` (the bits)."""
-    dst[_first_set(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)] += aux[o]
-
-
-def _make_kernel(visit):
-    """A kernel that calls ``visit`` on every window, planes in parallel, the outputs of a plane in order."""
-
-    @njit(parallel=True, cache=True)
-    def kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
-        plane_in = isize[0] * isize[1] * isize[2]
-        plane_out = osize[0] * osize[1] * osize[2]
-        for p in prange(planes):
-            o = p * plane_out
-            for od in range(osize[0]):
-                for oh in range(osize[1]):
-                    for ow in range(osize[2]):
-                        visit(src, aux, dst, p * plane_in, o, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
-                              bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
-                        o += 1
-
-    return kernel
-
-
 # ``x`` / ``bits`` ``[planes * D*H*W]``, ``out`` / ``grad_y`` ``[planes * oD*oH*oW]``; ``isize``/``osize`` (D, H, W),
-# ``bd``/``bh``/``bw`` the windows' bounds per dim (:func:`_bounds`).
-_forward_kernel = _make_kernel(_pool_window)
-_backward_kernel = _make_kernel(_unpool_window)
+# ``bd``/``bh``/``bw`` the windows' bounds per dim (:func:`_bounds`). Every window, planes in parallel, the outputs of
+# a plane in order. Two functions, not one made twice from a closure over the window function: numba's disk cache
+# keys a closure by its cells, which differ from process to process, so every process compiled both again (2.5 s of
+# a lean ResNet's first step).
+
+
+@njit(parallel=True, cache=True)
+def _forward_kernel(x, planes, isize, osize, bd, bh, bw, dilation, out):
+    plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
+    for p in prange(planes):
+        o = p * plane_out
+        for od in range(osize[0]):
+            for oh in range(osize[1]):
+                for ow in range(osize[2]):
+                    out[o] = _window_max(x, p * plane_in, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
+                                         bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
+                    o += 1
+
+
+@njit(parallel=True, cache=True)
+def _backward_kernel(bits, grad_y, planes, isize, osize, bd, bh, bw, dilation, grad_x):
+    plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
+    for p in prange(planes):
+        o = p * plane_out
+        for od in range(osize[0]):
+            for oh in range(osize[1]):
+                for ow in range(osize[2]):
+                    grad_x[_first_set(bits, p * plane_in, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
+                                      bh[1, oh], bw[0, ow], bw[1, ow], dilation)] += grad_y[o]  # fmt: skip
+                    o += 1
 
 
 def _launch_args(in_shape, out_shape, kernel, stride, padding, dilation):
@@ -130,7 +123,7 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     if out.numel():
         match_numba_threads(x.numel(), _SERIAL_WORK)
         args = _launch_args(x.shape, out_shape, kernel, stride, padding, dilation)
-        _forward_kernel(x.reshape(-1).numpy(), _NO_AUX, *args, out.reshape(-1).numpy())
+        _forward_kernel(x.reshape(-1).numpy(), *args, out.reshape(-1).numpy())
     return out
 
 
