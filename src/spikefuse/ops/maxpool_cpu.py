@@ -19,7 +19,8 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..threads import match_numba_threads
 from . import buffers
@@ -30,6 +31,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 # Below this many input elements a call runs on one thread (waking the pool costs more than it saves).
 _SERIAL_WORK = 1 << 15
+
+_NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
 
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
     """``[2, out_size]``: the first input index of each output's window along one dim, moved past the padding
@@ -71,36 +74,41 @@ def _first_set(bits, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
     return first
 
 
-# ``x`` / ``bits`` ``[planes * D*H*W]``, ``out`` / ``grad_y`` ``[planes * oD*oH*oW]``; ``isize``/``osize`` (D, H, W),
-# ``bd``/``bh``/``bw`` the windows' bounds per dim (:func:`_bounds`). Every window, planes in parallel, the outputs of
-# a plane in order. Two functions, not one made twice from a closure over the window function: numba's disk cache
-# keys a closure by its cells, which differ from process to process, so every process compiled both again (2.5 s of
-# a lean ResNet's first step).
+def _visit(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+    """One window: the forward's (``src`` the input: ``dst[o]`` = its maximum) or the backward's (``src`` the bits:
+    ``dst`` (grad_x) += ``aux[o]`` (grad_y) at the window's index), chosen when numba types the call."""
+
+
+@overload(_visit, inline="always")
+def _visit_typed(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+    if src.dtype == types.uint8:
+        def unpool(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+            dst[_first_set(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)] += aux[o]
+
+        return unpool
+
+    def pool(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
+        dst[o] = _window_max(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)
+
+    return pool
 
 
 @njit(parallel=True, cache=True)
-def _forward_kernel(x, planes, isize, osize, bd, bh, bw, dilation, out):
+def _windows_kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
+    """:func:`_visit` on every window, planes in parallel, the outputs of a plane in order. ``src`` is ``x`` (forward)
+    or the bits (backward) ``[planes * D*H*W]``, ``aux`` unused or ``grad_y``, ``dst`` the output or ``grad_x``;
+    ``isize``/``osize`` (D, H, W), ``bd``/``bh``/``bw`` the windows' bounds per dim (:func:`_bounds`). One function,
+    typed per direction by its arguments: made twice from a closure over the window function, as it was, numba's
+    disk cache keyed it by its cells, which differ from process to process, so every process compiled both again
+    (2.5 s of a lean ResNet's first step)."""
     plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
     for p in prange(planes):
         o = p * plane_out
         for od in range(osize[0]):
             for oh in range(osize[1]):
                 for ow in range(osize[2]):
-                    out[o] = _window_max(x, p * plane_in, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
-                                         bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
-                    o += 1
-
-
-@njit(parallel=True, cache=True)
-def _backward_kernel(bits, grad_y, planes, isize, osize, bd, bh, bw, dilation, grad_x):
-    plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
-    for p in prange(planes):
-        o = p * plane_out
-        for od in range(osize[0]):
-            for oh in range(osize[1]):
-                for ow in range(osize[2]):
-                    grad_x[_first_set(bits, p * plane_in, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
-                                      bh[1, oh], bw[0, ow], bw[1, ow], dilation)] += grad_y[o]  # fmt: skip
+                    _visit(src, aux, dst, p * plane_in, o, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
+                           bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
                     o += 1
 
 
@@ -123,7 +131,7 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     if out.numel():
         match_numba_threads(x.numel(), _SERIAL_WORK)
         args = _launch_args(x.shape, out_shape, kernel, stride, padding, dilation)
-        _forward_kernel(x.reshape(-1).numpy(), *args, out.reshape(-1).numpy())
+        _windows_kernel(x.reshape(-1).numpy(), _NO_AUX, *args, out.reshape(-1).numpy())
     return out
 
 
@@ -134,5 +142,5 @@ def backward(grad_y: torch.Tensor, bits: torch.Tensor, in_shape, kernel, stride,
     if grad_y.numel():
         match_numba_threads(grad_x.numel(), _SERIAL_WORK)
         args = _launch_args(in_shape, grad_y.shape, kernel, stride, padding, dilation)
-        _backward_kernel(bits.numpy(), grad_y.contiguous().reshape(-1).numpy(), *args, grad_x.reshape(-1).numpy())
+        _windows_kernel(bits.numpy(), grad_y.contiguous().reshape(-1).numpy(), *args, grad_x.reshape(-1).numpy())
     return grad_x
