@@ -50,7 +50,8 @@ def test_fused_normalization_is_native_batch_norm_bit_for_bit(dtype, shape, affi
         assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual)
 
 
-@pytest.mark.parametrize("shape", [(128, 64, 8, 8), (128, 17, 2, 2), (3, 9, 5), (2, 1, 2), (40, 7, 3, 3, 2), (5, 100, 33)])
+@pytest.mark.parametrize("shape", [(128, 64, 8, 8), (128, 17, 2, 2), (3, 9, 5), (2, 1, 2), (40, 7, 3, 3, 2),
+                                   (5, 100, 33)])  # fmt: skip
 @pytest.mark.parametrize("running", [True, False], ids=["running", "no-running"])
 @pytest.mark.parametrize("momentum", [0.1, 0.37, 1.0])
 def test_statistics_are_native_batch_norm_bit_for_bit(shape, running, momentum):

@@ -32,7 +32,8 @@ def test_round_trip(shape, dtype, seed, p):
     assert torch.equal(unpack_torch(packed, s, dtype), x)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 129, 1000, 70001])  # whole 64-bit words and not
+# whole 64-bit words and not
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 129, 1000, 70001])
 def test_sizes_not_multiple_of_8_and_bit_order(n):
     x = spikes((n,), torch.float32, n)
     packed, _ = pack(x)

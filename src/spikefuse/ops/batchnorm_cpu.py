@@ -171,8 +171,8 @@ def statistics_supported(x: torch.Tensor, running_mean: torch.Tensor | None, wei
     return all(t is None or t.dtype == torch.float32 for t in (running_mean, weight, bias))
 
 
-def statistics(x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
-               momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+def statistics(x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """``(mean, invstd, new running_mean, new running_var)`` of training-mode BatchNorm over contiguous ``x`` (see
     :func:`statistics_supported`): ``native_batch_norm``'s ``save_mean``/``save_invstd`` and its update of the running
     statistics bit for bit, the update made on copies (None without running statistics)."""
@@ -257,15 +257,6 @@ def _per_channel_kernel(x, gy, mean, invstd, weight, has_weight, channels, size,
             _grad_x_row(x, gy, out, (i * channels + c) * size, size, m, k, gm, a)
 
 
-@njit(inline="always", error_model="numpy")
-def _column_rows(dst, values, size):
-    """``dst[j] = values[j // size]``: a per-channel value for each column of a chunk of whole channels."""
-    for c in range(values.shape[0]):
-        v = values[c]
-        for k in range(c * size, (c + 1) * size):
-            dst[k] = v
-
-
 @njit(cache=True, error_model="numpy")
 def _column_sums(xr, gr, col_mean, col_sum, col_dot):
     """One sample's row of a chunk: ``col_sum += gy``, ``col_dot += (x - mean)*gy`` (rows apart: vectorized)."""
@@ -309,7 +300,7 @@ def _column_chunk_kernel(x, gy, mean, invstd, weight, has_weight, channels, size
         width = cn * size
         j0 = c0 * size
         col_mean = np.empty(width, x.dtype)
-        _column_rows(col_mean, mean[c0 : c0 + cn], size)
+        channel_row(col_mean, mean[c0 : c0 + cn], 0, size)  # a value per column of the chunk's whole channels
         col_sum = np.zeros(width, x.dtype)
         col_dot = np.zeros(width, x.dtype)
         for i in range(samples):
@@ -328,9 +319,9 @@ def _column_chunk_kernel(x, gy, mean, invstd, weight, has_weight, channels, size
             dots[c0 + c] = dotp
             k[c], gm[c], a[c] = _factors(total, dotp, invstd[c0 + c], weight[c0 + c] if has_weight else one, n)
         col_k, col_gm, col_a = col_sum, col_dot, np.empty(width, x.dtype)  # the sums are done: reuse their rows
-        _column_rows(col_k, k, size)
-        _column_rows(col_gm, gm, size)
-        _column_rows(col_a, a, size)
+        channel_row(col_k, k, 0, size)
+        channel_row(col_gm, gm, 0, size)
+        channel_row(col_a, a, 0, size)
         for i in range(samples):
             xr = x[i * row + j0 : i * row + j0 + width]
             gr = gy[i * row + j0 : i * row + j0 + width]
@@ -369,10 +360,9 @@ def backward(
     samples, channels = x.shape[:2]
     size = x.numel() // (samples * channels)
     out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
-    inv = invstd.detach()
-    inv = inv if inv.dtype == x.dtype else inv.to(x.dtype)
+    inv = invstd.detach().to(x.dtype)
     xf, gyf, mean_np, outf = _flat(x), _flat(grad_y), _per_channel(mean, x.dtype), _flat(out)
-    scale = (_per_channel(inv, x.dtype), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight
+    scale = (inv.numpy(), _per_channel(weight, x.dtype), weight is not None)  # invstd * weight, per channel
     threads = match_numba_threads(x.numel(), _SERIAL_WORK)
     total = torch.empty(channels, dtype=x.dtype)
     dotp = torch.empty(channels, dtype=x.dtype)

@@ -18,7 +18,8 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
    backward's recomputation matches it. The cpu backend in training mode on float32 input
    (:func:`spikefuse.ops.batchnorm_cpu.statistics_supported`) computes only the statistics, bit-identical to
    ``native_batch_norm``'s (:func:`spikefuse.ops.batchnorm_cpu.statistics`), and normalizes inside its neuron
-   kernel (plus the residual), block by block into a tile in cache: no ``y`` is written (steps 2 and 3 in one);
+   kernel (plus the residual), each step's row right before the neuron reads it: no ``y`` is written (steps 2
+   and 3 in one);
 2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
    the same float add as the composition); with ``pack_residual`` (a binary residual: the spikes of an identity
    shortcut) it is also packed to bits (:mod:`spikefuse.ops.bitpack`) and saved as those, otherwise saved as is;
@@ -86,7 +87,8 @@ class EngineNeuron:
     def name(self) -> str:
         return self.model.name
 
-    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list, **input_kw) -> tuple[Tensor, list]:
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list,
+                **input_kw) -> tuple[Tensor, list]:  # fmt: skip
         """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm``."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype

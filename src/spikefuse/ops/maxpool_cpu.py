@@ -34,6 +34,7 @@ _SERIAL_WORK = 1 << 15
 
 _NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
 
+
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
     """``[2, out_size]``: the first input index of each output's window along one dim, moved past the padding
     (torch's ``while (start < 0) start += dilation``), and the number of input elements it covers (a loop over a

@@ -256,6 +256,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    for j in range(m):", *hand_off("st_{k}[j]", "        "),
                     *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
 
+        def made_rows_setup(steps: int) -> list[str]:
+            """A block's BatchNorm factor rows and ``steps`` rows to make its input rows in (a fused BatchNorm)."""
+            return ["    na, nb = source_factors(n0, m, src)", f"    xs = np.empty(({steps}, m), F)"]
+
+        def made_rows(steps: int) -> str:
+            """The lines making the input rows of steps t..t+steps-1 into ``xs`` (see :func:`made_rows_setup`)."""
+            return "".join(f"        source_row(x, t + {u}, n0, src, na, nb, xs[{u}])\n" for u in range(steps))
+
         def forward_steps(save: bool, source: bool = False) -> list[str]:
             """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time;
             ``source``: each step's input row made from ``x`` into a row of ``xs`` first (a fused BatchNorm,
@@ -263,13 +271,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             name = "_forward_save_row" if save else "_forward_row"
 
             def call(steps: int) -> str:
-                made = "".join(f"        source_row(x, t + {u}, n0, src, na, nb, xs[{u}])\n" for u in range(steps))
                 rows = [f"xs[{u}]" if source else f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
                 rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one"] + [f"st_{k}" for k in S]
                 if save:
                     rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
                 suffix = f"_x{steps}" if steps > 1 else ""
-                return f"{made if source else ''}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
+                made = made_rows(steps) if source else ""
+                return f"{made}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
 
             return ["    T = x.shape[0]", *in_passes(call)]
 
@@ -301,8 +309,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
             "@njit(cache=True, error_model='numpy')",
             f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}n0, m):",
-            "    na, nb = source_factors(n0, m, src)",
-            f"    xs = np.empty(({per_pass}, m), F)",
+            *made_rows_setup(per_pass),
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
@@ -542,16 +549,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                                        for u in range(steps) for i in range(len(kept)))  # fmt: skip
                     suffix = f"_x{steps}" if steps > 1 else ""
                     if by_row:
-                        made = "".join(f"        source_row(x, t + {u}, n0, src, na, nb, xs[{u}])\n"
-                                       for u in range(steps))  # fmt: skip
-                        inputs = args("", [f"xs[{u}]" for u in range(steps)])
+                        made, inputs = made_rows(steps), args("", [f"xs[{u}]" for u in range(steps)])
                     else:
                         made, inputs = "", args("", [xrow(f"t + {u}") for u in range(steps)])
                     return (f"{made}        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
                             f"{first('t')}m)")
 
-                made_rows = ["    na, nb = source_factors(n0, m, src)", f"    xs = np.empty(({row_steps(model)}, m), F)"]
-                states = [*(made_rows if by_row else ["    xs = source_tile(x, n0, m, src)"] if tile else []),
+                states = [*(made_rows_setup(per_pass) if by_row else ["    xs = source_tile(x, n0, m, src)"] if tile
+                            else []),
                           f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
                           *[f"    c_{k} = np.empty(m, F)" for k in carried],
                           *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
@@ -645,8 +650,8 @@ def _surrogate_args(surrogate, dtype) -> tuple:
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None, *,
             batch_norm=None):
     """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
-    input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block computes
-    into a tile in cache, bit-identical to ``native_batch_norm``'s (see :func:`backward`)."""
+    input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
+    a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`)."""
     t_steps, n = x2.shape
     if save and batch_norm is not None:
         raise ValueError("engine cpu backend: batch_norm runs the forward that saves nothing (no save)")
@@ -662,13 +667,12 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
     if batch_norm is None:
-        name, src, block = "forward_save" if save else "forward", (), _block(n, threads)
+        name, src = "forward_save" if save else "forward", ()
     else:
-        src = (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
-        name, block = "forward_src", _block(n, threads)
+        name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
     getattr(module, name + suffix)(
         _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *(f.numpy() for f in final),
-        *(v.numpy() for v in saved), block,
+        *(v.numpy() for v in saved), _block(n, threads),
     )  # fmt: skip
     return spikes, final, saved
 
