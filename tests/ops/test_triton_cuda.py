@@ -1,6 +1,7 @@
 """The public API on CUDA tensors (the Triton backend compiled for the GPU) against the plain-PyTorch reference on
 the CPU: every shipped neuron module, both memory modes, learnable per-channel parameters, the fused BatchNorm with
-the LIF and with engine neurons, float64 gradcheck, torch.compile, and a second GPU's device guard.
+the LIF and with engine neurons, float64 gradcheck, torch.compile, and a second GPU's device guard. A lean
+Spiking-ResNet18 trains on the GPU as its vanilla form does there.
 
 Spikes and states must equal the CPU reference's bit for bit (the kernels round as the reference does: no FMA
 contraction, correctly rounded divisions); gradients agree to 1e-5. Skipped without a CUDA GPU (CI has none); the
@@ -15,7 +16,9 @@ import spikefuse
 from spikefuse import nn as snn
 from spikefuse.compat import snntorch as sf_snntorch
 from spikefuse.compat import spikingjelly as sf_spikingjelly
+from spikefuse.models import build_model
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
+from tests.nn.test_lean import _assert_same_training
 from tests.triton_on_cuda import GPU_TEST_MODE
 
 pytestmark = pytest.mark.skipif(
@@ -104,6 +107,24 @@ def test_batchnorm_neuron_on_gpu_equals_cpu_reference():
         return snn.BatchNormNeuron(torch.nn.BatchNorm2d(4), snn.CubaLIF(0.8, 0.7, threshold=0.5, backend=backend))
 
     _compare(make, torch.randn(SHAPE) * 2 + 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lean_resnet18_on_gpu_trains_as_vanilla(dtype, monkeypatch):
+    """``memory="lean"`` on the GPU (fused BatchNorm+LIF and BatchNorm+add+LIF on Triton, spike inputs packed as
+    bits by torch ops, spike max-pooling) against the vanilla form (nn.BatchNorm, the serial reference LIF) on the
+    GPU from the same weights: outputs bit-identical, gradients 1e-5, running statistics equal, for two steps.
+    Both run the same cuDNN convolutions; TF32 off so that the float32 case checks float32."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    forms = []
+    for memory, backend in (("fused", "reference"), ("lean", "auto")):
+        torch.manual_seed(0)
+        model = build_model("resnet18", 3, 10, width=8, stem="imagenet", neuron_backend=backend, memory=memory)
+        forms.append(model.to(device="cuda", dtype=dtype))
+    x = torch.rand(4, 3, 3, 32, 32, dtype=dtype, generator=torch.Generator().manual_seed(1)).cuda()
+    saved_vanilla, saved_lean = _assert_same_training(*forms, x, torch.tensor([1, 7, 3], device="cuda"))
+    assert saved_lean < 0.3 * saved_vanilla, f"lean saves {saved_lean} bytes, vanilla {saved_vanilla}"
 
 
 @pytest.mark.parametrize("model, params", [(CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.5)),

@@ -8,10 +8,12 @@ surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is on
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
-1. ``y, mean, invstd = aten.native_batch_norm(x merged to [T*B, C, ...])``: the very op ``nn.BatchNorm`` runs on
-   the CPU, so the statistics, the running-statistics update and ``y`` are bit-identical to the reference
-   composition ``SeqToBatch(nn.BatchNorm) -> LIF`` (torch's CPU kernel computes ``y = fma(x, a, fma(-mean, a, b))``
-   with ``a = weight*invstd``, which plain tensor ops cannot reproduce bit for bit, hence the call). The op
+1. ``y, mean, invstd`` of BatchNorm on ``x`` merged to ``[T*B, C, ...]`` by the very implementation ``nn.BatchNorm``
+   runs (``aten._batch_norm_impl_index``, which ``F.batch_norm`` calls: ``native_batch_norm`` on the CPU, cuDNN on
+   CUDA), so the statistics, the running-statistics update and ``y`` are bit-identical to the reference
+   composition ``SeqToBatch(nn.BatchNorm) -> LIF`` on every device (torch's CPU kernel computes
+   ``y = fma(x, a, fma(-mean, a, b))`` with ``a = weight*invstd``, cuDNN its own rounding; plain tensor ops
+   reproduce neither bit for bit, hence the call). The op
    updates copies of the running statistics and returns them (it stays functional, as registered autograd
    needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
    under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
@@ -35,7 +37,7 @@ Backward (``spikefuse::bn_lif_backward``):
    backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of neurons normalizes
    its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
    :func:`spikefuse.ops.batchnorm_cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
-   ``grad_y``. Elsewhere the same ``native_batch_norm`` call runs again into a transient (training: the statistics
+   ``grad_y``. Elsewhere the same BatchNorm call runs again into a transient (training: the statistics
    again from ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from
    the saved running statistics) that the cpu backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``;
    the engine's Triton kernels write a buffer of their own);
@@ -48,9 +50,6 @@ Backward (``spikefuse::bn_lif_backward``):
 Every backend works, since only the backends' common ``forward``/``backward`` entry points are used. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
 calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
-
-On CUDA ``nn.BatchNorm`` goes through cuDNN, whose ``y`` may differ from ``native_batch_norm``'s in the last ulp;
-spikes then agree with the composition except where ``y`` lands within an ulp of the threshold.
 """
 
 from __future__ import annotations
@@ -166,11 +165,22 @@ _engine_neuron_key._dynamo_marked_constant = True
 _reference_lif_key._dynamo_marked_constant = True
 
 
+def _torch_batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                      eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(y, mean, invstd)`` of BatchNorm on ``xb [T*B, C, ...]`` from the implementation ``F.batch_norm`` picks
+    (cuDNN on CUDA: its ``y`` differs from ``native_batch_norm``'s in the last bit in places, enough to flip a spike
+    that lands on the threshold), updating the running statistics in place in training mode; ``mean`` and
+    ``invstd`` are empty in eval mode."""
+    y, mean, invstd = torch._batch_norm_impl_index(xb, weight, bias, running_mean, running_var, training, momentum,
+                                                   eps, torch.backends.cudnn.enabled)[:3]  # fmt: skip
+    return y, mean, invstd
+
+
 def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
     """``y`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
     if training:
-        return torch.native_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)[0]
-    return torch.native_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+        return _torch_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)[0]
+    return _torch_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
 
 
 def _forward_impl(
@@ -207,7 +217,7 @@ def _forward_impl(
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
-        y, mean, invstd = torch.native_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
+        y, mean, invstd = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
         spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
