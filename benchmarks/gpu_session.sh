@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
 #   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile]
-#       [bench-quick]   (default: cuda-tests triton-tests bench)
-# - cuda-tests: tests/ops/test_triton_cuda.py and tests/bench/test_gpu.py (CUDA tensors through the public API);
+#       [memory] [bench-quick]   (default: cuda-tests triton-tests bench)
+# - cuda-tests: tests/ops/test_triton_cuda.py, tests/bench/test_gpu.py and test_memory.py (CUDA tensors through the
+#   public API, a lean ResNet18 trained on the GPU);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
 #   (SPIKEFUSE_TEST_TRITON=cuda; the AOT test is left out: it needs no GPU);
 # - bench: `spikefuse bench gpu` into $OUT (copy the files to benchmarks/results/ to commit them);
-# - compile: `spikefuse bench compile --device cuda`: the first forward+backward with empty Triton caches.
+# - compile: `spikefuse bench compile --device cuda`: the first forward+backward with empty Triton caches;
+# - memory: `spikefuse bench memory --device cuda` at the CPU run's size (ResNet18, imagenet stem, T=8, B=16) and at
+#   the memory-lean paper's (CIFAR stem, T=10, B=64), into $OUT/memory-cpu-size and $OUT/memory-paper-size; every
+#   form in one process (the GPU's memory is read from torch's allocator per step, not from the process).
 # Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 OUT=${OUT:-/tmp/spikefuse-gpu}
@@ -26,8 +30,9 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
   for s in $step; do
     case $s in
       cuda-tests)
-        SPIKEFUSE_TEST_TRITON=cuda $PY -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_cuda.py \
-            tests/bench/test_gpu.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${CUDA_TESTS_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider -n 4 \
+            tests/ops/test_triton_cuda.py tests/bench/test_gpu.py tests/bench/test_memory.py \
+            2>&1 | tee "$OUT/pytest-cuda.log" | tail -15 || status=1 ;;
       triton-tests)
         SPIKEFUSE_TEST_TRITON=cuda timeout "${TESTS_TIMEOUT:-330}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \
             --dist load -k "triton or Triton" --ignore=tests/ops/test_triton_aot.py \
@@ -38,9 +43,15 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
             2>&1 | tee "$OUT/bench-gpu.log" | tail -40 || status=1 ;;
       compile)
         $PY -m spikefuse.cli bench compile --device cuda --tag gpu --out "$OUT" 2>&1 | tail -12 || status=1 ;;
+      memory)
+        for size in "cpu-size:--stem imagenet -T 8 --batch-size 16" "paper-size:--stem cifar -T 10 --batch-size 64"; do
+          timeout "${MEMORY_TIMEOUT:-200}" $PY -m spikefuse.cli bench memory --device cuda --in-process \
+              --repeats "${MEMORY_REPEATS:-7}" ${size#*:} --results-dir "$OUT/memory-${size%%:*}" 2>&1 | tail -16 \
+              || status=1
+        done ;;
       bench-quick)
         $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
-      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile or bench-quick"; exit 2 ;;
+      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory or bench-quick"; exit 2 ;;
     esac
   done
 done

@@ -3,6 +3,7 @@
 import csv
 
 import pytest
+import torch
 
 from spikefuse.bench import memory
 from spikefuse.cli import main
@@ -51,3 +52,22 @@ def test_side_by_side_timing_alternates_the_forms(monkeypatch):
     times = memory.time_side_by_side({"repeats": 4, "threads": None}, ["a", "b", "c"])
     assert order == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert {form: len(t) for form, t in times.items()} == {"a": 4, "b": 4, "c": 4}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a CUDA GPU")
+def test_bench_memory_on_cuda_without_a_gpu_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="--device cuda: torch sees no CUDA GPU .*leave --device out for the CPU"):
+        main(["bench", "memory", "--quick", "--in-process", "--device", "cuda", "--results-dir", str(tmp_path)])
+    assert not list(tmp_path.iterdir()), "no result files written"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_bench_memory_quick_on_cuda(tmp_path):
+    code = main(["bench", "memory", "--quick", "--in-process", "--device", "cuda", "--models", "resnet18", "--forms",
+                 "fused", "lean", "floor", "--results-dir", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    rows = {r["form"]: r for r in csv.DictReader((tmp_path / "bench-memory-cuda-quick.csv").open())}
+    assert float(rows["lean"]["stack_vs_vanilla"]) < 0.6 and float(rows["lean"]["step_peak_MiB"]) > 0
+    assert rows["lean"]["maxrss_MiB"] == ""  # the host's RSS says nothing of the GPU's memory
+    assert float(rows["fused"]["grad_max_rel_diff"]) < 1e-4
+    assert "step peak: `torch.cuda.max_memory_allocated()`" in (tmp_path / "bench-memory-cuda-quick.md").read_text()

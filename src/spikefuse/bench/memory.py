@@ -35,8 +35,13 @@ and an Adam update unless ``--no-optimizer``):
 - loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
   over max abs value, per parameter, worst parameter reported).
 
+On a GPU (``--device cuda``) the model, input and optimizer live on the GPU, the fused and lean forms run their
+Triton kernels, the step peak is ``torch.cuda.max_memory_allocated`` during the step above what was allocated before
+it, and every timed step ends with a synchronization.
+
 Each form runs in its own fresh subprocess (``--in-process`` runs them in this process, e.g. for ``--quick``).
-Writes ``benchmarks/results/bench-memory[-quick].md`` and ``.csv`` with the machine info and the exact command.
+Writes ``benchmarks/results/bench-memory[-cuda][-quick].md`` and ``.csv`` with the machine info and the exact
+command.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="timing processes, each building every form anew; step times and ratios are medians over "
                         "the cycles of all of them (default: %(default)s)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (default: %(default)s; cuda: peak memory from torch's CUDA "
+                        "allocator)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--in-process", action="store_true",
                    help="run every form in this process (no maxrss column; faster start-up)")
@@ -225,14 +233,15 @@ def _training(cfg: dict):
     import torch
     import torch.nn.functional as F
 
+    device = torch.device(cfg.get("device", "cpu"))
     model, reset = make_form(cfg)
-    model.train()
+    model.to(device).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     readout = model.fc if hasattr(model, "fc") else model.classifier[-1]
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     image = torch.rand(cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"], generator=g)
-    x = image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1)  # direct encoding: the image at every step
-    labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g)
+    x = image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1).to(device)  # direct encoding: the image at every step
+    labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if cfg.get("optimizer", True) else None
 
     def update():
@@ -303,9 +312,13 @@ def run_form(cfg: dict) -> dict:
         "loss": float(loss.detach()),
     }
     # in registration order, which every form keeps (names change: see spikefuse.nn.lean)
-    grads = [(_param_name(n), None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()]
+    grads = [(_param_name(n), None if p.grad is None else p.grad.detach().to("cpu", copy=True))
+             for n, p in model.named_parameters()]  # fmt: skip
     update()  # creates the optimizer state, which the peak below then counts as already there
     del loss, saved
+    if cfg.get("device", "cpu") == "cuda":
+        result["step_peak"] = _cuda_step_peak(model, step, update)
+        return result, grads
     # 2: peak memory of one step above the memory before it, without the CPU buffer cache (its idle buffers would
     # count in "before" and then be reused, hiding what the step's tensors need)
     for p in model.parameters():
@@ -322,11 +335,29 @@ def run_form(cfg: dict) -> dict:
     return result, grads
 
 
+def _cuda_step_peak(model, step, update) -> int:
+    """Bytes that torch's CUDA allocator held at most during one training step beyond what it held before."""
+    import torch
+
+    for p in model.parameters():
+        p.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    update()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
     """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model, in this process, the forms'
     steps alternating: cycle ``i`` runs one step of each form, starting at form ``i mod len(forms)``, after one
-    untimed step of each, with the training run's allocator settings. Entry ``i`` of every list is cycle ``i``."""
+    untimed step of each, with the training run's allocator settings. Entry ``i`` of every list is cycle ``i``.
+    On a GPU every step ends with a synchronization, so that its time is the GPU's work, not the launches'."""
     import time
+
+    import torch
 
     from ..threads import set_threads
 
@@ -334,11 +365,13 @@ def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
     if cfg.get("threads"):
         set_threads(cfg["threads"])
     runs = {form: _training({**cfg, "form": form}) for form in forms}
+    synchronize = torch.cuda.synchronize if cfg.get("device", "cpu") == "cuda" else lambda: None
 
     def train_step(form):
         _, step, update = runs[form]
         step()
         update()
+        synchronize()
 
     for form in forms:
         train_step(form)
@@ -359,7 +392,8 @@ def _worker(cfg_json: str, out_path: str) -> None:
 
     cfg = json.loads(cfg_json)
     result, grads = run_form(cfg)
-    result["maxrss"] = peak_rss_mb() * 2**20
+    if cfg.get("device", "cpu") == "cpu":
+        result["maxrss"] = peak_rss_mb() * 2**20
     torch.save({"result": result, "grads": grads}, out_path)
 
 
@@ -422,11 +456,15 @@ def run(args) -> int:
     cfg0 = {
         "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
         "resnet_width": args.resnet_width, "seed": args.seed, "threads": args.threads, "stem": args.stem,
-        "optimizer": args.optimizer,
+        "optimizer": args.optimizer, "device": args.device,
     }  # fmt: skip
     if args.quick:
         cfg0.update(QUICK)
     import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench memory --device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); "
+                         "run it on a GPU machine with a CUDA build of torch, or leave --device out for the CPU")
 
     previous_threads = torch.get_num_threads()
     if args.threads:
@@ -498,9 +536,18 @@ def _run(args, cfg0: dict) -> int:
     return 0
 
 
+def _gpu_info() -> str:
+    import torch
+    import triton
+
+    return (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, Triton {triton.__version__}, TF32 "
+            f"convolutions {'on' if torch.backends.cudnn.allow_tf32 else 'off'}")
+
+
 def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
     out = Path(args.results_dir)
-    stem = "bench-memory" + ("-quick" if args.quick else "")
+    cuda = cfg["device"] == "cuda"
+    stem = "bench-memory" + ("-cuda" if cuda else "") + ("-quick" if args.quick else "")
     csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
     write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
     header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "peak vs vanilla",
@@ -514,7 +561,7 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
     lines = [
         "# bench memory" + (" (quick)" if args.quick else ""),
         "",
-        f"Machine: {machine_info()}",
+        f"Machine: {_gpu_info() + '; host ' if cuda else ''}{machine_info()}",
         "",
         f"Command: `{command_line()}`",
         "",
@@ -535,12 +582,16 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         "",
         "- saved MiB: unique storages packed by `saved_tensors_hooks` in the forward, parameters excluded; `stack` = "
         "conv/linear/BN/neuron modules, `other` = pooling, readout and loss.",
-        "- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
-        "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
-        "(imports, weights and all).",
-        "- step s: median of the timed steps, after one untimed step of every form, with glibc's mmap threshold at "
-        "32 MiB, where its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its pages in "
-        "anew).",
+        *(["- step peak: `torch.cuda.max_memory_allocated()` during one step minus `memory_allocated()` before it "
+           "(the optimizer state already there).",
+           "- step s: median of the timed steps, after one untimed step of every form, each step ending with "
+           "`torch.cuda.synchronize()`."] if cuda else
+          ["- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
+           "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
+           "(imports, weights and all).",
+           "- step s: median of the timed steps, after one untimed step of every form, with glibc's mmap threshold "
+           "at 32 MiB, where its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its "
+           "pages in anew)."]),
         "- grad max rel diff: max over parameters of max|g - g_vanilla| / max|g_vanilla|; loss and gradients from "
         "the same weights and input. SpikingJelly computes the same dynamics with another rounding order "
         "(`V - V/tau` instead of `decay*V`), so a spike can flip there.",
