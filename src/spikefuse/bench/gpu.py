@@ -8,7 +8,8 @@ compared with the group's first:
 
 - ``sj-lif``: SpikingJelly 2.0's ``LIFNode(step_mode='m')`` (on CUDA a pip install runs its Triton kernel: its native
   CUDA ops need a source build) against :class:`spikefuse.compat.spikingjelly.LIFNode` with the same arguments;
-  ``sj-lif-fp16``: the same on a float16 input (spikefuse reads and writes float16, its membrane float32);
+  ``sj-lif-fp16``: the same on a float16 input (spikefuse reads and writes float16, its membrane float32;
+  SpikingJelly's membrane takes the input's dtype, which its Triton kernel does not run: its PyTorch reference);
 - ``paper-lif``: Eq. (1)-(2) (decay 0.2, threshold 0.3, sigmoid surrogate 4) as ``spikefuse.lif`` runs it (both
   memory modes), an eager loop, ``torch.compile`` of that loop, snnTorch's ``Leaky`` and Norse's ``LIFBoxCell`` (the
   last two fire on ``>``); ``paper-lif-fp16``: ``spikefuse.lif`` on a float16 input;
@@ -27,7 +28,6 @@ forward+backward, both over what was allocated before.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +71,15 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     from spikefuse.surrogate import Sigmoid
 
     sj_args = dict(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0, step_mode="m")
+    # one module per case: a module's last output state holds its graph (the saved potentials) until its next
+    # reset, which would free it inside another case's memory measurement
     sf_sj = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
+    sf_sj_fp16 = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
     found = [
         Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
-    ]
-    found.append(Case("spikefuse compat.spikingjelly.LIFNode fp16", "sj-lif-fp16", lambda x: sf_sj.reset() or sf_sj(x),
-                      "potential", dtype=torch.float16))  # fmt: skip
+        Case("spikefuse compat.spikingjelly.LIFNode fp16", "sj-lif-fp16",
+             lambda x: sf_sj_fp16.reset() or sf_sj_fp16(x), "potential", dtype=torch.float16),
+    ]  # fmt: skip
     for group, dtype in (("paper-lif", torch.float32), ("paper-lif-fp16", torch.float16)):
         for memory in ("potential", "recompute"):
             name = f"spikefuse.lif{' fp16' if dtype == torch.float16 else ''} ({memory})"
@@ -101,14 +104,16 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
 
 
 def _spikingjelly() -> Case:
-    # A pip install has no native CUDA build; name the Triton kernel it then runs, so that a failure says so
-    os.environ.setdefault("SJ_LIF_CUDA_IMPLEMENTATION", "triton")
+    # SpikingJelly picks its implementation per call (SJ_LIF_CUDA_IMPLEMENTATION unset, as its users run it); a pip
+    # install has no native CUDA build, so a float32 input runs its Triton kernel
     return Case("SpikingJelly 2.0 LIFNode (its Triton kernel)", "sj-lif", peers.spikingjelly_lif("cuda"))
 
 
 def _spikingjelly_fp16() -> Case:
-    case = _spikingjelly()
-    return Case(case.name + " fp16", "sj-lif-fp16", case.run, dtype=torch.float16)
+    return Case("SpikingJelly 2.0 LIFNode fp16 (its PyTorch reference)", "sj-lif-fp16", peers.spikingjelly_lif("cuda"),
+                dtype=torch.float16, note="its membrane takes the input's dtype, and its Triton kernel needs a "
+                "float32 membrane, so a float16 input runs its PyTorch reference; float16 membrane arithmetic flips "
+                "spikes")  # fmt: skip
 
 
 def _snntorch_leaky() -> Case:
