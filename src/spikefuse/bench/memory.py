@@ -585,7 +585,11 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         *(["- step peak: `torch.cuda.max_memory_allocated()` during one step minus `memory_allocated()` before it "
            "(the optimizer state already there).",
            "- step s: median of the timed steps, after one untimed step of every form, each step ending with "
-           "`torch.cuda.synchronize()`."] if cuda else
+           "`torch.cuda.synchronize()`.",
+           "- With TF32 convolutions (torch's default for cuDNN), gradients that differ in their last float32 bits "
+           "(the fused neurons' backward rounds differently from autograd's) reach the next convolution's backward "
+           "rounded to TF32's 10-bit mantissa: the forms' gradients then differ by up to ~1e-3, not ~1e-6."]
+          if cuda else
           ["- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
            "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
            "(imports, weights and all).",
