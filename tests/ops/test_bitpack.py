@@ -84,3 +84,26 @@ def test_bad_arguments():
         unpack(packed.float(), s, torch.float32)
     with pytest.raises(TypeError, match="does not support dtype"):
         pack(torch.ones(3, dtype=torch.complex64))
+
+
+# The Triton kernels that pack and unpack CUDA tensors, under Triton's interpreter on CPU tensors (on the GPU with
+# SPIKEFUSE_TEST_TRITON=cuda).
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 8 * 1024 + 3, 70001])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool, torch.int32, torch.uint8])
+def test_triton_kernels_make_the_cpu_bytes(n, dtype):
+    bitpack_triton = pytest.importorskip("spikefuse.ops.bitpack_triton", reason="needs triton")
+    x = spikes((n,), dtype, n + 11)
+    packed = bitpack_triton.pack(x)
+    want, _ = pack(x)
+    assert packed.dtype == torch.uint8 and torch.equal(packed, want)
+    y = bitpack_triton.unpack(want, x.shape, dtype)
+    assert y.dtype == dtype and y.is_contiguous() and torch.equal(y, x)
+
+
+def test_triton_kernels_nonzero_is_one_and_minus_zero_is_zero():
+    bitpack_triton = pytest.importorskip("spikefuse.ops.bitpack_triton", reason="needs triton")
+    x = torch.tensor([0.0, -0.0, 1.0, 2.5, -3.0, float("nan"), float("inf"), 0.0, 1e-45, 0.0])
+    assert torch.equal(bitpack_triton.pack(x), pack(x)[0])
+    assert pack(x)[0].tolist() == [0b01111100, 0b00000001]
+    y = bitpack_triton.unpack(bitpack_triton.pack(x), (2, 5), torch.float32)
+    assert torch.equal(y, (x != 0).float().view(2, 5)) and not torch.signbit(y).any()

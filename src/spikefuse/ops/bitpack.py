@@ -9,9 +9,10 @@ with zero bits when ``x.numel()`` is not a multiple of 8. ``unpack(packed, shape
 Speed: CPU tensors go through numba kernels (``njit(parallel=True, cache=True)``) that read the input through an
 integer view of the same width (any float dtype incl. float16/bfloat16, integers, bool) and write ``unpack``'s
 output as the integer bit pattern of 0/1 (:func:`spikefuse.ops.numba_common.unpack_bits`, each byte unrolled into
-its eight elements so that the loop vectorizes), so no dtype conversion pass is needed. Other devices (CUDA) use
-vectorized torch bit operations, which run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported
-for testing and for comparison. ``python -m spikefuse.ops.bitpack`` times them on a 32x64x128x16x16 float32 spike
+its eight elements so that the loop vectorizes), so no dtype conversion pass is needed. CUDA tensors go through one
+Triton kernel each way (:mod:`spikefuse.ops.bitpack_triton`; where Triton is not installed, through the torch ops
+below: the same bytes, a dozen launches instead of one). Other devices use vectorized torch bit operations, which
+run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported for testing and for comparison. ``python -m spikefuse.ops.bitpack`` times them on a 32x64x128x16x16 float32 spike
 tensor (67M elements, 268 MB), best of 5; on the 2-core Intel Xeon of 2026-11-26:
 
 =========================  ========  ===============================================================
@@ -25,6 +26,7 @@ unpack, torch ops          119 ms
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -150,12 +152,26 @@ def unpack_torch(packed: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tenso
     return bits.view(-1)[:n].to(dtype).view(shape)
 
 
+# ------------------------------------------------------------------------------------------------- CUDA (Triton)
+@functools.cache
+def _triton_kernels():
+    """:mod:`spikefuse.ops.bitpack_triton`, or None where Triton is not installed."""
+    try:
+        from . import bitpack_triton
+    except ImportError:
+        return None
+    return bitpack_triton
+
+
 # ------------------------------------------------------------------------------------------------------ public
 def pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
     """Pack ``x != 0`` into bits: returns ``(packed, shape)`` with ``packed`` a 1-D ``uint8`` tensor of
     ``ceil(x.numel() / 8)`` bytes on ``x``'s device and ``shape == x.shape``. Not differentiable."""
     if x.device.type == "cpu":
         packed = _pack_cpu(x.detach())
+    elif x.device.type == "cuda" and _triton_kernels() is not None:
+        _int_view(x.dtype)
+        packed = _triton_kernels().pack(x.detach())
     else:
         packed = pack_torch(x.detach())
     return packed, x.shape
@@ -173,6 +189,9 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
         )
     if packed.device.type == "cpu":
         return _unpack_cpu(packed, shape, dtype)
+    if packed.device.type == "cuda" and _triton_kernels() is not None:
+        _int_view(dtype)
+        return _triton_kernels().unpack(packed, shape, dtype)
     return unpack_torch(packed, shape, dtype)
 
 
