@@ -12,8 +12,9 @@ output as the integer bit pattern of 0/1 (:func:`spikefuse.ops.numba_common.unpa
 its eight elements so that the loop vectorizes), so no dtype conversion pass is needed. CUDA tensors go through one
 Triton kernel each way (:mod:`spikefuse.ops.bitpack_triton`; where Triton is not installed, through the torch ops
 below: the same bytes, a dozen launches instead of one). Other devices use vectorized torch bit operations, which
-run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported for testing and for comparison. ``python -m spikefuse.ops.bitpack`` times them on a 32x64x128x16x16 float32 spike
-tensor (67M elements, 268 MB), best of 5; on the 2-core Intel Xeon of 2026-11-26:
+run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported for testing and for comparison.
+``python -m spikefuse.ops.bitpack`` times the CPU forms on a 32x64x128x16x16 float32 spike tensor (67M elements,
+268 MB), best of 5; on the 2-core Intel Xeon of 2026-11-26:
 
 =========================  ========  ===============================================================
 pack, numba (used)         18 ms     a fifth of a copy: reads the input, writes 1/32 of it

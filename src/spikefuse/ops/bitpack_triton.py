@@ -12,13 +12,12 @@ Imported on the first CUDA call (Triton is optional on a CPU-only install). Unde
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from .bitpack import _INT_VIEW, packed_numel
+from .common import device_guard
 
 # Bytes per program of pack (8 elements each) and elements per program of unpack.
 _PACK_BYTES = 1024
@@ -45,10 +44,6 @@ def _unpack_kernel(packed_ptr, out_ptr, one, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + index, (bit * one).to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def _on_device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 def pack(x: torch.Tensor) -> torch.Tensor:
     """The packed ``uint8`` bytes of ``x != 0`` (``ceil(x.numel() / 8)`` of them, on ``x``'s device)."""
     flat = x.contiguous().view(-1)
@@ -57,7 +52,7 @@ def pack(x: torch.Tensor) -> torch.Tensor:
     n_bytes = packed_numel(flat.numel())
     out = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
     if n_bytes:
-        with _on_device(x):
+        with device_guard(x.device):
             _pack_kernel[(triton.cdiv(n_bytes, _PACK_BYTES),)](flat, out, flat.numel(), n_bytes, BLOCK=_PACK_BYTES)
     return out
 
@@ -69,7 +64,7 @@ def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     flat = out.view(-1).view(view)
     if flat.numel():
-        with _on_device(packed):
+        with device_guard(packed.device):
             _unpack_kernel[(triton.cdiv(flat.numel(), _UNPACK_ELEMENTS),)](packed.contiguous(), flat, int(one),
                                                                            flat.numel(), BLOCK=_UNPACK_ELEMENTS)
     return out

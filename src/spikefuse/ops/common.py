@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -71,3 +72,9 @@ def refuse_double_backward(what: str, remedy: str) -> None:
             f"double backward (create_graph=True: gradient penalties, Hessians, MAML) through {what} is not "
             f"supported: its backward is a fused kernel, not differentiable ops; {remedy}"
         )
+
+
+def device_guard(device: torch.device):
+    """The CUDA device context a Triton launch on ``device`` needs (its kernels run on the current device, which need
+    not be the tensors'); no context for CPU tensors (Triton's interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -34,14 +34,13 @@ Entry points as :mod:`spikefuse.ops.engine.reference`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from pathlib import Path
 
 import torch
 import triton
 
-from ..common import compute_dtype, reduce_leak_grad
+from ..common import compute_dtype, device_guard, reduce_leak_grad
 from . import emit
 from .emit import Dialect
 
@@ -327,11 +326,6 @@ def engine_block(n: int, states: int, dtype: torch.dtype) -> int:
     return min(block_size(n), cap)
 
 
-def _on_device(device: torch.device):
-    """Launch on the tensors' GPU (Triton launches on the current device, on its current stream)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _param_args(params: list) -> tuple[bool, list]:
     """``(SCALAR, [pointer, size] per parameter)``: SCALAR when every parameter has one value."""
     return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
@@ -351,7 +345,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), cdt)
-    with _on_device(x2.device):
+    with device_guard(x2.device):
         module.forward[(triton.cdiv(n, block),)](
             x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, *(saved or final), t_steps, n,
             int(inner), SCALAR=scalar, SAVE=bool(save), BLOCK=block, **COMPILE_OPTIONS,
@@ -381,7 +375,7 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
         hist = torch.empty((0 if saved else t_steps, kept, n), dtype=cdt, device=device)
         sg = torch.tensor(surrogate.params(), dtype=cdt, device=device)
         # a buffer that is not written (its flag is off) still needs a valid pointer of its dtype: sg stands in
-        with _on_device(device):
+        with device_guard(device):
             module.backward[(triton.cdiv(n, block),)](
                 grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
                 *(a for v in init for a in (v, v.numel())), sg, hist if hist.numel() else sg,
