@@ -107,3 +107,11 @@ def test_triton_kernels_nonzero_is_one_and_minus_zero_is_zero():
     assert pack(x)[0].tolist() == [0b01111100, 0b00000001]
     y = bitpack_triton.unpack(bitpack_triton.pack(x), (2, 5), torch.float32)
     assert torch.equal(y, (x != 0).float().view(2, 5)) and not torch.signbit(y).any()
+
+
+def test_triton_kernels_refuse_unsupported_dtypes():
+    bitpack_triton = pytest.importorskip("spikefuse.ops.bitpack_triton", reason="needs triton")
+    with pytest.raises(TypeError, match="bitpack does not support dtype torch.complex64"):
+        bitpack_triton.pack(torch.ones(3, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="bitpack does not support dtype torch.complex64"):
+        bitpack_triton.unpack(torch.zeros(1, dtype=torch.uint8), (3,), torch.complex64)

@@ -171,7 +171,6 @@ def pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
     if x.device.type == "cpu":
         packed = _pack_cpu(x.detach())
     elif x.device.type == "cuda" and _triton_kernels() is not None:
-        _int_view(x.dtype)
         packed = _triton_kernels().pack(x.detach())
     else:
         packed = pack_torch(x.detach())
@@ -191,7 +190,6 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
     if packed.device.type == "cpu":
         return _unpack_cpu(packed, shape, dtype)
     if packed.device.type == "cuda" and _triton_kernels() is not None:
-        _int_view(dtype)
         return _triton_kernels().unpack(packed, shape, dtype)
     return unpack_torch(packed, shape, dtype)
 
