@@ -109,6 +109,28 @@ def test_batchnorm_neuron_on_gpu_equals_cpu_reference():
     _compare(make, torch.randn(SHAPE) * 2 + 0.5)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_fused_batchnorm_backward_on_gpu_is_nn_batchnorms(training):
+    """The BatchNorm backward of the fused op on CUDA (cuDNN's in training, from the recompute's reserve space) gives
+    what autograd of ``F.batch_norm`` gives, bit for bit."""
+    from spikefuse.ops.bn_lif import _CUDNN_IMPL, _batch_norm, _torch_batch_norm, _torch_batch_norm_backward
+
+    gen = torch.Generator().manual_seed(3)
+    x, grad_y = (torch.randn(12, 5, 7, 9, generator=gen).cuda() * 2 + 0.5 for _ in range(2))
+    weight, bias = torch.rand(5, generator=gen).cuda() + 0.5, torch.randn(5, generator=gen).cuda()
+    rm, rv = torch.randn(5, generator=gen).cuda(), torch.rand(5, generator=gen).cuda() + 0.5
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    y_want = torch.nn.functional.batch_norm(leaves[0], rm.clone(), rv.clone(), leaves[1], leaves[2], training)
+    want = torch.autograd.grad(y_want, leaves, grad_y)
+    _, mean, invstd, _, _ = _torch_batch_norm(x, weight, bias, rm.clone(), rv.clone(), training, 0.1, 1e-5)
+    y, reserve, impl = _batch_norm(x, weight, bias, rm, rv, training, 1e-5)
+    assert torch.equal(y, y_want)
+    assert impl == _CUDNN_IMPL, "cuDNN did not run: the test checks nothing"
+    got = _torch_batch_norm_backward(grad_y, x, weight, rm, rv, mean, invstd, training, 1e-5, True, reserve, impl)
+    for name, g, w in zip(("x", "weight", "bias"), got, want):
+        assert torch.equal(g, w), f"grad_{name} differs by {float((g - w).abs().max())}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_lean_resnet18_on_gpu_trains_as_vanilla(dtype, monkeypatch):
     """``memory="lean"`` on the GPU (fused BatchNorm+LIF and BatchNorm+add+LIF on Triton, spike inputs packed as

@@ -45,7 +45,10 @@ Backward (``spikefuse::bn_lif_backward``):
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
    backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
-   ``grad_y`` (when that is not also the residual's gradient); elsewhere torch's op.
+   ``grad_y`` (when that is not also the residual's gradient); elsewhere the backward ``nn.BatchNorm``'s autograd
+   runs after the same implementation (``aten._batch_norm_impl_index_backward``: cuDNN's in training on CUDA, from
+   the reserve space of the recomputing call, the native one otherwise), so the gradients equal the composition's
+   on a GPU too.
 
 Every backend works, since only the backends' common ``forward``/``backward`` entry points are used. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
@@ -166,21 +169,44 @@ _reference_lif_key._dynamo_marked_constant = True
 
 
 def _torch_batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
-                      eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """``(y, mean, invstd)`` of BatchNorm on ``xb [T*B, C, ...]`` from the implementation ``F.batch_norm`` picks
-    (cuDNN on CUDA: its ``y`` differs from ``native_batch_norm``'s in the last bit in places, enough to flip a spike
-    that lands on the threshold), updating the running statistics in place in training mode; ``mean`` and
-    ``invstd`` are empty in eval mode."""
-    y, mean, invstd = torch._batch_norm_impl_index(xb, weight, bias, running_mean, running_var, training, momentum,
-                                                   eps, torch.backends.cudnn.enabled)[:3]  # fmt: skip
-    return y, mean, invstd
+                      eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:  # fmt: skip
+    """``(y, mean, invstd, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` from the implementation
+    ``F.batch_norm`` picks (cuDNN on CUDA: its ``y`` differs from ``native_batch_norm``'s in the last bit in places,
+    enough to flip a spike that lands on the threshold), updating the running statistics in place in training mode;
+    ``mean`` and ``invstd`` are empty in eval mode; ``reserve`` and ``impl`` are what :func:`_torch_batch_norm_backward`
+    takes."""
+    return torch._batch_norm_impl_index(xb, weight, bias, running_mean, running_var, training, momentum, eps,
+                                        torch.backends.cudnn.enabled)  # fmt: skip
 
 
-def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float) -> Tensor:
-    """``y`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
+def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool,
+                eps: float) -> tuple[Tensor, Tensor, int]:  # fmt: skip
+    """``(y, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
     if training:
-        return _torch_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)[0]
-    return _torch_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+        y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)
+    else:
+        y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)
+    return y, reserve, impl
+
+
+def _torch_batch_norm_backward(grad_y: Tensor, xb: Tensor, weight, running_mean, running_var, mean, invstd,
+                               training: bool, eps: float, affine: bool, reserve: Tensor,
+                               impl: int) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(grad_x, grad_weight, grad_bias)``: the backward ``nn.BatchNorm``'s autograd runs after
+    :func:`_torch_batch_norm` -- cuDNN's in training on CUDA (from the ``reserve`` of the recomputing call), torch's
+    native one otherwise -- so the gradients are the composition's bit for bit there too."""
+    if training and impl == _CUDNN_IMPL:
+        grad_y = grad_y.contiguous()  # as xb is
+    else:
+        impl = _NATIVE_IMPL
+    return torch.ops.aten._batch_norm_impl_index_backward(
+        impl, xb, grad_y, weight, None if training else running_mean, None if training else running_var,
+        mean if training else None, invstd if training else None, training, eps, [True, affine, affine], reserve,
+    )  # fmt: skip
+
+
+# aten._batch_norm_impl_index's implementation numbers
+_NATIVE_IMPL, _CUDNN_IMPL = 0, 1
 
 
 def _forward_impl(
@@ -217,7 +243,7 @@ def _forward_impl(
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
-        y, mean, invstd = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
+        y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
         spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
@@ -281,7 +307,7 @@ def _backward_impl(
         norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
         neuron_input, input_kw = xb.reshape(t_steps, n), {"batch_norm": norm}
     else:
-        y = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
+        y, reserve, impl = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
         if residual is None and residual_bits.numel():
             residual = unpack(residual_bits, xb.shape, xb.dtype)
         if residual is not None:
@@ -301,18 +327,8 @@ def _backward_impl(
         grad_x, grad_w, grad_b = batchnorm_cpu.backward(grad_y, xb, mean, invstd, weight, affine,
                                                         overwrite_grad_y=not need_residual_grad)  # fmt: skip
     else:
-        grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
-            grad_y,
-            xb,
-            weight,
-            None if training else running_mean,
-            None if training else running_var,
-            mean if training else None,
-            invstd if training else None,
-            training,
-            eps,
-            [True, affine, affine],
-        )
+        grad_x, grad_w, grad_b = _torch_batch_norm_backward(grad_y, xb, weight, running_mean, running_var, mean,
+                                                            invstd, training, eps, affine, reserve, impl)  # fmt: skip
 
     def empty():  # a fresh one each time: outputs of a custom op must not alias each other
         return xb.new_empty(0)
