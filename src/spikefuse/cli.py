@@ -38,6 +38,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.engine",
     "spikefuse.bench.compile",
     "spikefuse.bench.memory",
+    "spikefuse.bench.layers",
     "spikefuse.bench.timesplit",
     "spikefuse.bench.gpu_static",
     "spikefuse.bench.gpu",

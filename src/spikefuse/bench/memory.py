@@ -226,6 +226,17 @@ def _group(module) -> str | None:
     return None
 
 
+def step_input(cfg: dict):
+    """``(x [T, B, 3, H, W], labels [B])`` of a training step of ``cfg`` on the CPU, drawn from ``cfg['seed']``: one
+    random image per sample, the same at every step (direct encoding)."""
+    import torch
+
+    g = torch.Generator().manual_seed(cfg["seed"] + 1)
+    image = torch.rand(cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"], generator=g)
+    labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g)
+    return image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1), labels
+
+
 def _training(cfg: dict):
     """``(model, step, update)`` for ``cfg``'s model and form: ``step(hooks)`` runs the forward (with ``hooks``:
     recording the storages saved for backward by group) and backward and returns ``(loss, saved)``; ``update()``
@@ -238,10 +249,8 @@ def _training(cfg: dict):
     model.to(device).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     readout = model.fc if hasattr(model, "fc") else model.classifier[-1]
-    g = torch.Generator().manual_seed(cfg["seed"] + 1)
-    image = torch.rand(cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"], generator=g)
-    x = image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1).to(device)  # direct encoding: the image at every step
-    labels = torch.randint(0, 10, (cfg["batch_size"],), generator=g).to(device)
+    x, labels = step_input(cfg)
+    x, labels = x.to(device), labels.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if cfg.get("optimizer", True) else None
 
     def update():
