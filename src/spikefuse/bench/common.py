@@ -30,6 +30,14 @@ def machine_info() -> str:
     )
 
 
+def gpu_machine_info(detail: str = "") -> str:
+    """The current CUDA GPU, CUDA and Triton versions (then ``detail``), and the host's :func:`machine_info`."""
+    import triton
+
+    return (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, Triton {triton.__version__}{detail}; "
+            f"host {machine_info()}")
+
+
 def add_result_args(p) -> None:
     """``--out`` and ``--tag``, which the benchmarks take (the tag defaults to full or quick: :func:`result_tag`)."""
     p.add_argument("--out", default=str(RESULTS))

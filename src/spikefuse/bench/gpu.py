@@ -37,7 +37,7 @@ import torch
 
 from . import ours, peers
 from .peers import ALPHA, DECAY, THRESHOLD
-from .common import add_result_args, command_line, machine_info, markdown_table, result_tag, write_csv
+from .common import add_result_args, command_line, gpu_machine_info, markdown_table, result_tag, write_csv
 
 
 def floor_bytes(memory: str, element: int) -> tuple[int, int]:
@@ -241,8 +241,6 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
     stem = Path(args.out) / f"gpu_{args.tag}"
     write_csv(stem.with_suffix(".csv"), rows)
     device = torch.cuda.get_device_name()
-    import triton
-
     table = markdown_table(
         ["N", "T", "implementation", "fwd ms", "fwd+bwd ms", "x ours (fwd+bwd)", "floor fraction fwd / fwd+bwd",
          "kept for bwd MiB", "peak MiB", "spikes differing"],
@@ -254,7 +252,7 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
     text = [
         f"# One spiking layer on a GPU ({device}), fp32 (groups ending in -fp16: fp16)",
         "",
-        f"Machine: {device}, CUDA {torch.version.cuda}, Triton {triton.__version__}; host {machine_info()}",
+        f"Machine: {gpu_machine_info()}",
         f"Command: `{command_line()}`",
         "",
         f"Medians of {args.repeats} round-robin runs after two warm-ups, timed with CUDA events. 'x ours': the "

@@ -75,7 +75,7 @@ class _Site:
             t.grad = None
 
 
-def _bn_forms(bn_lif, z_of: Callable, residual, binary: bool) -> dict[str, Callable]:
+def _bn_forms(bn_lif, z_of: Callable, residual) -> dict[str, Callable]:
     """The default and floor forms after a BatchNorm+LIF module ``bn_lif`` whose input is ``z_of()``."""
     import torch
     import torch.nn.functional as F
@@ -86,12 +86,13 @@ def _bn_forms(bn_lif, z_of: Callable, residual, binary: bool) -> dict[str, Calla
 
     kw = bn_lif._neuron_call_kwargs(torch.empty(0))
     kw.update(v_init=None, return_state=False)
-    # the default form's BatchNorm on copies of the running statistics: the lean module updates its own
-    running_mean, running_var = bn_lif.running_mean.clone(), bn_lif.running_var.clone()
+    # the BatchNorm arguments as nn.BatchNorm decides them, once; the running statistics copied, since the lean
+    # module updates its own
+    running_mean, running_var, weight, bias, training, momentum, eps = batchnorm_call_args(bn_lif)
+    running_mean, running_var = (None if t is None else t.clone() for t in (running_mean, running_var))
 
     def default():
         z = z_of()
-        _, _, weight, bias, training, momentum, eps = batchnorm_call_args(bn_lif)
         y = F.batch_norm(z.flatten(0, 1), running_mean, running_var, weight, bias, training, momentum, eps)
         y = y.unflatten(0, z.shape[:2])
         return spikefuse.lif(y if residual is None else y + residual, **kw)
@@ -132,7 +133,7 @@ def _sites(cfg: dict) -> list[_Site]:
         if id(module) in stem_inner:
             continue
         if isinstance(module, ConvBatchNormLIF):
-            site = _conv_site(module, args[0], gen)
+            site = _conv_site(module, args[0])
         else:
             site = _bn_site(module, args, kwargs, gen)
         key = (site.name, site.shape, site.residual)
@@ -143,28 +144,28 @@ def _sites(cfg: dict) -> list[_Site]:
     return list(sites.values())
 
 
-def _conv_site(module, image, gen) -> _Site:
-    import torch
-
+def _conv_site(module, image) -> _Site:
     image = image.clone()
     conv = module.conv
 
     def conv_out():
         return conv(image.flatten(0, 1)).unflatten(0, image.shape[:2])
 
-    forms = {"lean": lambda: module(image), **_bn_forms(module.bn_lif, conv_out, None, False)}
+    forms = {"lean": lambda: module(image), **_bn_forms(module.bn_lif, conv_out, None)}
     return _Site("conv+BN+LIF", tuple(image.shape), "-", forms, list(module.parameters()))
 
 
 def _bn_site(module, args, kwargs, gen) -> _Site:
+    import inspect
+
     import torch
 
-    bound = {"residual": None, "residual_binary": False, **dict(zip(("residual", "residual_binary"), args[1:])),
-             **kwargs}  # fmt: skip
+    call = inspect.signature(module.forward).bind(*args, **kwargs)
+    call.apply_defaults()
+    residual, binary = call.arguments["residual"], bool(call.arguments["residual_binary"])
     shape = tuple(args[0].shape)
     # a conv output's scale after BatchNorm's init: the neurons fire at a rate like the model's
     x = (torch.randn(shape, generator=gen) * 0.5 + 0.3).requires_grad_()
-    residual, binary = bound["residual"], bool(bound["residual_binary"])
     leaves = [x, *module.parameters()]
     if residual is None:
         kind, res = "-", None
@@ -175,7 +176,7 @@ def _bn_site(module, args, kwargs, gen) -> _Site:
     if res is not None:
         leaves.append(res)
     name = "BN+add+LIF" if residual is not None else "BN+LIF"
-    forms = {"lean": lambda: module(x, res, binary), **_bn_forms(module, lambda: x, res, binary)}
+    forms = {"lean": lambda: module(x, res, binary), **_bn_forms(module, lambda: x, res)}
     return _Site(name, shape, kind, forms, leaves)
 
 

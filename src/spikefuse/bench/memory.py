@@ -54,7 +54,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+from .common import RESULTS, command_line, gpu_machine_info, machine_info, markdown_table, write_csv
 
 MODELS = ("liang-medium", "resnet18")
 FORMS = {
@@ -545,12 +545,10 @@ def _run(args, cfg0: dict) -> int:
     return 0
 
 
-def _gpu_info() -> str:
+def _cuda_machine_info() -> str:
     import torch
-    import triton
 
-    return (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, Triton {triton.__version__}, TF32 "
-            f"convolutions {'on' if torch.backends.cudnn.allow_tf32 else 'off'}")
+    return gpu_machine_info(f", TF32 convolutions {'on' if torch.backends.cudnn.allow_tf32 else 'off'}")
 
 
 def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
@@ -570,7 +568,7 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
     lines = [
         "# bench memory" + (" (quick)" if args.quick else ""),
         "",
-        f"Machine: {_gpu_info() + '; host ' if cuda else ''}{machine_info()}",
+        f"Machine: {_cuda_machine_info() if cuda else machine_info()}",
         "",
         f"Command: `{command_line()}`",
         "",

@@ -168,6 +168,10 @@ _engine_neuron_key._dynamo_marked_constant = True
 _reference_lif_key._dynamo_marked_constant = True
 
 
+# aten._batch_norm_impl_index's implementation numbers
+_NATIVE_IMPL, _CUDNN_IMPL = 0, 1
+
+
 def _torch_batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
                       eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:  # fmt: skip
     """``(y, mean, invstd, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` from the implementation
@@ -203,10 +207,6 @@ def _torch_batch_norm_backward(grad_y: Tensor, xb: Tensor, weight, running_mean,
         impl, xb, grad_y, weight, None if training else running_mean, None if training else running_var,
         mean if training else None, invstd if training else None, training, eps, [True, affine, affine], reserve,
     )  # fmt: skip
-
-
-# aten._batch_norm_impl_index's implementation numbers
-_NATIVE_IMPL, _CUDNN_IMPL = 0, 1
 
 
 def _forward_impl(
