@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 _numba_started = False
@@ -45,3 +47,17 @@ def set_threads(threads: int) -> None:
         match_numba_threads()
     except ImportError:  # the fused CPU backend's numba is optional
         return
+
+
+@contextlib.contextmanager
+def threads_while(threads: int | None):
+    """Use ``threads`` CPU threads (:func:`set_threads`) inside the block and the count from before it after; no
+    change when ``threads`` is None or 0 (a caller's own count, e.g. a test's, is left as it is)."""
+    previous = torch.get_num_threads()
+    if threads:
+        set_threads(threads)
+    try:
+        yield
+    finally:
+        if threads:
+            set_threads(previous)

@@ -191,9 +191,7 @@ def _check_same_spikes(site: _Site) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from ..threads import set_threads
+    from ..threads import threads_while
     from .memory import TIMING_MMAP_THRESHOLD, _set_malloc_thresholds
 
     # as bench memory times its steps: freed buffers stay on the heap for the next call instead of faulting in anew
@@ -206,14 +204,17 @@ def run(args) -> int:
         repeats = QUICK["repeats"]
     if repeats < 1:
         raise SystemExit(f"bench layers: --repeats must be at least 1, got {repeats}")
-    previous_threads = torch.get_num_threads()
-    if args.threads:
-        set_threads(args.threads)
-    try:
+    with threads_while(args.threads):
         return _run(args, cfg, repeats)
-    finally:
-        if args.threads:
-            set_threads(previous_threads)
+
+
+def _row(site: str, shape: str, residual: str, count: int, ms: dict[str, float], digits: int) -> dict:
+    """A result row: a site's (or the total's) milliseconds per form and lean's ratio to the default and excess
+    over the floor, rounded to ``digits`` decimals (the ratio to 3)."""
+    return {"site": site, "input_shape": shape, "residual": residual, "count": count,
+            **{f"{form}_ms": round(ms[form], digits) for form in FORMS},
+            "lean_vs_default": round(ms["lean"] / ms["default"], 3),
+            "lean_minus_floor_ms": round(ms["lean"] - ms["floor"], digits)}  # fmt: skip
 
 
 def _run(args, cfg: dict, repeats: int) -> int:
@@ -240,18 +241,10 @@ def _run(args, cfg: dict, repeats: int) -> int:
         ms = {form: medians[(i, form)] * 1e3 for form in FORMS}
         for form in FORMS:
             totals[form] += site.count * ms[form]
-        row = {"site": site.name, "input_shape": "x".join(map(str, site.shape)), "residual": site.residual,
-               "count": site.count, **{f"{form}_ms": round(ms[form], 4) for form in FORMS},
-               "lean_vs_default": round(ms["lean"] / ms["default"], 3),
-               "lean_minus_floor_ms": round(ms["lean"] - ms["floor"], 4)}  # fmt: skip
-        rows.append(row)
-        table.append([row[c] for c in COLUMNS])
-    total_row = {"site": "all sites, x count", "input_shape": "", "residual": "", "count": sum(s.count for s in sites),
-                 **{f"{form}_ms": round(totals[form], 3) for form in FORMS},
-                 "lean_vs_default": round(totals["lean"] / totals["default"], 3),
-                 "lean_minus_floor_ms": round(totals["lean"] - totals["floor"], 3)}  # fmt: skip
-    rows.append(total_row)
-    table.append([f"**{total_row[c]}**" if total_row[c] != "" else "" for c in COLUMNS])
+        rows.append(_row(site.name, "x".join(map(str, site.shape)), site.residual, site.count, ms, digits=4))
+        table.append([rows[-1][c] for c in COLUMNS])
+    rows.append(_row("all sites, x count", "", "", sum(s.count for s in sites), totals, digits=3))
+    table.append([f"**{rows[-1][c]}**" if rows[-1][c] != "" else "" for c in COLUMNS])
 
     tag = "-quick" if args.quick else ""
     out = Path(args.results_dir)

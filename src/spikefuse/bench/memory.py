@@ -460,7 +460,7 @@ def _mib(b) -> str:
 
 
 def run(args) -> int:
-    from ..threads import set_threads
+    from ..threads import threads_while
 
     cfg0 = {
         "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
@@ -475,14 +475,8 @@ def run(args) -> int:
         raise SystemExit("bench memory --device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); "
                          "run it on a GPU machine with a CUDA build of torch, or leave --device out for the CPU")
 
-    previous_threads = torch.get_num_threads()
-    if args.threads:
-        set_threads(args.threads)
-    try:
+    with threads_while(args.threads):  # --in-process from a caller (tests): its thread count is restored after
         return _run(args, cfg0)
-    finally:
-        if args.threads:  # --in-process from a caller (tests): leave its thread count as it was
-            set_threads(previous_threads)
 
 
 def _run(args, cfg0: dict) -> int:

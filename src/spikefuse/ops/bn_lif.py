@@ -186,10 +186,8 @@ def _torch_batch_norm(xb: Tensor, weight, bias, running_mean, running_var, train
 def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool,
                 eps: float) -> tuple[Tensor, Tensor, int]:  # fmt: skip
     """``(y, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
-    if training:
-        y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, None, None, True, 0.0, eps)
-    else:
-        y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, running_mean, running_var, False, 0.0, eps)
+    running = (None, None) if training else (running_mean, running_var)
+    y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, *running, training, 0.0, eps)
     return y, reserve, impl
 
 
