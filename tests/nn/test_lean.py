@@ -129,6 +129,24 @@ def test_resnet_imagenet_stem_pools_spikes_as_bits():
     _assert_same_training(plain, lean, x, torch.tensor([3, 5]))
 
 
+def test_resnet_step_packs_each_spike_tensor_once(monkeypatch):
+    """In a lean ResNet's training step the fused BatchNorm+LIF neurons pack the spikes they write for the layers
+    that save them as bits, and a spike tensor that several layers save (a block's input: its first convolution,
+    its shortcut's, the residual add) is packed once. What is left to pack: the max-pooled stem spikes, and the
+    spikes of the neurons on 1x1 maps (there BatchNorm is torch's kernel, and the neuron's forward packs nothing)."""
+    from spikefuse.ops import bitpack
+
+    torch.manual_seed(0)
+    lean = build_model("resnet18", 3, 10, width=8, stem="imagenet", memory="lean")
+    x = torch.rand(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    packed = []
+    pack_cpu = bitpack._pack_cpu
+    monkeypatch.setattr(bitpack, "_pack_cpu", lambda t: packed.append(t.untyped_storage().data_ptr()) or pack_cpu(t))
+    out = lean(x)
+    out.sum().backward()
+    assert len(packed) == len(set(packed)) == 1 + 3  # the pooled stem spikes; layer4's three neurons (1x1 maps)
+
+
 def _pooling_net():
     return nn.Sequential(
         SeqToBatch(nn.MaxPool2d(2)),  # real values (the input): stays torch's

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spikefuse.ops.bitpack import pack, pack_torch, packed_numel, unpack, unpack_torch
+from spikefuse.ops import bitpack
+from spikefuse.ops.bitpack import pack, pack_torch, packed_numel, remember, unpack, unpack_torch
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -115,3 +116,44 @@ def test_triton_kernels_refuse_unsupported_dtypes():
         bitpack_triton.pack(torch.ones(3, dtype=torch.complex64))
     with pytest.raises(TypeError, match="bitpack does not support dtype torch.complex64"):
         bitpack_triton.unpack(torch.zeros(1, dtype=torch.uint8), (3,), torch.complex64)
+
+
+def test_packing_again_reuses_the_bits_until_the_tensor_changes(monkeypatch):
+    """A tensor packed once (or a contiguous view of all of it: a residual block's input, packed by its convolution
+    and its residual add) is not packed again; a change in place, a part of it or ``reuse=False`` packs anew."""
+    made = []
+    pack_cpu = bitpack._pack_cpu
+    monkeypatch.setattr(bitpack, "_pack_cpu", lambda x: made.append(x.shape) or pack_cpu(x))
+    x = spikes((4, 3, 16), torch.float32, 0)
+    first, _ = pack(x)
+    assert pack(x)[0] is first and pack(x.flatten(0, 1))[0] is first and pack(x.view(2, 2, 48))[0] is first
+    assert len(made) == 1
+    again, _ = pack(x, reuse=False)
+    assert again is not first and torch.equal(again, first) and len(made) == 2
+    part, _ = pack(x[1:])  # a part: its own bits
+    assert torch.equal(part, pack_torch(x[1:])) and len(made) == 3
+    swapped, _ = pack(x.transpose(1, 2))  # another order: its own bits
+    assert torch.equal(swapped, pack_torch(x.transpose(1, 2))) and len(made) == 4
+    x[0, 0, 0] = 1 - x[0, 0, 0]  # in place: the version counter moves on
+    changed, _ = pack(x.flatten(0, 1))
+    assert changed is not first and torch.equal(changed, pack_torch(x)) and len(made) == 5
+    changed.zero_()  # the bits changed in place: not handed out again
+    assert torch.equal(pack(x)[0], pack_torch(x)) and len(made) == 6
+
+
+def test_remembered_bits_are_what_pack_returns(monkeypatch):
+    """``remember`` hands bits made elsewhere (a neuron kernel's) to the next ``pack`` of the tensor, of the whole
+    tensor only; under inference mode nothing is remembered (no version counter to tell a change)."""
+    monkeypatch.setattr(bitpack, "_pack_cpu", lambda x: pytest.fail("packed again"))
+    x = spikes((3, 40), torch.float32, 1)
+    bits = pack_torch(x)
+    remember(x, bits)
+    assert pack(x.view(3, 5, 8))[0] is bits
+    monkeypatch.undo()
+    y = spikes((3, 40), torch.float32, 2)
+    remember(y[1:], pack_torch(y[1:]))  # a part of y: not y's bits, not remembered
+    assert torch.equal(pack(y)[0], pack_torch(y))
+    with torch.inference_mode():
+        z = spikes((2, 16), torch.float32, 3)
+        first, _ = pack(z)
+        assert pack(z)[0] is not first and torch.equal(pack(z)[0], first)

@@ -374,3 +374,36 @@ def test_residual_errors():
             m(x, torch.full_like(x, 0.5), residual_binary=True)
     finally:
         spikefuse.nn.set_debug(previous)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 6, 8, 8), (1, 2, 3, 2, 4), (2, 3, 5, 3, 3), (2, 16, 64, 8, 8)],
+                         ids=["T3", "T1", "N-odd", "two-blocks"])  # fmt: skip
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, residual):
+    """In training, the cpu kernel packs the spike rows it writes (where each step's row starts on a byte: N a
+    multiple of 8), so that the layer saving them as bits packs nothing: the bits are the spikes' exactly, and the
+    spikes those of the op that packs none (the custom op's body)."""
+    from spikefuse.ops import bitpack, bn_lif
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g) * 2 + 0.3
+    res = (torch.rand(shape, generator=g) < 0.3).float() if residual else None
+    packs = []
+    pack_cpu = bitpack._pack_cpu
+    monkeypatch.setattr(bitpack, "_pack_cpu", lambda t: packs.append(t.shape) or pack_cpu(t))
+    kw = dict(training=True, decay=0.5, threshold=THRESHOLD, backend="cpu", residual=res, residual_binary=residual)
+    spikes = batchnorm_lif(x, None, None, **kw)
+    packs_of_residual = len(packs)
+    bits = bitpack._recall(spikes.flatten(0, 1))
+    n = spikes[0].numel()
+    if n % 8:
+        assert bits is None
+    else:
+        assert bits is not None and torch.equal(bits, bitpack.pack_torch(spikes))
+    assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
+    assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
+    neuron, params, init = bn_lif.lif_neuron(spikefuse.NeuronSpec(THRESHOLD), torch.tensor([0.5]), None, x, "cpu")
+    op_body = bn_lif._forward_impl(x.flatten(0, 1), None if res is None else res.flatten(0, 1), residual, None, None,
+                                   None, None, params, init, True, 0.1, 1e-5, shape[0], 1, neuron, "cpu")  # fmt: skip
+    assert torch.equal(op_body[0].reshape(shape), spikes)
+    assert bitpack._recall(op_body[0]) is None

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("numba")
 from numba import njit
 
-from spikefuse.ops.numba_common import block_for, channel_row, exp, load_row, rows_apart, unpack_bits
+from spikefuse.ops.numba_common import block_for, channel_row, exp, load_row, pack_rows, rows_apart, unpack_bits
 
 
 @njit(error_model="numpy")
@@ -94,6 +94,24 @@ def test_unpack_bits_matches_numpy(start, m, dtype, one):
     unpack_bits(bits, start, out, dtype(one))
     want = np.unpackbits(bits, bitorder="little")[start : start + m].astype(dtype) * dtype(one)
     assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16], ids=["fp32", "fp64", "int16-view"])
+@pytest.mark.parametrize("t0, steps, n0, m", [(0, 1, 0, 8), (1, 2, 16, 24), (0, 3, 0, 48), (2, 1, 40, 8)])
+def test_pack_rows_matches_numpy(dtype, t0, steps, n0, m):
+    """The rows of a block packed as ``bitpack.pack`` packs the whole ``[T, N]`` (bit k of byte j is element 8j+k),
+    the bytes outside the block untouched; -0.0 and other nonzero values as numpy's ``!= 0`` has them."""
+    rng = np.random.default_rng(t0 * 1000 + n0 + m)
+    spikes = (rng.random((3, 48)) < 0.4).astype(dtype)
+    if dtype != np.int16:
+        spikes[rng.random((3, 48)) < 0.1] = -0.0
+    bits = np.full((3, 6), 0xA5, dtype=np.uint8)
+    pack_rows(spikes, t0, steps, n0, m, bits)
+    want = np.full((3, 6), 0xA5, dtype=np.uint8)
+    rows = slice(t0, t0 + steps)
+    want[rows, n0 // 8 : (n0 + m) // 8] = np.packbits(spikes[rows, n0 : n0 + m] != 0, axis=1, bitorder="little")
+    assert np.array_equal(bits, want)
+    pack_rows(spikes, t0, steps, n0, m, np.empty((0, 0), dtype=np.uint8))  # no bits asked: nothing to write
 
 
 @pytest.mark.parametrize("n, threads, block", [(65536, 2, 7680), (16384, 2, 7680), (100, 2, 16384), (1, 4, 2048),

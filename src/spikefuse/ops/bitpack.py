@@ -13,6 +13,9 @@ its eight elements so that the loop vectorizes), so no dtype conversion pass is 
 Triton kernel each way (:mod:`spikefuse.ops.bitpack_triton`; where Triton is not installed, through the torch ops
 below: the same bytes, a dozen launches instead of one). Other devices use vectorized torch bit operations, which
 run anywhere; :func:`pack_torch` / :func:`unpack_torch` are those, exported for testing and for comparison.
+A tensor is packed once: :func:`pack` remembers the bits it made (and :func:`remember` those a neuron kernel made
+while writing the spikes) by the tensor owning the memory, and hands them out again for the same, unchanged
+content (a residual block's input spikes, saved by its convolution, its shortcut's and the residual add).
 ``python -m spikefuse.ops.bitpack`` times the CPU forms on a 32x64x128x16x16 float32 spike tensor (67M elements,
 268 MB), best of 5; on the 2-core Intel Xeon of 2026-11-26:
 
@@ -33,12 +36,13 @@ import sys
 import numpy as np
 import torch
 from numba import njit, prange
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..threads import match_numba_threads
 from . import buffers
 from .numba_common import unpack_bits
 
-__all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel"]
+__all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel", "remember"]
 
 # Same-width integer views of each supported dtype; the mask keeps the bits that make an element nonzero (for
 # floats every bit but the sign, so -0.0 packs to 0); ONE is the bit pattern of 1 in the dtype.
@@ -164,16 +168,71 @@ def _triton_kernels():
     return bitpack_triton
 
 
+# ------------------------------------------------------------------------------------- bits already made of a tensor
+# The bits of a tensor's content, by the tensor that owns its memory (the base of its views): (the owner's version
+# then, the bits, the bits' version then). A spike tensor is packed by each layer that saves it (a residual block's
+# input by its first convolution, its shortcut's and the residual add), and its neuron may have packed it already
+# (:func:`spikefuse.ops.engine.cpu.forward`): every pack after the first reads the bits from here. An entry goes
+# with its owner; a change of the owner's content in place (its version counter) or of the bits makes it stale.
+_known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _owner(x: torch.Tensor) -> torch.Tensor:
+    return x if x._base is None else x._base
+
+
+def _reads_all_of(x: torch.Tensor, owner: torch.Tensor) -> bool:
+    """Whether ``x`` is ``owner``'s elements in ``owner``'s memory order (a contiguous reshape or flatten): then its
+    bits are ``owner``'s."""
+    return (x.dtype == owner.dtype and x.numel() == owner.numel() and x.storage_offset() == owner.storage_offset()
+            and x.is_contiguous() and owner.is_contiguous())  # fmt: skip
+
+
+def _tracked(x: torch.Tensor) -> bool:
+    """Whether ``x``'s changes can be told (not under ``torch.compile``'s tracing; inference tensors have no version
+    counter)."""
+    return not torch.compiler.is_compiling() and not x.is_inference()
+
+
+def remember(x: torch.Tensor, packed: torch.Tensor) -> None:
+    """Record that ``packed`` holds the bits of ``x``'s current content (as :func:`pack` makes them): until ``x``
+    changes in place, :func:`pack` of ``x`` or of a contiguous view of all of it returns ``packed`` without a pass
+    over ``x``. Changes written around torch (through a numpy view) are not seen: remember only a tensor that is
+    final. A view of part of a tensor, or in another order, is not remembered."""
+    owner = _owner(x) if _tracked(x) else None
+    if owner is not None and _reads_all_of(x, owner):
+        _known[owner] = (x._version, packed, packed._version)
+
+
+def _recall(x: torch.Tensor) -> torch.Tensor | None:
+    if not _tracked(x):
+        return None
+    owner = _owner(x)
+    entry = _known.get(owner)
+    if entry is None or not _reads_all_of(x, owner):
+        return None
+    version, packed, packed_version = entry
+    return packed if version == x._version and packed_version == packed._version else None
+
+
 # ------------------------------------------------------------------------------------------------------ public
-def pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
+def pack(x: torch.Tensor, reuse: bool = True) -> tuple[torch.Tensor, torch.Size]:
     """Pack ``x != 0`` into bits: returns ``(packed, shape)`` with ``packed`` a 1-D ``uint8`` tensor of
-    ``ceil(x.numel() / 8)`` bytes on ``x``'s device and ``shape == x.shape``. Not differentiable."""
+    ``ceil(x.numel() / 8)`` bytes on ``x``'s device and ``shape == x.shape``. Not differentiable. With ``reuse``,
+    packing a tensor again (or a contiguous view of all of it) before it changes returns the same ``packed`` (see
+    :func:`remember`): do not change ``packed`` in place; ``reuse=False`` packs anew (a custom op's output, which
+    must not share memory with another's; or ``x`` changed through a numpy view, which its version does not
+    count)."""
+    packed = _recall(x) if reuse else None
+    if packed is not None:
+        return packed, x.shape
     if x.device.type == "cpu":
         packed = _pack_cpu(x.detach())
     elif x.device.type == "cuda" and _triton_kernels() is not None:
         packed = _triton_kernels().pack(x.detach())
     else:
         packed = pack_torch(x.detach())
+    remember(x, packed)
     return packed, x.shape
 
 

@@ -91,7 +91,7 @@ class EngineNeuron:
 
     def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list,
                 **input_kw) -> tuple[Tensor, list]:  # fmt: skip
-        """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm``."""
+        """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm`` and ``spike_bits``."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype
         kernels = engine.module(backend)
@@ -207,7 +207,7 @@ def _torch_batch_norm_backward(grad_y: Tensor, xb: Tensor, weight, running_mean,
     )  # fmt: skip
 
 
-def _forward_impl(
+def _forward(
     xb: Tensor,
     residual: Tensor | None,
     pack_residual: bool,
@@ -224,20 +224,24 @@ def _forward_impl(
     inner: int,
     neuron: str,
     backend: str,
+    eager: bool,
 ) -> list[Tensor]:
     """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
     (``neuron``: the key of an :class:`EngineNeuron` or :class:`ReferenceLIF`); returns ``[spikes [T, N], mean,
     invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
-    empty."""
-    bits = pack(residual)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
+    empty. ``eager`` (not the custom op, whose outputs must be its own): the residual's bits may be those its
+    earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and the cpu kernel packs the spikes it writes
+    for the layers that save them as bits."""
+    bits = (pack(residual, reuse=eager)[0] if residual is not None and pack_residual
+            else xb.new_empty(0, dtype=torch.uint8))  # fmt: skip
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
         mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
         spikes, final = OBJECTS[neuron].forward(backend, xb.reshape(t_steps, -1), list(params), inner, list(init),
-                                                batch_norm=norm)  # fmt: skip
+                                                batch_norm=norm, spike_bits=eager)  # fmt: skip
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
@@ -248,6 +252,15 @@ def _forward_impl(
         del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
+
+
+def _forward_impl(xb: Tensor, residual: Tensor | None, pack_residual: bool, weight: Tensor | None, bias: Tensor | None,
+                  running_mean: Tensor | None, running_var: Tensor | None, params: list[Tensor], init: list[Tensor],
+                  training: bool, momentum: float, eps: float, t_steps: int, inner: int, neuron: str,
+                  backend: str) -> list[Tensor]:  # fmt: skip
+    """The custom op's body: :func:`_forward`, not eager."""
+    return _forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
+                    momentum, eps, t_steps, inner, neuron, backend, eager=False)  # fmt: skip
 
 
 bn_lif_forward = torch.library.custom_op("spikefuse::bn_lif_forward", _forward_impl, mutates_args=())
@@ -449,8 +462,8 @@ class _EagerBatchNormNeuron(torch.autograd.Function):
     def forward(ctx, xb, residual, pack_residual, weight, bias, running_mean, running_var, training, momentum, eps,
                 t_steps, inner, neuron, backend, n_params, *tensors):  # fmt: skip
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        out = _forward_impl(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init,
-                            training, momentum, eps, t_steps, inner, neuron, backend)  # fmt: skip
+        out = _forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
+                       momentum, eps, t_steps, inner, neuron, backend, eager=True)  # fmt: skip
         ctx.set_materialize_grads(False)
         _save(ctx, xb, residual, weight, bias, params, init, out, training, inner, neuron, backend, eps)
         ctx.mark_non_differentiable(*out[1:_N_OUTPUTS_BEFORE_STATES])

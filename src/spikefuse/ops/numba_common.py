@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 __all__ = ["EXP2_DEGREE", "block_for", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd",
-           "pow2", "prefer_wide_vectors", "rows_apart", "unpack_bits"]  # fmt: skip
+           "pack_rows", "pow2", "prefer_wide_vectors", "rows_apart", "unpack_bits"]  # fmt: skip
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
 #: stays below the dtype's own rounding in float32 and ~1e-12 in float64.
@@ -226,6 +226,26 @@ def unpack_bits(bits, start, out, one):
     for i in range(head + 8 * full, m):
         e = start + i
         out[i] = one if (bits[e >> 3] >> (e & 7)) & 1 else zero
+
+
+@njit(error_model="numpy")
+def pack_rows(spikes, t0, steps, n0, m, bits):
+    """The bits of rows ``t0 .. t0 + steps - 1`` of a block ``spikes[:, n0:n0 + m]`` into ``bits [T, N / 8]``, as
+    :func:`spikefuse.ops.bitpack.pack` stores them (bit ``k`` of byte ``j`` is element ``8*j + k``, set where the
+    element is nonzero); nothing when ``bits`` is empty. ``n0`` and ``m`` are multiples of 8. A block calls it right
+    after writing the rows, while they are in cache: no pass of its own over the spikes, which a separate
+    :func:`~spikefuse.ops.bitpack.pack` reads back from memory."""
+    if bits.shape[0] == 0:
+        return
+    for t in range(t0, t0 + steps):
+        row = spikes[t, n0 : n0 + m]
+        out = bits[t, n0 >> 3 : (n0 + m) >> 3]
+        for j in range(m >> 3):
+            k = 8 * j
+            out[j] = (np.uint8(row[k] != 0) | (np.uint8(row[k + 1] != 0) << 1) | (np.uint8(row[k + 2] != 0) << 2)
+                      | (np.uint8(row[k + 3] != 0) << 3) | (np.uint8(row[k + 4] != 0) << 4)
+                      | (np.uint8(row[k + 5] != 0) << 5) | (np.uint8(row[k + 6] != 0) << 6)
+                      | (np.uint8(row[k + 7] != 0) << 7))  # fmt: skip
 
 
 def block_for(n: int, threads: int, block: int) -> int:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from ...threads import match_numba_threads
-from .. import batchnorm_cpu, buffers
+from .. import batchnorm_cpu, bitpack, buffers
 from ..common import reduce_leak_grad
 from .. import numba_common
 from ..numba_common import block_for
@@ -88,6 +88,7 @@ def reverse_steps(grads: bool) -> int:
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
+_NO_BITS = np.empty((0, 0), dtype=np.uint8)  # forward_src's bits when it packs none
 # The generator's version: this file, the emitters and the code the kernels call.
 _GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common, batchnorm_cpu))
                             + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
@@ -277,7 +278,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
                 suffix = f"_x{steps}" if steps > 1 else ""
                 made = made_rows(steps) if source else ""
-                return f"{made}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m)"
+                packed = f"\n        pack_rows(spikes, t, {steps}, n0, m, bits)" if source else ""
+                return f"{made}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m){packed}"
 
             return ["    T = x.shape[0]", *in_passes(call)]
 
@@ -308,7 +310,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "",
             # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}n0, m):",
+            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
             *made_rows_setup(per_pass),
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
@@ -318,11 +320,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}block):",
+            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, {fin}n0, min(block, N - n0))",
+            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
@@ -601,7 +603,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
-        "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, prefer_wide_vectors, rows_apart",
+        ("from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, pack_rows, prefer_wide_vectors, "
+         "rows_apart"),
         f"F = {np_dtype}",
         "",
         *emit.model_facts(model),
@@ -648,10 +651,14 @@ def _surrogate_args(surrogate, dtype) -> tuple:
 
 
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None, *,
-            batch_norm=None):
+            batch_norm=None, spike_bits=False):
     """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
     input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
-    a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`)."""
+    a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`).
+    ``spike_bits`` (with ``batch_norm``): each block also packs the spike rows it wrote into bits while they are in
+    cache, and :func:`spikefuse.ops.bitpack.remember` hands them to whoever packs these spikes next (a spike layer
+    saving its input, :mod:`spikefuse.nn.spike_layers`): no pass over the spikes to pack them. Only where every
+    step's row starts on a byte (``N`` a multiple of 8); elsewhere the consumer packs them itself."""
     t_steps, n = x2.shape
     if save and batch_norm is not None:
         raise ValueError("engine cpu backend: batch_norm runs the forward that saves nothing (no save)")
@@ -666,14 +673,20 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
+    bits = None
     if batch_norm is None:
-        name, src = "forward_save" if save else "forward", ()
+        name, src, bits_arg = "forward_save" if save else "forward", (), ()
     else:
         name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
+        if spike_bits and n % 8 == 0:
+            bits = torch.empty((t_steps, n // 8), dtype=torch.uint8)
+        bits_arg = (_NO_BITS if bits is None else bits.numpy(),)
     getattr(module, name + suffix)(
-        _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *(f.numpy() for f in final),
-        *(v.numpy() for v in saved), _block(n, threads),
+        _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *bits_arg,
+        *(f.numpy() for f in final), *(v.numpy() for v in saved), _block(n, threads),
     )  # fmt: skip
+    if bits is not None:
+        bitpack.remember(spikes, bits.view(-1))
     return spikes, final, saved
 
 
