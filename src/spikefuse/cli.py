@@ -39,6 +39,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.compile",
     "spikefuse.bench.memory",
     "spikefuse.bench.layers",
+    "spikefuse.bench.profile",
     "spikefuse.bench.timesplit",
     "spikefuse.bench.gpu_static",
     "spikefuse.bench.gpu",

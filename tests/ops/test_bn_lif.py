@@ -376,13 +376,14 @@ def test_residual_errors():
         spikefuse.nn.set_debug(previous)
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 6, 8, 8), (1, 2, 3, 2, 4), (2, 3, 5, 3, 3), (2, 16, 64, 8, 8)],
-                         ids=["T3", "T1", "N-odd", "two-blocks"])  # fmt: skip
+@pytest.mark.parametrize("shape", [(3, 4, 6, 8, 8), (1, 2, 3, 2, 4), (2, 3, 5, 3, 3), (2, 16, 64, 8, 8), (2, 4, 16, 1, 1)],
+                         ids=["T3", "T1", "N-odd", "two-blocks", "1x1-maps"])  # fmt: skip
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, residual):
     """In training, the cpu kernel packs the spike rows it writes (where each step's row starts on a byte: N a
-    multiple of 8), so that the layer saving them as bits packs nothing: the bits are the spikes' exactly, and the
-    spikes those of the op that packs none (the custom op's body)."""
+    multiple of 8), with BatchNorm fused into it or not (1x1 maps: torch's BatchNorm), so that the layer saving them
+    as bits packs nothing: the bits are the spikes' exactly, and the spikes those of the op that packs none (the
+    custom op's body); in eval mode nothing is packed."""
     from spikefuse.ops import bitpack, bn_lif
 
     g = torch.Generator().manual_seed(sum(shape))
@@ -407,3 +408,5 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
                                    None, None, params, init, True, 0.1, 1e-5, shape[0], 1, neuron, "cpu")  # fmt: skip
     assert torch.equal(op_body[0].reshape(shape), spikes)
     assert bitpack._recall(op_body[0]) is None
+    running = torch.zeros(shape[2]), torch.ones(shape[2])
+    assert bitpack._recall(batchnorm_lif(x, *running, **{**kw, "training": False})) is None

@@ -232,8 +232,9 @@ def _forward(
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
     empty. ``eager`` (not the custom op, whose outputs must be its own): the residual's bits may be those its
-    earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and the cpu kernel packs the spikes it writes
-    for the layers that save them as bits."""
+    earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and in training the cpu kernel packs the spikes
+    it writes for the layers that save them as bits."""
+    spike_bits = eager and training and backend == "cpu"
     bits = (pack(residual, reuse=eager)[0] if residual is not None and pack_residual
             else xb.new_empty(0, dtype=torch.uint8))  # fmt: skip
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
@@ -241,14 +242,16 @@ def _forward(
         mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
         spikes, final = OBJECTS[neuron].forward(backend, xb.reshape(t_steps, -1), list(params), inner, list(init),
-                                                batch_norm=norm, spike_bits=eager)  # fmt: skip
+                                                batch_norm=norm, spike_bits=spike_bits)  # fmt: skip
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
         y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
-        spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init))
+        packs = {"spike_bits": True} if spike_bits else {}  # an option of the cpu kernel's only
+        spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init),
+                                                **packs)  # fmt: skip
         del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]

@@ -88,7 +88,7 @@ def reverse_steps(grads: bool) -> int:
 READS_HALF = False  # the kernels take numpy arrays of the compute dtype (see spikefuse.ops.engine)
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compute dtypes the kernels are made for
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
-_NO_BITS = np.empty((0, 0), dtype=np.uint8)  # forward_src's bits when it packs none
+_NO_BITS = np.empty((0, 0), dtype=np.uint8)  # the forward kernels' bits when they pack none
 # The generator's version: this file, the emitters and the code the kernels call.
 _GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common, batchnorm_cpu))
                             + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
@@ -278,7 +278,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
                 suffix = f"_x{steps}" if steps > 1 else ""
                 made = made_rows(steps) if source else ""
-                packed = f"\n        pack_rows(spikes, t, {steps}, n0, m, bits)" if source else ""
+                packed = "" if save else f"\n        pack_rows(spikes, t, {steps}, n0, m, bits)"
                 return f"{made}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m){packed}"
 
             return ["    T = x.shape[0]", *in_passes(call)]
@@ -292,7 +292,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 # memory="potential": the forward also writes every step's states out (rows of `saved`)
                 *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True, steps=steps))),
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, m):",
+            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
@@ -301,11 +301,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {par}{init}inner, spikes, one, {fin}block):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, {fin}n0, min(block, N - n0))",
+            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
             "",
             "",
             # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
@@ -655,7 +655,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
     input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
     a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`).
-    ``spike_bits`` (with ``batch_norm``): each block also packs the spike rows it wrote into bits while they are in
+    ``spike_bits`` (not with ``save``): each block also packs the spike rows it wrote into bits while they are in
     cache, and :func:`spikefuse.ops.bitpack.remember` hands them to whoever packs these spikes next (a spike layer
     saving its input, :mod:`spikefuse.nn.spike_layers`): no pass over the spikes to pack them. Only where every
     step's row starts on a byte (``N`` a multiple of 8); elsewhere the consumer packs them itself."""
@@ -673,14 +673,12 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
-    bits = None
     if batch_norm is None:
-        name, src, bits_arg = "forward_save" if save else "forward", (), ()
+        name, src = "forward_save" if save else "forward", ()
     else:
         name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
-        if spike_bits and n % 8 == 0:
-            bits = torch.empty((t_steps, n // 8), dtype=torch.uint8)
-        bits_arg = (_NO_BITS if bits is None else bits.numpy(),)
+    bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
+    bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
     getattr(module, name + suffix)(
         _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *bits_arg,
         *(f.numpy() for f in final), *(v.numpy() for v in saved), _block(n, threads),
