@@ -97,17 +97,19 @@ def test_unpack_bits_matches_numpy(start, m, dtype, one):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16], ids=["fp32", "fp64", "int16-view"])
-@pytest.mark.parametrize("t0, steps, n0, m", [(0, 1, 0, 8), (1, 2, 16, 24), (0, 3, 0, 48), (2, 1, 40, 8)])
+@pytest.mark.parametrize("t0, steps, n0, m", [(0, 1, 0, 8), (1, 2, 16, 24), (0, 3, 0, 48), (2, 1, 40, 8), (0, 3, 0, 200),
+                                               (1, 2, 64, 136), (0, 1, 8, 64)])  # fmt: skip
 def test_pack_rows_matches_numpy(dtype, t0, steps, n0, m):
-    """The rows of a block packed as ``bitpack.pack`` packs the whole ``[T, N]`` (bit k of byte j is element 8j+k),
-    the bytes outside the block untouched; -0.0 and other nonzero values as numpy's ``!= 0`` has them."""
+    """The rows of a block packed as ``bitpack.pack`` packs the whole ``[T, N]`` (bit k of byte j is element 8j+k;
+    64-element words, then the bytes after the last), the bytes outside the block untouched; -0.0 and other nonzero
+    values as numpy's ``!= 0`` has them."""
     rng = np.random.default_rng(t0 * 1000 + n0 + m)
-    spikes = (rng.random((3, 48)) < 0.4).astype(dtype)
+    spikes = (rng.random((3, 200)) < 0.4).astype(dtype)
     if dtype != np.int16:
-        spikes[rng.random((3, 48)) < 0.1] = -0.0
-    bits = np.full((3, 6), 0xA5, dtype=np.uint8)
+        spikes[rng.random((3, 200)) < 0.1] = -0.0
+    bits = np.full((3, 25), 0xA5, dtype=np.uint8)
     pack_rows(spikes, t0, steps, n0, m, bits)
-    want = np.full((3, 6), 0xA5, dtype=np.uint8)
+    want = np.full((3, 25), 0xA5, dtype=np.uint8)
     rows = slice(t0, t0 + steps)
     want[rows, n0 // 8 : (n0 + m) // 8] = np.packbits(spikes[rows, n0 : n0 + m] != 0, axis=1, bitorder="little")
     assert np.array_equal(bits, want)
