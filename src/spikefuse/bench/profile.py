@@ -40,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--stem", choices=["cifar", "imagenet"], default="imagenet",
                    help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)")
     p.add_argument("--steps", type=int, default=5, help="steps profiled per form and round (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of every form in turn (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=9, help="rounds of every form in turn (default: %(default)s)")
     p.add_argument("--min-ms", type=float, default=0.5,
                    help="list the ops taking at least this many ms per step in some form (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
