@@ -44,6 +44,32 @@ def add_result_args(p) -> None:
     p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
 
 
+def add_training_step_args(p, quick: dict) -> None:
+    """The arguments of the one-model training step that ``bench layers`` and ``bench profile`` take apart (the step
+    of ``bench memory``): the model and its input, threads, seed, ``--quick`` (``quick``: its sizes) and
+    ``--results-dir``."""
+    p.add_argument("--model", choices=["resnet18", "liang-medium"], default="resnet18")
+    p.add_argument("-T", type=int, default=8, help="time steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=16, help="batch size (default: %(default)s)")
+    p.add_argument("--image-size", type=int, default=32, help="input height = width (default: %(default)s)")
+    p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: %(default)s)")
+    p.add_argument("--stem", choices=["cifar", "imagenet"], default="imagenet",
+                   help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)")
+    p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help=f"check the harness: T={quick['T']}, batch {quick['batch_size']}, "
+                        f"{quick['image_size']}x{quick['image_size']} images, ResNet width {quick['resnet_width']}")
+    p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
+
+
+def training_step_line(cfg: dict) -> str:
+    """The model and input of ``cfg`` (as :func:`add_training_step_args` makes it), for a report."""
+    width = f", width {cfg['resnet_width']}, {cfg['stem']} stem" if cfg["model"] == "resnet18" else ""
+    size = cfg["image_size"]
+    return f"{cfg['model']}{width}, T={cfg['T']}, batch {cfg['batch_size']}, {size}x{size} inputs"
+
+
 def result_tag(args) -> str:
     return args.tag or ("quick" if args.quick else "full")
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from .common import RESULTS, command_line, machine_info, markdown_table, round_robin, write_csv
+from .common import (
+    add_training_step_args, command_line, machine_info, markdown_table, round_robin, training_step_line, write_csv,
+)  # fmt: skip
 
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "resnet_width": 8, "repeats": 2}
 FORMS = ("lean", "default", "floor")
@@ -40,20 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="time of every BatchNorm+neuron site of a lean network: lean vs default vs the floor's ReLU",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--model", choices=["resnet18", "liang-medium"], default="resnet18")
-    p.add_argument("-T", type=int, default=8, help="time steps (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=16, help="batch size (default: %(default)s)")
-    p.add_argument("--image-size", type=int, default=32, help="input height = width (default: %(default)s)")
-    p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: %(default)s)")
-    p.add_argument("--stem", choices=["cifar", "imagenet"], default="imagenet",
-                   help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)")
+    add_training_step_args(p, QUICK)
     p.add_argument("--repeats", type=int, default=30, help="timed rounds (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true",
-                   help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
-                        f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}")
-    p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
     return p
 
 
@@ -249,14 +239,12 @@ def _run(args, cfg: dict, repeats: int) -> int:
     tag = "-quick" if args.quick else ""
     out = Path(args.results_dir)
     write_csv(out / f"bench-layers{tag}.csv", rows)
-    width = f", width {cfg['resnet_width']}, {cfg['stem']} stem" if cfg["model"] == "resnet18" else ""
     text = "\n\n".join([
         "# bench layers",
         f"Machine: {machine_info()}",
         f"Command: `{command_line()}`",
-        f"{cfg['model']}{width}, T={cfg['T']}, batch {cfg['batch_size']}, {cfg['image_size']}x{cfg['image_size']} "
-        f"inputs; each site forward + backward with an upstream gradient, medians of {repeats} rounds (every case "
-        "in turn each round); input shapes [T, B, C, ...] (the stem's: its image).",
+        f"{training_step_line(cfg)}; each site forward + backward with an upstream gradient, medians of {repeats} "
+        "rounds (every case in turn each round); input shapes [T, B, C, ...] (the stem's: its image).",
         markdown_table(COLUMNS, table),
         "- lean: the site's module of `spikefuse.nn.to_lean` (fused BatchNorm+LIF; +add with the block's shortcut, "
         "as bits when it is the block's input spikes; the stem's convolution recomputed in backward); default: "

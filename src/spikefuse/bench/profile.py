@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+from .common import (
+    add_training_step_args, command_line, machine_info, markdown_table, training_step_line, write_csv,
+)  # fmt: skip
 
 FORMS = ("fused", "lean", "floor")
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "resnet_width": 8, "rounds": 1, "steps": 1}
@@ -31,24 +33,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="self time per operation of one training step, every form side by side (torch.profiler)",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--model", choices=["resnet18", "liang-medium"], default="resnet18")
+    add_training_step_args(p, QUICK)
     p.add_argument("--forms", nargs="+", choices=["vanilla", "spikingjelly", *FORMS], default=list(FORMS))
-    p.add_argument("-T", type=int, default=8, help="time steps (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=16, help="batch size (default: %(default)s)")
-    p.add_argument("--image-size", type=int, default=32, help="input height = width (default: %(default)s)")
-    p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: %(default)s)")
-    p.add_argument("--stem", choices=["cifar", "imagenet"], default="imagenet",
-                   help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)")
     p.add_argument("--steps", type=int, default=5, help="steps profiled per form and round (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of every form in turn (default: %(default)s)")
     p.add_argument("--min-ms", type=float, default=0.5,
                    help="list the ops taking at least this many ms per step in some form (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true",
-                   help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
-                        f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}")
-    p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
     return p
 
 
@@ -118,16 +108,15 @@ def _run(args, cfg: dict) -> int:
     tag = "-quick" if args.quick else ""
     out = Path(args.results_dir)
     write_csv(out / f"bench-profile{tag}.csv", rows)
-    width = f", width {cfg['resnet_width']}, {cfg['stem']} stem" if cfg["model"] == "resnet18" else ""
     table = [[row[c] for c in columns] for row in rows]
     table[-1] = [f"**{v}**" for v in table[-1]]
     text = "\n\n".join([
         "# bench profile",
         f"Machine: {machine_info()}",
         f"Command: `{command_line()}`",
-        f"{cfg['model']}{width}, T={cfg['T']}, batch {cfg['batch_size']}, {cfg['image_size']}x{cfg['image_size']} "
-        f"inputs; one training step (forward, loss, backward, Adam update) of each form, self CPU time per step of "
-        f"every operation taking at least {args.min_ms} ms in some form, in ms (`torch.profiler`), medians over "
+        f"{training_step_line(cfg)}; one training step (forward, loss, backward, Adam update) of each form, self "
+        f"CPU time per step of every operation taking at least {args.min_ms} ms in some form, in ms "
+        f"(`torch.profiler`), medians over "
         f"{cfg['rounds']} rounds of {cfg['steps']} steps, the forms in turn. A spikefuse autograd Function's self "
         "time holds the numba kernels it calls. The profiler adds a few microseconds to every op: `bench memory` "
         "times the steps.",
