@@ -395,7 +395,7 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
     kw = dict(training=True, decay=0.5, threshold=THRESHOLD, backend="cpu", residual=res, residual_binary=residual)
     spikes = batchnorm_lif(x, None, None, **kw)
     packs_of_residual = len(packs)
-    bits = bitpack._recall(spikes.flatten(0, 1))
+    bits = bitpack._remembered(spikes.flatten(0, 1))
     n = spikes[0].numel()
     if n % 8:
         assert bits is None
@@ -407,6 +407,6 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
     op_body = bn_lif._forward_impl(x.flatten(0, 1), None if res is None else res.flatten(0, 1), residual, None, None,
                                    None, None, params, init, True, 0.1, 1e-5, shape[0], 1, neuron, "cpu")  # fmt: skip
     assert torch.equal(op_body[0].reshape(shape), spikes)
-    assert bitpack._recall(op_body[0]) is None
+    assert bitpack._remembered(op_body[0]) is None
     running = torch.zeros(shape[2]), torch.ones(shape[2])
-    assert bitpack._recall(batchnorm_lif(x, *running, **{**kw, "training": False})) is None
+    assert bitpack._remembered(batchnorm_lif(x, *running, **{**kw, "training": False})) is None

@@ -52,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .common import RESULTS, command_line, gpu_machine_info, machine_info, markdown_table, write_csv
@@ -359,13 +360,12 @@ def _cuda_step_peak(model, step, update) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
-    """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model, in this process, the forms'
-    steps alternating: cycle ``i`` runs one step of each form, starting at form ``i mod len(forms)``, after one
-    untimed step of each, with the training run's allocator settings. Entry ``i`` of every list is cycle ``i``.
-    On a GPU every step ends with a synchronization, so that its time is the GPU's work, not the launches'."""
-    import time
-
+def side_by_side(cfg: dict, forms: list[str], cycles: int, sample: Callable[[Callable[[], None]], object]) -> dict:
+    """``sample(train_step)`` of every form of ``cfg``'s model, ``cycles`` times, in this process, the forms
+    alternating: cycle ``i`` samples each form once, starting at form ``i mod len(forms)``, after one untimed step of
+    each, with the training run's allocator settings; ``train_step()`` runs one step (forward, backward, the
+    optimizer's update; on a GPU ending with a synchronization, so that its time is the GPU's work, not the
+    launches'). Returns each form's samples, entry ``i`` of every list from cycle ``i``."""
     import torch
 
     from ..threads import set_threads
@@ -384,14 +384,24 @@ def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
 
     for form in forms:
         train_step(form)
-    times = {form: [] for form in forms}
-    for cycle in range(cfg["repeats"]):
+    samples = {form: [] for form in forms}
+    for cycle in range(cycles):
         for k in range(len(forms)):
             form = forms[(cycle + k) % len(forms)]
-            start = time.perf_counter()
-            train_step(form)
-            times[form].append(time.perf_counter() - start)
-    return times
+            samples[form].append(sample(lambda: train_step(form)))
+    return samples
+
+
+def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
+    """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model, timed :func:`side_by_side`."""
+    import time
+
+    def timed_step(train_step) -> float:
+        start = time.perf_counter()
+        train_step()
+        return time.perf_counter() - start
+
+    return side_by_side(cfg, forms, cfg["repeats"], timed_step)
 
 
 def _worker(cfg_json: str, out_path: str) -> None:

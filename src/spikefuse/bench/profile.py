@@ -22,8 +22,9 @@ import statistics
 from .common import (
     add_training_step_args, command_line, machine_info, markdown_table, training_step_line, write_csv,
 )  # fmt: skip
+from .memory import FORMS as MEMORY_FORMS
 
-FORMS = ("fused", "lean", "floor")
+FORMS = ("fused", "lean", "floor")  # the default forms
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "resnet_width": 8, "rounds": 1, "steps": 1}
 
 
@@ -34,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1],
     )
     add_training_step_args(p, QUICK)
-    p.add_argument("--forms", nargs="+", choices=["vanilla", "spikingjelly", *FORMS], default=list(FORMS))
+    p.add_argument("--forms", nargs="+", choices=list(MEMORY_FORMS), default=list(FORMS))
     p.add_argument("--steps", type=int, default=5, help="steps profiled per form and round (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of every form in turn (default: %(default)s)")
     p.add_argument("--min-ms", type=float, default=0.5,
@@ -59,32 +60,21 @@ def run(args) -> int:
 
 def profile_forms(cfg: dict, forms: list[str]) -> dict[str, dict[str, float]]:
     """Per form, per operation: milliseconds of self time per step, the median over ``cfg['rounds']`` rounds of
-    ``cfg['steps']`` steps (see the module's docstring)."""
+    ``cfg['steps']`` steps, the forms alternating as :func:`spikefuse.bench.memory.side_by_side` runs them."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .memory import TIMING_MMAP_THRESHOLD, _set_malloc_thresholds, _training
+    from .memory import side_by_side
 
-    _set_malloc_thresholds(TIMING_MMAP_THRESHOLD)  # as bench memory times its steps
-    runs = {form: _training({**cfg, "form": form}) for form in forms}
+    def profiled_steps(train_step) -> dict[str, float]:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(cfg["steps"]):
+                train_step()
+        per_op: dict[str, float] = {}
+        for event in prof.key_averages():
+            per_op[event.key] = per_op.get(event.key, 0.0) + event.self_cpu_time_total / 1e3 / cfg["steps"]
+        return per_op
 
-    def steps(form: str, n: int) -> None:
-        _, step, update = runs[form]
-        for _ in range(n):
-            step()
-            update()
-
-    for form in forms:
-        steps(form, 1)
-    samples: dict[str, list[dict[str, float]]] = {form: [] for form in forms}
-    for round_ in range(cfg["rounds"]):
-        for k in range(len(forms)):
-            form = forms[(round_ + k) % len(forms)]
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                steps(form, cfg["steps"])
-            per_op: dict[str, float] = {}
-            for event in prof.key_averages():
-                per_op[event.key] = per_op.get(event.key, 0.0) + event.self_cpu_time_total / 1e3 / cfg["steps"]
-            samples[form].append(per_op)
+    samples = side_by_side(cfg, forms, cfg["rounds"], profiled_steps)
     result = {}
     for form, rounds in samples.items():
         ops = {op for per_op in rounds for op in per_op}

@@ -177,21 +177,20 @@ def _triton_kernels():
 _known: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _owner(x: torch.Tensor) -> torch.Tensor:
-    return x if x._base is None else x._base
+def _owner_of_all(x: torch.Tensor) -> torch.Tensor | None:
+    """The tensor owning ``x``'s memory (the base of its views) when ``x`` is all of its elements in its memory order
+    (a contiguous reshape or flatten: then its bits are the owner's) and a change of it can be told (not under
+    ``torch.compile``'s tracing; inference tensors have no version counter); else None."""
+    if torch.compiler.is_compiling() or x.is_inference():
+        return None
+    owner = x if x._base is None else x._base
+    whole = (x.dtype == owner.dtype and x.numel() == owner.numel() and x.storage_offset() == owner.storage_offset()
+             and x.is_contiguous() and owner.is_contiguous())  # fmt: skip
+    return owner if whole else None
 
 
-def _reads_all_of(x: torch.Tensor, owner: torch.Tensor) -> bool:
-    """Whether ``x`` is ``owner``'s elements in ``owner``'s memory order (a contiguous reshape or flatten): then its
-    bits are ``owner``'s."""
-    return (x.dtype == owner.dtype and x.numel() == owner.numel() and x.storage_offset() == owner.storage_offset()
-            and x.is_contiguous() and owner.is_contiguous())  # fmt: skip
-
-
-def _tracked(x: torch.Tensor) -> bool:
-    """Whether ``x``'s changes can be told (not under ``torch.compile``'s tracing; inference tensors have no version
-    counter)."""
-    return not torch.compiler.is_compiling() and not x.is_inference()
+def _remember_for(owner: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> None:
+    _known[owner] = (x._version, packed, packed._version)
 
 
 def remember(x: torch.Tensor, packed: torch.Tensor) -> None:
@@ -199,20 +198,23 @@ def remember(x: torch.Tensor, packed: torch.Tensor) -> None:
     changes in place, :func:`pack` of ``x`` or of a contiguous view of all of it returns ``packed`` without a pass
     over ``x``. Changes written around torch (through a numpy view) are not seen: remember only a tensor that is
     final. A view of part of a tensor, or in another order, is not remembered."""
-    owner = _owner(x) if _tracked(x) else None
-    if owner is not None and _reads_all_of(x, owner):
-        _known[owner] = (x._version, packed, packed._version)
+    owner = _owner_of_all(x)
+    if owner is not None:
+        _remember_for(owner, x, packed)
 
 
-def _recall(x: torch.Tensor) -> torch.Tensor | None:
-    if not _tracked(x):
-        return None
-    owner = _owner(x)
-    entry = _known.get(owner)
-    if entry is None or not _reads_all_of(x, owner):
+def _recall(x: torch.Tensor, owner: torch.Tensor | None) -> torch.Tensor | None:
+    """The remembered bits of ``x`` (``owner``: :func:`_owner_of_all` of it) while ``x`` and the bits are unchanged."""
+    entry = None if owner is None else _known.get(owner)
+    if entry is None:
         return None
     version, packed, packed_version = entry
     return packed if version == x._version and packed_version == packed._version else None
+
+
+def _remembered(x: torch.Tensor) -> torch.Tensor | None:
+    """The bits :func:`pack` would hand out for ``x`` without packing it, or None."""
+    return _recall(x, _owner_of_all(x))
 
 
 # ------------------------------------------------------------------------------------------------------ public
@@ -223,7 +225,8 @@ def pack(x: torch.Tensor, reuse: bool = True) -> tuple[torch.Tensor, torch.Size]
     :func:`remember`): do not change ``packed`` in place; ``reuse=False`` packs anew (a custom op's output, which
     must not share memory with another's; or ``x`` changed through a numpy view, which its version does not
     count)."""
-    packed = _recall(x) if reuse else None
+    owner = _owner_of_all(x)
+    packed = _recall(x, owner) if reuse else None
     if packed is not None:
         return packed, x.shape
     if x.device.type == "cpu":
@@ -232,7 +235,8 @@ def pack(x: torch.Tensor, reuse: bool = True) -> tuple[torch.Tensor, torch.Size]
         packed = _triton_kernels().pack(x.detach())
     else:
         packed = pack_torch(x.detach())
-    remember(x, packed)
+    if owner is not None:
+        _remember_for(owner, x, packed)
     return packed, x.shape
 
 

@@ -234,7 +234,8 @@ def _forward(
     empty. ``eager`` (not the custom op, whose outputs must be its own): the residual's bits may be those its
     earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and in training the cpu kernel packs the spikes
     it writes for the layers that save them as bits."""
-    spike_bits = eager and training and backend == "cpu"
+    # in training the cpu kernel (an option of its only) packs the spikes for the layers that save them as bits
+    neuron_kw = {"spike_bits": True} if eager and training and backend == "cpu" else {}
     bits = (pack(residual, reuse=eager)[0] if residual is not None and pack_residual
             else xb.new_empty(0, dtype=torch.uint8))  # fmt: skip
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
@@ -242,16 +243,15 @@ def _forward(
         mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
         spikes, final = OBJECTS[neuron].forward(backend, xb.reshape(t_steps, -1), list(params), inner, list(init),
-                                                batch_norm=norm, spike_bits=spike_bits)  # fmt: skip
+                                                batch_norm=norm, **neuron_kw)  # fmt: skip
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
         y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
-        packs = {"spike_bits": True} if spike_bits else {}  # an option of the cpu kernel's only
         spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init),
-                                                **packs)  # fmt: skip
+                                                **neuron_kw)  # fmt: skip
         del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]

@@ -5,7 +5,8 @@ kernel cache folder (:func:`.emit.cache_dir`) and imports it; numba compiles a k
 the machine code beside the source, so a call compiles only the kernels it runs:
 
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
-  rows that stay in cache, writing the spikes and the final states; nothing is saved for backward
+  rows that stay in cache, writing the spikes (and, asked, their bits: :func:`forward`) and the final states;
+  nothing is saved for backward
   (``forward_save``, memory="potential": every step's states are also written out for backward);
 - ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
   the T steps into a block-sized scratch (it stays in cache; a row per step for each state the reverse pass reads,
