@@ -29,9 +29,25 @@ def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
     assert floor["loss_rel_diff"] == "" and floor["grad_max_rel_diff"] == "" and float(floor["step_vs_floor"]) == 1.0
     assert float(by_form["fused"]["step_vs_fused"]) == 1.0 and float(by_form["lean"]["step_vs_fused"]) > 0
     assert float(by_form["lean"]["stack_vs_vanilla"]) < 0.6
+    # every timed step, by round and cycle; the table's ratios are the medians of the cycles' ratios, their quartiles
+    # beside them
+    cycles = list(csv.DictReader((tmp_path / "bench-memory-quick-cycles.csv").open()))
+    assert list(cycles[0]) == memory.CYCLE_COLUMNS
+    assert [(c["round"], c["cycle"]) for c in cycles if c["form"] == "lean"] == [("1", "1"), ("2", "1")]
+    steps = {(c["round"], c["form"]): float(c["step_s"]) for c in cycles}
+    lean_vs_fused = sorted(steps[(r, "lean")] / steps[(r, "fused")] for r in ("1", "2"))
+    lean = by_form["lean"]
+    assert float(lean["step_vs_fused"]) == pytest.approx(sum(lean_vs_fused) / 2, rel=2e-3)
+    assert float(lean["step_vs_fused_q1"]) <= float(lean["step_vs_fused"]) <= float(lean["step_vs_fused_q3"])
     text = md.read_text()
     assert "Machine:" in text and "Command:" in text and "| resnet18 | lean |" in text
     assert "2 rounds of 1 cycle, a cycle one step of every form in turn" in text
+    assert f"| {lean['step_vs_fused']} ({lean['step_vs_fused_q1']}-{lean['step_vs_fused_q3']}) |" in text
+
+
+def test_ratio_quartiles_pair_the_cycles():
+    assert memory.ratio_quartiles([2.0, 3.0, 5.0, 4.0, 6.0], [1.0, 1.0, 1.0, 2.0, 2.0]) == (2.0, 3.0, 3.0)  # ratios 2, 3, 5, 2, 3
+    assert memory.ratio_quartiles([3.0], [2.0]) == (1.5, 1.5, 1.5)
 
 
 def test_bench_memory_rounds_must_be_positive(tmp_path):

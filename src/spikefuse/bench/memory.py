@@ -31,7 +31,8 @@ and an Adam update unless ``--no-optimizer``):
   in alternation (each cycle one step of each form, the order rotating from cycle to cycle), so that a drift of the
   shared machine, which moved separate processes' step times by 10-30% within minutes, hits every form of a cycle
   alike; the step time is the median over the cycles, and each ratio ("vs fused", "vs floor") the median of the
-  cycles' ratios;
+  cycles' ratios, with their quartiles beside it (how far a single cycle's ratio strays on this machine), and
+  every cycle's step times are written out too (``bench-memory*-cycles.csv``);
 - loss and gradients against ``vanilla`` (same weights, same input): max relative difference (max abs difference
   over max abs value, per parameter, worst parameter reported).
 
@@ -41,7 +42,7 @@ it, and every timed step ends with a synchronization.
 
 Each form runs in its own fresh subprocess (``--in-process`` runs them in this process, e.g. for ``--quick``).
 Writes ``benchmarks/results/bench-memory[-cuda][-quick].md`` and ``.csv`` with the machine info and the exact
-command.
+command, and ``...-cycles.csv`` with each timed step (model, round, cycle, form, seconds).
 """
 
 from __future__ import annotations
@@ -70,9 +71,20 @@ QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "repeats": 1, "resnet_width":
 COLUMNS = [
     "model", "form", "T", "batch_size", "image_size", "saved_total_MiB", "saved_stack_MiB", "saved_other_MiB",
     "stack_vs_vanilla", "step_peak_MiB", "peak_vs_vanilla", "maxrss_MiB", "step_s", "step_vs_fused",
-    "step_vs_floor", "loss", "loss_rel_diff",
-    "grad_max_rel_diff", "worst_param",
+    "step_vs_fused_q1", "step_vs_fused_q3", "step_vs_floor", "step_vs_floor_q1", "step_vs_floor_q3", "loss",
+    "loss_rel_diff", "grad_max_rel_diff", "worst_param",
 ]  # fmt: skip
+CYCLE_COLUMNS = ["model", "round", "cycle", "form", "step_s"]
+
+
+def ratio_quartiles(times: list[float], base: list[float]) -> tuple[float, float, float]:
+    """``(q1, median, q3)`` of the paired ratios ``times[i] / base[i]`` (one cycle's steps each); q1 = q3 = the
+    median with a single cycle."""
+    ratios = [a / b for a, b in zip(times, base)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, median, q3
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -501,7 +513,7 @@ def _run(args, cfg0: dict) -> int:
         forms.insert(0, "vanilla")  # the reference of the comparisons
     if args.rounds < 1:
         raise SystemExit(f"bench memory: --rounds must be at least 1, got {args.rounds}")
-    rows = []
+    rows, cycle_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             results = {}
@@ -517,11 +529,16 @@ def _run(args, cfg0: dict) -> int:
                 times = time_side_by_side(cfg, forms) if args.in_process else _time_isolated(cfg, forms, Path(tmp))
                 for form in forms:
                     cycles[form] += times[form]
+                    cycle_rows += [{"model": model, "round": round_ + 1, "cycle": i + 1, "form": form,
+                                    "step_s": f"{t:.5f}"} for i, t in enumerate(times[form])]  # fmt: skip
 
-            def ratio(form: str, base: str) -> str:
+            def ratios(form: str, base: str) -> dict:
+                """The ``step_vs_<base>`` columns: the median of the cycles' ratios and its quartiles."""
                 if base not in cycles:
-                    return ""
-                return f"{statistics.median(a / b for a, b in zip(cycles[form], cycles[base])):.3f}"
+                    return {}
+                q1, median, q3 = ratio_quartiles(cycles[form], cycles[base])
+                key = f"step_vs_{base}"
+                return {key: f"{median:.3f}", f"{key}_q1": f"{q1:.3f}", f"{key}_q3": f"{q3:.3f}"}
 
             ref, ref_grads = results["vanilla"]
             for form, (res, grads) in results.items():
@@ -539,13 +556,13 @@ def _run(args, cfg0: dict) -> int:
                     "step_peak_MiB": _mib(peak), "maxrss_MiB": _mib(res.get("maxrss")),
                     "peak_vs_vanilla": f"{peak / ref_peak:.3f}" if peak and ref_peak else "",
                     "step_s": f"{res['step_s']:.4f}",
-                    "step_vs_fused": ratio(form, "fused"), "step_vs_floor": ratio(form, "floor"),
+                    **ratios(form, "fused"), **ratios(form, "floor"),
                     "loss": f"{res['loss']:.6f}",
                     "loss_rel_diff":
                         f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}" if compared else "",
                     "grad_max_rel_diff": f"{rel:.2e}" if compared else "", "worst_param": worst,
                 })  # fmt: skip
-    write_report(rows, cfg0, args, notes)
+    write_report(rows, cycle_rows, cfg0, args, notes)
     return 0
 
 
@@ -555,18 +572,30 @@ def _cuda_machine_info() -> str:
     return gpu_machine_info(f", TF32 convolutions {'on' if torch.backends.cudnn.allow_tf32 else 'off'}")
 
 
-def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
+def _with_quartiles(row: dict, key: str) -> str:
+    """A ratio cell of the table: the median and, in brackets, the quartiles of the cycles' ratios."""
+    if not row.get(key):
+        return "-"
+    if row[f"{key}_q1"] == row[f"{key}_q3"]:
+        return row[key]
+    return f"{row[key]} ({row[f'{key}_q1']}-{row[f'{key}_q3']})"
+
+
+def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args,
+                 notes: list[str]) -> tuple[Path, Path]:  # fmt: skip
     out = Path(args.results_dir)
     cuda = cfg["device"] == "cuda"
     stem = "bench-memory" + ("-cuda" if cuda else "") + ("-quick" if args.quick else "")
-    csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
+    csv_path, md_path, cycles_path = out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}-cycles.csv"
     write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
+    write_csv(cycles_path, [{c: row[c] for c in CYCLE_COLUMNS} for row in cycle_rows])
     header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "peak vs vanilla",
               "maxrss MiB", "step s", "vs fused", "vs floor", "loss", "grad max rel diff"]  # fmt: skip
     table = [
         [r["model"], r["form"], f"{r['saved_total_MiB']} ({r['saved_stack_MiB']} / {r['saved_other_MiB']})",
          r["stack_vs_vanilla"], r["step_peak_MiB"], r["peak_vs_vanilla"] or "-", r["maxrss_MiB"] or "-", r["step_s"],
-         r["step_vs_fused"] or "-", r["step_vs_floor"] or "-", r["loss"], r["grad_max_rel_diff"] or "-"]
+         _with_quartiles(r, "step_vs_fused"), _with_quartiles(r, "step_vs_floor"), r["loss"],
+         r["grad_max_rel_diff"] or "-"]
         for r in rows
     ]  # fmt: skip
     lines = [
@@ -585,7 +614,8 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
         f"{'cycle' if cfg['repeats'] == 1 else 'cycles'}"
         f"{'' if args.in_process else ', each round a fresh process building every form'}, a cycle one step of every "
         f"form in turn (the order rotating); step s the median over the cycles, vs fused / vs floor the median of "
-        f"the cycles' ratios.",
+        f"the cycles' ratios (in brackets their quartiles: half the cycles fall between; every step's time is in "
+        f"`{cycles_path.name}`).",
         "",
         "Forms: " + "; ".join(f"`{k}` = {v}" for k, v in FORMS.items()) + ".",
         "",
@@ -615,5 +645,5 @@ def write_report(rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[P
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text("\n".join(lines) + "\n")
     print(md_path.read_text())
-    print(f"wrote {md_path} and {csv_path}")
+    print(f"wrote {md_path}, {csv_path} and {cycles_path}")
     return md_path, csv_path
