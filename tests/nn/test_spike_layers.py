@@ -303,6 +303,28 @@ def test_max_pool_equals_torch(mine_cls, ref_cls, kw, shape, dtype, p):
     assert torch.equal(xa.grad, xb.grad), "the gradient went to another maximum of a window"
 
 
+@pytest.mark.parametrize("mine_cls,ref_cls,kw,shape", POOL_CASES, ids=lambda v: getattr(v, "__name__", None))
+def test_max_pool_of_a_neurons_spikes_pools_their_bits(mine_cls, ref_cls, kw, shape, monkeypatch):
+    """Input whose bits a neuron kernel made (remembered as spikes): the pooling reads those bits, not the values,
+    gives torch's output and gradient, and hands its output's bits (where each plane fills whole bytes) to the next
+    layer; the values are not read."""
+    from spikefuse.ops import bitpack, maxpool_cpu
+
+    x = spikes(shape, seed=7, p=0.4)
+    bitpack.remember(x, bitpack.pack_torch(x), spikes=True)
+    monkeypatch.setattr(maxpool_cpu, "forward", lambda *a: pytest.fail("pooled the values"))
+    xa, xb = x.clone().requires_grad_(), x.requires_grad_()
+    ya, yb = ref_cls(**kw)(xa), mine_cls(**kw)(xb)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(8))
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+    if yb[0, 0].numel() % 8 == 0:
+        assert torch.equal(bitpack.spike_bits(yb), bitpack.pack_torch(ya))
+    else:
+        assert bitpack.spike_bits(yb) is None
+
+
 def test_max_pool_channels_last_and_multi_step():
     x = spikes((6, 4, 10, 10), seed=5).contiguous(memory_format=torch.channels_last)
     ref, mine = SeqToBatch(nn.MaxPool2d(3, 2, 1)), SeqToBatch(SpikeMaxPool2d(3, 2, 1))

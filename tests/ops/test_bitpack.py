@@ -157,3 +157,19 @@ def test_remembered_bits_are_what_pack_returns(monkeypatch):
         z = spikes((2, 16), torch.float32, 3)
         first, _ = pack(z)
         assert pack(z)[0] is not first and torch.equal(pack(z)[0], first)
+
+
+def test_spike_bits_only_of_tensors_remembered_as_spikes():
+    """``spike_bits`` hands out bits only where their maker said the tensor is spikes (a neuron kernel); bits that
+    ``pack`` made, of any tensor, say nothing of that; an in-place change forgets both."""
+    x = spikes((4, 24), torch.float32, 4)
+    assert bitpack.spike_bits(x) is None
+    pack(x)
+    assert bitpack.spike_bits(x) is None and bitpack._remembered(x) is not None
+    bits = pack_torch(x)
+    remember(x, bits, spikes=True)
+    assert bitpack.spike_bits(x) is bits and bitpack.spike_bits(x.view(2, 2, 24)) is bits
+    assert pack(x)[0] is bits
+    x.mul_(1.0)
+    assert bitpack.spike_bits(x) is None
+

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from spikefuse.ops import maxpool_cpu
-from spikefuse.ops.bitpack import pack
+from spikefuse.ops.bitpack import pack, pack_torch
 
 POOLS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 SHAPES = {1: (2, 3, 11), 2: (2, 3, 7, 6), 3: (1, 2, 5, 6, 7)}
@@ -47,8 +47,36 @@ def test_binary_forward_and_backward_are_torch_bit_for_bit(dims, setting, dtype)
         grad_y = torch.randn(y.shape, generator=g, dtype=dtype)
         y.backward(grad_y)
         assert torch.equal(maxpool_cpu.forward(x, y.shape, kernel, stride, padding, dilation), y)
-        grad_x = maxpool_cpu.backward(grad_y, pack(x)[0], x.shape, kernel, stride, padding, dilation)
+        bits = pack(x, reuse=False)[0]
+        out, out_bits = maxpool_cpu.forward_from_bits(bits, x.shape, y.shape, kernel, stride, padding, dilation, dtype)
+        assert torch.equal(out, y) and out.dtype == dtype
+        if y[0, 0].numel() % 8 == 0:  # each output plane fills whole bytes
+            assert torch.equal(out_bits, pack_torch(y))
+        else:
+            assert out_bits is None
+        grad_x = maxpool_cpu.backward(grad_y, bits, x.shape, kernel, stride, padding, dilation)
         assert torch.equal(grad_x, xr.grad), f"p={p}: a gradient went to another maximum of its window"
+
+
+@pytest.mark.parametrize("width", [8, 57, 58, 70])
+def test_rows_as_words_up_to_57_elements_and_bit_tests_beyond(width):
+    """Rows of up to 57 elements are read as words (a row may start at any bit of a byte: odd widths put the rows
+    at every offset); wider rows run the kernel testing one bit at a time. Both are torch's gradient."""
+    x = (torch.rand(3, 2, 5, width, generator=torch.Generator().manual_seed(width)) < 0.3).float()
+    xr = x.clone().requires_grad_()
+    y = F.max_pool2d(xr, (2, 3), (1, 2), (1, 1))
+    grad_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    y.backward(grad_y)
+    bits = pack(x, reuse=False)[0]
+    assert maxpool_cpu.reads_rows_as_words(x.shape) == (width <= 57)
+    grad_x = maxpool_cpu.backward(grad_y, bits, x.shape, (2, 3), (1, 2), (1, 1), (1, 1))
+    assert torch.equal(grad_x, xr.grad)
+    if width > 57:
+        with pytest.raises(ValueError, match=f"forward_from_bits: rows of {width} elements, at most 57"):
+            maxpool_cpu.forward_from_bits(bits, x.shape, y.shape, (2, 3), (1, 2), (1, 1), (1, 1), torch.float32)
+    else:
+        out, _ = maxpool_cpu.forward_from_bits(bits, x.shape, y.shape, (2, 3), (1, 2), (1, 1), (1, 1), torch.float32)
+        assert torch.equal(out, y)
 
 
 def test_forward_matches_torch_on_any_values():
@@ -67,3 +95,6 @@ def test_empty_batch():
     assert y.shape == (0, 3, 4, 4)
     grad_x = maxpool_cpu.backward(y, pack(x)[0], x.shape, (2, 2), (2, 2), (0, 0), (1, 1))
     assert grad_x.shape == x.shape
+    out, out_bits = maxpool_cpu.forward_from_bits(pack(x)[0], x.shape, y.shape, (2, 2), (2, 2), (0, 0), (1, 1),
+                                                  torch.float32)  # fmt: skip
+    assert out.shape == (0, 3, 4, 4) and out_bits.numel() == 0

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..ops import maxpool_cpu
+from ..ops import bitpack, maxpool_cpu
 from ..ops.bitpack import pack, unpack
 
 __all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d",
@@ -299,9 +299,10 @@ class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
 class _SpikeMaxPoolFn(torch.autograd.Function):
     """``pool(x, *args)`` (``F.max_pool1d/2d/3d``) saving ``x`` as bits. torch's max-pooling saves its input and
     the argmax indices (int64: twice the bytes of a float32 input). A contiguous float32/float64 CPU input runs
-    :mod:`spikefuse.ops.maxpool_cpu` (torch's output; backward finds torch's indices from the bits); any other
-    unpacks the input in backward and runs torch's own pooling and its backward on it again, which picks the same
-    indices."""
+    :mod:`spikefuse.ops.maxpool_cpu` (torch's output; backward finds torch's indices from the bits): from the
+    input's bits where its neuron kernel made them (:func:`spikefuse.ops.bitpack.spike_bits`: the input is spikes
+    for certain), packing the output too, else from the input's values. Any other input is unpacked in backward and
+    runs torch's own pooling and its backward again, which picks the same indices."""
 
     @staticmethod
     def forward(ctx, x, pool, args):
@@ -313,7 +314,14 @@ class _SpikeMaxPoolFn(torch.autograd.Function):
             return pool(x, *args)
         # torch's pooling on a meta tensor: torch's checks of the arguments and its output shape, no work
         out_shape = pool(torch.empty(x.shape, dtype=x.dtype, device="meta"), *args).shape
-        return maxpool_cpu.forward(x, out_shape, *_per_dim(x.dim() - 2, args))
+        per_dim = _per_dim(x.dim() - 2, args)
+        spikes = bitpack.spike_bits(x)
+        if spikes is None or not maxpool_cpu.reads_rows_as_words(x.shape):
+            return maxpool_cpu.forward(x, out_shape, *per_dim)
+        out, out_bits = maxpool_cpu.forward_from_bits(spikes, x.shape, out_shape, *per_dim, x.dtype)
+        if out_bits is not None:  # spikes too: the next spike layer saves them without packing
+            bitpack.remember(out, out_bits, spikes=True)
+        return out
 
     @staticmethod
     @once_differentiable

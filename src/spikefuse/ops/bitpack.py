@@ -170,10 +170,11 @@ def _triton_kernels():
 
 # ------------------------------------------------------------------------------------- bits already made of a tensor
 # The bits of a tensor's content, by the tensor that owns its memory (the base of its views): (the owner's version
-# then, the bits, the bits' version then). A spike tensor is packed by each layer that saves it (a residual block's
-# input by its first convolution, its shortcut's and the residual add), and its neuron may have packed it already
-# (:func:`spikefuse.ops.engine.cpu.forward`): every pack after the first reads the bits from here. An entry goes
-# with its owner; a change of the owner's content in place (its version counter) or of the bits makes it stale.
+# then, the bits, the bits' version then, whether the content is known to be spikes). A spike tensor is packed by
+# each layer that saves it (a residual block's input by its first convolution, its shortcut's and the residual add),
+# and its neuron may have packed it already (:func:`spikefuse.ops.engine.cpu.forward`): every pack after the first
+# reads the bits from here. An entry goes with its owner; a change of the owner's content in place (its version
+# counter) or of the bits makes it stale.
 _known: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -189,32 +190,48 @@ def _owner_of_all(x: torch.Tensor) -> torch.Tensor | None:
     return owner if whole else None
 
 
-def _remember_for(owner: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> None:
-    _known[owner] = (x._version, packed, packed._version)
+def _remember_for(owner: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, spikes: bool) -> None:
+    _known[owner] = (x._version, packed, packed._version, spikes)
 
 
-def remember(x: torch.Tensor, packed: torch.Tensor) -> None:
+def remember(x: torch.Tensor, packed: torch.Tensor, spikes: bool = False) -> None:
     """Record that ``packed`` holds the bits of ``x``'s current content (as :func:`pack` makes them): until ``x``
     changes in place, :func:`pack` of ``x`` or of a contiguous view of all of it returns ``packed`` without a pass
-    over ``x``. Changes written around torch (through a numpy view) are not seen: remember only a tensor that is
-    final. A view of part of a tensor, or in another order, is not remembered."""
+    over ``x``. ``spikes``: the caller made ``x`` as spikes (every element 0 or 1), so the bits are all of its
+    content (:func:`spike_bits`). Changes written around torch (through a numpy view) are not seen: remember only a
+    tensor that is final. A view of part of a tensor, or in another order, is not remembered."""
     owner = _owner_of_all(x)
     if owner is not None:
-        _remember_for(owner, x, packed)
+        _remember_for(owner, x, packed, spikes)
+
+
+def _entry(x: torch.Tensor, owner: torch.Tensor | None) -> tuple | None:
+    """``(bits, spikes)`` remembered for ``x`` (``owner``: :func:`_owner_of_all` of it) while ``x`` and the bits
+    are unchanged, else None."""
+    entry = None if owner is None else _known.get(owner)
+    if entry is None:
+        return None
+    version, packed, packed_version, spikes = entry
+    return (packed, spikes) if version == x._version and packed_version == packed._version else None
 
 
 def _recall(x: torch.Tensor, owner: torch.Tensor | None) -> torch.Tensor | None:
     """The remembered bits of ``x`` (``owner``: :func:`_owner_of_all` of it) while ``x`` and the bits are unchanged."""
-    entry = None if owner is None else _known.get(owner)
-    if entry is None:
-        return None
-    version, packed, packed_version = entry
-    return packed if version == x._version and packed_version == packed._version else None
+    entry = _entry(x, owner)
+    return None if entry is None else entry[0]
 
 
 def _remembered(x: torch.Tensor) -> torch.Tensor | None:
     """The bits :func:`pack` would hand out for ``x`` without packing it, or None."""
     return _recall(x, _owner_of_all(x))
+
+
+def spike_bits(x: torch.Tensor) -> torch.Tensor | None:
+    """The bits of ``x`` when they were remembered as those of spikes (``remember(..., spikes=True)``: a neuron
+    kernel's output, or a max-pooling of such spikes), which therefore hold all of ``x`` -- a layer may compute from
+    them instead of ``x`` -- else None (bits that :func:`pack` made say nothing of whether ``x`` was binary)."""
+    entry = _entry(x, _owner_of_all(x))
+    return entry[0] if entry is not None and entry[1] else None
 
 
 # ------------------------------------------------------------------------------------------------------ public
@@ -236,7 +253,7 @@ def pack(x: torch.Tensor, reuse: bool = True) -> tuple[torch.Tensor, torch.Size]
     else:
         packed = pack_torch(x.detach())
     if owner is not None:
-        _remember_for(owner, x, packed)
+        _remember_for(owner, x, packed, spikes=False)
     return packed, x.shape
 
 

@@ -11,6 +11,13 @@ on contiguous float32/float64 CPU input, every case as 3-D pooling (1-D and 2-D 
   first element when none is set -- the index torch picks on a binary input (0/1; ``-0.0`` counts as 0) -- and
   adds the output's gradient there, outputs in row-major order, as torch's backward adds them (bit-identical
   where windows overlap).
+- :func:`forward_from_bits` is the forward of spikes given as their bits (a neuron kernel's, see
+  :func:`spikefuse.ops.bitpack.spike_bits`): a window's maximum is 1 where any of its bits is set, else 0, which is
+  torch's output on such input; it also packs the output, itself spikes.
+
+Where a row of the input holds at most :data:`WORD_ROW_MAX` elements, the backward and :func:`forward_from_bits`
+read each row's bits as one 64-bit word and a window's columns as a mask of it: one AND per row of a window, not a
+load and compare (forward) or bit test (backward) per element.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from numba.extending import overload
 from ..threads import match_numba_threads
 from . import buffers
 
-__all__ = ["forward", "backward", "SUPPORTED_DTYPES"]
+__all__ = ["forward", "forward_from_bits", "backward", "reads_rows_as_words", "SUPPORTED_DTYPES", "WORD_ROW_MAX"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -33,6 +40,16 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SERIAL_WORK = 1 << 15
 
 _NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
+_NO_BITS = np.empty(0, dtype=np.uint8)  # forward_from_bits' output bits where it packs none
+
+# The longest input row read as one 64-bit word of bits: a row may start at any bit of its first byte (57 + 7 = 64).
+WORD_ROW_MAX = 57
+
+# x & -x isolates the lowest set bit of a word; times this de Bruijn constant, its top six bits index its position.
+_DE_BRUIJN = 0x03F79D71B4CB0A89
+_LOWEST_BIT = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _LOWEST_BIT[((1 << _i) * _DE_BRUIJN & (2**64 - 1)) >> 58] = _i
 
 
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
@@ -113,6 +130,102 @@ def _windows_kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
                     o += 1
 
 
+@njit(inline="always")
+def _row_word(bits, start, n):
+    """Bits ``start .. start + n - 1`` of ``bits`` (``n`` <= :data:`WORD_ROW_MAX`) as the low bits of a uint64."""
+    b0 = start >> 3
+    word = np.uint64(0)
+    for i in range(min(((start & 7) + n + 7) >> 3, bits.size - b0)):
+        word |= np.uint64(bits[b0 + i]) << np.uint64(8 * i)
+    return (word >> np.uint64(start & 7)) & ((np.uint64(1) << np.uint64(n)) - np.uint64(1))
+
+
+@njit(inline="always")
+def _plane_words(bits, base, rows, w_in):
+    """Each of a plane's ``rows`` rows of ``w_in`` elements, from bit ``base``, as a word (:func:`_row_word`)."""
+    words = np.empty(rows, np.uint64)
+    for r in range(rows):
+        words[r] = _row_word(bits, base + r * w_in, w_in)
+    return words
+
+
+@njit(parallel=True, cache=True)
+def _bits_forward_kernel(bits, planes, isize, osize, bd, bh, masks, dilation, dst, dst_bits):
+    """:func:`forward_from_bits` on every window, planes in parallel: a window's rows ORed, then each output's
+    columns as a mask of that word (``masks`` [W_out], uint64); the outputs' bits into ``dst_bits`` unless it is
+    empty (only where a plane's outputs fill whole bytes, so no two tasks write one byte)."""
+    plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
+    h_in, w_in = isize[1], isize[2]
+    one = dst.dtype.type(1.0)
+    pack_out = dst_bits.size > 0
+    for p in prange(planes):
+        words = _plane_words(bits, p * plane_in, isize[0] * h_in, w_in)
+        o = p * plane_out
+        byte = 0
+        for od in range(osize[0]):
+            for oh in range(osize[1]):
+                rows = np.uint64(0)
+                for ii in range(bd[1, od]):
+                    for jj in range(bh[1, oh]):
+                        rows |= words[(bd[0, od] + ii * dilation[0]) * h_in + bh[0, oh] + jj * dilation[1]]
+                for ow in range(osize[2]):
+                    spike = (rows & masks[ow]) != np.uint64(0)
+                    dst[o] = one * spike
+                    byte |= spike << (o & 7)
+                    if pack_out and o & 7 == 7:
+                        dst_bits[o >> 3] = byte
+                        byte = 0
+                    o += 1
+
+
+@njit(parallel=True, cache=True)
+def _bits_backward_kernel(bits, grad_y, planes, isize, osize, bd, bh, bw, masks, dilation, lowest_bit, grad_x):
+    """:func:`backward` with the rows read as words: a plane's gradient zeroed (in cache), then each window's first
+    set bit -- the first of its rows with a set bit in the window's columns, scanned without a branch, and that row's
+    lowest such bit -- gets the output's gradient, the outputs in row-major order."""
+    plane_in, plane_out = isize[0] * isize[1] * isize[2], osize[0] * osize[1] * osize[2]
+    h_in, w_in = isize[1], isize[2]
+    zero = grad_x.dtype.type(0.0)
+    for p in prange(planes):
+        words = _plane_words(bits, p * plane_in, isize[0] * h_in, w_in)
+        g_plane = grad_x[p * plane_in : (p + 1) * plane_in]
+        for e in range(plane_in):
+            g_plane[e] = zero
+        o = p * plane_out
+        for od in range(osize[0]):
+            d0, nd = bd[0, od], bd[1, od]
+            for oh in range(osize[1]):
+                h0, nh = bh[0, oh], bh[1, oh]
+                for ow in range(osize[2]):
+                    # none set: the window's first element
+                    row, found = d0 * h_in + h0, np.uint64(1) << np.uint64(bw[0, ow])
+                    for ii in range(nd - 1, -1, -1):
+                        for jj in range(nh - 1, -1, -1):
+                            r = (d0 + ii * dilation[0]) * h_in + h0 + jj * dilation[1]
+                            set_bits = words[r] & masks[ow]
+                            hit = set_bits != np.uint64(0)
+                            row = r if hit else row
+                            found = set_bits if hit else found
+                    lowest = found & (~found + np.uint64(1))
+                    g_plane[row * w_in + lowest_bit[(lowest * np.uint64(_DE_BRUIJN)) >> np.uint64(58)]] += grad_y[o]
+                    o += 1
+
+
+def _window_masks(bw: np.ndarray, dilation: int) -> np.ndarray:
+    """``[W_out]`` uint64: bit ``w`` of entry ``ow`` set for each input column ``w`` of output ``ow``'s window."""
+    masks = np.zeros(bw.shape[1], dtype=np.uint64)
+    for ow in range(bw.shape[1]):
+        for kk in range(bw[1, ow]):
+            masks[ow] |= np.uint64(1) << np.uint64(bw[0, ow] + kk * dilation)
+    return masks
+
+
+def reads_rows_as_words(in_shape) -> bool:
+    """Whether a pooling of input ``[N, C, *spatial]`` runs the word kernels (rows of at most :data:`WORD_ROW_MAX`
+    elements): :func:`forward_from_bits` needs them."""
+    return in_shape[-1] <= WORD_ROW_MAX
+
+
 def _launch_args(in_shape, out_shape, kernel, stride, padding, dilation):
     """``[N, C, *spatial]`` in and out shapes (1-3 spatial dims) and per-dim parameters as 3-D pooling."""
     lead = 3 - (len(in_shape) - 2)
@@ -136,12 +249,40 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     return out
 
 
+def forward_from_bits(bits: torch.Tensor, in_shape, out_shape, kernel, stride, padding, dilation,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """:func:`forward` of spikes (every element 0 or 1, ``-0.0`` not among them) of ``in_shape`` given as their
+    ``bits`` (:func:`.bitpack.pack`'s layout), rows of at most :data:`WORD_ROW_MAX` elements
+    (:func:`reads_rows_as_words`): ``(output of dtype, its bits)``, torch's output bit for bit; the bits None where an
+    output plane does not fill whole bytes."""
+    if not reads_rows_as_words(in_shape):
+        raise ValueError(f"maxpool_cpu.forward_from_bits: rows of {in_shape[-1]} elements, at most {WORD_ROW_MAX}")
+    out = buffers.empty(tuple(out_shape), dtype)
+    plane_out = math.prod(out_shape[2:])
+    out_bits = torch.empty(out.numel() // 8, dtype=torch.uint8) if plane_out % 8 == 0 else None
+    if out.numel():
+        match_numba_threads(math.prod(in_shape), _SERIAL_WORK)
+        planes, isize, osize, bd, bh, bw, dil = _launch_args(in_shape, out_shape, kernel, stride, padding, dilation)
+        _bits_forward_kernel(bits.numpy(), planes, isize, osize, bd, bh, _window_masks(bw, dil[2]), dil,
+                             out.reshape(-1).numpy(), _NO_BITS if out_bits is None else out_bits.numpy())  # fmt: skip
+    return out, out_bits
+
+
 def backward(grad_y: torch.Tensor, bits: torch.Tensor, in_shape, kernel, stride, padding, dilation) -> torch.Tensor:
     """The input gradient of :func:`forward` for an input of ``in_shape`` saved as ``bits``
     (:func:`.bitpack.pack`)."""
-    grad_x = buffers.empty(tuple(in_shape), grad_y.dtype).zero_()  # cached: fresh pages would fault in
+    words = reads_rows_as_words(in_shape)
+    grad_x = buffers.empty(tuple(in_shape), grad_y.dtype)  # cached: fresh pages would fault in
+    if not words or not grad_y.numel():
+        grad_x.zero_()  # the word kernel zeroes each plane itself, while it is in cache
     if grad_y.numel():
         match_numba_threads(grad_x.numel(), _SERIAL_WORK)
         args = _launch_args(in_shape, grad_y.shape, kernel, stride, padding, dilation)
-        _windows_kernel(bits.numpy(), grad_y.contiguous().reshape(-1).numpy(), *args, grad_x.reshape(-1).numpy())
+        gy = grad_y.contiguous().reshape(-1).numpy()
+        if words:
+            planes, isize, osize, bd, bh, bw, dil = args
+            _bits_backward_kernel(bits.numpy(), gy, planes, isize, osize, bd, bh, bw, _window_masks(bw, dil[2]), dil,
+                                  _LOWEST_BIT, grad_x.reshape(-1).numpy())  # fmt: skip
+        else:
+            _windows_kernel(bits.numpy(), gy, *args, grad_x.reshape(-1).numpy())
     return grad_x

@@ -685,7 +685,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
         *(f.numpy() for f in final), *(v.numpy() for v in saved), _block(n, threads),
     )  # fmt: skip
     if bits is not None:
-        bitpack.remember(spikes, bits.view(-1))
+        bitpack.remember(spikes, bits.view(-1), spikes=True)
     return spikes, final, saved
 
 
