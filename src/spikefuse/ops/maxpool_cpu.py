@@ -48,8 +48,7 @@ WORD_ROW_MAX = 57
 # x & -x isolates the lowest set bit of a word; times this de Bruijn constant, its top six bits index its position.
 _DE_BRUIJN = 0x03F79D71B4CB0A89
 _LOWEST_BIT = np.zeros(64, dtype=np.int64)
-for _i in range(64):
-    _LOWEST_BIT[((1 << _i) * _DE_BRUIJN & (2**64 - 1)) >> 58] = _i
+_LOWEST_BIT[[((1 << i) * _DE_BRUIJN & (2**64 - 1)) >> 58 for i in range(64)]] = np.arange(64)
 
 
 def _bounds(in_size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> np.ndarray:
