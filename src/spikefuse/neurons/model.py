@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..registry import Registered
 
-__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives"]
+__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "RECURRENT_INPUT", "Derivatives"]
 
 #: The functions an expression may call, with their sympy names.
 FUNCTIONS = {"exp": "exp", "log": "log", "sqrt": "sqrt"}
@@ -47,7 +47,10 @@ FUNCTIONS = {"exp": "exp", "log": "log", "sqrt": "sqrt"}
 #: The selection on the previous step's spike, in step expressions: ``where(s, a, b)``.
 WHERE = "where"
 
-_RESERVED = {"x", "s", "u", WHERE} | set(FUNCTIONS)
+#: The recurrent current of a recurrent layer in :attr:`NeuronModel.recurrent_step`.
+RECURRENT_INPUT = "x_rec"
+
+_RESERVED = {"x", "s", "u", WHERE, RECURRENT_INPUT} | set(FUNCTIONS)
 
 
 def _names(expression: str, what: str, where: bool = False) -> set[str]:
@@ -173,6 +176,29 @@ class NeuronModel(Registered):
 
     def initial_value(self, state: str) -> float:
         return dict(self.initial).get(state, 0.0)
+
+    @functools.cached_property
+    def recurrent_step(self) -> tuple[tuple[str, str], ...]:
+        """The step of a recurrent layer of these neurons: the recurrent current ``x_rec`` joins the input where the
+        step reads it, ``a + x`` becoming ``(a + x) + x_rec`` and any other ``x`` becoming ``(x + x_rec)``. The
+        first keeps a sum written left to right in that order (snnTorch's ``beta*mem + input_ + recurrent(spk)``);
+        either way the step sees ``x + x_rec`` as its input, so its derivatives are those of :attr:`derivatives`
+        with ``x`` that sum."""
+        x = ast.Name(id="x", ctx=ast.Load())
+        rec = ast.Name(id=RECURRENT_INPUT, ctx=ast.Load())
+
+        class JoinRecurrent(ast.NodeTransformer):
+            def visit_BinOp(self, node):
+                if isinstance(node.op, ast.Add) and isinstance(node.right, ast.Name) and node.right.id == "x":
+                    return ast.BinOp(left=ast.BinOp(left=self.visit(node.left), op=ast.Add(), right=x), op=ast.Add(),
+                                     right=rec)  # fmt: skip
+                return self.generic_visit(node)
+
+            def visit_Name(self, node):
+                return ast.BinOp(left=x, op=ast.Add(), right=rec) if node.id == "x" else node
+
+        return tuple((target, ast.unparse(JoinRecurrent().visit(ast.parse(expression, mode="eval"))))
+                     for target, expression in self.step)  # fmt: skip
 
     @functools.cached_property
     def backward_reads_input(self) -> bool:

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ...neurons.model import WHERE
+from ...neurons.model import RECURRENT_INPUT, WHERE
 from ...surrogate import Surrogate
 from ..reference import _Fire
 
@@ -66,9 +66,22 @@ def per_neuron(t: torch.Tensor, n: int, inner: int) -> torch.Tensor:
     return t.reshape(1, c, 1).expand(n // (c * inner), c, inner).reshape(n)
 
 
-def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool, history: list | None = None):
+def initial_spike(model, params, inner, init, n: int) -> torch.Tensor:
+    """The spike ``[N]`` the first step's reset sees: that of the initial states, none with a handoff."""
+    if model.handoff:
+        return init[0].new_zeros(n)
+    env = {name: per_neuron(p, n, inner) for name, p in zip(model.params, params)}
+    env.update({name: v.expand(n) for name, v in zip(model.states, init)})
+    u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env})
+    return ((u > 0) if model.strict else (u >= 0)).to(init[0].dtype)
+
+
+def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool, history: list | None = None,
+        recurrent=None):  # fmt: skip
     """Differentiable serial loop: ``(spikes [T, N], [final state [N] per state])``; appends each step's states to
-    ``history`` when given."""
+    ``history`` when given. ``recurrent``: ``(current, spikes)`` for a recurrent layer: each step runs
+    :attr:`~spikefuse.neurons.NeuronModel.recurrent_step` with ``x_rec = current(previous spikes)`` (``[N]`` to
+    ``[N]``), the previous spikes of the first step being ``spikes``; the reset's spike ``s`` stays the model's."""
     n = x2.shape[1]
     env_params = {name: per_neuron(p, n, inner) for name, p in zip(model.params, params)}
     states = {name: v.expand(n) for name, v in zip(model.states, init)}
@@ -84,14 +97,18 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
         return {name: env[name] for name in model.states}
 
     s = x2.new_zeros(n) if model.handoff else fire(states)  # post-reset initial states: no spike
+    step, (current, fed_back) = (model.step, (None, None)) if recurrent is None else (model.recurrent_step, recurrent)
     spikes = []
     for x_t in x2.unbind(0):  # unbind, not x2[t]: indexing makes autograd's backward quadratic in T
         env = {**_TORCH_FUNCTIONS, **env_params, **states, "x": x_t, "s": s.detach() if detach_reset else s}
-        states = assign(model.step, env)
+        if current is not None:
+            env[RECURRENT_INPUT] = current(fed_back)
+        states = assign(step, env)
         if history is not None:
             history.append([states[name] for name in model.states])
         s = fire(states)
         spikes.append(s)
+        fed_back = s
     if model.handoff:  # the states handed out: after the last step's reset
         states = assign(model.handoff, {**_TORCH_FUNCTIONS, **env_params, **states,
                                         "s": s.detach() if detach_reset else s})  # fmt: skip

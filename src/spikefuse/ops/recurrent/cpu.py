@@ -1,0 +1,232 @@
+"""A recurrent layer's neuron steps as numba kernels generated from a :class:`~spikefuse.neurons.NeuronModel`.
+
+The recurrent current of a step needs every neuron's previous spike, so a recurrent layer cannot run its T steps per
+neuron in one pass as the feed-forward kernels do: :mod:`.driver` runs the time loop, a matrix product per step
+between the kernels of this module, which do everything else of a step for all ``[B, H]`` neurons at once:
+
+- ``forward_rows``: one step (:attr:`NeuronModel.recurrent_step`) from the states in ``cur`` (updated in place), the
+  input row ``x[t]`` and the recurrent current ``r``, writing the spikes of step t and, with ``save``, the states the
+  backward reads into ``hist[t]``; ``replay``: every step from ``x`` and all currents ``r[t]`` at once (a
+  recomputing backward: the currents of the saved spikes are one product, so no product runs between the steps);
+- ``backward_rows``: one reverse step, from the gradients of the states after step t (``gS``, in place), of the
+  spike of step t (the output's, the recurrent current's of step t+1 in ``grec``, the reset's of step t+1 in
+  ``gs``), writing the gradient of the step's input into ``G[t]`` (the input's and the recurrent current's) and
+  adding to per-neuron parameter gradients;
+- ``initial_rows`` the initial states' gradients after the reverse loop, ``handoff_rows`` / ``handoff_grad_rows``
+  the states handed out by a neuron with a handoff and their gradients.
+
+Each ``*_rows`` function runs batch rows ``b0`` to ``b1``; ``*_step`` (``parallel``) splits the rows over the
+threads, for layers where that pays. Arrays: ``x``, ``spikes``, ``G`` ``[T, B, H]``; ``cur``, ``gS``, ``init``
+``[S, B, H]``; ``hist`` ``[T, K, B, H]`` for the K states the backward reads (:func:`kept_states`); ``par``
+``[P, H]``: every parameter per neuron of a row. The step is emitted as written, like the engine's kernels, so the
+spikes and states equal the reference's (:func:`spikefuse.ops.engine.reference.run` with ``recurrent``) bit for
+bit when the currents do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...threads import match_numba_threads
+from ..engine import cpu as engine_cpu, emit
+from ...neurons.model import RECURRENT_INPUT
+
+_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+
+
+def kept_states(model) -> tuple[str, ...]:
+    """The states whose every step the backward reads (all of them for a neuron with a handoff, whose gradients
+    start from every state after the last step)."""
+    return model.states if model.handoff else model.states_read_backward(param_grads=True)
+
+
+def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
+    S, P = model.states, model.params
+    kept = kept_states(model)
+    dialect, grad_dialect = engine_cpu.NUMBA, engine_cpu.NUMBA_GRAD
+    names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", RECURRENT_INPUT: "r_"}
+    fire = f"u_ = {emit.step_source(model.fire, names, dialect)}"
+    spike = f"s_ = F(1.0) if u_ {'>' if model.strict else '>='} F(0.0) else F(0.0)"
+    step = [f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.recurrent_step]
+    handoff = [f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.handoff]
+    sym, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
+    handoff_d = emit.handoff_expressions(model)
+    derivs = {**fire_d, **step_d, **handoff_d}
+
+    def chain(pairs, base=None):
+        return emit.chain_sum(pairs, derivs, "F(0.0)", base)
+
+    def indented(lines: list[str], by: str = "    ") -> list[str]:
+        return [by + line.replace("\n", "\n" + by) for line in lines]
+
+    def loop(head: str, body: list[str]) -> list[str]:
+        """``body`` for every neuron of rows b0..b1, its parameters loaded."""
+        return [head, "    H = par.shape[1]", "    for b in range(b0, b1):", "        for h in range(H):",
+                *[f"            p_{p} = par[{i}, h]" for i, p in enumerate(P)], *indented(body, " " * 12)]
+
+    def parallel(name: str, args: str) -> list[str]:
+        """``<name>_step``: ``<name>_rows`` over batch rows 0..rows in parallel chunks of ``chunk`` rows."""
+        return ["", "", "@njit(parallel=True, cache=True, error_model='numpy')",
+                f"def {name}_step({args}, rows, chunk):",
+                "    for c in prange((rows + chunk - 1) // chunk):",
+                f"        {name}_rows({args}, c * chunk, min(rows, c * chunk + chunk))"]
+
+    jit = "@njit(cache=True, error_model='numpy')"
+    fwd_args = "t, x, r, cur, spikes, hist, par, save"
+    forward = [jit, *loop(f"def forward_rows({fwd_args}, b0, b1):", [
+        *[f"v_{k} = cur[{i}, b, h]" for i, k in enumerate(S)],
+        fire, spike, *(["if t == 0:", "    s_ = F(0.0)"] if model.handoff else []),
+        "x_ = x[t, b, h]", "r_ = r[b, h]", *step, fire, spike,
+        *[f"cur[{i}, b, h] = v_{k}" for i, k in enumerate(S)],
+        "if save:", *[f"    hist[t, {kept.index(k)}, b, h] = v_{k}" for k in kept],
+        "spikes[t, b, h] = s_"])]
+    forward += parallel("forward", fwd_args)
+    replay_args = "x, r, cur, spikes, hist, par"
+    replay = [jit, f"def replay_rows({replay_args}, b0, b1):", "    for t in range(x.shape[0]):",
+              "        forward_rows(t, x, r[t], cur, spikes, hist, par, True, b0, b1)"]
+    replay += parallel("replay", replay_args)
+
+    bwd_args = "t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, detach, need"
+
+    def reverse_body(old: str) -> list[str]:
+        """One reverse step of neuron (b, h); ``old``: where the states before the step are (``prev`` rows of
+        ``hist`` or ``init``)."""
+        def before(k):
+            i = S.index(k)
+            return f"hist[t - 1, {kept.index(k)}, b, h]" if old == "hist" and k in kept else \
+                f"init[{i}, b, h]" if old == "init" else "F(0.0)"
+        return [
+            *[f"o_{k} = {before(k)}" for k in S],
+            *[f"v_{k} = o_{k}" for k in S], fire, spike,
+            *(["s_ = F(0.0)"] if model.handoff and old == "init" else []),
+            *[f"v_{k} = hist[t, {kept.index(k)}, b, h]" if k in kept else f"v_{k} = F(0.0)" for k in S], fire,
+            *(["x_ = xin[t, b, h]"] if model.backward_reads_input else []),
+            *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
+            "g_s = gy[t, b, h] + grec[b, h] + gs[b, h]",
+            *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS[{i}, b, h]") for i, k in enumerate(S)],
+            "G[t, b, h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+            *[f"if need[{j}]:\n    acc[{j}, b, h] += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                              + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+              for j, p in enumerate(P)],
+            *[f"gS[{i}, b, h] = " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) for i, o in enumerate(S)],
+            "gs[b, h] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+        ]
+
+    backward = [jit, f"def backward_rows({bwd_args}, b0, b1):", "    sg_p1 = sgp[0]", "    sg_p2 = sgp[1]",
+                "    H = par.shape[1]", "    for b in range(b0, b1):", "        for h in range(H):",
+                *[f"            p_{p} = par[{i}, h]" for i, p in enumerate(P)],
+                "            if t > 0:", *indented(reverse_body("hist"), " " * 16),
+                "            else:", *indented(reverse_body("init"), " " * 16)]
+    backward += parallel("backward", bwd_args)
+
+    # after the reverse loop: the initial states' gradients, through the first step's reset spike (no handoff)
+    if model.handoff:
+        initial_body = [f"ginit[{i}, b, h] = gS[{i}, b, h]" for i in range(len(S))]
+    else:
+        initial_body = [*[f"v_{k} = init[{i}, b, h]" for i, k in enumerate(S)], fire,
+                        *emit.assignments(fire_d, sym, "", grad_dialect),
+                        *[f"ginit[{i}, b, h] = gS[{i}, b, h] + gs[b, h] * sg_ * df_{k}" for i, k in enumerate(S)],
+                        *[f"if need[{j}]:\n    acc[{j}, b, h] += gs[b, h] * sg_ * dF_{p}" for j, p in enumerate(P)]]
+    initial = [jit, *loop("def initial_rows(gS, gs, ginit, init, par, sgp, acc, need, b0, b1):",
+                          ["sg_p1 = sgp[0]", "sg_p2 = sgp[1]", *initial_body])]
+    parts = [forward, replay, backward, initial]
+    if model.handoff:
+        last = "hist.shape[0] - 1"
+        parts.append([jit, *loop("def handoff_rows(cur, par, b0, b1):", [
+            *[f"v_{k} = cur[{i}, b, h]" for i, k in enumerate(S)], fire, spike, *handoff,
+            *[f"cur[{i}, b, h] = v_{k}" for i, k in enumerate(S)]])])
+        parts.append([jit, *loop("def handoff_grad_rows(gS, gs, hist, par, acc, detach, need, b0, b1):", [
+            *[f"v_{k} = hist[{last}, {kept.index(k)}, b, h]" for k in S], fire, spike,
+            *emit.assignments(handoff_d, sym, "", grad_dialect),
+            *[f"gH_{k} = gS[{i}, b, h]" for i, k in enumerate(S)],
+            *[f"gS[{i}, b, h] = " + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S]) for i, n in enumerate(S)],
+            "gs[b, h] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]),
+            *[f"if need[{j}]:\n    acc[{j}, b, h] += " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
+              for j, p in enumerate(P)]])])
+    header = [
+        f'"""Generated by spikefuse.ops.recurrent.cpu for the neuron {model.name!r} ({model.key}), surrogate '
+        f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
+        "import numpy as np",
+        "from numba import njit, prange",
+        "from spikefuse.ops.numba_common import exp as vexp",
+        f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
+        "",
+        *emit.model_facts(model),
+        f"KEPT_STATES = {kept!r}",
+        "",
+    ]
+    body = [line for part in parts for line in (*part, "", "")]
+    return "\n".join(header + body) + "\n"
+
+
+def kernels(model, surrogate_type, dtype: torch.dtype):
+    """The imported module of ``model``'s recurrent step kernels (generated on first use, then cached on disk)."""
+    tag = engine_cpu._NP_DTYPES[dtype].__name__
+    return emit.load_generated("cpu_recurrent", model, surrogate_type, tag, _GENERATOR,
+                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- entry points
+#: Neurons of a step (B*H) from which the step kernels split the batch rows over the threads; below, waking the
+#: thread pool costs more than the step.
+PARALLEL_NEURONS = 1 << 15
+
+
+def _np(t: torch.Tensor):
+    return t.detach().numpy()
+
+
+def _runner(module, name: str, rows: int, neurons: int):
+    """``<name>_rows`` over all ``rows`` batch rows, or ``<name>_step`` in parallel chunks of them for large steps."""
+    threads = match_numba_threads(neurons, serial_below=PARALLEL_NEURONS)
+    if threads == 1:
+        serial = getattr(module, f"{name}_rows")
+        return lambda *args: serial(*args, 0, rows)
+    parallel, chunk = getattr(module, f"{name}_step"), -(-rows // threads)
+    return lambda *args: parallel(*args, rows, chunk)
+
+
+def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+    """``step(t)``: the forward of step t, the current of step t in ``r``; ``hist`` None keeps no states."""
+    module = kernels(model, type(surrogate), x.dtype)
+    run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
+    save = hist is not None
+    arrays = [_np(a) for a in (x, r, cur, spikes, hist if save else cur[None], par)]
+    return lambda t: run(t, *arrays, save)
+
+
+def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
+    """Every step from ``x`` and the currents ``r`` ``[T, B, H]``, the states the backward reads into ``hist``."""
+    module = kernels(model, type(surrogate), x.dtype)
+    _runner(module, "replay", x.shape[1], x.shape[1] * x.shape[2])(*(_np(a) for a in (x, r, cur, spikes, hist, par)))
+
+
+def bind_backward(model, surrogate, detach, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
+    """``step(t)``: the reverse of step t, the spikes' gradient through the current of step t+1 in ``grec``."""
+    module = kernels(model, type(surrogate), G.dtype)
+    run = _runner(module, "backward", G.shape[1], G.shape[1] * G.shape[2])
+    sgp = np.asarray(surrogate.params(), dtype=_np(G).dtype)
+    need = np.asarray(need, dtype=np.bool_)
+    arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
+    acc = _np(acc)
+    return lambda t: run(t, *arrays, sgp, acc, bool(detach), need)
+
+
+def initial(model, surrogate, need, gS, gs, ginit, init, par, acc) -> None:
+    module = kernels(model, type(surrogate), gS.dtype)
+    sgp = np.asarray(surrogate.params(), dtype=_np(gS).dtype)
+    module.initial_rows(*(_np(a) for a in (gS, gs, ginit, init, par)), sgp, _np(acc), np.asarray(need, dtype=np.bool_),
+                        0, gS.shape[1])  # fmt: skip
+
+
+def handoff(model, surrogate, cur, par) -> None:
+    kernels(model, type(surrogate), cur.dtype).handoff_rows(_np(cur), _np(par), 0, cur.shape[1])
+
+
+def handoff_grad(model, surrogate, detach, need, gS, gs, hist, par, acc) -> None:
+    kernels(model, type(surrogate), gS.dtype).handoff_grad_rows(
+        *(_np(a) for a in (gS, gs, hist, par, acc)), bool(detach), np.asarray(need, dtype=np.bool_), 0, gS.shape[1])

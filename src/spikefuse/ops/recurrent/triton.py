@@ -1,0 +1,194 @@
+"""A recurrent layer's neuron steps as Triton kernels generated from a :class:`~spikefuse.neurons.NeuronModel`
+(CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1`` for testing).
+
+The twins of :mod:`.cpu`'s kernels, with the same arrays and meaning, each program owning ``BLOCK`` of the ``B*H``
+neurons of a step: ``forward_step``, ``replay`` (every step, the currents given), ``backward_step``, ``initial``
+and, for a neuron with a handoff, ``handoff`` / ``handoff_grad``. The step is emitted as in
+:mod:`spikefuse.ops.engine.triton` (correctly rounded, no FMA contraction), so spikes and states equal the
+reference's bit for bit when the currents do; the derivatives use the fast dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+import triton
+
+from ..common import compute_dtype, device_guard
+from ..engine import emit, triton as engine_triton
+from ...neurons.model import RECURRENT_INPUT
+from .cpu import kept_states
+
+_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+COMPILE_OPTIONS = engine_triton.COMPILE_OPTIONS
+
+
+def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
+    S, P = model.states, model.params
+    kept = kept_states(model)
+    exact, fast = engine_triton.dialects(dtype)
+    dt = f"tl.{engine_triton._TAGS[dtype]}"
+    names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", RECURRENT_INPUT: "r_"}
+    fire = f"u_ = {emit.step_source(model.fire, names, exact)}"
+    zero, one = exact.number(0.0), exact.number(1.0)
+    spike = f"s_ = tl.where(u_ {'>' if model.strict else '>='} {zero}, {one}, {zero})"
+    step = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.recurrent_step]
+    handoff = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.handoff]
+    sym, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
+    handoff_d = emit.handoff_expressions(model)
+    derivs = {**fire_d, **step_d, **handoff_d}
+    zeros = f"tl.zeros([BLOCK], {dt})"
+
+    def chain(pairs, base=None):
+        return emit.chain_sum(pairs, derivs, zeros, base)
+
+    def load(ptr: str, index: str) -> str:
+        return f"tl.load({ptr} + {index}, mask=mask, other=0.0)"
+
+    def kernel(signature: str, body: list[str]) -> list[str]:
+        """A kernel over the program's neurons ``offs`` of ``N``, its parameters (``par`` ``[P, H]``) loaded."""
+        return ["@triton.jit", f"def {signature}:", "    pid = tl.program_id(0)",
+                "    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "    mask = offs < N", "    h = offs % H",
+                *[f"    p_{p} = {load('par', f'{i} * H + h')}" for i, p in enumerate(P)],
+                *[f"    {line}" for line in body], "", ""]  # fmt: skip
+
+    def row(t: str, k: str, rows: str = "hist", width: int = len(kept)) -> str:
+        return f"(({t}) * {width} + {kept.index(k)}) * N + offs" if rows == "hist" else f"{S.index(k)} * N + offs"
+
+    save = "".join(f"\n        tl.store(hist + {row('t', k)}, v_{k}, mask=mask)" for k in kept)
+    forward = kernel("forward_step(t, x, r, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)", [
+        *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)], fire, spike,
+        *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+        f"x_ = {load('x', 't * N + offs')}.to({dt})", f"r_ = {load('r', 'offs')}", *step, fire, spike,
+        *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        f"if SAVE:{save}", "tl.store(spikes + t * N + offs, s_, mask=mask)"])
+    replay = kernel("replay(x, r, cur, spikes, hist, par, T, N, H, BLOCK: tl.constexpr)", [
+        *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
+        "for t in range(0, T):", "    t64 = tl.cast(t, tl.int64)", f"    {fire}", f"    {spike}",
+        *([f"    s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+        f"    x_ = {load('x', 't64 * N + offs')}.to({dt})", f"    r_ = {load('r', 't64 * N + offs')}",
+        *[f"    {line}" for line in step],
+        *[f"    tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept],
+        *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)]])
+
+    needs = "".join(f"NEED_{p}: tl.constexpr, " for p in P)
+    accumulate = [f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
+                  + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S]) + ", mask=mask)"
+                  for j, p in enumerate(P)]  # fmt: skip
+    backward = kernel(f"backward_step(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, N, H, "
+                      f"DETACH: tl.constexpr, {needs}BLOCK: tl.constexpr)", [  # fmt: skip
+        "sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", "prev = tl.maximum(t - 1, 0)",
+        *[f"o_{k} = tl.where(t > 0, {load('hist', row('prev', k))}, {load('init', f'{i} * N + offs')})"
+          if k in kept else f"o_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)],
+        *[f"v_{k} = o_{k}" for k in S], fire, spike,
+        *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+        *[f"v_{k} = {load('hist', row('t', k))}" if k in kept else f"v_{k} = {zeros}" for k in S], fire,
+        *([f"x_ = {load('xin', 't * N + offs')}"] if model.backward_reads_input else []),
+        *emit.assignments({**fire_d, **step_d}, sym, "", fast),
+        f"g_s = {load('gy', 't * N + offs')}.to({dt}) + {load('grec', 'offs')} + {load('gs', 'offs')}",
+        *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=load("gS", f"{i} * N + offs"))
+          for i, k in enumerate(S)],
+        "tl.store(G + t * N + offs, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
+        *accumulate,
+        *[f"tl.store(gS + {i} * N + offs, " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) + ", mask=mask)"
+          for i, o in enumerate(S)],
+        "if DETACH:", f"    tl.store(gs + offs, {zeros}, mask=mask)",
+        "else:", "    tl.store(gs + offs, " + chain([(f"g_{k}", f"ds_{k}") for k in S]) + ", mask=mask)"])
+    if model.handoff:
+        initial_body = [f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')}, mask=mask)"
+                        for i in range(len(S))]
+    else:
+        initial_body = [
+            *[f"v_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)], fire,
+            *emit.assignments(fire_d, sym, "", fast), f"g_ = {load('gs', 'offs')} * sg_",
+            *[f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')} + g_ * df_{k}, mask=mask)"
+              for i, k in enumerate(S)],
+            *[f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + g_ * dF_{p}, "
+              "mask=mask)" for j, p in enumerate(P)]]  # fmt: skip
+    initial = kernel(f"initial(gS, gs, ginit, init, par, sgp, acc, N, H, {needs}BLOCK: tl.constexpr)",
+                     ["sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", *initial_body])
+    parts = [forward, replay, backward, initial]
+    if model.handoff:
+        parts.append(kernel("handoff(cur, par, N, H, BLOCK: tl.constexpr)", [
+            *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)], fire, spike, *handoff,
+            *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)]]))
+        parts.append(kernel(f"handoff_grad(gS, gs, hist, par, acc, T, N, H, DETACH: tl.constexpr, {needs}"
+                            "BLOCK: tl.constexpr)", [  # fmt: skip
+            "last = tl.cast(T - 1, tl.int64)",
+            *[f"v_{k} = {load('hist', row('last', k))}" for k in S], fire, spike,
+            *emit.assignments(handoff_d, sym, "", fast),
+            *[f"gH_{k} = {load('gS', f'{i} * N + offs')}" for i, k in enumerate(S)],
+            *[f"tl.store(gS + {i} * N + offs, " + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S]) + ", mask=mask)"
+              for i, n in enumerate(S)],
+            "if DETACH:", f"    tl.store(gs + offs, {zeros}, mask=mask)",
+            "else:", "    tl.store(gs + offs, " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]) + ", mask=mask)",
+            *[f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
+              + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S]) + ", mask=mask)" for j, p in enumerate(P)]]))
+    header = [
+        f'"""Generated by spikefuse.ops.recurrent.triton for the neuron {model.name!r} ({model.key}), surrogate '
+        f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
+        "import triton", "import triton.language as tl", "", "", *emit.model_facts(model),
+        f"KEPT_STATES = {kept!r}", "", "",
+    ]  # fmt: skip
+    return "\n".join(header + [line for part in parts for line in part]) + "\n"
+
+
+def kernels(model, surrogate_type, dtype: torch.dtype):
+    """The imported module of ``model``'s recurrent step kernels for the compute dtype ``dtype``."""
+    cdt = compute_dtype(dtype)
+    return emit.load_generated("triton_recurrent", model, surrogate_type, engine_triton._TAGS[cdt], _GENERATOR,
+                               lambda: kernel_source(model, surrogate_type, cdt))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- entry points
+def _launch(model, surrogate, dtype, name: str, n: int, h: int):
+    """``launch(*args, **flags)`` of kernel ``name`` over ``n`` neurons of rows of ``h``."""
+    kernel = getattr(kernels(model, type(surrogate), dtype), name)
+    block = engine_triton.engine_block(n, len(model.states), dtype)
+    grid = (triton.cdiv(max(n, 1), block),)
+
+    def launch(*args, **flags):
+        with device_guard(args[1].device):
+            kernel[grid](*args, n, h, **flags, BLOCK=block, **COMPILE_OPTIONS)
+
+    return launch
+
+
+def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+    launch = _launch(model, surrogate, cur.dtype, "forward_step", x.shape[1] * x.shape[2], x.shape[2])
+    save = hist is not None
+    hist = hist if save else cur
+    return lambda t: launch(t, x, r, cur, spikes, hist, par, SAVE=save)
+
+
+def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
+    launch = _launch(model, surrogate, cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
+    launch(x, r, cur, spikes, hist, par, x.shape[0])
+
+
+def _needs(model, need) -> dict:
+    return {f"NEED_{p}": bool(n) for p, n in zip(model.params, need)}
+
+
+def bind_backward(model, surrogate, detach, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
+    launch = _launch(model, surrogate, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
+    sgp = torch.tensor(surrogate.params(), dtype=G.dtype, device=G.device)
+    flags = dict(DETACH=bool(detach), **_needs(model, need))
+    return lambda t: launch(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, **flags)
+
+
+def initial(model, surrogate, need, gS, gs, ginit, init, par, acc) -> None:
+    sgp = torch.tensor(surrogate.params(), dtype=gS.dtype, device=gS.device)
+    launch = _launch(model, surrogate, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
+    launch(gS, gs, ginit, init, par, sgp, acc, **_needs(model, need))
+
+
+def handoff(model, surrogate, cur, par) -> None:
+    _launch(model, surrogate, cur.dtype, "handoff", cur.shape[1] * cur.shape[2], cur.shape[2])(cur, par)
+
+
+def handoff_grad(model, surrogate, detach, need, gS, gs, hist, par, acc) -> None:
+    launch = _launch(model, surrogate, gS.dtype, "handoff_grad", gS.shape[1] * gS.shape[2], gS.shape[2])
+    launch(gS, gs, hist, par, acc, hist.shape[0], DETACH=bool(detach), **_needs(model, need))

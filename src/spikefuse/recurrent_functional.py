@@ -1,0 +1,114 @@
+"""``spikefuse.recurrent``: a recurrent layer of any :class:`~spikefuse.neurons.NeuronModel` over all T steps in one
+autograd operation. Exported as :func:`spikefuse.recurrent`; the backends are :mod:`spikefuse.ops.recurrent`."""
+
+from __future__ import annotations
+
+import torch
+
+from .neuron_functional import resolve_neuron
+from .neurons import NeuronModel
+from .ops.common import compute_dtype
+from .ops.engine import reference as engine_reference
+from .ops.recurrent import current
+from .ops.recurrent.autograd import RecurrentFn
+from .params import check_memory_mode
+from .surrogate import Surrogate
+from .validation import check_input
+
+__all__ = ["recurrent"]
+
+
+def _check_weights(x: torch.Tensor, weight, bias, name: str) -> None:
+    hidden = x.shape[2]
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"{name}: weight must be a floating-point tensor, [H, H] (all to all) or [H] (one to one)")
+    if weight.shape not in ((hidden, hidden), (hidden,)):
+        raise ValueError(f"{name}: weight must be [H, H] (all to all) or [H] (one to one) for H = x.shape[2] = "
+                         f"{hidden}, got {tuple(weight.shape)}")  # fmt: skip
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (hidden,)):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"{name}: bias must be None or a tensor of shape [H] = [{hidden}], got {got}")
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
+
+
+def _split_state(model: NeuronModel, state, x: torch.Tensor):
+    """``(neuron states or None, spikes or None)`` of a recurrent layer's ``state``: the model's states then the
+    last spikes, as a tuple, or a dict with the states' names and ``"spikes"``."""
+    if state is None:
+        return None, None
+    names = (*model.states, "spikes")
+    if isinstance(state, dict):
+        if set(state) != set(names):
+            raise ValueError(f"recurrent {model.name}: state must hold exactly {', '.join(names)}, got {sorted(state)}")
+        state = [state[k] for k in names]
+    if not isinstance(state, (tuple, list)) or len(state) != len(names):
+        raise ValueError(f"recurrent {model.name}: state must be a tuple of {len(names)} tensors ({', '.join(names)}) "
+                         f"or a dict, got {type(state).__name__}"
+                         + (f" of {len(state)}" if isinstance(state, (tuple, list)) else ""))  # fmt: skip
+    spikes = state[-1]
+    if not isinstance(spikes, torch.Tensor) or spikes.shape != x.shape[1:] or spikes.device != x.device:
+        got = f"{tuple(spikes.shape)} on {spikes.device}" if isinstance(spikes, torch.Tensor) else type(spikes).__name__
+        raise ValueError(f"recurrent {model.name}: state spikes must be a tensor of shape {tuple(x.shape[1:])} "
+                         f"(x.shape[1:]) on {x.device}, got {got}")  # fmt: skip
+    return tuple(state[:-1]), spikes
+
+
+def recurrent(
+    x: torch.Tensor,
+    model: NeuronModel,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    surrogate: Surrogate | str = "atan",
+    detach_reset: bool = False,
+    state=None,
+    return_state: bool = False,
+    backend: str = "auto",
+    memory: str = "recompute",
+    **params,
+):
+    """A recurrent layer of ``model``'s neurons over ``x`` ``[T, B, H]`` (the input current of each step): the
+    neurons' input at step t is ``x[t]`` plus the recurrent current of the previous step's spikes,
+    ``s[t-1] @ weight.T + bias`` for an all-to-all ``weight`` ``[H, H]`` (an ``nn.Linear``'s), ``weight * s[t-1] +
+    bias`` for a one-to-one ``weight`` ``[H]``; the current joins the step's input as
+    :attr:`~spikefuse.neurons.NeuronModel.recurrent_step` says. Returns the spikes ``[T, B, H]`` (x's dtype) and,
+    with ``return_state=True``, the state after the last step: the model's states and the last spikes, each
+    ``[B, H]``, which continue the sequence exactly when passed back as ``state`` (a tuple in that order, or a dict
+    with the states' names and ``"spikes"``). ``state=None``: the model's initial values, and the spikes of the
+    first step's reset (none, usually).
+
+    ``weight``, ``bias`` and tensor parameters may require grad; all T steps forward and backward are one autograd
+    operation, the weight's gradient one matrix product over all steps. ``params``, ``surrogate``, ``detach_reset``
+    (no gradient through the reset; the recurrent current's gradient always flows), ``backend`` as
+    :func:`spikefuse.neuron`. ``memory``: "recompute" (kept for backward: the input and the spikes as bits; the
+    backward computes every step's current and states again) or "potential" (every step's states the backward reads
+    are kept instead of the input: no recomputation). A float16 / bfloat16 ``x`` runs in float32."""
+    check_input(x)
+    check_memory_mode(memory)
+    if x.ndim != 3:
+        raise ValueError(f"recurrent {getattr(model, 'name', model)}: x must be [T, B, H], got shape {tuple(x.shape)}")
+    _check_weights(x, weight, bias, f"recurrent {getattr(model, 'name', model)}")
+    states, spikes0 = _split_state(model, state, x) if isinstance(model, NeuronModel) else (None, None)
+    concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, states, backend, params)
+    t_steps, batch, hidden = x.shape
+    cdt = compute_dtype(x.dtype)
+    xc, weight, bias = x.to(cdt).contiguous(), weight.to(cdt), None if bias is None else bias.to(cdt)
+    if spikes0 is None:
+        spikes0 = engine_reference.initial_spike(model, tensors, inner, init, batch * hidden).reshape(batch, hidden)
+    spikes0 = spikes0.to(cdt).contiguous()
+    if concrete == "reference":
+        flat = lambda s: current(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
+        spikes, final = engine_reference.run(model, xc.reshape(t_steps, -1), tensors, inner, init, surrogate,
+                                             bool(detach_reset), recurrent=(flat, spikes0.reshape(-1)))  # fmt: skip
+        spikes = spikes.reshape(x.shape)
+        final = [v.reshape(batch, hidden) for v in final]
+    else:
+        init = [v.reshape(batch, hidden) if v.numel() > 1 else v for v in init]
+        spikes, *final = RecurrentFn.apply(xc, weight.contiguous(), bias, spikes0, model, surrogate,
+                                           bool(detach_reset), concrete, memory, len(tensors), *tensors, *init)  # fmt: skip
+    spikes = spikes.to(x.dtype)
+    if not return_state:
+        return spikes
+    return spikes, (*final, spikes[-1])
