@@ -71,6 +71,8 @@ class RecurrentFn(torch.autograd.Function):
         with torch.no_grad():
             spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par.contiguous(), init_all,
                                         spikes0, hist, currents)  # fmt: skip
+        if currents is not None:
+            currents += x  # the steps' inputs, which the derivatives read
         bits, _ = bitpack.pack(spikes, reuse=False)
         ctx.args = (model, surrogate, detach_reset, backend, memory, n_params, bias is not None)
         ctx.shapes = [p.shape for p in params], [v.shape for v in init]
