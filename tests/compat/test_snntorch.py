@@ -1,8 +1,8 @@
-"""spikefuse.compat.snntorch.Leaky against a loop of snnTorch's own Leaky over the time steps.
-
-Spikes and membrane potentials must be bit-identical (torch.equal, float32); gradients of the input, of a
-learnable beta and of the initial membrane potential must agree within rtol 1e-5. The state is carried over two
-calls.
+"""spikefuse.compat.snntorch's ``Leaky``, ``Synaptic``, ``RLeaky`` and ``RSynaptic`` against the real snnTorch 1.0,
+called as snnTorch's users call them: one step per call in a Python loop, states passed back (or kept inside),
+snnTorch's saved weights loaded strict. Spikes and states bit for bit (float32; float64 where snnTorch computes in
+it), ``sequence`` bit for bit the loop, gradients of the input, learnable parameters and recurrent weights to
+1e-5; misuse refused by message.
 """
 
 from __future__ import annotations
@@ -13,138 +13,192 @@ import torch
 snntorch = pytest.importorskip("snntorch", reason="snnTorch is not installed (pip install snntorch)")
 from snntorch import surrogate as snn_surrogate  # noqa: E402
 
+import spikefuse.nn  # noqa: E402
 from spikefuse import surrogate as sf_surrogate  # noqa: E402
 from spikefuse.compat import snntorch as C  # noqa: E402
 
-from . import BACKENDS, GRAD_TOL, away_from_threshold  # noqa: E402
+from . import BACKENDS  # noqa: E402
 
-T, SHAPE = 6, (3, 8)
+T, B, N = 14, 3, 8
+RESETS = ["subtract", "zero", "none"]
 
 
-def _peer_loop(peer, x_seq, mem):
+def _close(got, want, name):
+    scale = max(float(want.abs().max()), 1.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"grad of {name}: {m}")
+
+
+def _loop(module, x, state=()):
+    """snnTorch's loop: one call per step, the states handed back (``state``: those of the first call)."""
     spikes = []
-    for x_t in x_seq:
-        s, mem = peer(x_t, mem)
-        spikes.append(s)
-    return torch.stack(spikes), mem
+    for t, x_t in enumerate(x.unbind(0)):
+        out = module(x_t, *state) if (t == 0 and state) or not module.init_hidden and t > 0 else module(x_t)
+        spikes.append(out[0])
+        state = _handed_back(module, out)
+    return torch.stack(spikes), out[1:]
 
 
-def _inputs(ours, seed: int, mem0: torch.Tensor, shape=SHAPE, scale: float = 0.7, shift: float = 0.3):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn((2 * T, *shape), generator=g) * scale + shift
-    leak, view = ours._leak_and_view(x)
-    x2 = away_from_threshold(view, leak.detach(), ours.spec(), v_init=mem0.reshape(view.shape[1:]))
-    return x2.reshape(x.shape)
+def _handed_back(module, out):
+    """What snnTorch's users pass to the next call: the spikes too for the recurrent neurons."""
+    return tuple(out) if type(module).__name__.startswith("R") else tuple(out[1:])
 
 
-def _compare(peer, ours, x, mem0, learn_beta: bool):
+def _pair(peer_cls, ours_cls, backend, **kw):
+    torch.manual_seed(3)
+    peer = peer_cls(**kw)
+    ours = ours_cls(**kw, backend=backend)
+    ours.load_state_dict(peer.state_dict(), strict=True)
+    return peer, ours
+
+
+def _learnables(module, names):
+    return [getattr(module, n) if n != "recurrent" else module.recurrent.weight for n in names]
+
+
+CASES = {
+    "leaky": (snntorch.Leaky, C.Leaky, dict(beta=0.8, threshold=0.9), ["beta", "threshold"]),
+    "synaptic": (snntorch.Synaptic, C.Synaptic, dict(alpha=0.7, beta=0.85, threshold=0.9), ["alpha", "beta"]),
+    "rleaky": (snntorch.RLeaky, C.RLeaky, dict(beta=0.8, threshold=0.9, linear_features=N), ["beta", "recurrent"]),
+    "rleaky_v": (snntorch.RLeaky, C.RLeaky, dict(beta=0.8, all_to_all=False, V=torch.linspace(-0.5, 0.5, N)),
+                 ["beta", "V"]),
+    "rsynaptic": (snntorch.RSynaptic, C.RSynaptic, dict(alpha=0.7, beta=0.85, linear_features=N),
+                  ["alpha", "recurrent"]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reset", RESETS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_loop_and_sequence_match_snntorch(name, reset, backend):
+    peer_cls, ours_cls, kw, learn = CASES[name]
+    flags = {f"learn_{n}": True for n in learn if n not in ("recurrent", "V")}
+    peer, ours = _pair(peer_cls, ours_cls, backend, reset_mechanism=reset, **kw, **flags)
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(T, B, N, generator=g) * 0.7
+    upstream = torch.randn(T, B, N, generator=g)
     results = []
-    for module in (peer, ours):
-        xs = x.clone().requires_grad_(True)
-        m0 = mem0.clone().requires_grad_(True)
-        if module is peer:
-            s1, m1 = _peer_loop(peer, xs[:T], m0)
-            s2, m2 = _peer_loop(peer, xs[T:], m1)
-        else:
-            s1, m1 = ours(xs[:T], m0)
-            s2, m2 = ours(xs[T:], m1)
-        g = torch.Generator().manual_seed(7)
-        w1, w2 = torch.randn(s1.shape, generator=g), torch.randn(s2.shape, generator=g)
-        loss = (s1 * w1).sum() + (s2 * w2).sum() + (m1 * 0.3).sum() + (m2 * m2).sum()
-        wrt = [xs, m0] + ([module.beta] if learn_beta else [])
-        results.append(((s1, m1, s2, m2), torch.autograd.grad(loss, wrt)))
-    (peer_out, peer_grads), (our_out, our_grads) = results
-    for name, a, b in zip(("spikes[call 1]", "mem[call 1]", "spikes[call 2]", "mem[call 2]"), peer_out, our_out):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert torch.equal(a, b), f"{name} differs from snnTorch at {(a != b).nonzero()[:5].tolist()}"
-    n_spikes = peer_out[0].sum() + peer_out[2].sum()
-    assert 0 < n_spikes < peer_out[0].numel() + peer_out[2].numel(), "degenerate input: all or no spikes"
-    for name, a, b in zip(("x", "mem0", "beta"), peer_grads, our_grads):
-        torch.testing.assert_close(b, a, **GRAD_TOL, msg=lambda m: f"grad of {name}: {m}")
+    for module, run in ((peer, _loop), (ours, _loop), (ours, lambda m, x: (lambda o: (o[0], o[1:]))(m.sequence(x)))):
+        module.reset_mem()
+        xs = x.clone().requires_grad_()
+        spikes, states = run(module, xs)
+        loss = (spikes * upstream).sum() + sum((s * (i + 1)).sum() for i, s in enumerate(states))
+        results.append((spikes, states, torch.autograd.grad(loss, [xs, *_learnables(module, learn)])))
+    (p_spk, p_states, p_grads), (o_spk, o_states, o_grads), (s_spk, s_states, s_grads) = results
+    assert 0 < float(p_spk.detach().mean()) < 1, "degenerate input: all or no spikes"
+    assert o_spk.dtype == torch.float32
+    assert torch.equal(o_spk, p_spk) and torch.equal(s_spk, o_spk)
+    for a, b, c in zip(o_states, p_states, s_states):
+        assert torch.equal(a, b) and torch.equal(c, a)
+    for n, a, b, c in zip(["x", *learn], o_grads, p_grads, s_grads):
+        _close(a, b, n)
+        _close(c, a, n)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("learn_beta", [False, True], ids=["fixed_beta", "learn_beta"])
-@pytest.mark.parametrize("beta", [0.2, 0.5, 0.8, 0.95])
-@pytest.mark.parametrize("reset_mechanism", ["subtract", "zero", "none"])
-def test_leaky(backend, learn_beta, beta, reset_mechanism):
-    kwargs = dict(beta=beta, threshold=0.8, reset_mechanism=reset_mechanism, learn_beta=learn_beta)
-    peer, ours = snntorch.Leaky(**kwargs), C.Leaky(backend=backend, **kwargs)
-    mem0 = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1)) * 0.4
-    # A mean input of about (1 - beta) * threshold / 2 keeps every leak firing some of the time, not always.
-    x = _inputs(ours, seed=int(beta * 100), mem0=mem0, scale=0.6, shift=0.4 * (1 - beta) + 0.05)
-    _compare(peer, ours, x, mem0, learn_beta)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "spike_grad",
-    [
-        lambda: snn_surrogate.atan(alpha=3.0),
-        lambda: snn_surrogate.fast_sigmoid(slope=10),
-        lambda: snn_surrogate.sigmoid(slope=5),
-    ],
-    ids=["atan3", "fast_sigmoid10", "sigmoid5"],
-)
-def test_surrogates(backend, spike_grad):
-    kwargs = dict(beta=0.7, spike_grad=spike_grad(), learn_beta=True)
-    peer, ours = snntorch.Leaky(**kwargs), C.Leaky(backend=backend, **kwargs)
-    mem0 = torch.zeros(SHAPE)
-    x = _inputs(ours, seed=3, mem0=mem0)
-    _compare(peer, ours, x, mem0, learn_beta=True)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_per_neuron_beta_conv_layout(backend):
-    # beta of shape (C, 1, 1) on [B, C, H, W] in snnTorch: one leak per channel, here expanded per neuron.
-    shape = (2, 3, 2, 2)
-    beta = torch.tensor([0.3, 0.6, 0.9]).reshape(3, 1, 1)
-    peer = snntorch.Leaky(beta=beta.clone(), learn_beta=True)
-    ours = C.Leaky(beta=beta.clone(), learn_beta=True, backend=backend)
-    mem0 = torch.randn(shape, generator=torch.Generator().manual_seed(4)) * 0.3
-    x = _inputs(ours, seed=4, mem0=mem0, shape=shape)
-    _compare(peer, ours, x, mem0, learn_beta=True)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_step_and_stored_state(backend):
-    """``step`` is snnTorch's single-step call; without ``mem`` both keep and reuse their own state."""
-    peer, ours = snntorch.Leaky(beta=0.6), C.Leaky(beta=0.6, backend=backend)
-    x = _inputs(ours, seed=6, mem0=torch.zeros(SHAPE))
-    s_peer = [peer(x_t) for x_t in x[:T]]
-    s_ours = [ours.step(x_t) for x_t in x[:T]]
-    for (a, ma), (b, mb) in zip(s_peer, s_ours):
+def test_state_kept_between_calls_and_reset(backend):
+    """Without states, each call continues from the kept ones (snnTorch's lazy zeros first); ``sequence`` continues
+    them too; ``reset_mem`` zeros them; a new batch size starts from zeros."""
+    peer, ours = _pair(snntorch.RLeaky, C.RLeaky, backend, beta=0.7, linear_features=N)
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(6)) * 0.8
+    want = [peer(x_t) for x_t in x]
+    got = [ours(x_t) for x_t in x[:5]]
+    spk_seq, mem = ours.sequence(x[5:])
+    for (a, ma), (b, mb) in zip(want[:5], got):
         assert torch.equal(a, b) and torch.equal(ma, mb)
-    spk_peer, mem_peer = _peer_loop(peer, x[T:], None)  # continues from the stored state
-    spk_ours, mem_ours = ours(x[T:])
-    assert torch.equal(spk_peer, spk_ours) and torch.equal(mem_peer, mem_ours)
-    peer.reset_mem(), ours.reset_mem()
-    assert torch.equal(peer.mem, ours.mem) and not ours.mem.any()
+    assert torch.equal(spk_seq, torch.stack([w[0] for w in want[5:]])) and torch.equal(mem, want[-1][1])
+    spk, mem = ours.reset_mem()
+    assert not spk.any() and not mem.any() and spk.shape == (B, N)
+    fresh = snntorch.RLeaky(beta=0.7, linear_features=N)
+    fresh.load_state_dict(peer.state_dict())
+    assert torch.equal(ours(x[0, :2])[1], fresh(x[0, :2])[1])  # another batch size: from zeros
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_init_hidden_output_and_graded_spikes(backend):
-    kwargs = dict(beta=0.5, init_hidden=True, output=True, graded_spikes_factor=0.5)
-    peer, ours = snntorch.Leaky(**kwargs), C.Leaky(backend=backend, **kwargs)
-    x = _inputs(ours, seed=8, mem0=torch.zeros(SHAPE))
-    spikes = torch.stack([peer(x_t)[0] for x_t in x])
-    spk, mem = ours(x)
-    assert torch.equal(spikes, spk) and torch.equal(peer.mem, mem)
-    assert set(spk.unique().tolist()) <= {0.0, 0.5}
-    only_spikes = C.Leaky(beta=0.5, init_hidden=True, backend=backend)(x)
-    assert torch.equal(only_spikes, spk * 2)
+    for output in (False, True):
+        peer, ours = _pair(snntorch.Leaky, C.Leaky, backend, beta=0.5, init_hidden=True, output=output,
+                           graded_spikes_factor=0.5)  # fmt: skip
+        x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(8))
+        for x_t in x:
+            a, b = peer(x_t), ours(x_t)
+            if output:
+                assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            else:
+                assert torch.equal(a, b)
+        assert set(ours.sequence(x)[0].unique().tolist()) <= {0.0, 0.5}
+        with pytest.raises(TypeError, match="with init_hidden=True Leaky keeps its states"):
+            ours(x[0], torch.zeros(B, N))
+    peer, ours = _pair(snntorch.RSynaptic, C.RSynaptic, backend, alpha=0.6, beta=0.8, linear_features=N,
+                       init_hidden=True)  # fmt: skip
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(torch.stack([peer(x_t) for x_t in x]), torch.stack([ours(x_t) for x_t in x]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_surrogate_disable_gives_no_spike_gradient(backend):
-    peer = snntorch.Leaky(beta=0.5, surrogate_disable=True)
-    ours = C.Leaky(beta=0.5, surrogate_disable=True, backend=backend)
-    x = _inputs(ours, seed=9, mem0=torch.zeros(SHAPE))
-    xs = x.clone().requires_grad_(True)
-    s1, m1 = _peer_loop(peer, xs, None)
-    s2, m2 = ours(xs)
-    assert torch.equal(s1, s2) and torch.equal(m1, m2)
-    torch.testing.assert_close(torch.autograd.grad(m2.sum(), xs)[0], torch.autograd.grad(m1.sum(), xs)[0], **GRAD_TOL)
+def test_one_to_one_options(backend):
+    """A scalar V, a fixed V (learn_recurrent=False: V a buffer, recurrent.V not saved), a learnable one."""
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(10)) * 0.8
+    for kw in (dict(V=0.3), dict(V=torch.rand(N), learn_recurrent=False), dict(V=torch.rand(N), learn_beta=True)):
+        peer, ours = _pair(snntorch.RLeaky, C.RLeaky, backend, beta=0.75, all_to_all=False, **kw)
+        assert set(ours.state_dict()) == set(peer.state_dict())
+        a, b = _loop(peer, x), _loop(ours, x)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1][0], b[1][0])
+
+
+def test_float64_leaky_and_synaptic():
+    """snnTorch computes a float64 input in float64 (float32 spikes): so do Leaky and Synaptic."""
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    for cls_peer, cls_ours, kw in ((snntorch.Leaky, C.Leaky, dict(beta=0.7, reset_mechanism="zero")),
+                                   (snntorch.Synaptic, C.Synaptic, dict(alpha=0.7, beta=0.8))):  # fmt: skip
+        peer, ours = _pair(cls_peer, cls_ours, "cpu", **kw)
+        (s1, st1), (s2, st2) = _loop(peer, x), _loop(ours, x)
+        assert s1.dtype == s2.dtype == torch.float32 and st2[-1].dtype == torch.float64
+        assert torch.equal(s1, s2) and all(torch.equal(a, b) for a, b in zip(st1, st2))
+
+
+def test_synaptic_without_reset_delay():
+    """reset_delay=False with "zero" (what snnTorch's NIR import builds): the in-step reset, its gradient kept."""
+    peer, ours = _pair(snntorch.Synaptic, C.Synaptic, "cpu", alpha=0.7, beta=0.85, threshold=0.9,
+                       reset_mechanism="zero", reset_delay=False)  # fmt: skip
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(13))
+    xp, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    spikes = []
+    for x_t in xp:
+        s, syn, mem = peer(x_t)
+        spikes.append(s)
+    o_spk, o_syn, o_mem = ours.sequence(xo)
+    assert torch.equal(torch.stack(spikes), o_spk) and torch.equal(syn, o_syn) and torch.equal(mem, o_mem)
+    w = torch.rand(o_spk.shape)
+    _close(torch.autograd.grad((o_spk * w).sum() + o_mem.sum(), xo)[0],
+           torch.autograd.grad((torch.stack(spikes) * w).sum() + mem.sum(), xp)[0], "x")  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_neuron_beta_conv_layout(backend):
+    """beta of shape (C, 1, 1) on [B, C, H, W] inputs: one leak per channel, as snnTorch broadcasts it."""
+    beta = torch.tensor([0.3, 0.6, 0.9]).reshape(3, 1, 1)
+    peer, ours = _pair(snntorch.Leaky, C.Leaky, backend, beta=beta.clone(), learn_beta=True)
+    x = torch.rand(T, 2, 3, 2, 2, generator=torch.Generator().manual_seed(4)) * 0.6
+    a, b = _loop(peer, x), _loop(ours, x)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1][0], b[1][0])
+
+
+def test_a_state_from_a_freed_graph_says_to_reset():
+    """A training loop without reset_mem() between batches: the second backward reaches the first batch's freed
+    graph through the kept state; snnTorch ends in PyTorch's internals there, this says what to do."""
+    lif = C.RLeaky(beta=0.9, linear_features=4)
+    lin = torch.nn.Linear(3, 4)
+    for batch in range(2):
+        x = torch.rand(5, 2, 3)
+        loss = sum(lif(lin(x_t))[1].sum() for x_t in x)
+        if batch == 0:
+            loss.backward()
+        else:
+            with pytest.raises(RuntimeError, match=r"Reset the states between batches \(spikefuse.nn.reset_states"):
+                loss.backward()
+    spikefuse.nn.reset_states(torch.nn.Sequential(lin, lif))
+    assert not lif.mem.any() and not lif.spk.any()
+    sum(lif(lin(x_t))[1].sum() for x_t in torch.rand(5, 2, 3)).backward()
 
 
 def test_surrogate_mapping_and_errors():
@@ -153,31 +207,24 @@ def test_surrogate_mapping_and_errors():
     assert C.to_surrogate(snn_surrogate.fast_sigmoid()) == sf_surrogate.FastSigmoid(25.0)
     assert C.to_surrogate(snn_surrogate.sigmoid(slope=7)) == sf_surrogate.Sigmoid(7.0)
     assert C.to_surrogate(sf_surrogate.Triangle(2.0)) == sf_surrogate.Triangle(2.0)
-    unsupported_grads = (
-        snn_surrogate.triangular(),
-        snn_surrogate.heaviside(),
-        snn_surrogate.straight_through_estimator(),
-        lambda u: u,
-    )
-    for unsupported in unsupported_grads:
+    for unsupported in (snn_surrogate.triangular(), snn_surrogate.heaviside(),
+                        snn_surrogate.straight_through_estimator(), lambda u: u):  # fmt: skip
         with pytest.raises(ValueError, match="unsupported spike_grad.*atan"):
             C.Leaky(beta=0.5, spike_grad=unsupported)
-    with pytest.raises(NotImplementedError, match="reset_delay=False"):
-        C.Leaky(beta=0.5, reset_delay=False)
-    with pytest.raises(NotImplementedError, match="learn_threshold"):
-        C.Leaky(beta=0.5, learn_threshold=True)
-    with pytest.raises(ValueError, match="reset_mechanism"):
-        C.Leaky(beta=0.5, reset_mechanism="hard")
-    with pytest.raises(ValueError, match="per-neuron beta"):
-        C.Leaky(beta=torch.rand(3, 8))(torch.rand(T, 3, 8))  # varies along the batch dim
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_float64_input_float32_spikes(backend):
-    peer = snntorch.Leaky(beta=0.7, reset_mechanism="zero")
-    ours = C.Leaky(beta=0.7, reset_mechanism="zero", backend=backend)
-    x = _inputs(ours, seed=12, mem0=torch.zeros(SHAPE)).double()
-    s1, m1 = _peer_loop(peer, x, None)
-    s2, m2 = ours(x)
-    assert s1.dtype == s2.dtype == torch.float32 and m1.dtype == m2.dtype == torch.float64
-    assert torch.equal(s1, s2) and torch.equal(m1, m2)
+    refused = [
+        (lambda: C.Leaky(beta=0.5, reset_delay=False), NotImplementedError, "reset_delay=False"),
+        (lambda: C.RLeaky(beta=0.5, linear_features=3, reset_delay=False), NotImplementedError, "reset_delay=False"),
+        (lambda: C.Synaptic(alpha=0.5, beta=0.5, reset_delay=False), NotImplementedError, "with reset_mechanism='zero'"),
+        (lambda: C.Leaky(beta=0.5, inhibition=True), NotImplementedError, "inhibition"),
+        (lambda: C.Leaky(beta=0.5, state_quant=True), NotImplementedError, "state_quant"),
+        (lambda: C.Leaky(beta=0.5, reset_mechanism="hard"), ValueError, "reset_mechanism must be one of"),
+        (lambda: C.RLeaky(beta=0.5), TypeError, "needs linear_features"),
+        (lambda: C.RLeaky(beta=0.5, conv2d_channels=2, kernel_size=3), NotImplementedError, "recurrent convolutions"),
+        (lambda: C.RLeaky(beta=0.5, all_to_all=False, linear_features=3), TypeError, "takes V, not linear_features"),
+        (lambda: C.Leaky(beta=torch.rand(3, 8))(torch.rand(3, 8)), ValueError, "per-neuron beta"),
+        (lambda: C.Leaky(beta=0.5)(torch.rand(3, 8), torch.zeros(3, 8), torch.zeros(3, 8)), TypeError,
+         "at most 1 states"),
+    ]
+    for make, error, message in refused:
+        with pytest.raises(error, match=message):
+            make()

@@ -1,36 +1,28 @@
-"""snnTorch 1.0's ``Leaky`` and ``Synaptic`` neurons on spikefuse's fused kernels, over whole sequences.
+"""snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky`` and ``RSynaptic`` on spikefuse's neuron engine, called as snnTorch's
+are, with a fused call over whole sequences beside.
 
-``Leaky(beta, threshold, spike_grad, reset_mechanism, learn_beta, ...)`` takes snnTorch's constructor arguments,
-but **its call convention is multi-step**: ``forward(x_seq, mem=None)`` takes ``[T, ...]`` input and returns
-``(spk_seq, mem_last)``, all T steps fused in one call. It gives exactly what this loop over snnTorch's
-single-step ``Leaky`` gives::
+Each module takes snnTorch's constructor arguments and keeps its tensors under snnTorch's names (its saved
+``state_dict`` loads, strict), and ``forward`` is snnTorch's one step::
 
-    lif = snntorch.Leaky(beta=0.9)
-    spk = []
+    lif = spikefuse.compat.snntorch.RLeaky(beta=0.9, linear_features=256)
+    spk, mem = lif.reset_mem()                      # or nothing: zeros at the first call, as in snnTorch
     for t in range(T):
-        s, mem = lif(x_seq[t], mem)
-        spk.append(s)
-    spk_seq, mem_last = torch.stack(spk), mem
+        spk, mem = lif(cur[t], spk, mem)
 
-(spikes and membrane potentials bit for bit in float32/float64, gradients up to rounding; the spikes are
-float32 whatever the input dtype, as in snnTorch). snnTorch's own
-single-step call is :meth:`Leaky.step` ``(x, mem) -> (spk, mem)``. As in snnTorch, ``mem`` is the pre-reset
-membrane potential (``mem > threshold`` spikes, and the reset is applied at the next step); when ``mem`` is not
-given, the state kept from the previous call is used (zeros at first, or when the input shape changes), and
-:meth:`reset_mem` zeros it. With ``init_hidden=True`` ``forward(x_seq)`` returns only ``spk_seq`` (and
-``(spk_seq, mem)`` with ``output=True``), like snnTorch.
+giving snnTorch's spikes and states bit for bit (float32; gradients up to rounding). As in snnTorch, states not
+given continue from the module's own (kept between calls; zeros at first or when the input's shape changes),
+``reset_mem()`` zeros them, ``init_hidden=True`` keeps them inside and returns the spikes only (``output=True``: the
+states too), and the spikes are float32 whatever the input's dtype. The fused path is one method,
+``sequence(x_seq, *state)``: all T steps of ``x_seq`` ``[T, ...]`` in one call, the spikes ``[T, ...]`` and the
+final states returned (``(spk_seq, mem)``, ``(spk_seq, syn, mem)``), the same values as the loop above.
 
-``beta`` is clamped to ``[0, 1]`` in every call (a learnable ``beta`` gets its gradient through the clamp). A
-per-neuron ``beta`` must broadcast against the neuron shape ``x_seq.shape[2:]`` (or ``x_seq.shape[1:]`` for
-``[T, N]`` input), i.e. it may not vary along the batch dimension.
+A state kept from a batch whose backward has run (a training loop without ``reset_mem()`` between batches) makes
+the next backward fail with an error that says to reset it; :func:`spikefuse.nn.reset_states` resets every neuron
+of a network.
 
-Surrogates (``spike_grad``): snnTorch's ``surrogate.atan(alpha)`` (the default), ``fast_sigmoid(slope)`` and
-``sigmoid(slope)`` are recognised by inspecting their closures; spikefuse surrogates are accepted as well.
-``surrogate_disable=True`` is supported (zero gradient through the spikes, as snnTorch's bypass).
-
-Not supported (clear errors): ``reset_delay=False``, ``learn_threshold``, a per-neuron ``threshold``,
-``inhibition``, ``state_quant``, other snnTorch surrogates (``triangular``, ``heaviside``,
-``straight_through_estimator``, ``spike_rate_escape``, ``SFS``, ``SSO``, ``LSO``, custom functions).
+Not supported (clear errors): ``inhibition``, ``state_quant``, ``reset_delay=False`` (but ``Synaptic`` with
+``reset_mechanism="zero"``, what snnTorch's NIR import builds), recurrent convolutions (``conv2d_channels``), and
+surrogates :func:`to_surrogate` does not know.
 """
 
 from __future__ import annotations
@@ -41,15 +33,13 @@ import numbers
 import torch
 from torch import nn
 
-from .. import params as P
-from ..functional import spiking_neuron
 from ..neuron_functional import neuron
-from ..neurons import CUBA_LIF_MODELS
+from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO
+from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 
-__all__ = ["Leaky", "Synaptic", "to_surrogate"]
+__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "to_surrogate"]
 
-_RESETS = {"subtract": P.SOFT, "zero": P.HARD, "none": P.NONE}
 # snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
 _SNNTORCH_SURROGATES = {
     "atan": ("alpha", ATan),
@@ -64,16 +54,6 @@ _SUPPORTED = (
 )
 
 
-def _refuse_unsupported(learn_threshold, inhibition, state_quant) -> None:
-    """The snnTorch options neither neuron here supports."""
-    if learn_threshold:
-        raise NotImplementedError("learn_threshold=True is not supported: the threshold is a fixed number here")
-    if inhibition:
-        raise NotImplementedError("inhibition=True is not supported")
-    if state_quant:
-        raise NotImplementedError("state_quant is not supported")
-
-
 def _surrogate_of(spike_grad, surrogate_disable: bool) -> Surrogate:
     """The surrogate a neuron runs with, validated now: snnTorch replaces ``spike_grad`` by a bypass without
     gradient when ``surrogate_disable``."""
@@ -84,14 +64,6 @@ def _float_tensor(value) -> torch.Tensor:
     """``value`` as snnTorch keeps a parameter: a tensor, in the default float dtype unless already floating."""
     t = torch.as_tensor(value)
     return t if t.is_floating_point() else t.to(torch.get_default_dtype())
-
-
-def _threshold_buffer(threshold) -> torch.Tensor:
-    """The fixed threshold as a 0-d tensor of the default float dtype (one number for every neuron)."""
-    t = torch.as_tensor(threshold)
-    if t.numel() != 1 or t.dtype == torch.bool:
-        raise ValueError(f"threshold must be a single number, got {threshold!r}")
-    return t.to(torch.get_default_dtype()).reshape(())
 
 
 def to_surrogate(spike_grad) -> Surrogate:
@@ -116,276 +88,345 @@ def to_surrogate(spike_grad) -> Surrogate:
     raise ValueError(f"unsupported spike_grad {spike_grad!r}: use {_SUPPORTED}")
 
 
-class Leaky(nn.Module):
-    """snnTorch's first-order leaky integrate-and-fire neuron, multi-step (see the module docstring).
+_RESET_VALUES = {"subtract": 0, "zero": 1, "none": 2}  # snnTorch's reset_mechanism_val
 
-    ``mem[t] = beta.clamp(0, 1) * mem[t-1] + x[t] - R[t] * threshold`` with the detached reset
-    ``R[t] = (mem[t-1] > threshold)`` for ``reset_mechanism="subtract"``; ``"zero"`` zeroes ``mem[t-1]`` where
-    ``R[t]`` instead, ``"none"`` never resets. ``spk[t] = (mem[t] > threshold) * graded_spikes_factor``.
 
-    Extra keyword arguments of ours: ``backend`` (``"auto"``, ``"cpu"``, ``"triton"``, ``"reference"``) and
-    ``memory`` (``"potential"`` or ``"recompute"``).
-    """
+class _SpikingNeuron(nn.Module):
+    """What snnTorch's neurons share (its ``SpikingNeuron``): the threshold, graded spikes factor and reset mechanism
+    under snnTorch's names (buffers, or parameters to learn), the surrogate, the states kept between calls
+    (``STATES``, snnTorch's order of ``forward``'s arguments; ``forward`` returns the spikes and ``RETURNED``), and
+    the calls: ``forward`` one step, :meth:`sequence` all steps of a sequence."""
 
-    def __init__(
-        self,
-        beta,
-        threshold=1.0,
-        spike_grad=None,
-        surrogate_disable: bool = False,
-        init_hidden: bool = False,
-        inhibition: bool = False,
-        learn_beta: bool = False,
-        learn_threshold: bool = False,
-        reset_mechanism: str = "subtract",
-        state_quant=False,
-        output: bool = False,
-        graded_spikes_factor=1.0,
-        learn_graded_spikes_factor: bool = False,
-        reset_delay: bool = True,
-        *,
-        backend: str = "auto",
-        memory: str = "potential",
-    ):
+    STATES: tuple[str, ...] = ()
+    RETURNED: tuple[str, ...] = ()
+
+    def __init__(self, threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
+                 reset_mechanism, state_quant, output, graded_spikes_factor, learn_graded_spikes_factor, backend,
+                 memory):  # fmt: skip
         super().__init__()
-        if not reset_delay:
-            raise NotImplementedError(
-                "reset_delay=False (snnTorch resets in the same step, through the undetached spike) is not "
-                "supported: use the default reset_delay=True"
-            )
-        _refuse_unsupported(learn_threshold, inhibition, state_quant)
-        if reset_mechanism not in _RESETS:
-            raise ValueError(f"reset_mechanism must be one of {sorted(_RESETS)}, got {reset_mechanism!r}")
-        threshold_t = _threshold_buffer(threshold)
+        if inhibition:
+            raise NotImplementedError("inhibition=True is not supported")
+        if state_quant:
+            raise NotImplementedError("state_quant is not supported")
+        if reset_mechanism not in _RESET_VALUES:
+            raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {reset_mechanism!r}")
         self.surrogate_disable = bool(surrogate_disable)
         self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
         self.spike_grad = spike_grad
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
         self.reset_mechanism = reset_mechanism
-        self.reset_delay = True
-        self.learn_beta = bool(learn_beta)
-        beta = _float_tensor(beta)
-        if learn_beta:
-            self.beta = nn.Parameter(beta)
-        else:
-            self.register_buffer("beta", beta)
-        self.register_buffer("threshold", threshold_t)
-        factor = _float_tensor(graded_spikes_factor)
-        if learn_graded_spikes_factor:
-            self.graded_spikes_factor = nn.Parameter(factor)
-        else:
-            self.register_buffer("graded_spikes_factor", factor)
-        self.learn_graded_spikes_factor = bool(learn_graded_spikes_factor)
         self.backend = backend
         self.memory = memory
-        self.register_buffer("mem", torch.zeros(0), False)
+        self._keep("threshold", threshold, learn_threshold)
+        self._keep("graded_spikes_factor", graded_spikes_factor, learn_graded_spikes_factor)
+        self.register_buffer("reset_mechanism_val", torch.as_tensor(_RESET_VALUES[reset_mechanism]))
+        for name in self.STATES:
+            self.register_buffer(name, torch.zeros(0), persistent=False)
+
+    def _keep(self, name: str, value, learn: bool) -> None:
+        """A number of snnTorch's as it keeps it: a tensor (float32 for a Python number), learnable or a buffer."""
+        t = _float_tensor(value)
+        if learn:
+            setattr(self, name, nn.Parameter(t))
+        else:
+            self.register_buffer(name, t)
 
     # -- snnTorch's state API -----------------------------------------------------------------------------------
 
     def reset_mem(self):
-        """Zero the stored membrane potential (snnTorch's ``reset_mem``)."""
-        self.mem = torch.zeros_like(self.mem, device=self.mem.device)
-        return self.mem
+        """Zero the kept states (snnTorch's ``reset_mem``); returns them."""
+        for name in self.STATES:
+            setattr(self, name, torch.zeros_like(getattr(self, name)))
+        states = tuple(getattr(self, name) for name in self.STATES)
+        return states[0] if len(states) == 1 else states
 
-    init_leaky = reset_mem
+    def detach_hidden(self) -> None:
+        """Cut the kept states from the graph of earlier calls (truncated BPTT)."""
+        for name in self.STATES:
+            setattr(self, name, getattr(self, name).detach())
 
-    def detach_hidden(self):
-        """Cut the stored state from the graph of earlier calls (truncated BPTT)."""
-        self.mem = self.mem.detach()
+    # -- calls --------------------------------------------------------------------------------------------------
 
-    # -- computation --------------------------------------------------------------------------------------------
+    def _states(self, step: torch.Tensor, given) -> list:
+        """Keep the ``given`` states (None: the kept one); a kept state of another shape than a step's input becomes
+        zeros, as snnTorch initializes its states lazily."""
+        if len(given) > len(self.STATES):
+            raise TypeError(f"{type(self).__name__} takes the input and at most {len(self.STATES)} states "
+                            f"({', '.join(self.STATES)}), got {len(given)}")  # fmt: skip
+        if self.init_hidden and any(g is not None for g in given):
+            raise TypeError(f"with init_hidden=True {type(self).__name__} keeps its states: pass the input only")
+        for name, g in zip(self.STATES, given):
+            if g is not None:
+                setattr(self, name, g)
+        for name in self.STATES:
+            if getattr(self, name).shape != step.shape:
+                setattr(self, name, torch.zeros_like(step, device=getattr(self, name).device))
+        return [getattr(self, name) for name in self.STATES]
 
-    def spec(self) -> P.NeuronSpec:
-        return P.NeuronSpec(
-            threshold=float(self.threshold),
-            v_reset=0.0,
-            reset=_RESETS[self.reset_mechanism],
-            surrogate=self._surrogate,
-            detach_reset=True,  # snnTorch always detaches the reset (mem_reset(...).detach())
-            dynamics=P.SNNTORCH,
-        )
+    def _sequence(self, x_seq: torch.Tensor, given) -> torch.Tensor:
+        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim < 2:
+            raise ValueError(f"{type(self).__name__}: x_seq must be a tensor [T, ...] of T steps of inputs")
+        states = self._states(x_seq[0], given)
+        spikes, final = self._run(x_seq, dict(zip(self.STATES, states)))
+        for name, value in final.items():
+            setattr(self, name, value)
+        return spikes
 
-    def _leak_and_view(self, x_seq: torch.Tensor):
-        """``beta.clamp(0, 1)`` as a scalar or per-neuron leak, and the view of ``x_seq`` it applies to."""
-        leak = self.beta.clamp(0, 1)
-        if leak.numel() == 1:
-            return leak.reshape(()), x_seq
-        neuron_shape = x_seq.shape[2:] if x_seq.ndim >= 3 else x_seq.shape[1:]
-        extra = leak.ndim - len(neuron_shape)  # leading dims of beta beyond the neuron shape: must all be 1
-        try:
-            fits = torch.broadcast_shapes(leak.shape[max(0, extra) :], neuron_shape) == neuron_shape
-        except RuntimeError:
-            fits = False
-        if not fits or (extra > 0 and any(d != 1 for d in leak.shape[:extra])):
-            raise ValueError(
-                f"a per-neuron beta of shape {tuple(leak.shape)} must broadcast against the neuron shape "
-                f"{tuple(neuron_shape)} of the input {tuple(x_seq.shape)} (it may not vary along time or batch)"
-            )
-        leak = leak.reshape(leak.shape[max(0, extra) :])
-        leak = leak.expand(neuron_shape).reshape(-1)
-        view = x_seq.reshape(*x_seq.shape[:2], -1) if x_seq.ndim >= 3 else x_seq
-        return leak, view
-
-    def _initial_mem(self, x0: torch.Tensor, mem):
-        if mem is not None:
-            self.mem = mem
-        if self.mem.shape != x0.shape:
-            self.mem = torch.zeros_like(x0, device=self.mem.device)
-        return self.mem
-
-    def _run(self, x_seq: torch.Tensor, mem):
-        if self.init_hidden and mem is not None:
-            raise TypeError("`mem` should not be passed as an argument while `init_hidden=True`")
-        if x_seq.ndim == 0:
-            raise ValueError("x_seq must have a time dimension first: shape [T, ...]")
-        mem0 = self._initial_mem(x_seq[0], mem)
-        leak, view = self._leak_and_view(x_seq)
-        v_init = mem0.reshape(view.shape[1:])
-        spikes, state = spiking_neuron(view, leak, self.spec(), v_init=v_init, backend=self.backend, memory=self.memory)
-        # snnTorch's surrogates return ``(u > 0).float()``: float32 spikes whatever the input dtype.
-        spikes = spikes.reshape(x_seq.shape).float()
-        if self.learn_graded_spikes_factor or not bool(self.graded_spikes_factor == 1):
-            spikes = spikes * self.graded_spikes_factor
-        self.mem = state.reshape(x_seq.shape[1:])
-        return spikes, self.mem
-
-    def forward(self, x_seq: torch.Tensor, mem: torch.Tensor | None = None):
-        """All T steps of ``x_seq`` (``[T, ...]``) from ``mem`` (pre-reset, ``x_seq.shape[1:]``); returns
-        ``(spk_seq, mem_last)`` (``spk_seq`` alone with ``init_hidden=True`` unless ``output=True``)."""
-        spikes, mem = self._run(x_seq, mem)
+    def forward(self, input_: torch.Tensor, *state):
+        """One time step: snnTorch's ``forward(input_, *states)``."""
+        if not isinstance(input_, torch.Tensor) or input_.ndim == 0:
+            raise ValueError(f"{type(self).__name__}: the input must be a tensor of at least one dimension")
+        spk = self._sequence(input_.unsqueeze(0), state)[0]
         if self.init_hidden and not self.output:
-            return spikes
-        return spikes, mem
+            return spk
+        return (spk, *(getattr(self, name) for name in self.RETURNED))
 
-    def step(self, x: torch.Tensor, mem: torch.Tensor | None = None):
-        """One time step, snnTorch's ``Leaky.forward(input_, mem) -> (spk, mem)``."""
-        spikes, mem = self._run(x.unsqueeze(0), mem)
-        if self.init_hidden and not self.output:
-            return spikes[0]
-        return spikes[0], mem
+    def sequence(self, x_seq: torch.Tensor, *state):
+        """All T steps of ``x_seq`` ``[T, ...]`` in one fused call, from ``state`` (the states ``forward`` takes; the
+        kept ones where not given): ``(spikes [T, ...], *final states)``, what T calls of ``forward`` give."""
+        spikes = self._sequence(x_seq, state)
+        return (spikes, *(getattr(self, name) for name in self.RETURNED))
 
-    def extra_repr(self):
-        return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}"
+    def _graded(self, spikes: torch.Tensor) -> torch.Tensor:
+        """snnTorch's spikes: float32 whatever the input's dtype, times the graded spikes factor."""
+        spikes = spikes.float()
+        factor = self.graded_spikes_factor
+        if isinstance(factor, nn.Parameter) or not bool(factor == 1):
+            spikes = spikes * factor
+        return spikes
+
+    def extra_repr(self) -> str:
+        return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}, memory={self.memory!r}"
 
 
-class Synaptic(nn.Module):
-    """snnTorch's second-order (current-based) LIF neuron, multi-step, on :class:`spikefuse.nn.CubaLIF`'s kernels.
+def _per_neuron(value: torch.Tensor, x_seq: torch.Tensor, name: str) -> torch.Tensor:
+    """A parameter as the engine takes it for the view ``[T, B, N]`` (or ``[T, N]``) of ``x_seq``: one value, or one
+    per neuron (broadcast to the neuron shape ``x_seq.shape[2:]``, ``[1:]`` for ``[T, N]``; not along the batch)."""
+    value = value.to(x_seq.dtype)
+    if value.numel() == 1:
+        return value.reshape(())
+    neurons = x_seq.shape[2:] if x_seq.ndim >= 3 else x_seq.shape[1:]
+    extra = value.ndim - len(neurons)
+    try:
+        fits = torch.broadcast_shapes(value.shape[max(0, extra):], neurons) == neurons
+    except RuntimeError:
+        fits = False
+    if not fits or (extra > 0 and any(d != 1 for d in value.shape[:extra])):
+        raise ValueError(f"a per-neuron {name} of shape {tuple(value.shape)} must broadcast against the neuron shape "
+                         f"{tuple(neurons)} of the input {tuple(x_seq.shape)} (it may not vary along time or batch)")
+    return value.reshape(value.shape[max(0, extra):]).expand(neurons).reshape(-1)
 
-    ``syn[t] = alpha.clamp(0, 1) * syn[t-1] + x[t]``, ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] *
-    threshold`` with the detached reset ``R[t] = (mem[t-1] > threshold)`` (``reset_mechanism="subtract"``;
-    ``"zero"`` sets the membrane of a step after a spike to 0), ``spk[t] = (mem[t] > threshold)``, in snnTorch's
-    order of operations: spikes, ``syn`` and ``mem`` bit for bit what a loop over snnTorch's ``Synaptic`` gives
-    (float32 spikes whatever the input dtype, as there), gradients up to rounding.
 
-    Call convention multi-step, as :class:`Leaky`: ``forward(x_seq, syn=None, mem=None)`` takes ``[T, ...]`` and
-    returns ``(spk_seq, syn_last, mem_last)`` (``spk_seq`` alone with ``init_hidden=True`` unless ``output=True``);
-    states not given continue from the previous call (zeros at first, or when the input shape changes), and
-    :meth:`reset_mem` zeros them. :meth:`step` is snnTorch's single-step call.
+def _neuron_view(x_seq: torch.Tensor) -> torch.Tensor:
+    """``x_seq`` as ``[T, B, N]`` (``[T, N]`` as it is): the neurons flattened after the batch."""
+    return x_seq if x_seq.ndim == 2 else x_seq.reshape(*x_seq.shape[:2], -1)
 
-    ``reset_delay=False`` (the membrane zeroed in the step of the spike; with ``reset_mechanism="zero"`` only) is
-    supported: it is what snnTorch's NIR import builds for a CubaLIF node.
 
-    Not supported (clear errors): ``reset_mechanism="none"``, ``reset_delay=False`` with "subtract", ``learn_threshold``,
-    per-neuron ``alpha``/``beta``/``threshold``, ``state_quant``, and the surrogates :func:`to_surrogate` does not
-    know. Extra keyword argument of ours: ``backend`` ("auto", "cpu", "reference").
-    """
+class Leaky(_SpikingNeuron):
+    """snnTorch's first-order leaky integrate-and-fire neuron: ``mem[t] = beta.clamp(0, 1) * mem[t-1] + x[t] - R[t] *
+    threshold`` with the detached reset ``R[t] = (mem[t-1] > threshold)`` ("subtract"; "zero" zeroes ``mem[t-1]``
+    where ``R[t]``, "none" never resets), ``spk[t] = (mem[t] > threshold) * graded_spikes_factor``. ``forward(input_,
+    mem=None) -> (spk, mem)``; see the module docstring. Extra keyword arguments of ours: ``backend`` and
+    ``memory`` (as :func:`spikefuse.neuron`)."""
 
-    def __init__(
-        self,
-        alpha,
-        beta,
-        threshold=1.0,
-        spike_grad=None,
-        surrogate_disable: bool = False,
-        init_hidden: bool = False,
-        inhibition: bool = False,
-        learn_alpha: bool = False,
-        learn_beta: bool = False,
-        learn_threshold: bool = False,
-        reset_mechanism: str = "subtract",
-        state_quant=False,
-        output: bool = False,
-        reset_delay: bool = True,
-        *,
-        backend: str = "auto",
-    ):
-        super().__init__()
-        _refuse_unsupported(learn_threshold, inhibition, state_quant)
-        if reset_mechanism not in ("subtract", "zero"):
-            raise ValueError(f"reset_mechanism must be one of ['subtract', 'zero'] here, got {reset_mechanism!r}")
+    STATES = RETURNED = ("mem",)
+    _MODELS = {"subtract": LIF_MODELS[("snntorch", "soft")], "zero": LIF_MODELS[("snntorch", "hard")],
+               "none": LIF_MODELS[("snntorch", "none")]}  # fmt: skip
+
+    def __init__(self, beta, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
+                 inhibition=False, learn_beta=False, learn_threshold=False, reset_mechanism="subtract",
+                 state_quant=False, output=False, graded_spikes_factor=1.0, learn_graded_spikes_factor=False,
+                 reset_delay=True, *, backend="auto", memory="recompute"):  # fmt: skip
+        if not reset_delay:
+            raise NotImplementedError("reset_delay=False (snnTorch resets in the same step, through the undetached "
+                                      "spike) is not supported: use the default reset_delay=True")  # fmt: skip
+        super().__init__(threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
+                         reset_mechanism, state_quant, output, graded_spikes_factor, learn_graded_spikes_factor,
+                         backend, memory)  # fmt: skip
+        self.reset_delay = True
+        self._keep("beta", beta, learn_beta)
+
+    init_leaky = _SpikingNeuron.reset_mem
+
+    def _run(self, x_seq, states):
+        view = _neuron_view(x_seq)
+        spikes, (mem,) = neuron(view, self._MODELS[self.reset_mechanism], surrogate=self._surrogate,
+                                detach_reset=True, state=(states["mem"].reshape(view.shape[1:]),), return_state=True,
+                                backend=self.backend, memory=self.memory,
+                                decay=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
+                                threshold=_per_neuron(self.threshold, x_seq, "threshold"))  # fmt: skip
+        return self._graded(spikes.reshape(x_seq.shape)), {"mem": mem.reshape(x_seq.shape[1:])}
+
+
+class Synaptic(_SpikingNeuron):
+    """snnTorch's second-order (current-based) LIF neuron: ``syn[t] = alpha.clamp(0, 1) * syn[t-1] + x[t]``,
+    ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] * threshold`` with the detached reset ``R[t] = (mem[t-1] >
+    threshold)`` ("subtract"; "zero" zeroes the membrane of a step after a spike; "none"), ``spk[t] = (mem[t] >
+    threshold)``, in snnTorch's order of operations. ``forward(input_, syn=None, mem=None) -> (spk, syn, mem)``.
+
+    ``reset_delay=False`` with ``reset_mechanism="zero"`` (the membrane zeroed in the step of the spike, what
+    snnTorch's NIR import builds for a CubaLIF node) is supported."""
+
+    STATES = RETURNED = ("syn", "mem")
+
+    def __init__(self, alpha, beta, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
+                 inhibition=False, learn_alpha=False, learn_beta=False, learn_threshold=False,
+                 reset_mechanism="subtract", state_quant=False, output=False, reset_delay=True, *, backend="auto",
+                 memory="recompute"):  # fmt: skip
         if not reset_delay and reset_mechanism != "zero":
             raise NotImplementedError("reset_delay=False is supported with reset_mechanism='zero' (what snnTorch's NIR "
-                                      "import builds), not with 'subtract'")  # fmt: skip
+                                      "import builds), not with 'subtract' or 'none'")  # fmt: skip
+        super().__init__(threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
+                         reset_mechanism, state_quant, output, 1.0, False, backend, memory)  # fmt: skip
         # reset_delay=False zeroes the membrane in the step of the spike: the "hard" CubaLIF
         self.model = CUBA_LIF_MODELS["hard" if not reset_delay else reset_mechanism]
         self.reset_delay = bool(reset_delay)
-        self.surrogate_disable = bool(surrogate_disable)
-        self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
-        self.spike_grad = spike_grad
-        self.init_hidden = bool(init_hidden)
-        self.output = bool(output)
-        self.reset_mechanism = reset_mechanism
-        self.backend = backend
-        for name, value, learn in (("alpha", alpha, learn_alpha), ("beta", beta, learn_beta)):
-            t = torch.as_tensor(value)
-            if t.numel() != 1 or t.dtype == torch.bool:
-                raise ValueError(f"{name} must be a single number here (per-neuron values are not supported), got {value!r}")
-            t = _float_tensor(t)  # as snnTorch: a Python number becomes a float32 tensor
-            if learn:
-                setattr(self, name, nn.Parameter(t))
-            else:
-                self.register_buffer(name, t)
-        self.register_buffer("threshold", _threshold_buffer(threshold))
-        self.register_buffer("syn", torch.zeros(0), False)
-        self.register_buffer("mem", torch.zeros(0), False)
+        self._keep("beta", beta, learn_beta)
+        self._keep("alpha", alpha, learn_alpha)
 
-    def reset_mem(self):
-        """Zero the stored states (snnTorch's ``reset_mem``); returns ``(syn, mem)``."""
-        self.syn = torch.zeros_like(self.syn, device=self.syn.device)
-        self.mem = torch.zeros_like(self.mem, device=self.mem.device)
-        return self.syn, self.mem
+    init_synaptic = _SpikingNeuron.reset_mem
 
-    init_synaptic = reset_mem
-
-    def detach_hidden(self):
-        self.syn, self.mem = self.syn.detach(), self.mem.detach()
-
-    def _run(self, x_seq: torch.Tensor, syn, mem):
-        if self.init_hidden and (syn is not None or mem is not None):
-            raise TypeError("`syn` and `mem` should not be passed as arguments while `init_hidden=True`")
-        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim == 0:
-            raise ValueError("x_seq must be a tensor with a time dimension first: shape [T, ...]")
-        for name, given in (("syn", syn), ("mem", mem)):
-            if given is not None:
-                setattr(self, name, given)
-            if getattr(self, name).shape != x_seq.shape[1:]:
-                setattr(self, name, torch.zeros_like(x_seq[0], device=getattr(self, name).device))
-        dtype = x_seq.dtype  # snnTorch's float32 parameters meet the input in its dtype
+    def _run(self, x_seq, states):
+        view = _neuron_view(x_seq)
         # snnTorch detaches the delayed reset; without the delay its in-step reset keeps the spike's gradient
-        spikes, (self.syn, mem) = neuron(
-            x_seq, self.model, surrogate=self._surrogate, detach_reset=self.reset_delay, state=(self.syn, self.mem),
-            return_state=True, backend=self.backend, alpha=self.alpha.clamp(0, 1).to(dtype),
-            beta=self.beta.clamp(0, 1).to(dtype), threshold=self.threshold.to(dtype),
+        spikes, (syn, mem) = neuron(
+            view, self.model, surrogate=self._surrogate, detach_reset=self.reset_delay,
+            state=tuple(states[k].reshape(view.shape[1:]) for k in ("syn", "mem")), return_state=True,
+            backend=self.backend, memory=self.memory, alpha=_per_neuron(self.alpha.clamp(0, 1), x_seq, "alpha"),
+            beta=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
+            threshold=_per_neuron(self.threshold, x_seq, "threshold"),
         )  # fmt: skip
         if not self.reset_delay:  # snnTorch returns the membrane after the in-step reset (the same op as the model's)
-            last = spikes[-1]
-            mem = mem - mem * last
-        self.mem = mem
-        return spikes.float(), self.syn, self.mem
+            mem = mem - mem * spikes[-1]
+        return self._graded(spikes.reshape(x_seq.shape)), {"syn": syn.reshape(x_seq.shape[1:]),
+                                                           "mem": mem.reshape(x_seq.shape[1:])}
 
-    def forward(self, x_seq: torch.Tensor, syn: torch.Tensor | None = None, mem: torch.Tensor | None = None):
-        spikes, syn, mem = self._run(x_seq, syn, mem)
-        if self.init_hidden and not self.output:
-            return spikes
-        return spikes, syn, mem
 
-    def step(self, x: torch.Tensor, syn: torch.Tensor | None = None, mem: torch.Tensor | None = None):
-        """One time step, snnTorch's ``Synaptic.forward(input_, syn, mem) -> (spk, syn, mem)``."""
-        spikes, syn, mem = self._run(x.unsqueeze(0), syn, mem)
-        if self.init_hidden and not self.output:
-            return spikes[0]
-        return spikes[0], syn, mem
+class RecurrentOneToOne(nn.Module):
+    """snnTorch's one-to-one recurrent connection: each neuron's own spike times ``V`` (the module holds ``V`` as
+    snnTorch's does, so a saved ``recurrent.V`` loads)."""
 
-    def extra_repr(self):
-        return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}"
+    def __init__(self, V):
+        super().__init__()
+        self.V = V
+
+    def forward(self, x):
+        return x * self.V
+
+
+class _Recurrent(_SpikingNeuron):
+    """What ``RLeaky`` and ``RSynaptic`` share: the recurrent connection under snnTorch's names (an ``nn.Linear``
+    ``recurrent``, or ``V`` and :class:`RecurrentOneToOne`), and the fused recurrent layer
+    (:func:`spikefuse.recurrent`) over steps of ``[..., N]`` inputs."""
+
+    MODELS: dict = {}
+
+    def __init__(self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
+                 **common):  # fmt: skip
+        if not reset_delay:
+            raise NotImplementedError(f"reset_delay=False is not supported by {type(self).__name__}: use the default "
+                                      "reset_delay=True")  # fmt: skip
+        if conv2d_channels is not None or kernel_size is not None:
+            raise NotImplementedError("recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
+                                      "linear_features, or all_to_all=False")  # fmt: skip
+        if all_to_all and not linear_features:
+            raise TypeError("all_to_all=True needs linear_features (the number of neurons) for the recurrent "
+                            "nn.Linear")  # fmt: skip
+        if not all_to_all and linear_features is not None:
+            raise TypeError("all_to_all=False takes V, not linear_features")
+        super().__init__(**common)
+        self.all_to_all = bool(all_to_all)
+        self.learn_recurrent = bool(learn_recurrent)
+        self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, None, None
+        self.reset_delay = True
+        if self.all_to_all:
+            self.recurrent = nn.Linear(linear_features, linear_features)
+        else:
+            self._keep("V", V, learn_recurrent)
+            self.recurrent = RecurrentOneToOne(self.V)
+        if not learn_recurrent:
+            for p in self.recurrent.parameters():
+                p.requires_grad = False
+
+    def _weights(self, neurons: int):
+        """The recurrent weight ``[N, N]`` or ``[N]`` and bias of the fused layer."""
+        if self.all_to_all:
+            return self.recurrent.weight, self.recurrent.bias
+        if self.V.numel() == 1:
+            return self.V.reshape(1).expand(neurons), None
+        if self.V.shape[-1:] != (neurons,) or any(d != 1 for d in self.V.shape[:-1]):
+            raise ValueError(f"V of shape {tuple(self.V.shape)}: one value, or one per neuron ({neurons})")
+        return self.V.reshape(neurons), None
+
+    def _run(self, x_seq, states):
+        if x_seq.ndim < 2:
+            raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
+        neurons = x_seq.shape[-1]
+        view = x_seq.reshape(x_seq.shape[0], -1, neurons)
+        model = self.MODELS[self.reset_mechanism]
+        names = [k for k in self.STATES if k != "spk"]
+        state = (*(states[k].reshape(view.shape[1:]).to(view.dtype) for k in names),
+                 states["spk"].reshape(view.shape[1:]).to(view.dtype))  # fmt: skip
+        weight, bias = self._weights(neurons)
+        params = {name: _per_neuron(getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold,
+                                    view, attr)
+                  for name, attr in self.PARAMS}  # fmt: skip
+        spikes, final = recurrent(view, model, weight.to(view.dtype), None if bias is None else bias.to(view.dtype),
+                                  surrogate=self._surrogate, detach_reset=True, state=state, return_state=True,
+                                  backend=self.backend, memory=self.memory, **params)  # fmt: skip
+        spikes = self._graded(spikes.reshape(x_seq.shape))
+        kept = {k: v.reshape(x_seq.shape[1:]) for k, v in zip(names, final)}
+        return spikes, {"spk": spikes[-1], **kept}
+
+
+class RLeaky(_Recurrent):
+    """snnTorch's recurrent leaky integrate-and-fire neuron: :class:`Leaky`'s membrane plus the recurrent current of
+    the previous spikes, ``mem[t] = ((beta.clamp(0, 1) * mem[t-1] + x[t]) + recurrent(spk[t-1])) - R[t] * threshold``
+    ("zero": the whole membrane of a step after a spike is 0), with ``recurrent`` an ``nn.Linear(N, N)``
+    (``all_to_all``, ``linear_features=N``) or ``V * spk`` (``all_to_all=False``). ``forward(input_, spk=None,
+    mem=None) -> (spk, mem)``, ``sequence(x_seq, spk=None, mem=None) -> (spk_seq, mem)``."""
+
+    STATES, RETURNED = ("spk", "mem"), ("mem",)
+    MODELS = {"subtract": LIF_MODELS[("snntorch", "soft")], "zero": RLEAKY_ZERO,
+              "none": LIF_MODELS[("snntorch", "none")]}  # fmt: skip
+    PARAMS = (("decay", "beta"), ("threshold", "threshold"))
+
+    def __init__(self, beta, V=1.0, all_to_all=True, linear_features=None, conv2d_channels=None, kernel_size=None,
+                 threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False, inhibition=False,
+                 learn_beta=False, learn_threshold=False, learn_recurrent=True, reset_mechanism="subtract",
+                 state_quant=False, output=False, reset_delay=True, *, backend="auto", memory="recompute"):  # fmt: skip
+        super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
+                         threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
+                         init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
+                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output,
+                         graded_spikes_factor=1.0, learn_graded_spikes_factor=False, backend=backend, memory=memory)  # fmt: skip
+        self._keep("beta", beta, learn_beta)
+
+    init_rleaky = _SpikingNeuron.reset_mem
+
+
+class RSynaptic(_Recurrent):
+    """snnTorch's recurrent current-based LIF neuron: :class:`Synaptic` with the recurrent current added to the
+    synaptic current, ``syn[t] = (alpha.clamp(0, 1) * syn[t-1] + x[t]) + recurrent(spk[t-1])``. ``forward(input_,
+    spk=None, syn=None, mem=None) -> (spk, syn, mem)``, ``sequence(x_seq, spk=None, syn=None, mem=None) -> (spk_seq,
+    syn, mem)``. :meth:`reset_mem` zeros the kept spikes too (snnTorch's ``utils.reset`` leaves them)."""
+
+    STATES, RETURNED = ("spk", "syn", "mem"), ("syn", "mem")
+    MODELS = {k: CUBA_LIF_MODELS[k] for k in ("subtract", "zero", "none")}
+    PARAMS = (("alpha", "alpha"), ("beta", "beta"), ("threshold", "threshold"))
+
+    def __init__(self, alpha, beta, V=1.0, all_to_all=True, linear_features=None, conv2d_channels=None,
+                 kernel_size=None, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
+                 inhibition=False, learn_alpha=False, learn_beta=False, learn_threshold=False, learn_recurrent=True,
+                 reset_mechanism="subtract", state_quant=False, output=False, reset_delay=True, *, backend="auto",
+                 memory="recompute"):  # fmt: skip
+        super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
+                         threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
+                         init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
+                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output,
+                         graded_spikes_factor=1.0, learn_graded_spikes_factor=False, backend=backend, memory=memory)  # fmt: skip
+        self._keep("beta", beta, learn_beta)
+        self._keep("alpha", alpha, learn_alpha)
+
+    init_rsynaptic = _SpikingNeuron.reset_mem

@@ -3,10 +3,10 @@ backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :
 """
 
 from .alif import ALIF_MODEL
-from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_ZERO
-from .lif import LIF_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
+from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_NO_RESET, CUBA_LIF_ZERO
+from .lif import LIF_MODELS, RLEAKY_ZERO, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
 from .model import FUNCTIONS, WHERE, Derivatives, NeuronModel
 
 __all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD",
-           "CUBA_LIF_EULER", "CUBA_LIF_MODELS", "ALIF_MODEL", "LIF_MODELS", "SPIKINGJELLY_MODELS",
+           "CUBA_LIF_NO_RESET", "CUBA_LIF_EULER", "RLEAKY_ZERO", "CUBA_LIF_MODELS", "ALIF_MODEL", "LIF_MODELS", "SPIKINGJELLY_MODELS",
            "SPIKINGJELLY_PRE_RESET_MODELS"]  # fmt: skip

@@ -18,7 +18,7 @@ spikes and states bit for bit.
 
 from .model import NeuronModel
 
-__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_EULER", "CUBA_LIF_MODELS"]
+__all__ = ["CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD", "CUBA_LIF_NO_RESET", "CUBA_LIF_EULER", "CUBA_LIF_MODELS"]
 
 CUBA_LIF = NeuronModel(
     name="cuba_lif",
@@ -53,8 +53,19 @@ CUBA_LIF_HARD = NeuronModel(
     equations="i[t] = alpha i[t-1] + x[t];  v[t] = beta v[t-1] (1 - s[t-1]) + i[t];  s[t] = H(v[t] - threshold)",
 )
 
+CUBA_LIF_NO_RESET = NeuronModel(
+    name="cuba_lif_no_reset",
+    states=("i", "v"),
+    params=("alpha", "beta", "threshold"),
+    step=(("i", "alpha*i + x"), ("v", "beta*v + i")),
+    fire="v - threshold",
+    strict=True,
+    defaults=(("threshold", 1.0),),
+    equations="i[t] = alpha i[t-1] + x[t];  v[t] = beta v[t-1] + i[t];  s[t] = H(v[t] - threshold)",
+)
+
 #: By reset mechanism.
-CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO, "hard": CUBA_LIF_HARD}
+CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO, "hard": CUBA_LIF_HARD, "none": CUBA_LIF_NO_RESET}
 
 #: NIR's CubaLIF integrated by forward Euler as written (``a_syn = dt/tau_syn``, ``a_mem = dt/tau_mem``), with
 #: Norse's arithmetic (its NIR import: a box synapse then a box LIF)::

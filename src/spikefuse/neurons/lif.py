@@ -37,7 +37,7 @@ from .. import params as P
 from ..ops.common import compute_dtype
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "engine_model", "engine_params",
+__all__ = ["LIF_MODELS", "RLEAKY_ZERO", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "engine_model", "engine_params",
            "initial_potential"]
 
 _PARAMS = ("decay", "threshold", "v_reset")
@@ -58,6 +58,10 @@ LIF_MODELS = {
     ("snntorch", "hard"): _lif("leaky_zero", "where(s, 0, decay*v) + x", strict=True),
     ("snntorch", "none"): _lif("leaky_no_reset", "decay*v + x", strict=True),
 }
+
+#: snnTorch's ``RLeaky(reset_mechanism="zero")``: the whole membrane of a step after a spike is 0, its input too
+#: (``Leaky``'s "zero" zeroes the previous membrane only, before the input is added).
+RLEAKY_ZERO = _lif("rleaky_zero", "where(s, 0, decay*v + x)", strict=True)
 
 _SJ_RESETS = {"hard": "where(s, v_reset, v)", "soft": "where(s, v - threshold, v)", "none": "v"}
 _SJ_CHARGES = {  # of v = u, the post-reset membrane

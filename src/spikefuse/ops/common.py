@@ -74,6 +74,22 @@ def refuse_double_backward(what: str, remedy: str) -> None:
         )
 
 
+def saved_tensors(ctx, what: str) -> tuple:
+    """``ctx.saved_tensors``, or where an earlier backward freed them, an error that says why that happens with
+    spiking layers and what to do: a state kept from the previous batch leads the new backward into the old graph."""
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as err:
+        if "a second time" not in str(err):
+            raise
+        raise RuntimeError(
+            f"backward reached {what} through a graph that an earlier backward already freed: a neuron state kept "
+            "from the previous batch (layers that keep their states between calls, such as spikefuse.compat's "
+            "snnTorch modules, carry them over). Reset the states between batches (spikefuse.nn.reset_states(net), "
+            "or each layer's reset_mem()), or detach them (detach_hidden()) for truncated BPTT"
+        ) from None
+
+
 def device_guard(device: torch.device):
     """The CUDA device context a Triton launch on ``device`` needs (its kernels run on the current device, which need
     not be the tensors'); no context for CPU tensors (Triton's interpreter)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common import compute_dtype, keeps_graph, refuse_double_backward
+from ..common import compute_dtype, keeps_graph, refuse_double_backward, saved_tensors
 from . import module, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 
@@ -96,8 +96,8 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     """``(grad_x, grad per parameter, grad per initial state)``, None where not needed."""
     n_params, n_init = ctx.n_params, ctx.n_init
     grad_spikes, *grad_final = grads[: 1 + n_init]  # (none for the saved states)
-    x2, *tensors = ctx.saved_tensors
     inner, model, surrogate, detach_reset, backend = ctx.args
+    x2, *tensors = saved_tensors(ctx, f"the {OBJECTS[model].name} neurons")
     # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
     refuse_double_backward(f"the {OBJECTS[model].name} neurons ({backend!r} backend)",
                            "the neuron engine computes first-order gradients only; spikefuse.lif and the LIF "

@@ -18,7 +18,7 @@ import importlib
 import torch
 
 from .. import bitpack
-from ..common import refuse_double_backward
+from ..common import refuse_double_backward, saved_tensors
 from . import current, current_backward
 
 
@@ -88,7 +88,7 @@ class RecurrentFn(torch.autograd.Function):
         refuse_double_backward(f"the recurrent {model.name} layer ({backend!r} backend)",
                                "use backend='reference', which runs plain PyTorch ops")  # fmt: skip
         ops = backend_module(backend)
-        bits, weight, bias, spikes0, par, init_all, *rest = ctx.saved_tensors
+        bits, weight, bias, spikes0, par, init_all, *rest = saved_tensors(ctx, f"the recurrent {model.name} layer")
         t_steps = ctx.t_steps
         batch, hidden = spikes0.shape
         shape = (t_steps, batch, hidden)
