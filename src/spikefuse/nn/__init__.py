@@ -6,6 +6,7 @@ from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .lean import ShapeOnlyAvgPool2d, to_lean
 from .neurons import IF, LIF, LIFOptions
+from .recurrent import Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF
 from .states import reset_states
 from .spike_layers import (
     SpikeConv1d,
@@ -22,5 +23,6 @@ from .spike_layers import (
 __all__ = [
     "LIF", "IF", "LIFOptions", "BatchNormLIF1d", "BatchNormLIF2d", "ConvBatchNormLIF", "SeqToBatch", "Flatten", "SpikeLinear", "SpikeConv1d",
     "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d", "SpikeMaxPool3d", "set_debug", "debug_enabled", "to_lean", "ShapeOnlyAvgPool2d", "CubaLIF", "ALIF",
-    "EngineNeuron", "BatchNormNeuron", "reset_states",
+    "EngineNeuron", "BatchNormNeuron", "reset_states", "Recurrent", "RecurrentLIF", "RecurrentCubaLIF",
+    "RecurrentALIF",
 ]  # fmt: skip

@@ -1,0 +1,112 @@
+"""Recurrent spiking layers: :class:`Recurrent` for any :class:`~spikefuse.neurons.NeuronModel` (a user's too), and
+:class:`RecurrentLIF`, :class:`RecurrentCubaLIF`, :class:`RecurrentALIF`. Each runs all T steps forward and backward
+in one autograd operation (:func:`spikefuse.recurrent`)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import nn
+
+from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, LIF_MODELS, NeuronModel
+from ..recurrent_functional import recurrent
+from ..surrogate import ATan, Sigmoid
+from .engine_neurons import ALIF, CubaLIF, EngineNeuron
+
+__all__ = ["Recurrent", "RecurrentLIF", "RecurrentCubaLIF", "RecurrentALIF"]
+
+
+class Recurrent(EngineNeuron):
+    """A recurrent layer of ``hidden_size`` of ``model``'s neurons over input currents ``[T, B, hidden_size]``: at
+    every step the neurons' input is ``x[t]`` plus the recurrent current of the previous step's spikes,
+    ``self.recurrent(s[t-1])`` (an ``nn.Linear(hidden_size, hidden_size)``, all to all) or ``weight * s[t-1] + bias``
+    (``all_to_all=False``: each neuron's own spike, ``weight`` and ``bias`` of ``[hidden_size]``). Returns the spikes
+    ``[T, B, hidden_size]``.
+
+    Args:
+        model, surrogate, detach_reset, learnable, channels, backend, **params: as :class:`EngineNeuron`
+            (``channels=hidden_size`` for one learnable value per neuron).
+        all_to_all: the recurrent connection (see above).
+        bias: whether the recurrent current has a bias.
+        stateful: keep the final states (the model's and the last spikes) between calls; :meth:`reset_state`.
+        memory: "recompute" (the backward computes every step again from the input) or "potential" (every step's
+            states the backward reads are kept).
+    """
+
+    def __init__(self, model: NeuronModel, hidden_size: int, *, all_to_all: bool = True, bias: bool = True,
+                 surrogate="atan", detach_reset: bool = False, learnable=(), channels: int | None = None,
+                 stateful: bool = False, backend: str = "auto", memory: str = "recompute", **params):  # fmt: skip
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
+            raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
+        super().__init__(model, surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
+                         channels=channels, stateful=stateful, backend=backend, memory=memory, **params)  # fmt: skip
+        self.hidden_size = int(hidden_size)
+        self.all_to_all = bool(all_to_all)
+        if self.all_to_all:
+            self.recurrent = nn.Linear(self.hidden_size, self.hidden_size, bias=bias)
+        else:  # the scale of nn.Linear's default initialization for one input
+            self.weight = nn.Parameter(torch.empty(self.hidden_size).uniform_(-1, 1))
+            self.bias = nn.Parameter(torch.zeros(self.hidden_size)) if bias else None
+
+    def recurrent_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight, bias)`` of the recurrent current: ``[H, H]`` (all to all) or ``[H]``, and ``[H]`` or None."""
+        if self.all_to_all:
+            return self.recurrent.weight, self.recurrent.bias
+        return self.weight, self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 3 or x.shape[2] != self.hidden_size:
+            raise ValueError(f"{type(self).__name__} takes input currents [T, B, {self.hidden_size}], got "
+                             f"{tuple(x.shape)}")  # fmt: skip
+        weight, bias = self.recurrent_weights()
+        arguments = self.call_arguments(x)
+        spikes, final = recurrent(x, self.model, weight, bias, return_state=True, memory=self.memory, **arguments)
+        self.keep_state(final)
+        return spikes
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, all_to_all={self.all_to_all}, {super().extra_repr()}"
+
+
+class RecurrentLIF(Recurrent):
+    """Recurrent LIF neurons of the temporal-fusion paper's dynamics: ``v[t] = decay * v[t-1] + x[t] + rec[t]``,
+    spikes where ``v >= threshold``, reset to ``v_reset`` at the next step (``v_reset=None``: subtract the
+    threshold there). ``learnable`` may name "decay" and "threshold"."""
+
+    unit_interval = ("decay",)
+
+    def __init__(self, hidden_size: int, decay: float, threshold: float = 1.0, v_reset: float | None = 0.0, *,
+                 surrogate=Sigmoid(4.0), **options):  # fmt: skip
+        if not (isinstance(threshold, numbers.Real) and threshold > 0):
+            raise ValueError(f"threshold must be a positive number, got {threshold!r}")
+        model = LIF_MODELS[("paper", "soft" if v_reset is None else "hard")]
+        params = dict(decay=decay, threshold=threshold, **({} if v_reset is None else {"v_reset": v_reset}))
+        super().__init__(model, hidden_size, surrogate=surrogate, **options, **params)
+
+
+class RecurrentCubaLIF(Recurrent):
+    """Recurrent current-based LIF neurons (:class:`~spikefuse.nn.CubaLIF`'s dynamics and arguments): the recurrent
+    current joins the synaptic current, ``i[t] = alpha * i[t-1] + x[t] + rec[t]`` (snnTorch's ``RSynaptic``)."""
+
+    unit_interval = CubaLIF.unit_interval
+
+    def __init__(self, hidden_size: int, alpha: float, beta: float, threshold: float = 1.0, reset: str = "subtract",
+                 *, surrogate=ATan(2.0), **options):  # fmt: skip
+        if reset not in CUBA_LIF_MODELS:
+            raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
+        self.reset = reset
+        super().__init__(CUBA_LIF_MODELS[reset], hidden_size, surrogate=surrogate, alpha=alpha, beta=beta,
+                         threshold=threshold, **options)  # fmt: skip
+
+
+class RecurrentALIF(Recurrent):
+    """Recurrent adaptive-threshold LIF neurons (:class:`~spikefuse.nn.ALIF`'s dynamics and arguments), the hidden
+    layer of Bellec et al. 2018's LSNN."""
+
+    unit_interval = ALIF.unit_interval
+
+    def __init__(self, hidden_size: int, decay: float, rho: float, b0: float = 1.0, beta: float = 1.8, *,
+                 surrogate=Sigmoid(4.0), **options):  # fmt: skip
+        super().__init__(ALIF_MODEL, hidden_size, surrogate=surrogate, decay=decay, rho=rho, b0=b0, beta=beta,
+                         **options)  # fmt: skip
