@@ -51,3 +51,32 @@ def test_matches_norse(name, backend):
     (ours[:12] * w[:12]).sum().backward()
     assert float(x.grad.abs().max()) > 0
     torch.testing.assert_close(x_ours.grad, x.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("name", ["LIFRecurrent", "LSNNRecurrent"])
+def test_recurrent_modules_match_norse(name, backend):
+    """Norse's recurrent modules against spikefuse's (the same weights drawn from the same seed): spikes and every
+    state bit for bit, continuing from a Norse state too; gradients of the input and both weights to 1e-5."""
+    import spikefuse.compat.norse as CN
+
+    T, B, I, H = 24, 3, 12, 10
+    torch.manual_seed(1)
+    peer = getattr(norse, name)(I, H)
+    torch.manual_seed(1)
+    ours = getattr(CN, name)(I, H, backend=backend)
+    x = (torch.rand(T, B, I, generator=torch.Generator().manual_seed(2)) < 0.3).float() * (4.0 if "LIF" in name else 20.0)
+    xp, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (zp, sp), (zo, so) = peer(xp), ours(xo)
+    assert 0 < float(zp.detach().mean()) < 1
+    assert torch.equal(zp, zo) and type(so).__name__ == type(sp).__name__
+    for a, b in zip(sp, so):
+        assert torch.equal(a, b)
+    first = peer(x[:10])[1]
+    assert torch.equal(ours(x[10:], first)[0], peer(x[10:], first)[0])
+    upstream = torch.randn(zp.shape, generator=torch.Generator().manual_seed(3))
+    grads = [torch.autograd.grad((z * upstream).sum() + s.v.sum(), [xx, m.input_weights, m.recurrent_weights])
+             for z, s, xx, m in ((zp, sp, xp, peer), (zo, so, xo, ours))]  # fmt: skip
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(a.abs().max())))
+    assert not grads[1][2].diagonal().any()  # no autapses: the diagonal's gradient zeroed, as in Norse

@@ -1,5 +1,7 @@
-"""Norse 1.1's feed-forward ``LIF`` (current-based) and ``LSNN`` (adaptive) neurons as spikefuse neuron models:
-definitions only (:class:`~spikefuse.neurons.NeuronModel`), run by the engine's generated kernels.
+"""Norse 1.1's ``LIF`` (current-based) and ``LSNN`` (adaptive) neurons as spikefuse neuron models
+(:class:`~spikefuse.neurons.NeuronModel`, run by the engine's generated kernels), and its recurrent modules
+``LIFRecurrent`` and ``LSNNRecurrent`` on spikefuse's fused recurrent layer (:func:`spikefuse.recurrent`): the same
+definitions, the recurrent current of the previous spikes joining the input where Norse adds it.
 
 Norse applies the reset of a spike in the step that fires it and returns post-reset states; the models below apply
 the reset at the start of the next step, with Norse's operations in Norse's order, and hand out the post-reset
@@ -21,12 +23,17 @@ input reaches the current after the spike test)::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+from torch import nn
 
 from ..neurons import NeuronModel
+from ..recurrent_functional import recurrent
 from ..surrogate import FastSigmoid
 
-__all__ = ["NORSE_LIF", "NORSE_LSNN", "lif_params", "lsnn_params", "SUPERSPIKE"]
+__all__ = ["NORSE_LIF", "NORSE_LSNN", "lif_params", "lsnn_params", "SUPERSPIKE", "LIFRecurrent", "LSNNRecurrent",
+           "LIFState", "LSNNState"]
 
 #: Norse 1.1's "super" spike gradient (alpha unused there).
 SUPERSPIKE = FastSigmoid(1.0)
@@ -87,3 +94,106 @@ def lsnn_params(p=None, dt: float = 0.001) -> dict:
     return {"dt_mem": dt * _scalar(p.tau_mem_inv), "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
             "dt_adapt": dt * _scalar(p.tau_adapt_inv), "v_leak": _scalar(p.v_leak), "v_th": _scalar(p.v_th),
             "v_reset": _scalar(p.v_reset), "beta": _scalar(p.beta)}  # fmt: skip
+
+
+class LIFState(NamedTuple):
+    """Norse's ``LIFState``: the last spikes, the membrane, the synaptic current."""
+
+    z: torch.Tensor
+    v: torch.Tensor
+    i: torch.Tensor
+
+
+class LSNNState(NamedTuple):
+    """Norse's ``LSNNState``: the last spikes, the membrane, the synaptic current, the (absolute) threshold."""
+
+    z: torch.Tensor
+    v: torch.Tensor
+    i: torch.Tensor
+    b: torch.Tensor
+
+
+class _Recurrent(nn.Module):
+    """What :class:`LIFRecurrent` and :class:`LSNNRecurrent` share: Norse's weights (``input_weights`` ``[H, I]``,
+    ``recurrent_weights`` ``[H, H]``, drawn as Norse draws them, no bias; without ``autapses`` the recurrent diagonal
+    zeroed once and its gradient zeroed by a hook, as in Norse) and the fused recurrent layer over ``[T, B, I]``."""
+
+    MODEL: NeuronModel
+    STATE: type
+
+    def __init__(self, input_size: int, hidden_size: int, p, input_weights=None, recurrent_weights=None,
+                 autapses: bool = False, dt: float = 0.001, *, backend: str = "auto", memory: str = "recompute"):  # fmt: skip
+        super().__init__()
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+        self.p, self.dt, self.autapses = p, dt, bool(autapses)
+        self.backend, self.memory = backend, memory
+        scale = torch.sqrt(2.0 / torch.as_tensor(self.hidden_size))  # Norse's: a float32 scale from the hidden size
+        self.input_weights = input_weights if input_weights is not None else nn.Parameter(
+            torch.randn(self.hidden_size, self.input_size) * scale)  # fmt: skip
+        self.recurrent_weights = recurrent_weights if recurrent_weights is not None else nn.Parameter(
+            torch.randn(self.hidden_size, self.hidden_size) * scale)  # fmt: skip
+        if not self.autapses:
+            with torch.no_grad():
+                self.recurrent_weights.fill_diagonal_(0.0)
+            self.recurrent_weights.requires_grad = True
+            self.recurrent_weights.register_hook(lambda g: g.clone().fill_diagonal_(0.0))
+
+    def initial_state(self, x: torch.Tensor):
+        raise NotImplementedError
+
+    def forward(self, input_tensor: torch.Tensor, state=None):
+        """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)``."""
+        if input_tensor.ndim != 3 or input_tensor.shape[2] != self.input_size:
+            raise ValueError(f"{type(self).__name__} takes [T, B, {self.input_size}] inputs, got "
+                             f"{tuple(input_tensor.shape)}")  # fmt: skip
+        state = self.initial_state(input_tensor) if state is None else state
+        current = torch.nn.functional.linear(input_tensor, self.input_weights)
+        names = self.MODEL.states
+        params = self.params()
+        spikes, final = recurrent(current, self.MODEL, self.recurrent_weights, None, surrogate=SUPERSPIKE,
+                                  detach_reset=True, backend=self.backend, memory=self.memory, return_state=True,
+                                  state=(*(getattr(state, k).expand(current.shape[1:]) for k in names),
+                                         state.z.to(current.dtype)), **params)  # fmt: skip
+        return spikes, self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
+
+
+class LIFRecurrent(_Recurrent):
+    """Norse 1.1's ``LIFRecurrent`` on the fused recurrent layer: the current jumps by the input and the recurrent
+    current of the previous spikes, ``i = (i + W_in x[t]) + W_rec z[t-1]``, then Norse's LIF step
+    (:data:`NORSE_LIF`, its reset detached as in Norse's recurrent step). Spikes and states Norse's bit for bit
+    (float32); ``forward(x [T, B, I], state=None) -> (z [T, B, H], LIFState)``."""
+
+    MODEL, STATE = NORSE_LIF, LIFState
+
+    def __init__(self, input_size: int, hidden_size: int, p=None, **kwargs):
+        super().__init__(input_size, hidden_size, p, **kwargs)
+
+    def params(self) -> dict:
+        return lif_params(self.p, self.dt)
+
+    def initial_state(self, x):
+        shape = (*x.shape[1:-1], self.hidden_size)
+        v_leak = lif_params(self.p, self.dt)["v_leak"]
+        return LIFState(z=x.new_zeros(shape), v=torch.full(shape, float(v_leak), device=x.device),
+                        i=torch.zeros(shape, device=x.device))  # fmt: skip
+
+
+class LSNNRecurrent(_Recurrent):
+    """Norse 1.1's ``LSNNRecurrent`` on the fused recurrent layer (:data:`NORSE_LSNN`): the input and the recurrent
+    current of the previous spikes reach the current after the spike test, ``i = (i + W_in x[t]) + W_rec z[t-1]``;
+    reset and threshold jump detached as in Norse's recurrent step. Spikes and states Norse's bit for bit (float32);
+    ``forward(x [T, B, I], state=None) -> (z [T, B, H], LSNNState)``."""
+
+    MODEL, STATE = NORSE_LSNN, LSNNState
+
+    def __init__(self, input_size: int, hidden_size: int, p=None, **kwargs):
+        super().__init__(input_size, hidden_size, p, **kwargs)
+
+    def params(self) -> dict:
+        return lsnn_params(self.p, self.dt)
+
+    def initial_state(self, x):
+        shape = (*x.shape[1:-1], self.hidden_size)
+        params = lsnn_params(self.p, self.dt)
+        full = lambda value: torch.full(shape, float(value), dtype=x.dtype, device=x.device)  # noqa: E731
+        return LSNNState(z=full(0.0), v=full(params["v_leak"]), i=full(0.0), b=full(params["v_th"]))
