@@ -36,6 +36,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.table1",
     "spikefuse.bench.neuron",
     "spikefuse.bench.engine",
+    "spikefuse.bench.recurrent",
     "spikefuse.bench.compile",
     "spikefuse.bench.memory",
     "spikefuse.bench.layers",

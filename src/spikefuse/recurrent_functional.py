@@ -83,8 +83,9 @@ def recurrent(
     operation, the weight's gradient one matrix product over all steps. ``params``, ``surrogate``, ``detach_reset``
     (no gradient through the reset; the recurrent current's gradient always flows), ``backend`` as
     :func:`spikefuse.neuron`. ``memory``: "recompute" (kept for backward: the input and the spikes as bits; the
-    backward computes every step's current and states again) or "potential" (every step's states the backward reads
-    are kept instead of the input: no recomputation). A float16 / bfloat16 ``x`` runs in float32."""
+    backward computes every step's current and states again; where the backward reads one state only, as LIF's
+    membrane, that state is kept instead, the same memory and no recomputation) or "potential" (every step's states
+    the backward reads are kept instead of the input). A float16 / bfloat16 ``x`` runs in float32."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:

@@ -6,6 +6,9 @@ backward: the spikes as bits (1/32 of a float each) and, with ``memory="potentia
 backward reads (:func:`.cpu.kept_states`), else the input only (``"recompute"``: the backward computes the currents
 of the kept spikes again, one product per step as the forward did, then replays every step in one kernel).
 
+With one state to keep (LIF's membrane), keeping it takes no more memory than keeping the input, and both modes
+keep it.
+
 Backward: once through time in reverse, one kernel call per step and the product that carries the gradient of a
 step's input back to the previous spikes (``grad @ W``); then the weight's gradient as one product over all
 ``T*B`` rows (``G.T @ S_prev``), the bias's as one sum, the parameters' as per-neuron sums reduced once.
@@ -65,7 +68,8 @@ class RecurrentFn(torch.autograd.Function):
         par = torch.stack([p.expand(hidden) for p in params]) if params else x.new_zeros(0, hidden)
         init_all = torch.stack([v.expand(batch, hidden) for v in init]).contiguous()
         kept = ops.kernels(model, type(surrogate), x.dtype).KEPT_STATES
-        potential = memory == "potential"
+        # states that take no more memory than the input are kept whatever the mode: nothing to recompute then
+        potential = memory == "potential" or len(kept) + model.backward_reads_input <= 1
         hist = x.new_empty(t_steps, len(kept), batch, hidden) if potential else None
         currents = x.new_empty(t_steps, batch, hidden) if potential and model.backward_reads_input else None
         with torch.no_grad():
@@ -74,7 +78,7 @@ class RecurrentFn(torch.autograd.Function):
         if currents is not None:
             currents += x  # the steps' inputs, which the derivatives read
         bits, _ = bitpack.pack(spikes, reuse=False)
-        ctx.args = (model, surrogate, detach_reset, backend, memory, n_params, bias is not None)
+        ctx.args = (model, surrogate, detach_reset, backend, potential, n_params, bias is not None)
         ctx.shapes = [p.shape for p in params], [v.shape for v in init]
         saved = (hist, currents) if potential else (x, None)
         ctx.save_for_backward(bits, weight, bias, spikes0, par, init_all, *(t for t in saved if t is not None))
@@ -84,7 +88,7 @@ class RecurrentFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_spikes, *grad_final):
-        model, surrogate, detach_reset, backend, memory, n_params, has_bias = ctx.args
+        model, surrogate, detach_reset, backend, potential, n_params, has_bias = ctx.args
         refuse_double_backward(f"the recurrent {model.name} layer ({backend!r} backend)",
                                "use backend='reference', which runs plain PyTorch ops")  # fmt: skip
         ops = backend_module(backend)
@@ -95,7 +99,7 @@ class RecurrentFn(torch.autograd.Function):
         dtype, device = spikes0.dtype, spikes0.device
         spikes = bitpack.unpack(bits, shape, dtype)
         previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
-        if memory == "potential":
+        if potential:
             hist = rest[0]
             xin = rest[1] if ctx.has_currents else None
         else:

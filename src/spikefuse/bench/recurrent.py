@@ -1,0 +1,284 @@
+"""``spikefuse bench recurrent``: a recurrent spiking layer at the Spiking Heidelberg Digits' size, spikefuse against
+the peers and the matrix-product floor.
+
+The network of every case: input spikes ``[T, B, 700]`` (5% ones) through a ``Linear(700, 256)``, a recurrent layer
+of 256 all-to-all neurons, and ``(spikes * g).sum()`` with a fixed random ``g``; one forward+backward per run, into
+every weight's gradient. Each peer runs as its users run it, and spikefuse runs the peer's dynamics (its drop-in,
+the same weights), checked to give the same spikes:
+
+- snnTorch ``RLeaky`` in a loop over the steps, and :class:`spikefuse.compat.snntorch.RLeaky`'s ``sequence``;
+- Norse ``LSNNRecurrent`` and :class:`spikefuse.compat.norse.LSNNRecurrent`;
+- SpikingJelly ``LinearRecurrentContainer`` around a ``LIFNode``, stepped in a loop, and :func:`spikefuse.recurrent`
+  with SpikingJelly's LIF definition and the container's weight split into its input and recurrent halves (the
+  container multiplies the concatenation ``[x; s]`` in one product, a different rounding: its spikes are compared,
+  not required equal);
+- the floor: the same matrix products alone, timed as one run (the input product, T recurrent products forward, T
+  products carrying the gradient back through the steps, the two weight gradients as one product each).
+
+Memory kept for backward: the bytes of the distinct tensors autograd keeps from the forward (saved-tensor hooks),
+parameters excepted; the input spikes, which every case keeps for its first layer's weight gradient, included
+(spikefuse's first layer is :class:`spikefuse.nn.SpikeLinear`, which keeps them as bits, where its user would use
+it: in front of the snnTorch and SpikingJelly drop-ins; Norse's module holds its own input weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..nn.spike_layers import SpikeLinear
+from ..threads import set_threads
+from .common import (add_result_args, command_line, gpu_machine_info, machine_info, markdown_table, result_tag,
+                     round_robin, write_csv)
+
+INPUTS, HIDDEN, BATCH, RATE = 700, 256, 32, 0.05
+
+
+def kept_bytes(forward, params) -> int:
+    """Bytes of the distinct tensors autograd keeps for backward while ``forward()`` runs, ``params`` excepted."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return sum(kept.values())
+
+
+def _input_layer(cls, gain: float, device, like: nn.Linear | None = None) -> nn.Linear:
+    """The first layer, ``Linear(700, 256)`` (``cls``: ``nn.Linear`` or spikefuse's ``SpikeLinear``, which keeps its
+    spike input as bits): its weights ``like``'s, or drawn and scaled by ``gain`` so that the layer fires ~5-10% of
+    the time."""
+    fc = cls(INPUTS, HIDDEN).to(device)
+    with torch.no_grad():
+        if like is None:
+            fc.weight.mul_(gain)
+        else:
+            fc.load_state_dict(like.state_dict())
+    return fc
+
+
+class Case:
+    """One implementation: ``forward()`` -> spikes ``[T, B, H]`` (with its graph); its parameters."""
+
+    def __init__(self, name: str, pair: str, forward, params):
+        self.name, self.pair, self.forward, self.params = name, pair, forward, list(params)
+
+    def step(self, upstream):
+        def run():
+            spikes = self.forward()
+            (spikes * upstream).sum().backward()
+            for p in self.params:
+                p.grad = None
+
+        return run
+
+
+def _snntorch_cases(x, device) -> list[Case]:
+    import snntorch
+
+    from ..compat import snntorch as compat
+
+    torch.manual_seed(1)
+    fc, peer = _input_layer(nn.Linear, 4.0, device), snntorch.RLeaky(beta=0.95, linear_features=HIDDEN).to(device)
+    ours = compat.RLeaky(beta=0.95, linear_features=HIDDEN).to(device)
+    ours.load_state_dict(peer.state_dict())
+    ours_fc = _input_layer(SpikeLinear, 4.0, device, fc)
+
+    def peer_loop():
+        spk, mem = peer.reset_mem()
+        out = []
+        for x_t in x.unbind(0):
+            spk, mem = peer(fc(x_t), spk, mem)
+            out.append(spk)
+        return torch.stack(out)
+
+    def ours_sequence():
+        ours.reset_mem()
+        return ours.sequence(ours_fc(x))[0]
+
+    return [Case("snnTorch RLeaky, loop", "snntorch", peer_loop, [*fc.parameters(), *peer.parameters()]),
+            Case("spikefuse compat RLeaky.sequence", "snntorch", ours_sequence,
+                 [*ours_fc.parameters(), *ours.parameters()])]
+
+
+def _norse_cases(x, device) -> list[Case]:
+    import norse.torch as norse
+
+    from ..compat import norse as compat
+
+    modules = []
+    for make in (norse.LSNNRecurrent, compat.LSNNRecurrent):
+        torch.manual_seed(2)
+        modules.append(make(INPUTS, HIDDEN).to(device))
+        with torch.no_grad():
+            modules[-1].input_weights.mul_(64.0)  # Norse's LSNN needs a stronger drive to fire ~5% of the time
+    peer, ours = modules
+    return [Case("Norse LSNNRecurrent", "norse", lambda: peer(x)[0], peer.parameters()),
+            Case("spikefuse compat LSNNRecurrent", "norse", lambda: ours(x)[0], ours.parameters())]
+
+
+def _spikingjelly_cases(x, device) -> list[Case]:
+    from spikingjelly.activation_based import functional, layer, neuron
+
+    import spikefuse
+    from ..neurons import SPIKINGJELLY_MODELS
+    from ..surrogate import Sigmoid
+
+    torch.manual_seed(3)
+    fc = _input_layer(nn.Linear, 5.0, device)
+    net = layer.LinearRecurrentContainer(neuron.LIFNode(tau=2.0, step_mode="s"), HIDDEN, HIDDEN).to(device)
+    with torch.no_grad():
+        net.rc.weight.mul_(5.0)
+    ours_fc = _input_layer(SpikeLinear, 5.0, device, fc)
+
+    def peer_loop():
+        functional.reset_net(net)
+        return torch.stack([net(fc(x_t)) for x_t in x.unbind(0)])
+
+    def ours():
+        w = net.rc.weight
+        current = nn.functional.linear(ours_fc(x), w[:, :HIDDEN])
+        return spikefuse.recurrent(current, SPIKINGJELLY_MODELS[("hard", "div_input")], w[:, HIDDEN:], net.rc.bias,
+                                   surrogate=Sigmoid(4.0), decay=2.0, threshold=1.0, v_reset=0.0)  # fmt: skip
+
+    return [Case("SpikingJelly LinearRecurrentContainer(LIFNode), loop", "spikingjelly", peer_loop,
+                 [*fc.parameters(), *net.parameters()]),
+            Case("spikefuse.recurrent, SpikingJelly's LIF", "spikingjelly", ours,
+                 [*ours_fc.parameters(), *net.parameters()])]
+
+
+def _floor_case(x, device) -> Case:
+    """The matrix products of the network alone: what no implementation can skip."""
+    fc = nn.Linear(INPUTS, HIDDEN).to(device)
+    w = nn.Parameter(torch.randn(HIDDEN, HIDDEN, device=device) / HIDDEN**0.5)
+    b = nn.Parameter(torch.zeros(HIDDEN, device=device))
+    spikes = (torch.rand(x.shape[0], x.shape[1], HIDDEN, device=device) < RATE).float()
+
+    class Products(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, current, w, b):
+            out = torch.empty_like(current)
+            for t in range(current.shape[0]):
+                torch.addmm(b, spikes[t - 1] if t else spikes[-1], w.t(), out=out[t])
+            ctx.save_for_backward(w)
+            return out + current
+
+        @staticmethod
+        def backward(ctx, g):
+            (w,) = ctx.saved_tensors
+            carry = torch.empty_like(g[0])
+            for t in range(g.shape[0] - 1, -1, -1):
+                torch.mm(g[t], w, out=carry)
+            previous = torch.cat([spikes[-1:], spikes[:-1]]).reshape(-1, HIDDEN)
+            return g, g.reshape(-1, HIDDEN).t() @ previous, g.sum((0, 1))
+
+    return Case("floor: the matrix products alone", "floor", lambda: Products.apply(fc(x), w, b), [*fc.parameters(), w, b])
+
+
+def cases(x, device, peers=("snntorch", "norse", "spikingjelly")) -> list[Case]:
+    out = []
+    builders = {"snntorch": _snntorch_cases, "norse": _norse_cases, "spikingjelly": _spikingjelly_cases}
+    for peer in peers:
+        try:
+            out += builders[peer](x, device)
+        except ImportError as err:
+            print(f"skipping {peer}: {err}")
+    return out + [_floor_case(x, device)]
+
+
+def run(args) -> None:
+    set_threads(args.threads)
+    device = args.device
+    rows = []
+    for t_steps in args.T:
+        g = torch.Generator().manual_seed(t_steps)
+        x = (torch.rand(t_steps, BATCH, INPUTS, generator=g) < RATE).float().to(device)
+        upstream = torch.randn(t_steps, BATCH, HIDDEN, generator=g).to(device)
+        all_cases = cases(x, device, args.peers)
+        spikes = {}
+        for case in all_cases:
+            with torch.no_grad():
+                spikes[case.name] = case.forward().float()
+        kept = {case.name: kept_bytes(case.forward, case.params) for case in all_cases}
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        steps = {case.name: case.step(upstream) for case in all_cases}
+        timed = {name: (lambda fn=fn: (fn(), sync())) for name, fn in steps.items()}
+        medians = round_robin(timed, args.repeats)
+        floor = medians["floor: the matrix products alone"]
+        for case in all_cases:
+            partner = next((c for c in all_cases if c.pair == case.pair and c is not case), None)
+            differ = float((spikes[case.name] != spikes[partner.name]).float().mean()) if partner else 0.0
+            peer = next((c for c in all_cases if c.pair == case.pair and not c.name.startswith("spikefuse")), None)
+            rows.append({"T": t_steps, "implementation": case.name, "fwd_bwd_ms": round(medians[case.name] * 1e3, 1),
+                         "vs_floor": round(medians[case.name] / floor, 2),
+                         "speedup_of_spikefuse": round(medians[peer.name] / medians[case.name], 2)
+                         if case.name.startswith("spikefuse") and peer is not None else "",
+                         "kept_MB": round(kept[case.name] / 2**20, 1),
+                         "kept_vs_peer": round(kept[case.name] / kept[peer.name], 3)
+                         if case.name.startswith("spikefuse") and peer is not None else "",
+                         "spike_rate": round(float(spikes[case.name].mean()), 4) if case.pair != "floor" else "",
+                         "spikes_differing": differ})  # fmt: skip
+    out = Path(args.out)
+    stem = out / f"recurrent_{args.tag}"
+    write_csv(stem.with_suffix(".csv"), rows)
+    table = markdown_table(
+        ["T", "implementation", "fwd+bwd ms", "x floor", "spikefuse speed-up", "kept for backward MB",
+         "kept vs peer", "spike rate", "spikes differing from its pair"],
+        [[r["T"], r["implementation"], r["fwd_bwd_ms"], r["vs_floor"], r["speedup_of_spikefuse"], r["kept_MB"],
+          r["kept_vs_peer"], r["spike_rate"], f"{r['spikes_differing']:.1e}"] for r in rows],
+    )  # fmt: skip
+    machine = machine_info() if device == "cpu" else gpu_machine_info()
+    text = [
+        f"# Recurrent layer at the SHD size: {INPUTS} inputs ({RATE:.0%} spikes) -> {HIDDEN} recurrent, batch {BATCH}, "
+        f"forward+backward ({device})",
+        "",
+        f"Machine: {machine}",
+        f"Command: `{command_line()}`",
+        "",
+        f"Medians of {args.repeats} round-robin runs after one warm-up, in one process. 'x floor': the time over the "
+        "floor's, the network's matrix products alone (input product, a recurrent product per step forward and one "
+        "backward, each weight gradient as one product). 'spikefuse speed-up': the peer's time over spikefuse's "
+        "for the same dynamics and weights; 'kept vs peer' likewise for the bytes autograd keeps for backward "
+        "(parameters excepted, the input spikes included). 'spikes differing': the fraction of spikes that differ "
+        "from the other implementation of the pair (SpikingJelly's container multiplies [x; s] in one product, a "
+        "different rounding, so its pair may differ; the others must not).",
+        "",
+        table,
+    ]
+    stem.with_suffix(".md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {stem}.md/.csv")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("recurrent", help="a recurrent layer at the SHD size vs snnTorch, Norse, SpikingJelly "
+                                                "and the matrix-product floor")  # fmt: skip
+    p.add_argument("--T", type=int, nargs="+", default=[250, 1000])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--peers", nargs="*", default=["snntorch", "norse", "spikingjelly"],
+                   choices=["snntorch", "norse", "spikingjelly"])
+    p.add_argument("--quick", action="store_true", help="T=20, two repeats: check the harness")
+    add_result_args(p)
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> None:
+    if args.quick:
+        args.T, args.repeats = [20], 2
+    if min(args.T) <= 0 or args.repeats <= 0:
+        raise SystemExit("--T and --repeats must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU here")
+    args.tag = result_tag(args) + ("" if args.device == "cpu" else f"_{args.device}")
+    run(args)
