@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
 #   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile]
-#       [memory] [bench-quick]   (default: cuda-tests triton-tests bench)
+#       [memory] [bench-quick] [recurrent] [tune]   (default: cuda-tests triton-tests bench)
 # - cuda-tests: tests/ops/test_triton_cuda.py, tests/bench/test_gpu.py and test_memory.py (CUDA tensors through the
 #   public API, a lean ResNet18 trained on the GPU);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
@@ -11,6 +11,9 @@
 # - memory: `spikefuse bench memory --device cuda` at the CPU run's size (ResNet18, imagenet stem, T=8, B=16) and at
 #   the memory-lean paper's (CIFAR stem, T=10, B=64), into $OUT/memory-cpu-size and $OUT/memory-paper-size; every
 #   form in one process (the GPU's memory is read from torch's allocator per step, not from the process).
+# - recurrent: the recurrent layers' CUDA tests (cuBLAS products, compiled Triton step kernels, the snnTorch drop-in)
+#   and their Triton tests on the GPU, then `spikefuse bench recurrent --device cuda` into $OUT;
+# - tune: benchmarks/gpu_tune_engine.py, a sweep of the engine kernels' launch configuration into $OUT.
 # Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 OUT=${OUT:-/tmp/spikefuse-gpu}
@@ -49,9 +52,22 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
               --repeats "${MEMORY_REPEATS:-7}" ${size#*:} --results-dir "$OUT/memory-${size%%:*}" 2>&1 | tail -16 \
               || status=1
         done ;;
+      recurrent)
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${RECURRENT_TESTS_TIMEOUT:-200}" $PY -m pytest -q -p no:cacheprovider \
+            -n 4 tests/ops/test_triton_cuda.py -k "recurrent or rleaky" 2>&1 | tee "$OUT/pytest-recurrent-cuda.log" \
+            | tail -8 || status=1
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${RECURRENT_TESTS_TIMEOUT:-200}" $PY -m pytest -q -p no:cacheprovider \
+            -n "$workers" tests/ops/test_recurrent.py -k triton 2>&1 | tee -a "$OUT/pytest-recurrent-cuda.log" \
+            | tail -8 || status=1
+        timeout "${BENCH_TIMEOUT:-300}" $PY -m spikefuse.cli bench recurrent --device cuda --repeats 5 --out "$OUT" \
+            2>&1 | tee "$OUT/bench-recurrent.log" | tail -14 || status=1 ;;
+      tune)
+        timeout "${TUNE_TIMEOUT:-200}" $PY benchmarks/gpu_tune_engine.py 2>&1 | tee "$OUT/tune.log" | tail -45 \
+            || status=1 ;;
       bench-quick)
         $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
-      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory or bench-quick"; exit 2 ;;
+      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory, bench-quick, recurrent or tune"
+         exit 2 ;;
     esac
   done
 done

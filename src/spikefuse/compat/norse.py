@@ -149,7 +149,7 @@ class _Recurrent(nn.Module):
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
         names = self.MODEL.states
-        params = self.params()
+        params = {k: v.to(current.device) for k, v in self.params().items()}  # Norse's records stay on the CPU
         spikes, final = recurrent(current, self.MODEL, self.recurrent_weights, None, surrogate=SUPERSPIKE,
                                   detach_reset=True, backend=self.backend, memory=self.memory, return_state=True,
                                   state=(*(getattr(state, k).expand(current.shape[1:]) for k in names),

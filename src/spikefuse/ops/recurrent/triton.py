@@ -57,13 +57,14 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     def row(t: str, k: str, rows: str = "hist", width: int = len(kept)) -> str:
         return f"(({t}) * {width} + {kept.index(k)}) * N + offs" if rows == "hist" else f"{S.index(k)} * N + offs"
 
-    save = "".join(f"\n        tl.store(hist + {row('t', k)}, v_{k}, mask=mask)" for k in kept)
+    save = "".join(f"\n        tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept)
     forward = kernel("forward_step(t, x, r, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)", [
+        "t64 = tl.cast(t, tl.int64)",  # row offsets in 64 bits: T * N may pass 2^31
         *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)], fire, spike,
         *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
-        f"x_ = {load('x', 't * N + offs')}.to({dt})", f"r_ = {load('r', 'offs')}", *step, fire, spike,
+        f"x_ = {load('x', 't64 * N + offs')}.to({dt})", f"r_ = {load('r', 'offs')}", *step, fire, spike,
         *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
-        f"if SAVE:{save}", "tl.store(spikes + t * N + offs, s_, mask=mask)"])
+        f"if SAVE:{save}", "tl.store(spikes + t64 * N + offs, s_, mask=mask)"])
     replay = kernel("replay(x, r, cur, spikes, hist, par, T, N, H, BLOCK: tl.constexpr)", [
         *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
         "for t in range(0, T):", "    t64 = tl.cast(t, tl.int64)", f"    {fire}", f"    {spike}",
@@ -79,18 +80,19 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                   for j, p in enumerate(P)]  # fmt: skip
     backward = kernel(f"backward_step(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, N, H, "
                       f"DETACH: tl.constexpr, {needs}BLOCK: tl.constexpr)", [  # fmt: skip
-        "sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", "prev = tl.maximum(t - 1, 0)",
+        "sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", "t64 = tl.cast(t, tl.int64)",
+        "prev = tl.maximum(t64 - 1, 0)",
         *[f"o_{k} = tl.where(t > 0, {load('hist', row('prev', k))}, {load('init', f'{i} * N + offs')})"
           if k in kept else f"o_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)],
         *[f"v_{k} = o_{k}" for k in S], fire, spike,
         *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
-        *[f"v_{k} = {load('hist', row('t', k))}" if k in kept else f"v_{k} = {zeros}" for k in S], fire,
-        *([f"x_ = {load('xin', 't * N + offs')}"] if model.backward_reads_input else []),
+        *[f"v_{k} = {load('hist', row('t64', k))}" if k in kept else f"v_{k} = {zeros}" for k in S], fire,
+        *([f"x_ = {load('xin', 't64 * N + offs')}"] if model.backward_reads_input else []),
         *emit.assignments({**fire_d, **step_d}, sym, "", fast),
-        f"g_s = {load('gy', 't * N + offs')}.to({dt}) + {load('grec', 'offs')} + {load('gs', 'offs')}",
+        f"g_s = {load('gy', 't64 * N + offs')}.to({dt}) + {load('grec', 'offs')} + {load('gs', 'offs')}",
         *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=load("gS", f"{i} * N + offs"))
           for i, k in enumerate(S)],
-        "tl.store(G + t * N + offs, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
+        "tl.store(G + t64 * N + offs, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
         *accumulate,
         *[f"tl.store(gS + {i} * N + offs, " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) + ", mask=mask)"
           for i, o in enumerate(S)],
