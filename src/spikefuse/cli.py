@@ -181,6 +181,12 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
                    help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)")
     p.add_argument("--width", type=_positive_int, default=d.get("width"),
                    help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)")
+    p.add_argument("--hidden", type=_positive_int, default=d.get("hidden", 256),
+                   help="srnn: recurrent neurons per layer (default: %(default)s)")
+    p.add_argument("--layers", type=_positive_int, default=d.get("layers", 1),
+                   help="srnn: recurrent layers (default: %(default)s)")
+    p.add_argument("--cell", choices=("lif", "alif"), default=d.get("cell", "lif"),
+                   help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)")
     p.add_argument("--memory", choices=("fused", "lean"), default="fused",
                    help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
                    "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
@@ -201,6 +207,7 @@ def config_from_args(args, **overrides):
         encoding=args.encoding, neuron_backend=args.neuron_backend, stem=args.stem, image_size=args.image_size,
         train_subset=args.train_subset, test_subset=args.test_subset, width=args.width, progress=not args.no_progress,
         neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"), memory=args.memory,
+        hidden=args.hidden, layers=args.layers, cell=args.cell,
     )
     for k, v in overrides.items():
         setattr(cfg, k, v)

@@ -9,6 +9,8 @@
   counts per frame (C = 2 polarities), framed with tonic's ``ToFrame`` either by equal event counts
   (``framing="events"``, SpikingJelly's "split_by number", the paper's SBE) or by equal time bins
   (``framing="time"``).
+* ``info.kind == "sequence"`` (smnist, psmnist, shd, ssc; :mod:`spikefuse.data.sequences`): ``sample`` is
+  ``[T, F]``, F features per step, for recurrent networks.
 
 Every data-loading problem raises :class:`DataError` with a message naming the file, what is wrong and, for a
 missing data set, the expected folder layout.
@@ -25,7 +27,8 @@ from ._common import DataError, DatasetInfo, TensorDataset
 
 __all__ = ["DATASETS", "DataError", "DatasetInfo", "TensorDataset", "encode", "load_dataset"]
 
-DATASETS: tuple[str, ...] = ("digits", "digits-events", "mnist", "cifar10", "nmnist", "dvsgesture")
+DATASETS: tuple[str, ...] = ("digits", "digits-events", "mnist", "cifar10", "nmnist", "dvsgesture", "smnist", "psmnist",
+                             "shd", "ssc")  # fmt: skip
 FRAMINGS: tuple[str, ...] = ("events", "time")
 ENCODINGS: tuple[str, ...] = ("poisson", "direct")
 
@@ -47,7 +50,7 @@ def load_dataset(
             ``$SPIKEFUSE_DATA``). Ignored by ``digits`` and ``digits-events``, which need no files.
         train: the training split, else the test split.
         T: number of time steps; event data sets are framed into exactly ``T`` frames (static data sets
-            ignore it: encode them per batch with :func:`encode`).
+            ignore it: encode them per batch with :func:`encode`); sequential MNIST takes 28 (rows) or 784 (pixels).
         seed: seed of the random parts of synthetic data (``digits-events``' training recordings); the
             train/test splits and the test recordings are fixed, so runs with different seeds share a test set.
         framing: ``"events"`` (equal event counts per frame) or ``"time"`` (equal time bins), event data only.
@@ -78,6 +81,16 @@ def load_dataset(
         from .cifar10 import load_cifar10
 
         return load_cifar10(root, train=train, size=size)
+    if name in ("smnist", "psmnist"):
+        from .sequences import load_smnist
+
+        _native_size_only(name, size)
+        return load_smnist(root, train=train, T=T, permuted=name == "psmnist")
+    if name in ("shd", "ssc"):
+        from .sequences import load_shd
+
+        _native_size_only(name, size)
+        return load_shd(root, name, train=train, T=T)
     if name == "nmnist":
         from .neuromorphic import load_nmnist
 
@@ -85,6 +98,11 @@ def load_dataset(
     from .neuromorphic import load_dvsgesture
 
     return load_dvsgesture(root, train=train, T=T, framing=framing, size=size)
+
+
+def _native_size_only(name: str, size) -> None:
+    if size is not None:
+        raise ValueError(f"{name} has no image size to set: leave size (--image-size) out")
 
 
 def encode(

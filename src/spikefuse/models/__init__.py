@@ -14,7 +14,8 @@ form with the fused neuron kernels.
 
 Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
 ``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``liang-small``, ``liang-medium``,
-``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I).
+``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I), ``srnn`` (recurrent LIF or ALIF layers with a
+leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..nn import LIF, LIFOptions
+from ..nn import LIF, EngineNeuron, LIFOptions
 from ..nn.lean import to_lean
 from ..surrogate import Rectangle
 
@@ -53,9 +54,11 @@ def spiking_neurons(model: nn.Module) -> list[tuple[str, LIF]]:
 
 
 def set_neuron_backend(model: nn.Module, backend: str) -> nn.Module:
-    """Switch every spikefuse neuron of ``model`` to ``backend`` in place (weights unchanged); returns ``model``."""
-    for _, m in spiking_neurons(model):
-        m.backend = backend
+    """Switch every spikefuse neuron of ``model`` (the LIF family's and the engine's, recurrent layers included) to
+    ``backend`` in place (weights unchanged); returns ``model``."""
+    for m in model.modules():
+        if isinstance(m, (LIF, EngineNeuron)):
+            m.backend = backend
     return model
 
 
@@ -77,6 +80,7 @@ def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> in
 
 from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
 from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
+from .srnn import SRNN, srnn  # noqa: E402
 
 #: name -> builder(in_channels, num_classes, neuron=..., neuron_backend=None, **kw)
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -87,7 +91,11 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "liang-small": liang_small,
     "liang-medium": liang_medium,
     "liang-large": liang_large,
+    "srnn": srnn,
 }
+
+#: The recurrent models: they take ``memory`` themselves (their layers' memory modes) and sequences ``[T, B, F]``.
+RECURRENT_MODELS = ("srnn",)
 
 
 #: The ``memory`` forms of :func:`build_model`.
@@ -124,6 +132,8 @@ def build_model(
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
     check_memory_form(memory)
+    if name in RECURRENT_MODELS:
+        return MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, memory=memory, **kw)
     model = MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
     if memory == "lean":
         to_lean(model)
@@ -131,4 +141,4 @@ def build_model(
 
 
 __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50"]
-__all__ += ["liang_small", "liang_medium", "liang_large"]
+__all__ += ["liang_small", "liang_medium", "liang_large", "SRNN", "srnn", "RECURRENT_MODELS"]

@@ -25,6 +25,9 @@ TRAJECTORY_KEYS = (
     "image_size",
     "width",
     "memory",
+    "hidden",
+    "layers",
+    "cell",
 )
 
 
@@ -58,6 +61,9 @@ class TrainConfig:
     test_subset: int | None = None
     image_size: int | None = None  # resize static images (data set's ``size=``); None = native
     width: int | None = None  # ResNets: channels of the first stage (None = the model's: 64, resnet-tiny 16)
+    hidden: int = 256  # srnn: recurrent neurons per layer
+    layers: int = 1  # srnn: recurrent layers
+    cell: str = "lif"  # srnn: the recurrent neurons, "lif" or "alif"
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     progress: bool = True
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
@@ -82,6 +88,15 @@ class TrainConfig:
         if self.width is not None and (self.width < 1 or not self.model.startswith("resnet")):
             raise ConfigError(f"--width sets the channels of a ResNet's first stage (>= 1); got {self.width} for "
                               f"--model {self.model}")
+        from ..models import RECURRENT_MODELS
+        from ..models.srnn import CELLS
+
+        if self.model not in RECURRENT_MODELS and (self.hidden, self.layers, self.cell) != (256, 1, "lif"):
+            raise ConfigError(f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model "
+                              f"{self.model}")  # fmt: skip
+        if self.hidden < 1 or self.layers < 1 or self.cell not in CELLS:
+            raise ConfigError(f"--hidden and --layers must be >= 1 and --cell one of {', '.join(CELLS)}; got "
+                              f"{self.hidden}, {self.layers}, {self.cell!r}")  # fmt: skip
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -112,12 +127,17 @@ class TrainConfig:
                 raise ConfigError(f"--neuron-backend {self.neuron_backend} cannot run on --device {self.device}: {err}") from None
 
     def check_data_kind(self, kind: str) -> None:
-        """Settings that depend on the data set: Poisson coding applies to images, not to event frames."""
-        if kind == "event" and self.encoding != "direct":
-            raise ConfigError(
-                f"--encoding {self.encoding} encodes static images; {self.dataset} is event data (already spikes "
-                "per frame): leave --encoding out"
-            )
+        """Settings that depend on the data set: Poisson coding applies to images, not to event frames or sequences;
+        sequences need a recurrent network, which takes any data set."""
+        from ..models import RECURRENT_MODELS
+
+        if kind != "static" and self.encoding != "direct":
+            what = "event data (already spikes per frame)" if kind == "event" else "a sequence (its own steps)"
+            raise ConfigError(f"--encoding {self.encoding} encodes static images; {self.dataset} is {what}: leave "
+                              "--encoding out")  # fmt: skip
+        if kind == "sequence" and self.model not in RECURRENT_MODELS:
+            raise ConfigError(f"{self.dataset} is a sequence [T, features]: train it with a recurrent network "
+                              f"(--model {' or '.join(RECURRENT_MODELS)}), not --model {self.model}")  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

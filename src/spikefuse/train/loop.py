@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import LIFOptions, build_model
+from ..models import RECURRENT_MODELS, LIFOptions, build_model
 from ..threads import set_threads
 from .checkpoints import (
     CHECKPOINT_NAME,
@@ -75,10 +75,11 @@ def _subset(ds, n: int | None, seed: int):
 
 
 def _to_time_major(x: torch.Tensor, kind: str, T: int, encoding: str, generator: torch.Generator | None) -> torch.Tensor:
-    """A batch from the loader -> ``[T, B, C, H, W]``."""
-    if kind == "event":
-        if x.ndim != 5:
-            raise ConfigError(f"event batches must be [B, T, C, H, W], got {tuple(x.shape)}")
+    """A batch from the loader -> ``[T, B, C, H, W]`` (sequences: ``[T, B, F]``)."""
+    if kind in ("event", "sequence"):
+        if x.ndim != (5 if kind == "event" else 3):
+            form = "[B, T, C, H, W]" if kind == "event" else "[B, T, F]"
+            raise ConfigError(f"{kind} batches must be {form}, got {tuple(x.shape)}")
         return x.transpose(0, 1).contiguous()
     from ..data import encode
 
@@ -100,7 +101,13 @@ def _resolved_stem(cfg: TrainConfig, info: dict) -> str:
 
 def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     """Build ``cfg.model`` for the data set described by ``info`` (seed the RNGs first for a reproducible init)."""
-    kw: dict = {"image_size": (info["height"], info["width"])}
+    if cfg.model in RECURRENT_MODELS:  # the features of a step: a sequence's, or an event frame's flattened
+        kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell, "spike_inputs": info["kind"] == "event"
+                    or info["name"] in ("shd", "ssc")}  # fmt: skip
+        in_features = info["in_channels"] * info["height"] * info["width"]
+        return build_model(cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend,
+                           memory=cfg.memory, **kw)  # fmt: skip
+    kw = {"image_size": (info["height"], info["width"])}
     if cfg.model.startswith("resnet"):
         kw["stem"] = _resolved_stem(cfg, info)
         if cfg.width is not None:

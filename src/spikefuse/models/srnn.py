@@ -1,0 +1,101 @@
+"""Recurrent spiking networks for long sequences (sequential MNIST, SHD/SSC, N-MNIST in fine time bins): the
+architectures of Bellec et al. 2018 (LSNN: recurrent adaptive neurons) and Yin et al. 2021 (SRNN: recurrent LIF
+layers), with a leaky-integrator readout.
+
+Input ``[T, B, ...]`` (trailing dimensions flattened into F features), then ``layers`` times a ``Linear`` into
+``hidden`` recurrent neurons (:class:`spikefuse.nn.RecurrentLIF` or :class:`spikefuse.nn.RecurrentALIF`, all to
+all), then a ``Linear`` readout into :class:`LeakyReadout`; returns ``[T, B, num_classes]``, the readout's membrane
+at every step (the training loop averages it over T).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..nn import LIFOptions, RecurrentALIF, RecurrentLIF, SpikeLinear
+from ..surrogate import Sigmoid
+
+__all__ = ["SRNN", "LeakyReadout", "SRNN_NEURON", "CELLS", "srnn"]
+
+#: The LIF cell's default neuron: a membrane time constant of ~10 steps, soft reset.
+SRNN_NEURON = LIFOptions(decay=0.9, threshold=0.5, v_reset=None, surrogate=Sigmoid(4.0))
+#: The hidden neurons an SRNN can have.
+CELLS = ("lif", "alif")
+
+
+class LeakyReadout(nn.Module):
+    """A leaky integrator without spikes over ``[T, ...]``: ``v[t] = decay * v[t-1] + x[t]`` from ``v[-1] = 0``,
+    every step's ``v`` returned. Computed as one product with the ``[T, T]`` matrix of ``decay^(t-k)`` (t >= k)."""
+
+    def __init__(self, decay: float = 0.9):
+        super().__init__()
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1], got {decay}")
+        self.decay = float(decay)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t_steps = x.shape[0]
+        steps = torch.arange(t_steps, device=x.device)
+        lag = steps[:, None] - steps[None, :]
+        weights = torch.where(lag >= 0, self.decay ** lag.clamp(min=0).to(x.dtype), torch.zeros((), dtype=x.dtype,
+                                                                                               device=x.device))  # fmt: skip
+        return (weights @ x.reshape(t_steps, -1)).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"decay={self.decay}"
+
+
+class SRNN(nn.Module):
+    """See the module docstring. ``cell``: "lif" (``neuron``'s decay, threshold, reset and surrogate) or "alif"
+    (Bellec et al.'s adaptive threshold: decay 0.95, adaptation decay 0.99, b0 0.5, beta 0.2). ``memory``:
+    "fused" (the recurrent layers keep their states for backward) or "lean" (they recompute them, and every layer
+    fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input is
+    spikes (SHD, N-MNIST), so the first layer may keep it as bits too."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 256, layers: int = 1, cell: str = "lif",
+                 neuron: LIFOptions | None = None, neuron_backend: str | None = None, memory: str = "fused",
+                 spike_inputs: bool = False, readout_decay: float = 0.9):  # fmt: skip
+        super().__init__()
+        if cell not in CELLS:
+            raise ValueError(f"unknown cell {cell!r}: use one of {', '.join(CELLS)}")
+        if hidden < 1 or layers < 1:
+            raise ValueError(f"hidden and layers must be >= 1, got {hidden} and {layers}")
+        neuron = (neuron or SRNN_NEURON).with_backend(neuron_backend)
+        lean = memory == "lean"
+        mode = "recompute" if lean else "potential"
+        blocks = []
+        for i in range(layers):
+            fed_spikes = i > 0 or spike_inputs
+            linear = SpikeLinear if lean and fed_spikes else nn.Linear
+            blocks.append(linear(in_features if i == 0 else hidden, hidden))
+            if cell == "lif":
+                blocks.append(RecurrentLIF(hidden, decay=neuron.decay, threshold=neuron.threshold,
+                                           v_reset=neuron.v_reset, surrogate=neuron.surrogate,
+                                           detach_reset=neuron.detach_reset, backend=neuron.backend, memory=mode))  # fmt: skip
+            else:
+                blocks.append(RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend,
+                                            memory=mode))  # fmt: skip
+        self.layers = nn.Sequential(*blocks)
+        self.readout = (SpikeLinear if lean else nn.Linear)(hidden, num_classes)
+        self.integrator = LeakyReadout(readout_decay)
+        self.in_features = in_features
+        for layer in self.layers:
+            if isinstance(layer, (RecurrentLIF, RecurrentALIF)):  # recurrent weights of unit gain
+                nn.init.orthogonal_(layer.recurrent.weight, gain=1.0 / math.sqrt(2))
+                nn.init.zeros_(layer.recurrent.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim < 3 or math.prod(x.shape[2:]) != self.in_features:
+            raise ValueError(f"SRNN takes [T, B, ...] inputs of {self.in_features} features a step, got "
+                             f"{tuple(x.shape)}")  # fmt: skip
+        h = self.layers(x.reshape(*x.shape[:2], self.in_features))
+        return self.integrator(self.readout(h))
+
+
+def srnn(in_channels: int, num_classes: int, neuron: LIFOptions | None = None, neuron_backend: str | None = None,
+         **kw) -> SRNN:  # fmt: skip
+    """:class:`SRNN` with ``in_channels`` input features a step (the registry's builder)."""
+    return SRNN(in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
