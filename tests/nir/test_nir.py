@@ -16,7 +16,8 @@ nir = pytest.importorskip("nir", reason="the nir package is not installed (pip i
 
 import spikefuse.nir as sfnir  # noqa: E402
 from spikefuse.models import build_model  # noqa: E402
-from spikefuse.nn import IF, LIF, CubaLIF, Flatten, SeqToBatch  # noqa: E402
+import spikefuse  # noqa: E402
+from spikefuse.nn import IF, LIF, CubaLIF, Flatten, Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF, SeqToBatch  # noqa: E402,E501
 
 DT = 1e-4
 
@@ -396,10 +397,15 @@ def test_bad_dt(dt):
 def test_bad_graphs():
     with pytest.raises(ValueError, match=r"lif_form must be one of \('decay', 'euler'\)"):
         sfnir.load(_graph({"lif": _lif_node()}), lif_form="exact")
-    recurrent = _graph({"lif": _lif_node(), "w": nir.Linear(weight=np.eye(3))},
-                       edges=[("input", "lif"), ("lif", "w"), ("w", "lif"), ("lif", "output")])
-    with pytest.raises(ValueError, match=r"cycle \(through \['lif', 'w'.*recurrent graphs are not supported"):
-        sfnir.load(recurrent)
+    longer = _graph({"lif": _lif_node(), "w": nir.Linear(weight=np.eye(3)), "v": nir.Linear(weight=np.eye(3))},
+                    edges=[("input", "lif"), ("lif", "w"), ("w", "v"), ("v", "lif"), ("lif", "output")])
+    with pytest.raises(ValueError, match=r"cycle \(through \['lif', 'w', 'v'.*\) other than a neuron's own recurrent"):
+        sfnir.load(longer)
+    if_cycle = _graph({"if": nir.IF(r=np.ones(3), v_threshold=np.ones(3), v_reset=np.zeros(3)),
+                       "w": nir.Linear(weight=np.eye(3))},
+                      edges=[("input", "if"), ("if", "w"), ("w", "if"), ("if", "output")])  # fmt: skip
+    with pytest.raises(ValueError, match=r"a recurrent connection feeds a IF; spikefuse's recurrent layers take LIF"):
+        sfnir.load(if_cycle)
     with pytest.raises(TypeError, match=r"nir.NIRGraph or the path"):
         sfnir.load(_lif_node())
 
@@ -547,3 +553,80 @@ def test_cuba_li_read_out_follows_the_ode_and_round_trips():
         np.testing.assert_array_equal(getattr(node, field), value)
     with torch.no_grad():
         assert torch.equal(sfnir.load(again, dt=dt)(x), v)
+
+
+RECURRENT = {
+    "lif": lambda: RecurrentLIF(6, decay=0.8, threshold=0.5),
+    "lif_one_to_one": lambda: RecurrentLIF(6, decay=0.7, threshold=0.4, all_to_all=False),
+    "cuba_lif": lambda: RecurrentCubaLIF(6, alpha=0.7, beta=0.8, threshold=0.5, reset="hard"),
+}
+
+
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_recurrent_round_trip_through_a_file(name, tmp_path):
+    """A recurrent layer exports as its neuron and a recurrent weight node in a cycle, and loads back as one
+    recurrent layer: outputs bit for bit, and the graph written again is the same."""
+    torch.manual_seed(0)
+    model = nn.Sequential(SeqToBatch(nn.Linear(4, 6)), RECURRENT[name](), SeqToBatch(nn.Linear(6, 3)))
+    x = torch.rand(30, 2, 4) * 1.5
+    graph = sfnir.export(model, x, path=tmp_path / "g.nir")
+    assert ("1", "1.w_rec") in graph.edges and ("1.w_rec", "1") in graph.edges
+    assert isinstance(graph.nodes["1.w_rec"], nir.Affine)
+    loaded = sfnir.load(tmp_path / "g.nir")
+    recurrent = [m for m in loaded.modules() if isinstance(m, Recurrent)]
+    assert len(recurrent) == 1 and recurrent[0].all_to_all == (name != "lif_one_to_one")
+    with torch.no_grad():
+        want, got = model(x), loaded(x)
+        spikes = model[1](model[0](x))
+    assert 0 < float(spikes.mean()) < 1 and torch.equal(got, want)
+    again = sfnir.export(loaded, x)
+    def plain(name):
+        return name.removeprefix("layers.")
+
+    assert sorted((plain(a), plain(b)) for a, b in again.edges) == sorted(graph.edges)
+    nodes = {plain(k): v for k, v in again.nodes.items()}
+    for key, node in graph.nodes.items():
+        for field, value in vars(node).items():
+            if isinstance(value, np.ndarray):
+                # the loaded layer keeps float32 parameters: time constants come back to float32 precision
+                np.testing.assert_allclose(getattr(nodes[key], field), value, rtol=1e-6, err_msg=f"{key}.{field}")
+
+
+def test_recurrent_soft_reset_and_unknown_neurons_do_not_export():
+    x = torch.rand(5, 2, 4)
+    with pytest.raises(ValueError, match=r"soft reset .*has no NIR node"):
+        sfnir.export(nn.Sequential(SeqToBatch(nn.Linear(4, 6)), RecurrentLIF(6, 0.8, v_reset=None)), x)
+    with pytest.raises(ValueError, match=r"recurrent neuron model 'alif' has no NIR node"):
+        sfnir.export(nn.Sequential(SeqToBatch(nn.Linear(4, 6)), RecurrentALIF(6, 0.8, 0.9)), x)
+
+
+@pytest.mark.parametrize("cls", ["RLeaky", "RSynaptic"])
+def test_snntorch_recurrent_export_loads(cls):
+    """What snnTorch 1.0's export_to_nir writes for RLeaky / RSynaptic (a neuron and its recurrent Affine in a
+    cycle, flattened into the graph) loads as one recurrent layer, which runs NIR's dynamics: the same spikes as
+    spikefuse.recurrent with the exported weights and parameters."""
+    snn = _snntorch()
+    from snntorch.export_nir import export_to_nir
+
+    from spikefuse.neurons import CUBA_LIF_HARD, LIF_MODELS
+
+    torch.manual_seed(0)
+    kw = dict(beta=0.9, linear_features=5, init_hidden=True, output=True)
+    layer = snn.RLeaky(**kw) if cls == "RLeaky" else snn.RSynaptic(alpha=0.7, **kw)
+    model = nn.Sequential(nn.Linear(3, 5), layer)
+    graph = export_to_nir(model, torch.randn(1, 3), ignore_dims=[0])
+    assert ("1.lif", "1.w_rec") in graph.edges and ("1.w_rec", "1.lif") in graph.edges
+    loaded = sfnir.load(graph, dt=1e-4)
+    (recurrent,) = [m for m in loaded.modules() if isinstance(m, Recurrent)]
+    x = torch.rand(40, 2, 3) * 2
+    with torch.no_grad():
+        current = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
+        w, b = layer.recurrent.weight, layer.recurrent.bias
+        if cls == "RLeaky":
+            want = spikefuse.recurrent(current, LIF_MODELS[("paper", "hard")], w, b, decay=0.9, threshold=1.0,
+                                       v_reset=0.0)  # fmt: skip
+        else:
+            want = spikefuse.recurrent(current, CUBA_LIF_HARD, w, b, alpha=0.7, beta=0.9, threshold=1.0)
+        got = recurrent(loaded.layers["0"](x))
+    assert recurrent.model is (LIF_MODELS[("paper", "hard")] if cls == "RLeaky" else CUBA_LIF_HARD)
+    assert 0 < float(want.mean()) < 1 and torch.equal(got, want)

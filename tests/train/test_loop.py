@@ -210,3 +210,31 @@ def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsy
         assert (("epoch 1/1" + FIRST_BATCH_NOTE) in err) == first_run
         if first_run:
             assert "epoch 1/1:  33%" in err  # the fresh bar after the first batch, at 4 of 12 samples
+
+
+def test_recurrent_network_on_sequences_resumes_exactly(tmp_path):
+    """srnn on sequential MNIST (row by row, from small idx files): trains, resumes bit for bit, evaluates."""
+    from tests.data.test_mnist import write_mnist
+
+    write_mnist(tmp_path / "mnist", n_train=40, n_test=12)
+    cfg = dict(model="srnn", dataset="smnist", data_dir=str(tmp_path / "mnist"), T=28, hidden=16, neuron_backend="cpu",
+               train_subset=None, test_subset=None)
+    full = fit(tiny_config(tmp_path / "full", epochs=2, **cfg), log=quiet)
+    fit(tiny_config(tmp_path / "split", epochs=1, **cfg), log=quiet)
+    resumed = fit(tiny_config(tmp_path / "split", epochs=2, **cfg), resume=True, log=quiet)
+    assert [r["train_loss"] for r in full] == [r["train_loss"] for r in resumed]
+    a, b = (load_checkpoint(tmp_path / run / "checkpoint.pt") for run in ("full", "split"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["config"]["hidden"] == 16 and a["config"]["cell"] == "lif"
+    assert evaluate_checkpoint(tmp_path / "full" / "checkpoint.pt", threads=2)["samples"] == 12
+
+
+def test_sequences_need_a_recurrent_network(tmp_path):
+    from tests.data.test_mnist import write_mnist
+
+    write_mnist(tmp_path / "mnist", n_train=8, n_test=4)
+    with pytest.raises(ConfigError, match="smnist is a sequence .* train it with a recurrent network"):
+        fit(tiny_config(tmp_path / "run", dataset="smnist", T=28, data_dir=str(tmp_path / "mnist"),
+                        train_subset=None, test_subset=None), log=quiet)  # fmt: skip
+    with pytest.raises(ConfigError, match="--hidden, --layers and --cell set a recurrent network"):
+        fit(tiny_config(tmp_path / "run2", hidden=64), log=quiet)

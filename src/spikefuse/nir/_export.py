@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, SeqToBatch
+from ..neurons import CUBA_LIF_HARD, LIF_MODELS
+from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, Recurrent, SeqToBatch
 from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from ._common import check_dt
 from ._trace import INPUT, OUTPUT, trace
@@ -100,8 +101,10 @@ def _channels_to_shape(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray
     return np.broadcast_to(values, shape).copy()
 
 
-def _lif_node(m: LIF, what: str, shape: tuple[int, ...], dt: float):
-    if m.v_reset is None:
+def _lif_node(m, what: str, shape: tuple[int, ...], dt: float):
+    """A spikefuse LIF (the :class:`LIF` family's, or a recurrent layer of the paper's LIF): its ``decay``,
+    ``threshold`` and ``v_reset`` (None or absent: the soft reset)."""
+    if getattr(m, "v_reset", None) is None:
         raise ValueError(
             f"{what}: soft reset (v_reset=None subtracts the threshold) has no NIR node: NIR's LIF and IF neurons "
             "reset to v_reset"
@@ -135,8 +138,10 @@ def _values(value) -> np.ndarray:
     return value.detach().cpu().double().numpy() if isinstance(value, torch.Tensor) else np.float64(value)
 
 
-def _cuba_lif_node(m: CubaLIF, what: str, shape: tuple[int, ...], dt: float):
-    if m.reset != "hard":
+def _cuba_lif_node(m, what: str, shape: tuple[int, ...], dt: float):
+    """A spikefuse CubaLIF (:class:`CubaLIF`, or a recurrent layer of it): its ``reset``, ``alpha``, ``beta``,
+    ``threshold``."""
+    if getattr(m, "reset", "hard" if m.model is CUBA_LIF_HARD else None) != "hard":
         raise ValueError(
             f"{what}: reset={m.reset!r} has no NIR node: NIR's CubaLIF sets the membrane to v_reset in the step of "
             "the spike, which is CubaLIF(reset='hard')"
@@ -153,9 +158,31 @@ def _cuba_lif_node(m: CubaLIF, what: str, shape: tuple[int, ...], dt: float):
                        v_reset=np.zeros(shape))  # fmt: skip
 
 
+def _recurrent_nodes(m: Recurrent, what: str, shape: tuple[int, ...], dt: float) -> tuple:
+    """A recurrent layer as NIR writes one (snnTorch's export too): its neuron node, and the node of its recurrent
+    connection (an ``Affine``, or a ``Linear`` without bias; one to one: the diagonal matrix), fed by the neuron and
+    feeding it (:func:`export` adds the two edges of the cycle)."""
+    if m.model is LIF_MODELS[("paper", "soft")]:
+        raise ValueError(f"{what}: soft reset (v_reset=None subtracts the threshold) has no NIR node: NIR's LIF and "
+                         "IF neurons reset to v_reset")  # fmt: skip
+    if m.model is LIF_MODELS[("paper", "hard")]:
+        neuron = _lif_node(m, what, shape, dt)
+    elif m.model is CUBA_LIF_HARD:
+        neuron = _cuba_lif_node(m, what, shape, dt)
+    else:
+        raise ValueError(f"{what}: the recurrent neuron model {m.model.name!r} has no NIR node (NIR writes LIF and "
+                         "CubaLIF with its resets)")  # fmt: skip
+    weight, bias = m.recurrent_weights()
+    weight = _array(weight if weight.dim() == 2 else torch.diag(weight))
+    return neuron, nir.Linear(weight=weight) if bias is None else nir.Affine(weight=weight, bias=_array(bias))
+
+
 def _node(module: nn.Module, name: str, shape: tuple[int, ...], dt: float):
-    """The NIR node of one layer call on input of per-sample ``shape``; ValueError if NIR cannot express it."""
+    """The NIR node of one layer call on input of per-sample ``shape`` (two for a recurrent layer: the neuron and
+    its recurrent connection); ValueError if NIR cannot express it."""
     what = f"{name} ({type(module).__name__})"
+    if isinstance(module, Recurrent):
+        return _recurrent_nodes(module, what, shape, dt)
     if isinstance(module, LIF):
         return _lif_node(module, what, shape, dt)
     if isinstance(module, CubaLIF):
@@ -218,7 +245,9 @@ def export(model: nn.Module, sample_input: torch.Tensor, dt: float = 1e-4, path=
 
     ``dt`` is the time step the discrete network stands for: a spikefuse ``LIF`` of decay ``k`` becomes a NIR
     ``LIF`` with ``tau = dt/(1 - k)``, ``r = tau/dt`` (the input enters unscaled), ``v_leak = 0``; read the graph
-    back with the same ``dt``. snnTorch's importer assumes ``dt = 1e-4``, the default. Raises ValueError, naming
+    back with the same ``dt``. A recurrent layer (:class:`spikefuse.nn.Recurrent` of the paper's LIF or the hard-reset
+    CubaLIF) becomes its neuron node and a node ``<name>.w_rec`` of its recurrent connection, with the edges
+    neuron -> w_rec -> neuron (a cycle: the recurrent current of a step is that of the previous step's spikes). snnTorch's importer assumes ``dt = 1e-4``, the default. Raises ValueError, naming
     the layer, for what NIR cannot express (soft reset, BatchNorm, max pooling, operations between layers other
     than sums, ...). Surrogates, ``detach_reset`` and the backend shape only training and speed, and NIR does not
     describe them: they are not exported. The stored state of ``stateful`` neurons is left as it was.
@@ -237,6 +266,9 @@ def export(model: nn.Module, sample_input: torch.Tensor, dt: float = 1e-4, path=
     for call in graph_trace.calls:
         nodes[call.name] = call.node
         edges += [(source, call.name) for source in call.sources]
+        if isinstance(call.node, tuple):  # a recurrent layer: the neuron and its recurrent connection, a cycle
+            nodes[call.name], nodes[f"{call.name}.w_rec"] = call.node
+            edges += [(call.name, f"{call.name}.w_rec"), (f"{call.name}.w_rec", call.name)]
     nodes[OUTPUT] = nir.Output(output_type={"output": np.array(graph_trace.output_shape)})
     edges += [(source, OUTPUT) for source in graph_trace.output_sources]
     repeated = {e for e in edges if edges.count(e) > 1}

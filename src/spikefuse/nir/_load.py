@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..nn import IF, LIF, Flatten, SeqToBatch
+from ..neurons import CUBA_LIF_EULER, CUBA_LIF_HARD, LIF_MODELS, SPIKINGJELLY_MODELS
+from ..nn import IF, LIF, Flatten, Recurrent, SeqToBatch
 from ..surrogate import Sigmoid, Surrogate, resolve
 from ._common import check_dt
 from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
@@ -204,6 +205,62 @@ def _cuba_lif(what: str, node: nir.CubaLIF, opts: _Options) -> nn.Module:
                        opts.surrogate, opts.backend)  # fmt: skip
 
 
+def _recurrent(what: str, node, w_rec, opts: _Options) -> nn.Module:
+    """A neuron node (LIF or CubaLIF) with the recurrent connection ``w_rec`` (Affine or Linear) that feeds it its
+    own spikes of the previous step: a :class:`spikefuse.nn.Recurrent` of the neuron :func:`load` builds for the
+    node alone (one to one where the weight is diagonal). The node's input scale (1 in graphs from spikefuse and
+    snnTorch) applies to the recurrent current too: it is folded into the recurrent weight and bias, and a
+    :class:`Scale` in front scales the layer's input."""
+    weight = _weight(w_rec.weight)
+    hidden = weight.shape[0]
+    if weight.ndim != 2 or weight.shape != (hidden, hidden):
+        raise ValueError(f"{what}: its recurrent weight must be a square matrix, got shape {tuple(weight.shape)}")
+    bias = _weight(w_rec.bias) if isinstance(w_rec, nir.Affine) else None
+
+    def per_neuron(values) -> torch.Tensor:
+        a = np.broadcast_to(np.asarray(values, dtype=np.float64), (hidden,))
+        return torch.as_tensor(a.copy() if np.any(a != a[0]) else a[:1].copy(), dtype=torch.float32)
+
+    if isinstance(node, nir.LIF):
+        tau, r = _positive(what, "tau", node.tau), _array(node.r)
+        threshold, v_reset = _uniform(what, "v_threshold", node.v_threshold), _uniform(what, "v_reset", node.v_reset)
+        if opts.lif_form == "euler":
+            if _uniform(what, "v_leak", node.v_leak) != v_reset:
+                raise ValueError(f"{what}: lif_form='euler' needs v_reset == v_leak, got {v_reset} and {node.v_leak}")
+            model = SPIKINGJELLY_MODELS[("hard", "mul_input")]
+            params = {"decay": per_neuron(euler_coefficient(tau, opts.dt)), "threshold": threshold, "v_reset": v_reset}
+            scale = r
+        else:
+            if np.any(_array(node.v_leak) != 0) or v_reset != 0:
+                raise ValueError(f"{what}: lif_form='decay' needs v_leak = v_reset = 0; lif_form='euler' takes "
+                                 "v_reset = v_leak")  # fmt: skip
+            model = LIF_MODELS[("paper", "hard")]
+            params = {"decay": per_neuron(1 - opts.dt / tau), "threshold": threshold, "v_reset": 0.0}
+            scale = opts.dt * r / tau
+    elif isinstance(node, nir.CubaLIF):
+        cuba = _cuba_lif(what, node, opts)
+        model, params = cuba.model, {**cuba.scalars, **{k: getattr(cuba, f"param_{k}") for k in cuba.tensor_names}}
+        if model is CUBA_LIF_EULER:  # the input enters through w_in inside the step: nothing to scale outside
+            scale = np.float64(1.0)
+        else:
+            scale = np.float64(1.0 if cuba.input_scale is None else cuba.input_scale)
+    else:
+        raise ValueError(f"{what}: a recurrent connection feeds a {type(node).__name__}; spikefuse's recurrent layers "
+                         "take LIF and CubaLIF neurons")  # fmt: skip
+    scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), (hidden,)).astype(np.float32)
+    diagonal = torch.equal(weight, torch.diag(torch.diagonal(weight)))
+    layer = Recurrent(model, hidden, all_to_all=not diagonal, bias=bias is not None, surrogate=opts.surrogate,
+                      backend=opts.backend, **params)  # fmt: skip
+    factor = torch.as_tensor(scale)
+    weight = torch.diagonal(weight) if diagonal else weight
+    with torch.no_grad():
+        w, b = layer.recurrent_weights()
+        w.copy_(weight if np.all(scale == 1) else weight * (factor if diagonal else factor[:, None]))
+        if b is not None:
+            b.copy_(bias if np.all(scale == 1) else bias * factor)
+    return layer if np.all(scale == 1) else nn.Sequential(Scale(scale), layer)
+
+
 _NOT_YET = {
     nir.Delay: "spikefuse has no delay layer yet",
 }
@@ -296,7 +353,19 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
             raise ValueError(f"edge {(a, b)} is repeated")
         sources[b].append(a)
         consumers[a].append(b)
-    unfed = [n for n in graph.nodes if n != input_name and not sources[n]]
+    # A recurrent layer: a neuron and a weight node that only it feeds and that only feeds it (NIR's cycle, a
+    # one-step delay implied): one spikefuse layer, and the cycle leaves the graph.
+    recurrent = {}
+    for name, node in graph.nodes.items():
+        if isinstance(node, (nir.Affine, nir.Linear)) and len(sources[name]) == 1 and consumers[name] == sources[name]:
+            (neuron,) = sources[name]
+            if neuron not in recurrent and neuron != input_name:
+                recurrent[neuron] = name
+    for neuron, w_rec in recurrent.items():
+        sources[neuron].remove(w_rec)
+        consumers[neuron].remove(w_rec)
+        sources[w_rec], consumers[w_rec] = [], []
+    unfed = [n for n in graph.nodes if n != input_name and not sources[n] and n not in recurrent.values()]
     if unfed:
         raise ValueError(f"nodes {unfed} have no incoming edge (they are not reached from the graph's Input)")
     # Kahn's algorithm: a node runs once all its sources have.
@@ -313,10 +382,14 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
     stuck = [n for n in graph.nodes if waiting[n] > 0]
     if stuck:
         raise ValueError(
-            f"the graph has a cycle (through {stuck}): a recurrent edge needs the network run one time step at a "
-            "time, but spikefuse's layers run all T steps at once, so recurrent graphs are not supported"
+            f"the graph has a cycle (through {stuck}) other than a neuron's own recurrent connection: spikefuse "
+            "loads a recurrent layer as a neuron node (LIF, CubaLIF) and an Affine or Linear node that only it "
+            "feeds and that only feeds it"
         )
-    layers = {name: _module(name, graph.nodes[name], opts) for name in order}
+    order = [name for name in order if name not in recurrent.values()]
+    layers = {name: _recurrent(f"node {name!r} ({type(graph.nodes[name]).__name__})", graph.nodes[name],
+                               graph.nodes[recurrent[name]], opts)
+              if name in recurrent else _module(name, graph.nodes[name], opts) for name in order}  # fmt: skip
     return NIRNetwork(layers, sources, order, input_name, output_name)
 
 
@@ -338,8 +411,11 @@ def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(
     ``v_reset = 0``), ``"euler"`` the Euler steps as written with Norse's arithmetic (any ``r``, ``w_in``,
     ``v_reset``).
 
-    Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training; parameters are
-    float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
+    A recurrent connection, an ``Affine`` or ``Linear`` node that only a LIF or CubaLIF node feeds and that only
+    feeds it (what :func:`export` and snnTorch's ``export_to_nir`` write for recurrent layers), loads with its
+    neuron as one :class:`spikefuse.nn.Recurrent` layer: the recurrent current of a step is that of the previous
+    step's spikes. Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training;
+    parameters are float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
     thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
     (Delay).
     """

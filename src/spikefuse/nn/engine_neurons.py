@@ -33,7 +33,8 @@ class EngineNeuron(nn.Module):
         backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
         memory: "recompute" (backward recomputes the states from the input) or "potential" (forward keeps every
             step's states for backward: faster, more memory).
-        **params: the model's parameters as numbers (those with a default may be left out).
+        **params: the model's parameters as numbers, or tensors of one value or one per channel (kept as buffers;
+            those with a default may be left out).
     """
 
     #: Parameters that must lie in [0, 1] (decays), checked at construction and, when learnable, at every call.
@@ -67,6 +68,15 @@ class EngineNeuron(nn.Module):
             if name not in values:
                 raise TypeError(f"{type(self).__name__} needs the parameter {name!r}")
             value = values[name]
+            if isinstance(value, torch.Tensor):  # fixed values, one or one per channel (a loaded network's)
+                value = value.detach().to(torch.float32).reshape(-1).clone()
+                if name in self.unit_interval:
+                    check_decay(value, name)
+                if name in learnable:
+                    setattr(self, name, nn.Parameter(value))
+                else:
+                    self.register_buffer(name, value)
+                continue
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
             if name in self.unit_interval:
@@ -108,7 +118,8 @@ class EngineNeuron(nn.Module):
     def extra_repr(self) -> str:
         params = ", ".join(
             f"{p}={getattr(self, p)}" if isinstance(getattr(self, p), float)
-            else f"{p}=learnable{tuple(getattr(self, p).shape)}"
+            else f"{p}=learnable{tuple(getattr(self, p).shape)}" if isinstance(getattr(self, p), nn.Parameter)
+            else f"{p}=fixed{tuple(getattr(self, p).shape)}"
             for p in self.model.params
         )  # fmt: skip
         return (f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
