@@ -20,9 +20,17 @@ import importlib
 
 import torch
 
-from .. import bitpack
+from .. import bitpack, buffers
 from ..common import refuse_double_backward, saved_tensors
 from . import current, current_backward
+
+
+def _empty(shape, like: torch.Tensor) -> torch.Tensor:
+    """A ``[T, B, H]``-sized buffer on ``like``'s device: on the CPU from the buffer cache, whose reused pages are
+    not faulted in again (a fresh 200 MB buffer, written a row per step, ran the forward at a third of its speed)."""
+    if like.device.type == "cpu":
+        return buffers.empty(tuple(shape), like.dtype)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
 def backend_module(backend: str):
@@ -38,7 +46,7 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     the backward reads (None: keep none); ``record_currents``: a ``[T, B, H]`` tensor to keep every step's current
     in (a backward that reads the input needs them)."""
     t_steps = x.shape[0]
-    spikes = torch.empty_like(x)
+    spikes = _empty(x.shape, x)
     cur = init.clone()
     r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
     step = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
@@ -70,8 +78,8 @@ class RecurrentFn(torch.autograd.Function):
         kept = ops.kernels(model, type(surrogate), x.dtype).KEPT_STATES
         # states that take no more memory than the input are kept whatever the mode: nothing to recompute then
         potential = memory == "potential" or len(kept) + model.backward_reads_input <= 1
-        hist = x.new_empty(t_steps, len(kept), batch, hidden) if potential else None
-        currents = x.new_empty(t_steps, batch, hidden) if potential and model.backward_reads_input else None
+        hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
+        currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
         with torch.no_grad():
             spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par.contiguous(), init_all,
                                         spikes0, hist, currents)  # fmt: skip
@@ -105,12 +113,12 @@ class RecurrentFn(torch.autograd.Function):
         else:
             x = rest[0]
             kept = ops.kernels(model, type(surrogate), dtype).KEPT_STATES
-            currents = torch.empty(shape, dtype=dtype, device=device)
+            currents = _empty(shape, spikes0)
             r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
             for t in range(t_steps):
                 currents[t].copy_(current(previous[t], weight, bias, out=r))
-            hist = torch.empty(t_steps, len(kept), batch, hidden, dtype=dtype, device=device)
-            ops.replay(model, surrogate, x, currents, init_all.clone(), torch.empty_like(currents), hist, par)
+            hist = _empty((t_steps, len(kept), batch, hidden), spikes0)
+            ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
             xin = x + currents if model.backward_reads_input else None
         gy = grad_spikes.contiguous() if grad_spikes is not None else torch.zeros(shape, dtype=dtype, device=device)
         gS = torch.stack([torch.zeros(batch, hidden, dtype=dtype, device=device) if g is None
@@ -119,7 +127,7 @@ class RecurrentFn(torch.autograd.Function):
         grec = torch.zeros_like(gs)
         need = [bool(n) for n in ctx.needs_input_grad[10 : 10 + n_params]]
         acc = torch.zeros(len(need) if any(need) else 1, batch, hidden, dtype=dtype, device=device)
-        G = torch.empty(shape, dtype=dtype, device=device)
+        G = _empty(shape, spikes0)
         if model.handoff:
             ops.handoff_grad(model, surrogate, detach_reset, need, gS, gs, hist, par, acc)
         step = ops.bind_backward(model, surrogate, detach_reset, need, gy, grec, G, gS, gs, hist, init_all,

@@ -76,51 +76,70 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 f"        {name}_rows({args}, c * chunk, min(rows, c * chunk + chunk))"]
 
     jit = "@njit(cache=True, error_model='numpy')"
+    # Row functions: one batch row of H neurons, every array a row of its own (rows_apart: LLVM vectorizes their
+    # loops without run-time overlap checks); the callers pass each row a function writes in one argument only.
+    rows = lambda prefix, names: "".join(f"{prefix}{n}, " for n in names)  # noqa: E731
+    prow = rows("pv_", P)
+    params = [f"        p_{p} = pv_{p}[h]" for p in P]
+    fwd_row = [
+        jit, f"def _forward_row(xr, rr, {rows('c_', S)}sr, {rows('h_', kept)}{prow}save, fresh, H):",
+        "    rows_apart()", "    for h in range(H):", *params,
+        *indented([*[f"v_{k} = c_{k}[h]" for k in S], fire, spike,
+                   *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
+                   "x_ = xr[h]", "r_ = rr[h]", *step, fire, spike, *[f"c_{k}[h] = v_{k}" for k in S],
+                   "if save:", *[f"    h_{k}[h] = v_{k}" for k in kept], "sr[h] = s_"], " " * 8)]
     fwd_args = "t, x, r, cur, spikes, hist, par, save"
-    forward = [jit, *loop(f"def forward_rows({fwd_args}, b0, b1):", [
-        *[f"v_{k} = cur[{i}, b, h]" for i, k in enumerate(S)],
-        fire, spike, *(["if t == 0:", "    s_ = F(0.0)"] if model.handoff else []),
-        "x_ = x[t, b, h]", "r_ = r[b, h]", *step, fire, spike,
-        *[f"cur[{i}, b, h] = v_{k}" for i, k in enumerate(S)],
-        "if save:", *[f"    hist[t, {kept.index(k)}, b, h] = v_{k}" for k in kept],
-        "spikes[t, b, h] = s_"])]
+    forward = [*fwd_row, "", "", jit, f"def forward_rows({fwd_args}, b0, b1):",
+               "    H = x.shape[2]", "    spare = np.empty(H, x.dtype)",  # the kept rows' stand-in without save
+               "    for b in range(b0, b1):",
+               f"        _forward_row(x[t, b], r[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
+               + "".join(f"hist[t, {j}, b] if save else spare, " for j in range(len(kept)))
+               + rows("", [f"par[{i}]" for i in range(len(P))]) + "save, t == 0, H)"]  # fmt: skip
     forward += parallel("forward", fwd_args)
     replay_args = "x, r, cur, spikes, hist, par"
     replay = [jit, f"def replay_rows({replay_args}, b0, b1):", "    for t in range(x.shape[0]):",
               "        forward_rows(t, x, r[t], cur, spikes, hist, par, True, b0, b1)"]
     replay += parallel("replay", replay_args)
 
+    need = "".join(f"need_{j}, " for j in range(len(P)))
+    bwd_row = [
+        jit, f"def _backward_row(gyr, grecr, Gr, {rows('gS_', S)}gsr, {rows('nr_', kept)}{rows('or_', S)}xr, {prow}"
+             f"{rows('acc_', P)}sg_p1, sg_p2, detach, {need}fresh, H):",
+        "    rows_apart()", "    for h in range(H):", *params,
+        *indented([
+            *[f"o_{k} = or_{k}[h]" for k in S], *[f"v_{k} = o_{k}" for k in S], fire, spike,
+            *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
+            *[f"v_{k} = nr_{k}[h]" if k in kept else f"v_{k} = F(0.0)" for k in S], fire,
+            *(["x_ = xr[h]"] if model.backward_reads_input else []),
+            *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
+            "g_s = gyr[h] + grecr[h] + gsr[h]",
+            *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[h]") for k in S],
+            "Gr[h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+            *[f"if need_{j}:\n    acc_{p}[h] += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                             + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+              for j, p in enumerate(P)],
+            *[f"gS_{o}[h] = " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) for o in S],
+            "gsr[h] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+        ], " " * 8)]
+
     bwd_args = "t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, detach, need"
 
-    def reverse_body(old: str) -> list[str]:
-        """One reverse step of neuron (b, h); ``old``: where the states before the step are (``prev`` rows of
-        ``hist`` or ``init``)."""
-        def before(k):
-            i = S.index(k)
-            return f"hist[t - 1, {kept.index(k)}, b, h]" if old == "hist" and k in kept else \
-                f"init[{i}, b, h]" if old == "init" else "F(0.0)"
-        return [
-            *[f"o_{k} = {before(k)}" for k in S],
-            *[f"v_{k} = o_{k}" for k in S], fire, spike,
-            *(["s_ = F(0.0)"] if model.handoff and old == "init" else []),
-            *[f"v_{k} = hist[t, {kept.index(k)}, b, h]" if k in kept else f"v_{k} = F(0.0)" for k in S], fire,
-            *(["x_ = xin[t, b, h]"] if model.backward_reads_input else []),
-            *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
-            "g_s = gy[t, b, h] + grec[b, h] + gs[b, h]",
-            *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS[{i}, b, h]") for i, k in enumerate(S)],
-            "G[t, b, h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-            *[f"if need[{j}]:\n    acc[{j}, b, h] += " + chain([("g_s * sg_", f"dF_{p}")]
-                                                              + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-              for j, p in enumerate(P)],
-            *[f"gS[{i}, b, h] = " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) for i, o in enumerate(S)],
-            "gs[b, h] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
-        ]
+    def old_row(k: str) -> str:
+        """The row of state ``k`` before step t: the previous step's kept one, else the initial one (a state that is
+        not kept is not read)."""
+        i = S.index(k)
+        if k not in kept:
+            return f"init[{i}, b]"
+        return f"hist[t - 1, {kept.index(k)}, b] if t > 0 else init[{i}, b]"
 
-    backward = [jit, f"def backward_rows({bwd_args}, b0, b1):", "    sg_p1 = sgp[0]", "    sg_p2 = sgp[1]",
-                "    H = par.shape[1]", "    for b in range(b0, b1):", "        for h in range(H):",
-                *[f"            p_{p} = par[{i}, h]" for i, p in enumerate(P)],
-                "            if t > 0:", *indented(reverse_body("hist"), " " * 16),
-                "            else:", *indented(reverse_body("init"), " " * 16)]
+    backward = [*bwd_row, "", "", jit, f"def backward_rows({bwd_args}, b0, b1):",
+                "    H = G.shape[2]",
+                "    for b in range(b0, b1):",
+                f"        _backward_row(gy[t, b], grec[b], G[t, b], {rows('', [f'gS[{i}, b]' for i in range(len(S))])}"
+                f"gs[b], {rows('', [f'hist[t, {j}, b]' for j in range(len(kept))])}"
+                + rows("", [old_row(k) for k in S]) + "xin[t, b], " + rows("", [f"par[{i}]" for i in range(len(P))])
+                + rows("", [f"acc[{j} if need[{j}] else 0, b]" for j in range(len(P))])
+                + "sgp[0], sgp[1], detach, " + "".join(f"need[{j}], " for j in range(len(P))) + "t == 0, H)"]  # fmt: skip
     backward += parallel("backward", bwd_args)
 
     # after the reverse loop: the initial states' gradients, through the first step's reset spike (no handoff)
@@ -152,7 +171,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
-        "from spikefuse.ops.numba_common import exp as vexp",
+        "from spikefuse.ops.numba_common import exp as vexp, rows_apart",
         f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
         "",
         *emit.model_facts(model),
