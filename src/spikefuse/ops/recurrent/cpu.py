@@ -92,9 +92,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     forward = [*fwd_row, "", "", jit, f"def forward_rows({fwd_args}, b0, b1):",
                "    H = x.shape[2]", "    spare = np.empty(H, x.dtype)",  # the kept rows' stand-in without save
                "    for b in range(b0, b1):",
+               # the conditional rows as statements: numba's bytecode reader refuses long calls holding them
+               *[f"        h_{j} = hist[t, {j}, b] if save else spare" for j in range(len(kept))],
                f"        _forward_row(x[t, b], r[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
-               + "".join(f"hist[t, {j}, b] if save else spare, " for j in range(len(kept)))
-               + rows("", [f"par[{i}]" for i in range(len(P))]) + "save, t == 0, H)"]  # fmt: skip
+               + rows("h_", range(len(kept))) + rows("", [f"par[{i}]" for i in range(len(P))]) + "save, t == 0, H)"]  # fmt: skip
     forward += parallel("forward", fwd_args)
     replay_args = "x, r, cur, spikes, hist, par"
     replay = [jit, f"def replay_rows({replay_args}, b0, b1):", "    for t in range(x.shape[0]):",
@@ -135,11 +136,13 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     backward = [*bwd_row, "", "", jit, f"def backward_rows({bwd_args}, b0, b1):",
                 "    H = G.shape[2]",
                 "    for b in range(b0, b1):",
+                *[f"        o_{i} = {old_row(k)}" for i, k in enumerate(S)],
+                *[f"        a_{j} = acc[{j} if need[{j}] else 0, b]" for j in range(len(P))],
                 f"        _backward_row(gy[t, b], grec[b], G[t, b], {rows('', [f'gS[{i}, b]' for i in range(len(S))])}"
                 f"gs[b], {rows('', [f'hist[t, {j}, b]' for j in range(len(kept))])}"
-                + rows("", [old_row(k) for k in S]) + "xin[t, b], " + rows("", [f"par[{i}]" for i in range(len(P))])
-                + rows("", [f"acc[{j} if need[{j}] else 0, b]" for j in range(len(P))])
-                + "sgp[0], sgp[1], detach, " + "".join(f"need[{j}], " for j in range(len(P))) + "t == 0, H)"]  # fmt: skip
+                + rows("o_", range(len(S))) + "xin[t, b], " + rows("", [f"par[{i}]" for i in range(len(P))])
+                + rows("a_", range(len(P))) + "sgp[0], sgp[1], detach, " + "".join(f"need[{j}], " for j in range(len(P)))
+                + "t == 0, H)"]  # fmt: skip
     backward += parallel("backward", bwd_args)
 
     # after the reverse loop: the initial states' gradients, through the first step's reset spike (no handoff)
