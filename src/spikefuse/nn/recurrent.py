@@ -24,9 +24,10 @@ class Recurrent(EngineNeuron):
     (``all_to_all=False``: each neuron's own spike, ``weight`` and ``bias`` of ``[hidden_size]``). Returns the spikes
     ``[T, B, hidden_size]``.
 
+    ``model``, ``surrogate``, ``detach_reset``, ``learnable``, ``channels``, ``backend`` and the model's parameters
+    as :class:`EngineNeuron` (``channels=hidden_size`` for one learnable value per neuron).
+
     Args:
-        model, surrogate, detach_reset, learnable, channels, backend, **params: as :class:`EngineNeuron`
-            (``channels=hidden_size`` for one learnable value per neuron).
         all_to_all: the recurrent connection (see above).
         bias: whether the recurrent current has a bias.
         stateful: keep the final states (the model's and the last spikes) between calls; :meth:`reset_state`.
