@@ -1,7 +1,6 @@
 """A sweep of the generated Triton neuron kernels' launch configuration on a CUDA GPU: neurons per program (BLOCK),
 warps per program, and software pipelining of the time loop (``tl.range(..., num_stages=S)``: the loads of later
-steps issued while the current one computes; "-" is the plain ``range`` the generator writes); and for the backward
-unrolled over T ("unrolled": its states in registers), neurons per program and warps.
+steps issued while the current one computes; "-" is the plain ``range`` the generator writes today).
 
 For the paper's LIF (``LIF_MODELS[("paper", "hard")]``, sigmoid surrogate) at T=32 and the ALIF at N=16M, fp32,
 forward and recomputing backward (memory="recompute") timed apart with CUDA events (``triton.testing.do_bench``,
@@ -59,8 +58,6 @@ def main() -> None:
              for n in (1_000_000, 16_000_000)] + [(ALIF_MODEL, {"decay": 0.9, "rho": 0.95, "b0": 0.5, "beta": 0.2},
                                                    16_000_000)]  # fmt: skip
     original = (engine_triton.kernels, engine_triton.engine_block, dict(engine_triton.COMPILE_OPTIONS))
-    unroll_max = engine_triton.UNROLL_MAX
-    engine_triton.UNROLL_MAX = 0  # the sweep below is of the loop kernels; the unrolled backward has its own
     for model, values, n in cases:
         t_steps = 32
         x = torch.rand(t_steps, n, device="cuda") * 0.6
@@ -99,23 +96,6 @@ def main() -> None:
             floor_b = 12 * t_steps * n / bandwidth
             rows.append([model.name, f"{n:,}", block, warps, stages or "-", round(fwd * 1e3, 3), round(fwd and floor_f / fwd, 3),
                          round(bwd * 1e3, 3), round(floor_b / bwd, 3), same])  # fmt: skip
-        # the backward unrolled over T (its states in registers): neurons per program and warps
-        engine_triton.UNROLL_MAX = unroll_max
-        for block, warps in ((64, 2), (128, 4), (256, 4), (256, 8)):
-            engine_triton.UNROLLED_BLOCK = block
-            engine_triton.COMPILE_OPTIONS.update(num_warps=warps)
-            try:
-                same = torch.allclose(backward(), want[1], rtol=1e-5, atol=1e-6)
-                bwd = do_bench(backward, return_mode="median") / 1e3
-            except Exception as err:
-                print(f"{model.name} N={n} unrolled BLOCK={block} warps={warps}: {type(err).__name__}: {err}")
-                continue
-            finally:
-                engine_triton.COMPILE_OPTIONS.clear()
-                engine_triton.COMPILE_OPTIONS.update(original[2])
-            rows.append([model.name, f"{n:,}", block, warps, "unrolled", "", "", round(bwd * 1e3, 3),
-                         round(12 * t_steps * n / bandwidth / bwd, 3), same])  # fmt: skip
-        engine_triton.UNROLLED_BLOCK, engine_triton.UNROLL_MAX = 32 * engine_triton.NUM_WARPS, 0
         default = engine_triton.engine_block(n, len(model.states), torch.float32)
         print(f"{model.name} N={n:,}: the generator's own configuration is BLOCK={default}, "
               f"warps={engine_triton.NUM_WARPS}, plain loops")

@@ -349,23 +349,3 @@ def test_triton_block_keeps_eight_words_of_state_per_thread():
     for (states, dtype), block in expected.items():
         assert triton.engine_block(n, states, dtype) == block, (states, dtype)
     assert triton.engine_block(1000, 1, torch.float32) == 128
-
-
-@pytest.mark.parametrize("unroll_max", [0, triton.UNROLL_MAX], ids=["loop", "unrolled"])
-@pytest.mark.parametrize("name", list(MODELS))
-def test_triton_recomputing_backward_loop_and_unrolled(name, unroll_max, monkeypatch):
-    """The Triton backward that recomputes the states, as a loop over T (the states recomputed into memory) and
-    written out step by step for T <= UNROLL_MAX (the states in registers): both against the reference, with and
-    without parameter gradients, per-channel parameters, a detached reset."""
-    monkeypatch.setattr(triton, "UNROLL_MAX", unroll_max)
-    model, params = MODELS[name]
-    _check(model, params, (7, 2, 9), torch.float32, "triton", ATan(2.0), False)
-    _check(model, params, (3, 2, 3, 4), torch.float32, "triton", Sigmoid(4.0), True, per_channel=model.params[:1],
-           need=False)  # fmt: skip
-
-
-@pytest.mark.parametrize("t_steps", [triton.UNROLL_MAX, triton.UNROLL_MAX + 1])
-def test_triton_backward_at_the_unrolling_limit(t_steps):
-    """The longest unrolled backward, and one step more, which takes the loop."""
-    model, params = MODELS["alif"]
-    _check(model, params, (t_steps, 2, 5), torch.float32, "triton", Sigmoid(4.0), False)

@@ -80,10 +80,9 @@ def dialects(dtype: torch.dtype) -> tuple[Dialect, Dialect]:
     return exact, fast
 
 
-def kernel_source(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0) -> str:
+def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     """The source of the forward and backward Triton kernels of ``model`` with ``surrogate_type``'s derivative, for
-    inputs of ``dtype``; with ``unrolled`` (T), instead, the recomputing backward of exactly T steps unrolled
-    (``backward_unrolled``, see :data:`UNROLL_MAX`)."""
+    inputs of ``dtype``."""
     S, P = model.states, model.params
     cdt = compute_dtype(dtype)
     exact, fast = dialects(cdt)
@@ -157,20 +156,17 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0) 
             return f"tl.store(gx_ptr + {t} * N + offs, v_{k}, mask=mask)"
         return f"tl.store(hist_ptr + ({t} * {len(kept)} + {kept.index(k)}) * N64 + offs, v_{k}, mask=mask)"
 
-    def handoff_grads(last_states: list[str] | None = None) -> list[str]:
+    def handoff_grads() -> list[str]:
         """The gradients of the states handed out (in ``gS_*``) carried back through the handoff: into the states
-        after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``). ``last_states``: the lines
-        setting ``v_*`` to the states after the last step (default: from the saved or recomputed history)."""
+        after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
         if not model.handoff:
             return []
         last = "tl.cast(T - 1, tl.int64) * N + offs"
         return [
-            *(last_states or [
-                "    if SAVED:",
-                *[f"        v_{k} = tl.load(saved_{k} + {last}, mask=mask, other=0.0)" for k in S],
-                "    else:",
-                *[f"        v_{k} = {history(k, 'tl.cast(T - 1, tl.int64)')}" for k in S],
-            ]),
+            "    if SAVED:",
+            *[f"        v_{k} = tl.load(saved_{k} + {last}, mask=mask, other=0.0)" for k in S],
+            "    else:",
+            *[f"        v_{k} = {history(k, 'tl.cast(T - 1, tl.int64)')}" for k in S],
             f"    {fire}",
             f"    {spike}",
             *emit.assignments(handoff_d, names_d, "    ", fast),
@@ -195,35 +191,6 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0) 
               for k in S],
             *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)"
               for p in P],
-        ]
-
-    def reverse_step(ind: str, first_spike: str, x: str) -> list[str]:
-        """One step back through time, from the states before it in ``o_*`` and after it in ``n_*``, its rows at
-        ``row``: the input's gradient stored, the states' (``gS_*``) and the previous spike's (``gs``) carried on,
-        the parameters' added up. ``first_spike``: the spike the step saw, where a handoff makes the first step see
-        none; ``x``: the step's input, where a derivative reads it."""
-        return [
-            *[f"{ind}v_{k} = o_{k}" for k in S],
-            f"{ind}{fire}",
-            f"{ind}{spike}",
-            *([f"{ind}s_ = {first_spike}"] if model.handoff else []),  # the first step sees none
-            *[f"{ind}v_{k} = n_{k}" for k in S],
-            f"{ind}{fire}",
-            *([f"{ind}x_ = {x}"] if model.backward_reads_input else []),
-            *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
-            f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0).to({dt}) + gs",
-            *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
-            f"{ind}gx_ = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-            *([f"{ind}gx_ = round_to_bfloat16(gx_)"] if dtype == torch.bfloat16 else []),
-            f"{ind}tl.store(gx_ptr + row, gx_.to(gx_ptr.dtype.element_ty), mask=mask)",
-            *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
-                                                              + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-              for p in P],  # fmt: skip
-            *[f"{ind}gS_{old} = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
-            f"{ind}if DETACH:",
-            f"{ind}    gs = {zeros}",
-            f"{ind}else:",
-            f"{ind}    gs = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
         ]
 
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
@@ -267,41 +234,30 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0) 
           for k in S],  # fmt: skip
         f"{ind}else:",
         *[f"{ind}    o_{k} = tl.where(tr > 0, {history(k, 'prev')}, i_{k})" for k in S],
-        *reverse_step(ind, f"tl.where(tr > 0, s_, {zero})",
-                      f"tl.load(x_ptr + row, mask=mask, other=0.0).to({dt})"),
+        *[f"{ind}v_{k} = o_{k}" for k in S],
+        f"{ind}{fire}",
+        f"{ind}{spike}",
+        *([f"{ind}s_ = tl.where(tr > 0, s_, {zero})"] if model.handoff else []),  # the first step sees none
+        *[f"{ind}v_{k} = n_{k}" for k in S],
+        f"{ind}{fire}",
+        *([f"{ind}x_ = tl.load(x_ptr + row, mask=mask, other=0.0).to({dt})"] if model.backward_reads_input else []),
+        *emit.assignments({**fire_d, **step_d}, names_d, ind, fast),
+        f"{ind}g_s = tl.load(gs_ptr + row, mask=mask, other=0.0).to({dt}) + gs",
+        *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
+        f"{ind}gx_ = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+        *([f"{ind}gx_ = round_to_bfloat16(gx_)"] if dtype == torch.bfloat16 else []),
+        f"{ind}tl.store(gx_ptr + row, gx_.to(gx_ptr.dtype.element_ty), mask=mask)",
+        *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
+                                                          + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+          for p in P],  # fmt: skip
+        *[f"{ind}gS_{old} = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
+        f"{ind}if DETACH:",
+        f"{ind}    gs = {zeros}",
+        f"{ind}else:",
+        f"{ind}    gs = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
         *[f"{ind}n_{k} = o_{k}" for k in S],
         *initial_grads(),
     ]
-    def backward_unrolled(t_steps: int) -> list[str]:
-        """The recomputing backward of ``t_steps`` steps written out step by step: every step's states (and input,
-        where a derivative reads it) stay in registers between the recompute and the reverse pass, so the pass moves
-        the bytes of the floor alone (read x, read the spikes' gradient, write grad_x)."""
-        ind = "    "
-        lines = [
-            "@triton.jit",
-            f"def backward_unrolled(gs_ptr, {''.join(f'gfinal_{k}, gsize_{k}, ' for k in S)}x_ptr, {par_args}"
-            f"{init_args}sg_ptr, gx_ptr, {''.join(f'ginit_{k}, ' for k in S)}{''.join(f'gpar_{p}, ' for p in P)}"
-            f"N, inner, SCALAR: tl.constexpr, DETACH: tl.constexpr, {flags}BLOCK: tl.constexpr):",
-            *head(),
-            *[f"    i_{k} = v_{k}" for k in S],
-            "    sg_p1 = tl.load(sg_ptr)",
-            "    sg_p2 = tl.load(sg_ptr + 1)",
-        ]
-        for t in range(t_steps):
-            lines += [f"{ind}x_ = tl.load(x_ptr + {t} * N64 + offs, mask=mask, other=0.0).to({dt})",
-                      *([f"{ind}x{t}_ = x_"] if model.backward_reads_input else []),
-                      *[f"{ind}{line}" for line in step], f"{ind}{fire}", f"{ind}{spike}",
-                      *[f"{ind}h{t}_{k} = v_{k}" for k in S]]  # fmt: skip
-        lines += [*[f"    gS_{k} = tl.load(gfinal_{k} + offs % gsize_{k}, mask=mask, other=0.0)" for k in S],
-                  f"    gs = tl.zeros([BLOCK], {dt})", *[f"    acc_{p} = tl.zeros([BLOCK], {dt})" for p in P],
-                  *handoff_grads([f"    v_{k} = h{t_steps - 1}_{k}" for k in S])]  # fmt: skip
-        for t in range(t_steps - 1, -1, -1):
-            lines += [f"{ind}row = {t} * N64 + offs",
-                      *[f"{ind}o_{k} = {f'h{t - 1}_{k}' if t else f'i_{k}'}" for k in S],
-                      *[f"{ind}n_{k} = h{t}_{k}" for k in S],
-                      *reverse_step(ind, zero if t == 0 else "s_", f"x{t}_")]  # fmt: skip
-        return lines + initial_grads()
-
     header = [
         f'"""Generated by spikefuse.ops.engine.triton for the neuron {model.name!r} ({model.key}), surrogate '
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
@@ -312,8 +268,6 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0) 
         *emit.model_facts(model),
         *(_ROUND_TO_BFLOAT16 if dtype == torch.bfloat16 else []),
     ]
-    if unrolled:
-        return "\n".join(header + backward_unrolled(unrolled)) + "\n"
     return "\n".join(header + forward + ["", ""] + backward) + "\n"
 
 
@@ -330,21 +284,10 @@ _ROUND_TO_BFLOAT16 = [
 ]
 
 
-def kernels(model, surrogate_type, dtype: torch.dtype, unrolled: int = 0):
-    """The imported module of ``model``'s Triton kernels (generated on first use, then cached on disk); with
-    ``unrolled`` (T), the module of the backward unrolled over T steps."""
-    tag = _TAGS[dtype] + (f"_unrolled{unrolled}" if unrolled else "")
-    return emit.load_generated("triton", model, surrogate_type, tag, _GENERATOR,
-                               lambda: kernel_source(model, surrogate_type, dtype, unrolled))  # fmt: skip
-
-
-#: The longest sequence whose recomputing backward runs unrolled (``backward_unrolled``): its states stay in
-#: registers (T per state and neuron a thread holds), so the pass moves 12 bytes per neuron-step instead of 20. Past
-#: it, the loop kernel keeps the recomputed states in memory.
-UNROLL_MAX = 32
-#: Neurons per program of the unrolled backward: one per thread of :data:`NUM_WARPS` warps, which keeps its
-#: registers within budget.
-UNROLLED_BLOCK = 32 * NUM_WARPS
+def kernels(model, surrogate_type, dtype: torch.dtype):
+    """The imported module of ``model``'s Triton kernels (generated on first use, then cached on disk)."""
+    return emit.load_generated("triton", model, surrogate_type, _TAGS[dtype], _GENERATOR,
+                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------- entry points
@@ -424,21 +367,7 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     grad_x = saved[0] if saved and overwrite_saved and not half else torch.empty_like(x2)
     grad_init = [torch.empty(n if v.numel() == n else 0, dtype=cdt, device=device) for v in init]
     per_neuron = [torch.empty(n if need else 0, dtype=cdt, device=device) for need in need_param_grads]
-    if n > 0 and not saved and t_steps <= UNROLL_MAX:
-        module = kernels(model, type(surrogate), x2.dtype, t_steps)
-        scalar, par = _param_args(params)
-        sg = torch.tensor(surrogate.params(), dtype=cdt, device=device)
-        with device_guard(device):
-            module.backward_unrolled[(triton.cdiv(n, UNROLLED_BLOCK),)](
-                grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
-                *(a for v in init for a in (v, v.numel())), sg, grad_x,
-                *(g if g.numel() else sg for g in grad_init), *(g if g.numel() else sg for g in per_neuron),
-                n, int(inner), SCALAR=scalar, DETACH=bool(detach_reset),
-                **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
-                **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
-                BLOCK=UNROLLED_BLOCK, **COMPILE_OPTIONS,
-            )  # fmt: skip
-    elif n > 0:
+    if n > 0:
         module = kernels(model, type(surrogate), x2.dtype)
         scalar, par = _param_args(params)
         block = engine_block(n, len(model.states), cdt)
