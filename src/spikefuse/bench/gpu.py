@@ -74,9 +74,12 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     # one module per case: a module's last output state holds its graph (the saved potentials) until its next
     # reset, which would free it inside another case's memory measurement
     sf_sj = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
+    sf_sj_recompute = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA), memory="recompute")
     sf_sj_fp16 = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
     found = [
         Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
+        Case("spikefuse compat.spikingjelly.LIFNode (recompute)", "sj-lif",
+             lambda x: sf_sj_recompute.reset() or sf_sj_recompute(x), "recompute"),
         Case("spikefuse compat.spikingjelly.LIFNode fp16", "sj-lif-fp16",
              lambda x: sf_sj_fp16.reset() or sf_sj_fp16(x), "potential", dtype=torch.float16),
     ]  # fmt: skip
