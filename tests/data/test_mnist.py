@@ -130,3 +130,32 @@ def test_root_none_without_env(monkeypatch):
     monkeypatch.delenv("SPIKEFUSE_DATA", raising=False)
     with pytest.raises(DataError, match="needs a root folder"):
         load_dataset("mnist", None, train=True, T=4)
+
+
+def test_gzip_bomb_is_read_no_further_than_its_header_says(tmp_path):
+    """A small gzip file whose stream holds far more than its header declares: refused after reading the header's
+    size and one byte more, not after decompressing everything (a 64 KB file here decompresses to 64 MB)."""
+    import tracemalloc
+
+    header = (0x00000801).to_bytes(4, "big") + (10).to_bytes(4, "big")
+    path = tmp_path / "train-labels-idx1-ubyte.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(header + bytes(10))
+        for _ in range(64):
+            f.write(bytes(1 << 20))
+    assert path.stat().st_size < 1 << 17
+    tracemalloc.start()
+    with pytest.raises(DataError, match=r"has trailing bytes: header declares dimensions \(10,\)"):
+        read_idx(path, expect_magic=0x00000801)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 22, f"allocated {peak} bytes"
+
+
+def test_declared_size_out_of_bounds(tmp_path):
+    """Dimensions whose product passes any sensible size (and int64): refused from the header alone."""
+    path = tmp_path / "huge-idx"
+    path.write_bytes((0x00000803).to_bytes(4, "big") + b"\xff\xff\xff\xff" * 3)
+    with pytest.raises(DataError, match=r"declares dimensions \(4294967295, 4294967295, 4294967295\), \d+ data bytes, "
+                                        r"more than the"):
+        read_idx(path)

@@ -630,3 +630,32 @@ def test_snntorch_recurrent_export_loads(cls):
         got = recurrent(loaded.layers["0"](x))
     assert recurrent.model is (LIF_MODELS[("paper", "hard")] if cls == "RLeaky" else CUBA_LIF_HARD)
     assert 0 < float(want.mean()) < 1 and torch.equal(got, want)
+
+
+def test_hostile_files_are_refused(tmp_path):
+    """A .nir file whose weight is an HDF5 external-storage dataset (its bytes read from another local file), and
+    one declaring a dataset far larger than the file: refused before anything is read."""
+    import h5py
+
+    torch.manual_seed(0)
+    model = nn.Sequential(SeqToBatch(nn.Linear(3, 4)), LIF(decay=0.8, threshold=0.5))
+    good = tmp_path / "good.nir"
+    sfnir.export(model, torch.rand(2, 1, 3), path=good)
+    sfnir.load(good)  # the honest file loads
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.arange(12, dtype=np.float32).tobytes())
+    for name, make in (
+        ("external", lambda f, key: f.create_dataset(key, shape=(4, 3), dtype=np.float32,
+                                                     external=[(str(secret), 0, 48)])),
+        ("huge", lambda f, key: f.create_dataset(key, shape=(50_000_000,), dtype=np.float32)),
+    ):  # fmt: skip
+        bad = tmp_path / f"{name}.nir"
+        bad.write_bytes(good.read_bytes())
+        with h5py.File(bad, "a") as f:
+            key = "node/nodes/0/weight"
+            del f[key]
+            make(f, key)
+        assert bad.stat().st_size < 100_000
+        message = "stored outside the file .external storage." if name == "external" else "datasets declare more than"
+        with pytest.raises(ValueError, match=message):
+            sfnir.load(bad)

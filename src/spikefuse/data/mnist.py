@@ -22,7 +22,7 @@ import torch
 
 from ._common import DataError, DatasetInfo, TensorDataset, resolve_root
 
-__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "read_idx", "find_mnist_files", "load_mnist", "MNIST_LAYOUT"]
+__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "IDX_MAX_BYTES", "read_idx", "find_mnist_files", "load_mnist", "MNIST_LAYOUT"]
 
 IDX_IMAGES_MAGIC = 0x00000803
 IDX_LABELS_MAGIC = 0x00000801
@@ -38,50 +38,61 @@ MNIST_LAYOUT = """  <root>/train-images-idx3-ubyte   (60000 training images; or 
   (or the same files in <root>/MNIST/raw/, torchvision's layout)"""
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
-    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        what = "not a valid gzip file or truncated" if path.name.endswith(".gz") else "unreadable"
-        raise DataError(f"MNIST file {path}: {what} ({exc})") from exc
+#: The most data bytes an idx file may declare (every published idx data set is far below it): a header declaring
+#: more is refused before anything is allocated.
+IDX_MAX_BYTES = 1 << 32
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
 def read_idx(path: str | os.PathLike, *, expect_magic: int | None = None) -> np.ndarray:
     """Parse an idx file (optionally gzipped) into a numpy array of its declared type and shape.
 
-    Raises DataError naming the file for a wrong magic number, unknown type, or a size that does not match
-    the declared dimensions (truncated or padded file).
+    The header is read and checked first, then exactly the data it declares (at most :data:`IDX_MAX_BYTES`), so a
+    small file that decompresses to far more than its header says allocates no more than that. Raises DataError
+    naming the file for a wrong magic number, unknown type, a declared size out of bounds, or a size that does not
+    match the declared dimensions (truncated or padded file).
     """
     path = Path(path)
-    raw = _read_bytes(path)
-    if len(raw) < 4:
-        raise DataError(f"idx file {path}: only {len(raw)} bytes, too short for the 4-byte idx header (truncated?)")
-    magic = int.from_bytes(raw[:4], "big")
-    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or raw[3] == 0:
-        raise DataError(
-            f"idx file {path}: bad magic number 0x{magic:08X} (expected 0x00000803 for images or 0x00000801 for "
-            "labels): not an idx file"
-        )
-    if expect_magic is not None and magic != expect_magic:
-        raise DataError(f"idx file {path}: magic number 0x{magic:08X}, expected 0x{expect_magic:08X}")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError(f"idx file {path}: truncated header ({len(raw)} bytes, {ndim} dimensions need {header})")
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    dtype = _IDX_DTYPES[raw[2]]
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    actual = len(raw) - header
-    if actual != expected:
-        what = "truncated" if actual < expected else "has trailing bytes"
-        raise DataError(
-            f"idx file {path}: {what}: header declares dimensions {dims} ({expected} data bytes) but the file "
-            f"holds {actual} data bytes"
-        )
-    arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    what = "not a valid gzip file or truncated" if path.name.endswith(".gz") else "unreadable"
+    try:
+        with _open(path) as f:
+            head = f.read(4)
+            if len(head) < 4:
+                raise DataError(f"idx file {path}: only {len(head)} bytes, too short for the 4-byte idx header "
+                                "(truncated?)")  # fmt: skip
+            magic = int.from_bytes(head, "big")
+            if head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPES or head[3] == 0:
+                raise DataError(
+                    f"idx file {path}: bad magic number 0x{magic:08X} (expected 0x00000803 for images or 0x00000801 "
+                    "for labels): not an idx file"
+                )
+            if expect_magic is not None and magic != expect_magic:
+                raise DataError(f"idx file {path}: magic number 0x{magic:08X}, expected 0x{expect_magic:08X}")
+            ndim = head[3]
+            raw_dims = f.read(4 * ndim)
+            if len(raw_dims) < 4 * ndim:
+                raise DataError(f"idx file {path}: truncated header ({4 + len(raw_dims)} bytes, {ndim} dimensions "
+                                f"need {4 + 4 * ndim})")  # fmt: skip
+            dims = tuple(int.from_bytes(raw_dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
+            dtype = _IDX_DTYPES[head[2]]
+            expected = dtype.itemsize
+            for d in dims:  # Python integers: no overflow
+                expected *= d
+            if expected > IDX_MAX_BYTES:
+                raise DataError(f"idx file {path}: its header declares dimensions {dims}, {expected} data bytes, more "
+                                f"than the {IDX_MAX_BYTES} an idx file may hold here: not an idx data set")  # fmt: skip
+            data = f.read(expected + 1)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"MNIST file {path}: {what} ({exc})") from exc
+    if len(data) != expected:
+        state = "truncated" if len(data) < expected else "has trailing bytes"
+        held = len(data) if len(data) < expected else "more than that"
+        raise DataError(f"idx file {path}: {state}: header declares dimensions {dims} ({expected} data bytes) but "
+                        f"the file holds {held} data bytes")  # fmt: skip
+    arr = np.frombuffer(data, dtype=dtype).reshape(dims)
     return arr.astype(dtype.newbyteorder("="), copy=False)
 
 

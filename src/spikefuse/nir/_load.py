@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from pathlib import Path
 from dataclasses import dataclass
 
 import nir
@@ -393,6 +394,41 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
     return NIRNetwork(layers, sources, order, input_name, output_name)
 
 
+#: How many times its own size a NIR file's datasets may declare in all (room for compression; NIR writes its
+#: arrays uncompressed): a file declaring more is refused before any dataset is read.
+MAX_EXPANSION = 16
+
+
+def check_file(path) -> None:
+    """Refuse a NIR file that reads other files or declares more data than it can hold: datasets with external or
+    virtual storage (their bytes come from other files), and datasets whose declared sizes add up to more than
+    :data:`MAX_EXPANSION` times the file's size (reading an unstored dataset allocates its declared size)."""
+    import h5py
+
+    path = Path(path)
+    budget = MAX_EXPANSION * path.stat().st_size + (1 << 20)
+    declared = 0
+
+    def visit(name: str, item) -> None:
+        nonlocal declared
+        if not isinstance(item, h5py.Dataset):
+            return
+        if item.is_virtual or item.external:
+            raise ValueError(f"NIR file {path}: dataset {name!r} is stored outside the file "
+                             f"({'virtual' if item.is_virtual else 'external'} storage), which would read other "
+                             "files: refused")  # fmt: skip
+        declared += int(item.size) * item.dtype.itemsize
+        if declared > budget:
+            raise ValueError(f"NIR file {path}: its datasets declare more than {budget} bytes (at {name!r}), "
+                             f"{MAX_EXPANSION} times the file's {path.stat().st_size} bytes: refused")  # fmt: skip
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    except OSError as err:
+        raise ValueError(f"NIR file {path}: not a readable HDF5 file ({err})") from None
+
+
 def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(4.0), backend: str = "auto"):
     """A spikefuse network (:class:`NIRNetwork`) on ``[T, B, *shape]`` input from a NIR graph or a NIR file.
 
@@ -417,12 +453,14 @@ def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(
     step's spikes. Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training;
     parameters are float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
     thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
-    (Delay).
+    (Delay). A file is checked before it is read (:func:`check_file`): no storage outside it, no more data than it
+    can hold.
     """
     if lif_form not in LIF_FORMS:
         raise ValueError(f"lif_form must be one of {LIF_FORMS}, got {lif_form!r}")
     opts = _Options(check_dt(dt), lif_form, resolve(surrogate), backend)
     if isinstance(graph, (str, os.PathLike)):
+        check_file(graph)
         graph = nir.read(graph)
     if not isinstance(graph, nir.NIRGraph):
         raise TypeError(f"graph must be a nir.NIRGraph or the path of a NIR file, got {type(graph).__name__}")
