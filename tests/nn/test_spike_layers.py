@@ -359,3 +359,18 @@ def test_max_pool_bad_arguments_get_torchs_error():
         SpikeMaxPool2d(2, padding=2)(x)
     with pytest.raises(RuntimeError, match="Output size is too small"):
         SpikeMaxPool2d(5)(x)
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: SpikeLinear(4, 3), (2, 3, 4)),
+    (lambda: SpikeConv2d(2, 3, 3, padding=1), (2, 3, 2, 5, 5)),
+    (lambda: SpikeMaxPool2d(2), (6, 2, 4, 4)),
+])  # fmt: skip
+def test_double_backward_is_refused_by_message(make, shape):
+    """create_graph=True: nn.Linear gives second-order terms; these layers' backward is kernels on bits, so they
+    refuse instead of silently giving none."""
+    layer = make()
+    x = (torch.rand(shape) < 0.5).float().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True.*keeps its input as bits; use torch.nn"):
+        torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+    torch.autograd.grad(layer(x).sum(), x)  # first order as before

@@ -28,9 +28,9 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ..ops import bitpack, maxpool_cpu
+from ..ops.common import refuse_double_backward
 from ..ops.bitpack import pack, unpack
 
 __all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d",
@@ -134,8 +134,11 @@ class _SpikeLinearFn(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
+        # silently giving no second-order terms
+        refuse_double_backward("SpikeLinear", "the layer keeps its input as bits; use torch.nn.Linear where a gradient of the "
+                               "gradient is needed")
         packed, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
@@ -201,8 +204,11 @@ class _SpikeConvFn(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
+        # silently giving no second-order terms
+        refuse_double_backward("SpikeConv1d/2d/3d", "the layer keeps its input as bits; use torch.nn.Conv1d/2d/3d where a gradient of the "
+                               "gradient is needed")
         packed, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         stride, padding, dilation, groups, pre_pad, pre_mode, has_bias = ctx.conv
@@ -324,8 +330,11 @@ class _SpikeMaxPoolFn(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
+        # silently giving no second-order terms
+        refuse_double_backward("SpikeMaxPool1d/2d/3d", "the layer keeps its input as bits; use torch.nn.MaxPool1d/2d/3d where a gradient of the "
+                               "gradient is needed")
         (packed,) = ctx.saved_tensors
         if ctx.numba:
             shape = ctx.meta[0]
