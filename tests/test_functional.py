@@ -289,3 +289,17 @@ def test_a_backend_whose_compiler_is_missing_says_what_to_install(monkeypatch):
     with pytest.raises(RuntimeError, match=r"backend='cpu' cannot run: .*numba.*pip install numba. or pick "
                                            r"backend='reference'"):  # fmt: skip
         engine.module("cpu")
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_parameters_checked_in_the_compute_dtype(backend):
+    """A v_reset that only float64 tells apart from the threshold, and a threshold that overflows float32: refused
+    on every backend in the dtype the neurons compute in; float64 inputs take them."""
+    x = torch.rand(3, 4)
+    with pytest.raises(ValueError, match=r"v_reset 0.29999999999 is not below the threshold 0.3 in float32"):
+        spikefuse.lif(x, decay=0.5, threshold=0.3, v_reset=0.29999999999, backend=backend)
+    with pytest.raises(ValueError, match=r"threshold 1e\+40 is not finite in float32"):
+        spikefuse.lif(x, decay=0.5, threshold=1e40, backend=backend)
+    assert spikefuse.lif(x.double(), decay=0.5, threshold=1e40, backend=backend).sum() == 0
+    with pytest.raises(ValueError, match=r"threshold must be finite in float32"):
+        spikefuse.neuron(x, spikefuse.neurons.CUBA_LIF, alpha=0.5, beta=0.5, threshold=1e40, backend=backend)

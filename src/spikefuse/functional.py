@@ -49,10 +49,11 @@ def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "
         check_v_init(v_init, x)
     v0 = initial_potential(spec, v_init, x)
     x2 = x.reshape(t_steps, n)
+    params = engine_params(spec, k)  # also checks the threshold and v_reset in the dtype the neurons compute in
     if concrete == "reference" or n == 0:
         spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args(), spec.surrogate)
     else:
-        spikes, state = _engine_autograd.neuron(x2.contiguous(), engine_params(spec, k), [v0], inner,
+        spikes, state = _engine_autograd.neuron(x2.contiguous(), params, [v0], inner,
                                                 engine_model(spec), spec.surrogate, spec.detach_reset, concrete,
                                                 save=memory == "potential")  # fmt: skip
     return spikes.reshape(x.shape), state.reshape(trailing)

@@ -117,6 +117,16 @@ def initial_potential(spec: P.NeuronSpec, v_init: torch.Tensor | None, x: torch.
 
 def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:
     """The parameters of :func:`engine_model`'s definition, in its order: ``decay`` (``[1]`` or per channel, as the
-    kernels take it) and the threshold and v_reset of ``spec`` as ``[1]`` tensors of its dtype and device."""
-    values = {"threshold": spec.threshold, "v_reset": spec.v_reset}
-    return [decay if name == "decay" else decay.new_full((1,), values[name]) for name in _PARAMS]
+    kernels take it) and the threshold and v_reset of ``spec`` as ``[1]`` tensors of its dtype and device, checked
+    in that dtype (the spec's checks ran in float64: a threshold of 1e40 is inf in float32, a v_reset just below the
+    threshold rounds onto it)."""
+    threshold, v_reset = (torch.tensor([value], dtype=torch.float64, device=decay.device).to(decay.dtype)
+                          for value in (spec.threshold, spec.v_reset))  # an overflow rounds to inf, checked next
+    dtype = str(decay.dtype).removeprefix("torch.")
+    if not bool(torch.isfinite(threshold)):
+        raise ValueError(f"threshold {spec.threshold} is not finite in {dtype}, the dtype the neurons compute in")
+    if spec.reset == P.HARD and bool(v_reset >= threshold):
+        raise ValueError(f"v_reset {spec.v_reset} is not below the threshold {spec.threshold} in {dtype}, the dtype "
+                         "the neurons compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
+    values = {"threshold": threshold, "v_reset": v_reset}
+    return [decay if name == "decay" else values[name] for name in _PARAMS]
