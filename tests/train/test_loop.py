@@ -238,3 +238,14 @@ def test_sequences_need_a_recurrent_network(tmp_path):
                         train_subset=None, test_subset=None), log=quiet)  # fmt: skip
     with pytest.raises(ConfigError, match="--hidden, --layers and --cell set a recurrent network"):
         fit(tiny_config(tmp_path / "run2", hidden=64), log=quiet)
+
+
+def test_an_empty_split_is_an_error(tmp_path):
+    """An MNIST folder whose test files hold no image: refused before training, not reported as 0% accuracy."""
+    from tests.data.test_mnist import write_mnist
+
+    write_mnist(tmp_path / "mnist", n_train=8, n_test=0)
+    with pytest.raises(ConfigError, match="the test split of mnist is empty .*nothing to test on"):
+        fit(tiny_config(tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None,
+                        test_subset=None), log=quiet)  # fmt: skip
+    assert not (tmp_path / "run" / "metrics.csv").exists()

@@ -63,6 +63,10 @@ def _load_data(cfg: TrainConfig):
     cfg.check_data_kind(info.kind)
     train_ds = _subset(train_ds, cfg.train_subset, cfg.seed)
     test_ds = _subset(test_ds, cfg.test_subset, cfg.seed + 1)
+    for split, verb, ds in (("training", "train", train_ds), ("test", "test", test_ds)):
+        if len(ds) == 0:
+            raise ConfigError(f"the {split} split of {cfg.dataset} is empty (no samples in "
+                              f"{cfg.data_dir or 'the data folder'}): nothing to {verb} on; check the files")  # fmt: skip
     return train_ds, test_ds, info
 
 
