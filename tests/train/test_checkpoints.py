@@ -1,6 +1,7 @@
 """The run's files survive interruptions and failures: atomic writes, a full disk, signals during a write, stale
 temp files, unreadable checkpoints, and a fresh run that would replace an earlier one."""
 
+import contextlib
 import csv
 import errno
 import os
@@ -54,7 +55,7 @@ def test_full_disk_during_an_epochs_checkpoint_keeps_the_previous_one(tmp_path, 
         fit(tiny_config(tmp_path, epochs=2), resume=True, log=quiet)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
     assert _metrics_epochs(tmp_path) == [1] == [r["epoch"] for r in load_checkpoint(tmp_path / "checkpoint.pt")["history"]]
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != C.LOCK_NAME]
 
 
 def test_ctrl_c_during_the_write_takes_effect_after_it(tmp_path):
@@ -90,8 +91,10 @@ def test_sigterm_during_the_write_reaches_the_previous_handler_after_it(tmp_path
 
 
 def test_stale_temp_files_of_killed_writes_are_removed_by_the_next_run(tmp_path):
-    stale = [".checkpoint.pt.k3j2.tmp", ".metrics.csv.a1.tmp", ".curves.png.xyz", ".curves.png.q9.png"]
-    kept = [".hidden", "notes.txt", ".checkpointer.tmp"]
+    # the temp names tempfile.mkstemp makes (8 random characters); files of the user's that merely start alike stay
+    stale = [".checkpoint.pt.k3j2x9_a.tmp", ".metrics.csv.a1b2c3d4.tmp", ".curves.png.q9w8e7r6.png"]
+    kept = [".hidden", "notes.txt", ".checkpointer.tmp", ".checkpoint.pt.backup", ".metrics.csv.mine.tmp",
+            ".curves.png.xyz"]
     for name in stale + kept:
         (tmp_path / name).write_bytes(b"partial")
     fit(tiny_config(tmp_path), log=quiet)
@@ -150,3 +153,105 @@ def test_divergence_stops_before_a_checkpoint_of_it(tmp_path):
                                           "lower --lr.*none was written"):
         fit(tiny_config(tmp_path, lr=1e308), log=quiet)
     assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "metrics.csv").exists()
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
+    """Two runs into one --out at once: the second is refused while the first holds the folder's lock (released
+    when the first ends however it ends: here another process holds it)."""
+    import subprocess
+    import sys
+    import time
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from spikefuse.train.checkpoints import lock_out_dir; "
+        f"lock_out_dir(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=rf"--out {tmp_path} is in use by another spikefuse train \(process "
+                                              rf"{holder.pid}\)"):
+            fit(tiny_config(tmp_path), log=quiet)
+        assert not (tmp_path / "metrics.csv").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    fit(tiny_config(tmp_path), log=quiet)  # the lock died with its holder
+    assert (tmp_path / "metrics.csv").exists()
+
+
+def test_resume_never_replaces_another_run(tmp_path):
+    """--resume <run A's checkpoint> --out <run B>: refused, run B's files untouched; into an empty folder it
+    continues A's run there."""
+    fit(tiny_config(tmp_path / "a", epochs=1), log=quiet)
+    fit(tiny_config(tmp_path / "b", epochs=1, lr=0.01), log=quiet)
+    before = (tmp_path / "b" / "checkpoint.pt").read_bytes()
+    with pytest.raises(ConfigError, match=r"--resume .*a/checkpoint.pt continues the run of .*a, but --out .*b holds "
+                                          r"another run"):
+        fit(tiny_config(tmp_path / "b", epochs=2), resume=tmp_path / "a" / "checkpoint.pt", log=quiet)
+    assert (tmp_path / "b" / "checkpoint.pt").read_bytes() == before and _metrics_epochs(tmp_path / "b") == [1]
+    fit(tiny_config(tmp_path / "c", epochs=2), resume=tmp_path / "a" / "checkpoint.pt", log=quiet)
+    assert _metrics_epochs(tmp_path / "c") == [1, 2]
+
+
+def test_a_failed_start_leaves_no_folder(tmp_path):
+    with pytest.raises(ConfigError, match="empty"):
+        from tests.data.test_mnist import write_mnist
+
+        write_mnist(tmp_path / "mnist", n_train=0, n_test=3)
+        fit(tiny_config(tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None,
+                        test_subset=None), log=quiet)  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def _descendants(pid: int) -> set[int]:
+    """The living descendants of ``pid``, from /proc."""
+    from pathlib import Path
+
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc (Linux)")
+def test_ranks_end_with_their_parent(tmp_path):
+    """kill -9 of `spikefuse train --nproc 2`: its ranks end too, instead of training on and writing the run."""
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "spikefuse.cli", "train", "--nproc", "2", "--epochs", "1000", "--batch-size", "8",
+               "--T", "2", "--train-subset", "32", "--test-subset", "16", "--neuron-backend", "reference",
+               "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in parent.stdout:  # the ranks are up once the first epoch ends
+            if line.startswith("epoch 1/"):
+                break
+        ranks = _descendants(parent.pid)
+        assert len(ranks) >= 2, ranks
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline and any(os.path.exists(f"/proc/{p}") and
+                                             not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+                                             for p in ranks):  # fmt: skip
+            time.sleep(0.2)
+        alive = [p for p in ranks if os.path.exists(f"/proc/{p}")
+                 and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]  # fmt: skip
+        assert not alive, f"ranks still running after their parent died: {alive}"
+    finally:
+        parent.kill()
+        for p in _descendants(parent.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)

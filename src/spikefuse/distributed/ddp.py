@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -91,7 +92,26 @@ def init_from_env(backend: str | None = None, timeout=DEFAULT_PG_TIMEOUT) -> tup
     return dist.get_rank(), dist.get_world_size()
 
 
-def _worker(local_rank, nproc, fn, args, backend, pg_timeout, threads, addr, port, results):
+def _end_with(parent: int) -> None:
+    """End this rank when the process that launched it ends, however it ends (``kill -9`` of ``spikefuse train
+    --nproc N`` included: its ranks would train on and write the run). A rank's parent is multiprocessing's fork
+    server, which outlives the launcher while any rank lives, so a daemon thread watches the launcher itself."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # alive, under another user (a pid reused): keep watching
+                pass
+
+    threading.Thread(target=watch, name="spikefuse-end-with-launcher", daemon=True).start()
+
+
+def _worker(local_rank, nproc, fn, args, backend, pg_timeout, threads, addr, port, results, launcher):
+    _end_with(launcher)
     os.environ.update(
         MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(local_rank), WORLD_SIZE=str(nproc),
         LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc),
@@ -157,7 +177,7 @@ def launch(
     queue = mp.get_context(start_method).SimpleQueue()
     context = mp.start_processes(
         _worker,
-        args=(nproc, fn, args, backend, _as_timedelta(pg_timeout), threads, master_addr, port, queue),
+        args=(nproc, fn, args, backend, _as_timedelta(pg_timeout), threads, master_addr, port, queue, os.getpid()),
         nprocs=nproc,
         join=False,
         start_method=start_method,

@@ -15,6 +15,7 @@ import contextlib
 import io
 import os
 import random
+import re
 import signal
 import tempfile
 import threading
@@ -35,6 +36,9 @@ __all__ = [
     "load_checkpoint",
     "seed_everything",
     "remove_stale_temp_files",
+    "lock_out_dir",
+    "unlock_out_dir",
+    "LOCK_NAME",
     "signals_deferred",
     "check_out_dir",
 ]
@@ -120,11 +124,13 @@ def _temp_file(path: Path) -> tuple[int, str]:
 def remove_stale_temp_files(out: str | os.PathLike) -> list[Path]:
     """Remove the temp files that interrupted writes (kill -9, power loss) left in ``out``; returns them.
 
-    They are ``.<file>.<random>.tmp`` for each of the run's files (``.<file>.<random>.png`` from earlier versions):
-    any hidden file named after one of them is a temp file of ours."""
+    They are ``.<file>.<random>.tmp`` for each of the run's files (``.<file>.<random>.png`` from earlier versions),
+    ``<random>`` the 8 characters ``tempfile.mkstemp`` draws: only names of that exact form are removed, so a file
+    of the user's (``.checkpoint.pt.backup``) stays."""
     out = Path(out)
     names = (CHECKPOINT_NAME, METRICS_NAME, CURVES_NAME, WRITE_TEST_NAME)
-    stale = [p for name in names for p in out.glob(f".{name}.*") if p.is_file()]
+    ours = re.compile(r"\.(" + "|".join(re.escape(n) for n in names) + r")\.[a-z0-9_]{8}\.(tmp|png)")
+    stale = [p for p in out.glob(".*") if ours.fullmatch(p.name) and p.is_file()]
     for p in stale:
         with contextlib.suppress(OSError):
             p.unlink()
@@ -191,7 +197,8 @@ def signals_deferred():
 
 def check_out_dir(out: Path, resume, overwrite: bool) -> None:
     """Make ``out`` and check that it can be written; refuse to start a fresh run over an earlier one unless
-    ``overwrite``. Raises :class:`ConfigError` with the way out."""
+    ``overwrite``, and to resume another folder's checkpoint into a folder that holds a run of its own. Raises
+    :class:`ConfigError` with the way out."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder: choose another --out")
     try:
@@ -207,6 +214,40 @@ def check_out_dir(out: Path, resume, overwrite: bool) -> None:
             f"--out {out} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, --overwrite to "
             "replace it, or choose another --out"
         )
+    if earlier and resume not in (None, True, False) and Path(resume).resolve().parent != out.resolve():
+        raise ConfigError(
+            f"--resume {resume} continues the run of {Path(resume).parent}, but --out {out} holds another run "
+            f"({', '.join(earlier)}) that it would replace: resume into --out {Path(resume).parent}, or into an "
+            "empty --out"
+        )
+
+
+LOCK_NAME = ".spikefuse-train.lock"
+_held: dict[Path, int] = {}
+
+
+def lock_out_dir(out: Path) -> None:
+    """Take ``out``'s lock for this process until :func:`unlock_out_dir` (or the process ends, however it ends):
+    a second run into the same folder at the same time is refused instead of writing over the first's files."""
+    import fcntl
+
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"--out {out} is in use by another spikefuse train (process {holder}): wait for it to end, "
+                          "or choose another --out") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[out.resolve()] = fd
+
+
+def unlock_out_dir(out: Path) -> None:
+    fd = _held.pop(out.resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def load_resume_checkpoint(path, cfg: TrainConfig) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -19,17 +20,20 @@ from .checkpoints import (
     CHECKPOINT_NAME,
     CHECKPOINT_VERSION,
     CURVES_NAME,
+    LOCK_NAME,
     METRICS_NAME,
     check_out_dir,
     load_checkpoint,
     load_model_state,
     load_resume_checkpoint,
+    lock_out_dir,
     remove_stale_temp_files,
     rng_states,
     save_checkpoint,
     seed_everything,
     set_rng_states,
     signals_deferred,
+    unlock_out_dir,
 )
 from .config import ConfigError, TrainConfig, check_batch_split
 from .reports import format_epoch, max_over_ranks, peak_memory_mb, plot_curves, write_metrics
@@ -281,9 +285,26 @@ def _decided_on_main(fn: Callable[[], object], world: int):
     return box[1]
 
 
-def _prepare_out(out: Path, resume, overwrite: bool) -> None:
-    check_out_dir(out, resume, overwrite)
+def _prepare_out(out: Path, resume, overwrite: bool) -> bool:
+    """Check ``out`` and take its lock (:func:`lock_out_dir`); whether this made the folder."""
+    made = not out.exists()
+    try:
+        check_out_dir(out, resume, overwrite)
+        lock_out_dir(out)
+    except ConfigError:
+        _remove_if_unused(out, made)
+        raise
     remove_stale_temp_files(out)
+    return made
+
+
+def _remove_if_unused(out: Path, made: bool) -> None:
+    """Remove the folder a run made and wrote nothing into (a failed start), its lock included."""
+    if not made or not out.is_dir() or any(p.name != LOCK_NAME for p in out.iterdir()):
+        return
+    with contextlib.suppress(OSError):
+        (out / LOCK_NAME).unlink(missing_ok=True)
+        out.rmdir()
 
 
 def fit(
@@ -312,7 +333,22 @@ def fit(
     if cfg.threads is not None:
         set_threads(cfg.threads)
     out = Path(cfg.out)
-    _decided_on_main(lambda: _prepare_out(out, resume, overwrite), world)
+    made = _decided_on_main(lambda: _prepare_out(out, resume, overwrite), world)
+    try:
+        return _train(cfg, resume, log, out, world, main, device)
+    except BaseException:
+        if main:
+            _remove_if_unused(out, made)
+        raise
+    finally:
+        if main:
+            unlock_out_dir(out)
+
+
+def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, device: torch.device) -> list[dict]:
+    """:func:`fit` once ``out`` is ready and held."""
+    from ..distributed import ddp
+
     ckpt = None
     if resume:
         path = out / CHECKPOINT_NAME if resume is True else resume
