@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
+# A rerun replaces the earlier demo run; `make demo ARGS="--resume --epochs 12"` passes options instead.
 demo: install
-	$(VENV)/bin/spikefuse train --out runs/demo
+	$(VENV)/bin/spikefuse train --out runs/demo $(if $(ARGS),$(ARGS),--overwrite)
 
 $(DOCS_STAMP): $(STAMP)
 	$(PIPQ) -e '.[docs]'

@@ -22,7 +22,9 @@ exception class listed in :data:`USER_ERRORS`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import signal
 import sys
 
@@ -46,7 +48,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.gpu",
 )
 #: ``"module:ClassName"`` of further exceptions that mean a user error (message, exit code 2).
-USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError"]
+USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError", "spikefuse.ops.buffers:SettingError"]
 
 
 def _register(subparsers, module_names) -> None:
@@ -63,10 +65,24 @@ def _register(subparsers, module_names) -> None:
             parser.set_defaults(_run=parser.get_default("func") or mod.run)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (no usage block), with the nearest valid choice for a
+    mistyped one."""
+
+    def error(self, message: str):
+        hint = ""
+        typo = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if typo:
+            choices = re.findall(r"'([^']*)'", typo.group(2))
+            close = difflib.get_close_matches(typo.group(1), choices, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spikefuse",
         description="Fast, memory-lean training of spiking neural networks (time-fused LIF kernels).",
     )
@@ -104,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # which options the user gave (see TrainCommand)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -244,13 +261,36 @@ class TrainCommand:
     def run(args) -> int:
         from .train import fit_data_parallel
 
-        history = fit_data_parallel(config_from_args(args), nproc=args.nproc, resume=args.resume,
+        history = fit_data_parallel(_resumed_config(args), nproc=args.nproc, resume=args.resume,
                                     overwrite=args.overwrite)
         if history:  # None on the ranks other than 0 under torchrun
             last = history[-1]
-            print(f"final test accuracy {100 * last['test_acc']:.2f}% after {last['epoch']} epochs; "
+            epochs = f"{last['epoch']} epoch{'s' if last['epoch'] != 1 else ''}"
+            print(f"final test accuracy {100 * last['test_acc']:.2f}% after {epochs}; "
                   f"files in {args.out}: metrics.csv, checkpoint.pt, curves.png")
         return 0
+
+
+def _resumed_config(args):
+    """The run's settings: those given on the command line; when resuming, every other one from the checkpoint (a
+    resume continues that run: its settings need not be typed again)."""
+    cfg = config_from_args(args)
+    if not args.resume:
+        return cfg
+    from pathlib import Path
+
+    from .train import load_checkpoint
+    from .train.checkpoints import CHECKPOINT_NAME
+
+    path = Path(args.out) / CHECKPOINT_NAME if args.resume is True else Path(args.resume)
+    if not path.exists():  # fit says what is missing, with the way out
+        return cfg
+    saved = load_checkpoint(path)["config"]
+    given = {token[2:].split("=")[0].replace("-", "_") for token in args.argv if token.startswith("--")}
+    for name, value in saved.items():
+        if hasattr(cfg, name) and name not in given | {"out", "progress"}:
+            setattr(cfg, name, value)
+    return cfg
 
 
 class EvalCommand:
@@ -258,7 +298,7 @@ class EvalCommand:
     def add_parser(subparsers) -> argparse.ArgumentParser:
         p = subparsers.add_parser("eval", help="evaluate a checkpoint on the test split",
                                   description="Evaluate a checkpoint written by `spikefuse train` on its data set's test split.")
-        p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt")
+        p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt, or the run folder holding it")
         p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
         p.add_argument("--device", default="cpu")
         p.add_argument("--threads", type=_positive_int, default=2)

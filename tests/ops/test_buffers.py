@@ -34,12 +34,19 @@ def test_freed_buffer_is_reused():
     assert _ptr(b) == ptr and b.shape == SHAPE and b.dtype == torch.float32
 
 
-@pytest.mark.parametrize("holder", ["tensor", "view", "numpy", "autograd"])
+@pytest.mark.parametrize("holder", ["tensor", "view", "numpy", "autograd", "storage", "shared"])
 def test_buffer_in_use_is_not_reused(holder):
     a = buffers.empty(SHAPE, torch.float32).fill_(3.0)
     ptr = _ptr(a)
     w = torch.ones(SHAPE, requires_grad=True)
-    if holder == "view":
+    if holder == "storage":  # the storage object alone: its use count does not see it
+        keep = torch.empty(0).set_(a.untyped_storage(), 0, SHAPE)
+        storage = a.untyped_storage()
+        keep = None
+    elif holder == "shared":  # sent to another process: nothing here can tell when that one is done with it
+        a.share_memory_()
+        keep = a.clone()
+    elif holder == "view":
         keep = a[1:].view(-1)
     elif holder == "numpy":
         keep = a.numpy()
@@ -53,8 +60,39 @@ def test_buffer_in_use_is_not_reused(holder):
     if holder == "autograd":
         keep.backward()
         assert bool((w.grad == 3.0).all())  # the saved buffer still holds what was written into it
+    elif holder == "storage":
+        assert bool((torch.empty(0).set_(storage, 0, SHAPE) == 3.0).all())
     else:
         assert bool((torch.as_tensor(keep) == 3.0).all())
+
+
+def test_outputs_sent_to_dataloader_workers_stay_intact():
+    """A DataLoader whose workers make spikefuse outputs: they reach the main process through shared memory, which
+    the cache must never reuse (7 of 8 samples came back overwritten before)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Spikes(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return spikefuse.lif(torch.full(SHAPE, float(i)), decay=0.5, threshold=0.3 if i % 2 else 100.0)
+
+    got = list(DataLoader(Spikes(), batch_size=None, num_workers=2))
+    for i, spikes in enumerate(got):
+        assert torch.equal(spikes, Spikes()[i]), f"sample {i} overwritten"
+
+
+def test_a_bad_cache_setting_fails_the_first_use_with_its_name(monkeypatch):
+    """SPIKEFUSE_CPU_CACHE_MB is read at the first use, not at import: empty means unset, a non-number is an error
+    that names the variable."""
+    monkeypatch.setattr(buffers, "_limit", None)
+    monkeypatch.setenv("SPIKEFUSE_CPU_CACHE_MB", "")
+    assert buffers.cpu_cache_limit() > 0
+    monkeypatch.setattr(buffers, "_limit", None)
+    monkeypatch.setenv("SPIKEFUSE_CPU_CACHE_MB", "abc")
+    with pytest.raises(buffers.SettingError, match="SPIKEFUSE_CPU_CACHE_MB must be a whole number of MiB"):
+        buffers.empty(SHAPE, torch.float32)
 
 
 def test_other_dtype_same_bytes_reuses():

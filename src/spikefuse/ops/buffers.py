@@ -6,9 +6,10 @@ page again -- at T=32, N=1M the forward of one LIF layer took 63 ms into fresh o
 (``spikefuse bench neuron``). The CUDA caching allocator keeps freed blocks for the same reason; torch's CPU
 allocator does not, so the fused CPU kernels keep their own small cache.
 
-A cached buffer is a storage the cache holds a reference to. A request for the same number of bytes reuses it
-when the cache's reference is the only one left (``torch._C._storage_Use_Count``): every tensor, view, autograd
-saved tensor or numpy array of the buffer holds the storage, so a buffer still in use is never handed out again.
+A cached buffer is a tensor of the cache's own over the buffer's memory. A request for the same number of bytes
+reuses it when nothing else can reach that memory (:func:`_idle`): no other tensor, view, autograd saved tensor or
+numpy array (the storage's use count), no Python reference to the storage object, no shared memory (a buffer sent
+to another process is never reused), so a buffer still in use is never handed out again.
 The cache holds at most :func:`cpu_cache_limit` bytes (default a quarter of the machine's memory, or the
 ``SPIKEFUSE_CPU_CACHE_MB`` environment variable); idle buffers are dropped, oldest first, to make room, and an
 allocation that does not fit is made as a plain, uncached tensor. :func:`empty_cpu_cache` drops every idle
@@ -25,7 +26,7 @@ import threading
 
 import torch
 
-__all__ = ["empty", "full", "cpu_cache_bytes", "cpu_cache_limit", "set_cpu_cache_limit", "empty_cpu_cache"]
+__all__ = ["empty", "full", "cpu_cache_bytes", "cpu_cache_limit", "set_cpu_cache_limit", "empty_cpu_cache", "SettingError"]
 
 # Smaller buffers come from glibc's heap, whose pages stay mapped between calls: nothing to gain.
 _MIN_BYTES = 1 << 20
@@ -37,21 +38,26 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _default_limit() -> int:
-    env = os.environ.get("SPIKEFUSE_CPU_CACHE_MB")
-    if env is not None:
+    env = os.environ.get("SPIKEFUSE_CPU_CACHE_MB", "").strip()
+    if env:
         try:
             return max(0, int(env)) << 20
         except ValueError:
-            raise ValueError(f"SPIKEFUSE_CPU_CACHE_MB must be an integer number of MiB, got {env!r}") from None
+            raise SettingError(f"the environment variable SPIKEFUSE_CPU_CACHE_MB must be a whole number of MiB (0: "
+                               f"no cache), got {env!r}") from None  # fmt: skip
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     except (ValueError, OSError, AttributeError):
         return 1 << 30
 
 
+class SettingError(ValueError):
+    """A spikefuse setting from the environment that cannot be used; the message says which and what it takes."""
+
+
 _lock = threading.Lock()
-_cache: list[torch.UntypedStorage] = []  # oldest first
-_limit = _default_limit() if _use_count is not None else 0
+_cache: list[torch.Tensor] = []  # oldest first
+_limit: int | None = None  # read at the first use (cpu_cache_limit): a bad environment value fails a call, not the import
 
 
 def fresh(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -71,37 +77,69 @@ def fresh(shape, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _idle(storage: torch.UntypedStorage) -> bool:
-    return _use_count(storage._cdata) == 1
+def _holders(buffer: torch.Tensor) -> tuple[int, int]:
+    """``(use count, Python references)`` of ``buffer``'s storage, as :func:`_idle` reads them."""
+    storage = buffer.untyped_storage()
+    return _use_count(storage._cdata), sys.getrefcount(storage)
+
+
+def _unheld() -> tuple[int, int]:
+    """What :func:`_holders` reads of a buffer only the cache holds, measured once (the references torch itself
+    keeps to a storage object differ between its versions)."""
+    global _UNHELD
+    if _UNHELD is None:
+        made = torch.empty(1)
+        cached = made.detach()
+        made.untyped_storage().data_ptr()  # a storage object made and dropped, as a caller's use of its outputs does
+        del made
+        _UNHELD = _holders(cached)
+    return _UNHELD
+
+
+_UNHELD: tuple[int, int] | None = None
+
+
+def _idle(buffer: torch.Tensor) -> bool:
+    """Whether nothing but the cache can reach ``buffer``'s memory: no other tensor, view or numpy array of it (the
+    storage's use count), no Python reference to its storage object (``t.untyped_storage()`` kept by a user: one
+    object per storage, which the use count does not see, so its reference count), and not in shared memory (sent to
+    another process: a DataLoader worker's output, a ``torch.multiprocessing`` queue)."""
+    return not buffer.untyped_storage().is_shared() and _holders(buffer) == _unheld()
 
 
 def _shrink_to(target: int, forget_busy: bool) -> int:
     """Drop cached buffers until at most ``target`` bytes are cached: idle ones first, oldest first, then (with
     ``forget_busy``) ones still in use, which their holders keep alive until they are done. The caller holds the
     lock. Returns the bytes still cached."""
-    cached = sum(s.nbytes() for s in _cache)
-    order = sorted(_cache, key=lambda s: not _idle(s)) if forget_busy else [s for s in _cache if _idle(s)]
-    for storage in order:
+    cached = sum(_nbytes(b) for b in _cache)
+    order = sorted(_cache, key=lambda b: not _idle(b)) if forget_busy else [b for b in _cache if _idle(b)]
+    for buffer in order:
         if cached <= target:
             break
-        _cache.remove(storage)
-        cached -= storage.nbytes()
+        _cache.remove(buffer)
+        cached -= _nbytes(buffer)
     return cached
+
+
+def _nbytes(buffer: torch.Tensor) -> int:
+    return buffer.untyped_storage().nbytes()
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized CPU tensor, in a cached buffer nobody else holds when there is one of the same size."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _MIN_BYTES or _limit == 0:
+    limit = cpu_cache_limit()
+    if nbytes < _MIN_BYTES or limit == 0:
         return fresh(shape, dtype)
     with _lock:
-        for storage in _cache:
-            if storage.nbytes() == nbytes and _idle(storage):
-                return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
-        cached = _shrink_to(_limit - nbytes, forget_busy=False)
+        for buffer in _cache:
+            if _nbytes(buffer) == nbytes and _idle(buffer):
+                return torch.empty(0, dtype=dtype).set_(buffer.untyped_storage(), 0, tuple(shape))
+        _cache[:] = [b for b in _cache if not b.untyped_storage().is_shared()]  # in another process: never again
+        cached = _shrink_to(limit - nbytes, forget_busy=False)
         out = fresh(shape, dtype)
-        if cached + nbytes <= _limit:
-            _cache.append(out.untyped_storage())
+        if cached + nbytes <= limit:
+            _cache.append(out.detach())  # a tensor of its own: what users hold of the memory is then visible
         return out
 
 
@@ -116,11 +154,14 @@ def full(shape, value: float, dtype: torch.dtype, device: torch.device) -> torch
 def cpu_cache_bytes() -> tuple[int, int]:
     """``(cached, idle)``: bytes of every cached buffer, and of those nothing outside the cache holds."""
     with _lock:
-        return sum(s.nbytes() for s in _cache), sum(s.nbytes() for s in _cache if _idle(s))
+        return sum(_nbytes(b) for b in _cache), sum(_nbytes(b) for b in _cache if _idle(b))
 
 
 def cpu_cache_limit() -> int:
-    """The most bytes the cache holds (0: off)."""
+    """The most bytes the cache holds (0: off); read from ``SPIKEFUSE_CPU_CACHE_MB`` at the first use."""
+    global _limit
+    if _limit is None:
+        _limit = _default_limit() if _use_count is not None else 0
     return _limit
 
 

@@ -99,6 +99,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files: the run's files get the usual mode
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -115,6 +116,12 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _temp_file(path: Path) -> tuple[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -29,6 +30,10 @@ TRAJECTORY_KEYS = (
     "layers",
     "cell",
 )
+
+
+#: Bounds of settings whose larger values only exhaust the machine (torch crashed at --threads 100000).
+MAX_THREADS_PER_CORE, MAX_IMAGE_SIZE = 16, 1024
 
 
 class ConfigError(ValueError):
@@ -79,6 +84,12 @@ class TrainConfig:
             raise ConfigError(f"--lr must be a positive number, got {self.lr}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        cores = os.cpu_count() or 1
+        if self.threads is not None and self.threads > MAX_THREADS_PER_CORE * cores:
+            raise ConfigError(f"--threads {self.threads} is more than {MAX_THREADS_PER_CORE} per core of this machine's "
+                              f"{cores}: use at most {MAX_THREADS_PER_CORE * cores}")  # fmt: skip
+        if self.image_size is not None and not 1 <= self.image_size <= MAX_IMAGE_SIZE:
+            raise ConfigError(f"--image-size must lie in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         if self.encoding not in ("direct", "poisson"):
             raise ConfigError(f"--encoding must be 'direct' or 'poisson', got {self.encoding!r}")
         if self.neurons not in ("spikefuse", "spikingjelly"):

@@ -184,8 +184,9 @@ def run_epoch(
         from tqdm import tqdm
 
         def new_bar(note: str = "", initial: int = 0):
+            # disable=None: no bar where stderr is no terminal (a log file, a pipe): one line per epoch there
             return tqdm(total=len(loader.dataset), desc=desc + note, initial=initial, unit="sample", leave=False,
-                        dynamic_ncols=True)
+                        dynamic_ncols=True, disable=None)
 
         bar = new_bar(FIRST_BATCH_NOTE if first_run else "")
     if device.type == "cuda":
@@ -465,7 +466,10 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     progress: bool = False,
 ) -> dict:
-    """Evaluate a checkpoint on its data set's test split (same encoding and test generator as training)."""
+    """Evaluate a checkpoint (or a run folder's ``checkpoint.pt``) on its data set's test split (same encoding and test
+    generator as training)."""
+    if Path(path).is_dir():
+        path = Path(path) / CHECKPOINT_NAME
     ckpt = load_checkpoint(path)
     cfg = TrainConfig.from_dict(ckpt["config"])
     cfg.device = device
