@@ -349,3 +349,24 @@ def test_triton_block_keeps_eight_words_of_state_per_thread():
     for (states, dtype), block in expected.items():
         assert triton.engine_block(n, states, dtype) == block, (states, dtype)
     assert triton.engine_block(1000, 1, torch.float32) == 128
+
+
+def test_kernel_cache_folder_falls_back_when_it_cannot_be_written(tmp_path, monkeypatch):
+    """A kernel cache folder that cannot be made (a read-only home; here a path under a file): a folder in the
+    temporary directory, with a warning; an error that says what to set where neither can be written."""
+    import tempfile
+
+    from spikefuse.ops.engine import emit
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPIKEFUSE_CACHE_DIR", str(blocker / "kernels"))
+    monkeypatch.setattr(emit, "_CACHE_DIRS", {})
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    with pytest.warns(UserWarning, match=r"cannot write the kernel cache folder .*a-file/kernels.*cached in .*spikefuse-kernels"):
+        folder = emit.cache_dir()
+    assert folder.parent == tmp_path and folder.is_dir()
+    monkeypatch.setattr(emit, "_CACHE_DIRS", {})
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
+    with pytest.raises(RuntimeError, match="cannot write a folder for its generated kernels.*set SPIKEFUSE_CACHE_DIR"):
+        emit.cache_dir()

@@ -21,6 +21,8 @@ import importlib.util
 import inspect
 import os
 import sys
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -193,9 +195,31 @@ def model_facts(model) -> list[str]:
 
 def cache_dir() -> Path:
     """Where generated kernel sources (and numba's cache of them) live: ``$SPIKEFUSE_CACHE_DIR``, else
-    ``~/.cache/spikefuse/kernels``."""
+    ``~/.cache/spikefuse/kernels``; where that cannot be written (a read-only home), a folder of this user's in the
+    temporary directory, once, with a warning. An error says what to set where neither can be written."""
     base = os.environ.get("SPIKEFUSE_CACHE_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "spikefuse" / "kernels"
+    if base in _CACHE_DIRS:
+        return _CACHE_DIRS[base]
+    wanted = Path(base) if base else Path.home() / ".cache" / "spikefuse" / "kernels"
+    fallback = Path(tempfile.gettempdir()) / f"spikefuse-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    for folder in (wanted, fallback):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-")
+            probe.close()
+        except OSError as err:
+            failure = f"{folder}: {err.strerror or err}"
+            continue
+        if folder != wanted:
+            warnings.warn(f"spikefuse: cannot write the kernel cache folder {wanted} ({failure}); kernels are cached in "
+                          f"{folder} instead (set SPIKEFUSE_CACHE_DIR to choose)", stacklevel=2)  # fmt: skip
+        _CACHE_DIRS[base] = folder
+        return folder
+    raise RuntimeError(f"spikefuse cannot write a folder for its generated kernels: {wanted} and {failure}; set "
+                       "SPIKEFUSE_CACHE_DIR to a writable folder")  # fmt: skip
+
+
+_CACHE_DIRS: dict[str | None, Path] = {}  # by $SPIKEFUSE_CACHE_DIR: checked once per value
 
 
 _MODULES: dict[tuple, object] = {}
