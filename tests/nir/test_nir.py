@@ -395,7 +395,7 @@ def test_bad_dt(dt):
 
 
 def test_bad_graphs():
-    with pytest.raises(ValueError, match=r"lif_form must be one of \('decay', 'euler'\)"):
+    with pytest.raises(ValueError, match=r"lif_form must be one of \('auto', 'decay', 'euler'\)"):
         sfnir.load(_graph({"lif": _lif_node()}), lif_form="exact")
     longer = _graph({"lif": _lif_node(), "w": nir.Linear(weight=np.eye(3)), "v": nir.Linear(weight=np.eye(3))},
                     edges=[("input", "lif"), ("lif", "w"), ("w", "v"), ("v", "lif"), ("lif", "output")])
@@ -659,3 +659,26 @@ def test_hostile_files_are_refused(tmp_path):
         message = "stored outside the file .external storage." if name == "external" else "datasets declare more than"
         with pytest.raises(ValueError, match=message):
             sfnir.load(bad)
+
+
+def test_defaults_load_a_cuba_lif_the_decay_form_cannot_take():
+    """A valid NIR CubaLIF with r = 1 (not tau_mem/dt): the defaults load it in the forward-Euler form, say so, and
+    compute the Euler transcription of NIR's equations exactly."""
+    dt, n = 1e-3, 5
+    tau_syn, tau_mem = np.full(n, 5e-3), np.full(n, 1e-2)
+    node = nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=np.ones(n), w_in=np.ones(n), v_leak=np.zeros(n),
+                       v_threshold=np.full(n, 0.02), v_reset=np.zeros(n))  # fmt: skip
+    with pytest.warns(UserWarning, match=r"node 'cuba' \(CubaLIF\) loaded with lif_form='euler'.*needs r = tau_mem/dt"):
+        loaded = sfnir.load(_graph({"cuba": node}), dt=dt)
+    x = torch.rand(40, 3, n) * 2
+    a_syn = torch.tensor(tau_syn, dtype=torch.float32).reciprocal() * dt
+    a_mem = torch.tensor(tau_mem, dtype=torch.float32).reciprocal() * dt
+    i, v, s, want = torch.zeros(3, n), torch.zeros(3, n), torch.zeros(3, n), []
+    for x_t in x:  # NIR's CubaLIF by forward Euler, reset to v_reset after a spike
+        i = i + a_syn * ((0 - i) + 1.0 * x_t)
+        v = (1 - s) * v + s * 0.0
+        v = v + a_mem * ((0.0 - v) + 1.0 * i)
+        s = (v - 0.02 > 0).float()
+        want.append(s)
+    got = loaded(x)
+    assert 0 < float(got.mean()) < 1 and torch.equal(got, torch.stack(want))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections import deque
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nir
 import numpy as np
@@ -18,7 +19,7 @@ from ..surrogate import Sigmoid, Surrogate, resolve
 from ._common import check_dt
 from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
 
-LIF_FORMS = ("decay", "euler")
+LIF_FORMS = ("auto", "decay", "euler")
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,22 @@ def _recurrent(what: str, node, w_rec, opts: _Options) -> nn.Module:
     return layer if np.all(scale == 1) else nn.Sequential(Scale(scale), layer)
 
 
+def _in_form(what: str, build, opts: _Options) -> nn.Module:
+    """``build(opts)`` in ``opts.lif_form``; with "auto", the bit-compatible "decay" form where the node's parameters
+    allow it, else forward Euler as written, with a warning that names the node and why."""
+    if opts.lif_form != "auto":
+        return build(opts)
+    try:
+        return build(replace(opts, lif_form="decay"))
+    except ValueError as decay_error:
+        try:
+            module = build(replace(opts, lif_form="euler"))
+        except ValueError as euler_error:
+            raise ValueError(f"{what}: neither lif_form fits: 'decay': {decay_error}; 'euler': {euler_error}") from None
+        warnings.warn(f"{what} loaded with lif_form='euler' (forward Euler as written): {decay_error}", stacklevel=4)
+        return module
+
+
 _NOT_YET = {
     nir.Delay: "spikefuse has no delay layer yet",
 }
@@ -332,9 +349,9 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         )
         return _after_scale(_array(node.r), neuron)
     if isinstance(node, nir.LIF):
-        return _lif(what, node, opts)
+        return _in_form(what, lambda o: _lif(what, node, o), opts)
     if isinstance(node, nir.CubaLIF):
-        return _cuba_lif(what, node, opts)
+        return _in_form(what, lambda o: _cuba_lif(what, node, o), opts)
     raise ValueError(f"{what}: not a NIR node type spikefuse knows")
 
 
@@ -388,9 +405,13 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
             "feeds and that only feeds it"
         )
     order = [name for name in order if name not in recurrent.values()]
-    layers = {name: _recurrent(f"node {name!r} ({type(graph.nodes[name]).__name__})", graph.nodes[name],
-                               graph.nodes[recurrent[name]], opts)
-              if name in recurrent else _module(name, graph.nodes[name], opts) for name in order}  # fmt: skip
+
+    def recurrent_layer(name: str) -> nn.Module:
+        what = f"node {name!r} ({type(graph.nodes[name]).__name__})"
+        return _in_form(what, lambda o: _recurrent(what, graph.nodes[name], graph.nodes[recurrent[name]], o), opts)
+
+    layers = {name: recurrent_layer(name) if name in recurrent else _module(name, graph.nodes[name], opts)
+              for name in order}  # fmt: skip
     return NIRNetwork(layers, sources, order, input_name, output_name)
 
 
@@ -429,11 +450,13 @@ def check_file(path) -> None:
         raise ValueError(f"NIR file {path}: not a readable HDF5 file ({err})") from None
 
 
-def load(graph, dt: float = 1e-4, *, lif_form: str = "decay", surrogate=Sigmoid(4.0), backend: str = "auto"):
+def load(graph, dt: float = 1e-4, *, lif_form: str = "auto", surrogate=Sigmoid(4.0), backend: str = "auto"):
     """A spikefuse network (:class:`NIRNetwork`) on ``[T, B, *shape]`` input from a NIR graph or a NIR file.
 
     ``dt`` is the time step to integrate the graph's time constants with (Norse exports for ``dt = 1e-3`` by
-    default, snnTorch for ``1e-4``). ``lif_form`` picks the arithmetic of NIR's LIF, forward Euler either way:
+    default, snnTorch for ``1e-4``). ``lif_form`` picks the arithmetic of NIR's LIF, forward Euler either way
+    ("auto", the default: "decay" for each node whose parameters allow it, else "euler", with a warning naming
+    the node):
 
     - ``"decay"``: spikefuse's :class:`~spikefuse.nn.LIF`, ``h = k*h + x`` with ``k = 1 - dt/tau`` and the input
       scaled by ``dt*r/tau`` (a :class:`Scale` in front, left out where it is 1 in float32, as in graphs from
