@@ -42,7 +42,8 @@ def tiny(name, backend, in_channels=2, num_classes=5, size=8, **extra):
 
 
 def test_registry_names():
-    assert set(MODELS) == {"resnet-tiny", "resnet18", "resnet34", "resnet50", "liang-small", "liang-medium", "liang-large"}
+    assert set(MODELS) == {"resnet-tiny", "resnet18", "resnet34", "resnet50", "liang-small", "liang-medium", "liang-large",
+                           "srnn"}
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet19", 3, 10)
 

@@ -6,7 +6,6 @@ import importlib.util
 import pytest
 import torch
 
-from spikefuse.train.checkpoints import LOCK_NAME
 from spikefuse.train import (
     FIRST_BATCH_NOTE,
     METRIC_COLUMNS,
@@ -52,7 +51,7 @@ def test_one_epoch_writes_metrics_checkpoint_and_curves(tmp_path, backend):
     assert ckpt["epoch"] == 1 and ckpt["config"]["model"] == "resnet-tiny"
     assert set(ckpt["rng"]) >= {"torch", "numpy", "python", "generators"}
     assert set(ckpt["rng"]["generators"]) == {"data", "encode"}
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert not leftovers  # the atomic writes left no temp files
 
 
@@ -194,15 +193,22 @@ def test_data_parallel_two_processes_match_one_process(tmp_path, capfd, memory):
     assert "divisible by the number of processes (3)" in capfd.readouterr().err
 
 
-def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsys):
+def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsys, monkeypatch):
     """The first batch of a process compiles kernels (tens of seconds with an empty cache): the bar says so instead
-    of an ETA extrapolated from it, and a fresh bar (whose rate counts from the second batch) replaces it."""
+    of an ETA extrapolated from it, and a fresh bar (whose rate counts from the second batch) replaces it. Off a
+    terminal (a log file, a pipe) there is no bar at all."""
+    import sys
+
     from torch.utils.data import DataLoader, TensorDataset
 
     from spikefuse.models import build_model
 
     model = build_model("resnet-tiny", 1, 10, width=4, stem="cifar", neuron_backend="reference")
     data = TensorDataset(torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,)))
+    run_epoch(model, DataLoader(data, batch_size=4), kind="image", T=2, encoding="direct", device=torch.device("cpu"),
+              optimizer=torch.optim.Adam(model.parameters()), progress=True, desc="epoch 1/1", first_run=True)
+    assert capsys.readouterr().err == ""  # captured: no terminal, no bar
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     for first_run in (True, False):
         run_epoch(model, DataLoader(data, batch_size=4), kind="image", T=2, encoding="direct",
                   device=torch.device("cpu"), optimizer=torch.optim.Adam(model.parameters()), progress=True,

@@ -238,9 +238,12 @@ def lock_out_dir(out: Path) -> None:
     a second run into the same folder at the same time is refused instead of writing over the first's files."""
     import fcntl
 
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    path = out / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # its holder ended and removed it between open and lock
+            raise BlockingIOError
     except OSError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
@@ -252,8 +255,12 @@ def lock_out_dir(out: Path) -> None:
 
 
 def unlock_out_dir(out: Path) -> None:
+    """Release ``out``'s lock and remove its file (still holding the lock: a run that opened it meanwhile sees the
+    file gone and does not take a lock nobody can see)."""
     fd = _held.pop(out.resolve(), None)
     if fd is not None:
+        with contextlib.suppress(OSError):
+            (out / LOCK_NAME).unlink()
         os.close(fd)
 
 
