@@ -335,7 +335,7 @@ class _Recurrent(_SpikingNeuron):
                             "nn.Linear")  # fmt: skip
         if not all_to_all and linear_features is not None:
             raise TypeError("all_to_all=False takes V, not linear_features")
-        super().__init__(**common)
+        super().__init__(graded_spikes_factor=1.0, learn_graded_spikes_factor=False, **common)  # not an option here
         self.all_to_all = bool(all_to_all)
         self.learn_recurrent = bool(learn_recurrent)
         self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, None, None
@@ -399,8 +399,8 @@ class RLeaky(_Recurrent):
         super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
                          threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
                          init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
-                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output,
-                         graded_spikes_factor=1.0, learn_graded_spikes_factor=False, backend=backend, memory=memory)  # fmt: skip
+                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output, backend=backend,
+                         memory=memory)  # fmt: skip
         self._keep("beta", beta, learn_beta)
 
     init_rleaky = _SpikingNeuron.reset_mem
@@ -424,8 +424,8 @@ class RSynaptic(_Recurrent):
         super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
                          threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
                          init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
-                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output,
-                         graded_spikes_factor=1.0, learn_graded_spikes_factor=False, backend=backend, memory=memory)  # fmt: skip
+                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output, backend=backend,
+                         memory=memory)  # fmt: skip
         self._keep("beta", beta, learn_beta)
         self._keep("alpha", alpha, learn_alpha)
 
