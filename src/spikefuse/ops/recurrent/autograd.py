@@ -37,10 +37,6 @@ def backend_module(backend: str):
     return importlib.import_module(f"{__package__}.{backend}")
 
 
-def _current_fn(weight, bias):
-    return lambda s, out: current(s, weight, bias, out=out)
-
-
 def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist, record_currents=None):
     """Run every step; returns ``(spikes [T, B, H], final states [S, B, H])``. ``hist``: where to keep the states
     the backward reads (None: keep none); ``record_currents``: a ``[T, B, H]`` tensor to keep every step's current
