@@ -37,7 +37,10 @@ def _layer_cases():
         cases["snnTorch Synaptic (loop)"] = (peers.snntorch_synaptic(alpha, beta), "cuba")
     except ImportError:
         pass
-    cases["spikefuse Norse-LSNN definition (cpu)"] = (ours.norse_lsnn(), "lsnn")
+    try:  # Norse's default parameters
+        cases["spikefuse Norse-LSNN definition (cpu)"] = (ours.norse_lsnn(), "lsnn")
+    except ImportError:
+        pass
     cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
                                      "alif")  # fmt: skip
     # The paper's LIF as spikefuse.lif runs it, in both memory modes ("potential" is the LIF layers' default)

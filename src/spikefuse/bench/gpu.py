@@ -93,11 +93,11 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
     cuba = CubaLIF(0.8, 0.9, detach_reset=True).cuda()  # snnTorch detaches the reset
     found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
-    found.append(Case("spikefuse Norse-LSNN definition", "lsnn", ours.norse_lsnn("cuda"), "recompute"))
     alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
     missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]
-    for build in (_spikingjelly, _spikingjelly_fp16, _snntorch_leaky, _snntorch_synaptic, _norse_lif, _norse_lsnn):
+    for build in (_spikingjelly, _spikingjelly_fp16, _snntorch_leaky, _snntorch_synaptic, _norse_lif,
+                  _spikefuse_lsnn, _norse_lsnn):
         try:
             found.append(build())
         except Exception as err:  # a missing or broken peer is reported in the results, not fatal
@@ -131,6 +131,10 @@ def _snntorch_synaptic() -> Case:
 def _norse_lif() -> Case:
     return Case("Norse LIFBoxCell loop", "paper-lif", peers.norse_lif_box("cuda"),
                 note="v + dt/tau*(x - v), fires on >")  # fmt: skip
+
+
+def _spikefuse_lsnn() -> Case:  # Norse's default parameters: needs Norse
+    return Case("spikefuse Norse-LSNN definition", "lsnn", ours.norse_lsnn("cuda"), "recompute")
 
 
 def _norse_lsnn() -> Case:
