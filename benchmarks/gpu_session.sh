@@ -14,7 +14,8 @@
 # - recurrent: the recurrent layers' CUDA tests (cuBLAS products, compiled Triton step kernels, the snnTorch drop-in)
 #   and their Triton tests on the GPU, then `spikefuse bench recurrent --device cuda` into $OUT;
 # - tune: benchmarks/gpu_tune_engine.py, a sweep of the engine kernels' launch configuration into $OUT.
-# Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site).
+# Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site; .whl/ is not
+# tracked by git, so the device tool must be told to carry it: carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/spikefuse-gpu}
 PY=${PYTHON:-python3}
