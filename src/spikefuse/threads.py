@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
-_numba_started = False
+_numba_pid: int | None = None  # the process that started numba's threads (a forked child inherits the value)
 
 
 def _start_numba_threads() -> None:
@@ -16,14 +17,39 @@ def _start_numba_threads() -> None:
     parallel launch) sets the OpenMP thread count back to every core: a user's ``torch.set_num_threads(1)`` made
     before the first fused call was silently undone, and torch and numba then both ran on every core.
     """
-    global _numba_started
-    if not _numba_started:
-        import numba
+    global _numba_pid
+    if _numba_pid == os.getpid():
+        return
+    if _numba_pid is not None:
+        _check_fork_safe()
+    import numba
 
-        threads = torch.get_num_threads()
-        numba.get_num_threads()
-        torch.set_num_threads(threads)
-        _numba_started = True
+    threads = torch.get_num_threads()
+    numba.get_num_threads()
+    torch.set_num_threads(threads)
+    _numba_pid = os.getpid()
+
+
+def _check_fork_safe() -> None:
+    """In a process forked after numba's threads started: refuse where numba's layer is GNU OpenMP, whose thread
+    pool does not survive fork() (numba would terminate the process at the first parallel launch, a DataLoader
+    worker dying without a word)."""
+    import numba
+
+    try:
+        from numba.np.ufunc import omppool
+
+        gnu_omp = numba.threading_layer() == "omp" and omppool.openmp_vendor == "GNU"
+    except (ImportError, ValueError):  # no OpenMP layer, or none started
+        gnu_omp = False
+    if gnu_omp:
+        raise RuntimeError(
+            "spikefuse's fused CPU kernels cannot run in this process: it was forked from one that had already run "
+            "them, and numba's GNU OpenMP threads do not survive fork(). Start worker processes with 'spawn' or "
+            "'forkserver' (a torch DataLoader: multiprocessing_context='forkserver'), or set "
+            "NUMBA_THREADING_LAYER=workqueue before the first fused call (fork-safe; not for calls from several "
+            "threads at once)."
+        )
 
 
 def match_numba_threads(work: int | None = None, serial_below: int = 0) -> int:

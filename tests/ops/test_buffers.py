@@ -66,21 +66,24 @@ def test_buffer_in_use_is_not_reused(holder):
         assert bool((torch.as_tensor(keep) == 3.0).all())
 
 
+class _Spikes(torch.utils.data.Dataset):
+    """Spikes made by spikefuse in the DataLoader worker that fetches the sample."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return spikefuse.lif(torch.full(SHAPE, float(i)), decay=0.5, threshold=0.3 if i % 2 else 100.0)
+
+
 def test_outputs_sent_to_dataloader_workers_stay_intact():
     """A DataLoader whose workers make spikefuse outputs: they reach the main process through shared memory, which
-    the cache must never reuse (7 of 8 samples came back overwritten before)."""
-    from torch.utils.data import DataLoader, Dataset
-
-    class Spikes(Dataset):
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            return spikefuse.lif(torch.full(SHAPE, float(i)), decay=0.5, threshold=0.3 if i % 2 else 100.0)
-
-    got = list(DataLoader(Spikes(), batch_size=None, num_workers=2))
-    for i, spikes in enumerate(got):
-        assert torch.equal(spikes, Spikes()[i]), f"sample {i} overwritten"
+    the cache must never reuse (7 of 8 samples came back overwritten before). Forkserver workers: this process may
+    have run the kernels already, and a forked worker would then be refused (tests/test_threads.py)."""
+    loader = torch.utils.data.DataLoader(_Spikes(), batch_size=None, num_workers=2,
+                                         multiprocessing_context="forkserver")  # fmt: skip
+    for i, spikes in enumerate(loader):
+        assert torch.equal(spikes, _Spikes()[i]), f"sample {i} overwritten"
 
 
 def test_a_bad_cache_setting_fails_the_first_use_with_its_name(monkeypatch):

@@ -122,11 +122,12 @@ def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]
     threshold rounds onto it)."""
     threshold, v_reset = (torch.tensor([value], dtype=torch.float64, device=decay.device).to(decay.dtype)
                           for value in (spec.threshold, spec.v_reset))  # an overflow rounds to inf, checked next
-    dtype = str(decay.dtype).removeprefix("torch.")
-    if not bool(torch.isfinite(threshold)):
-        raise ValueError(f"threshold {spec.threshold} is not finite in {dtype}, the dtype the neurons compute in")
-    if spec.reset == P.HARD and bool(v_reset >= threshold):
-        raise ValueError(f"v_reset {spec.v_reset} is not below the threshold {spec.threshold} in {dtype}, the dtype "
-                         "the neurons compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
+    if not torch.compiler.is_compiling():  # no value checks while torch.compile traces (the float64 ones ran in spec)
+        dtype = str(decay.dtype).removeprefix("torch.")
+        if not bool(torch.isfinite(threshold)):
+            raise ValueError(f"threshold {spec.threshold} is not finite in {dtype}, the dtype the neurons compute in")
+        if spec.reset == P.HARD and bool(v_reset >= threshold):
+            raise ValueError(f"v_reset {spec.v_reset} is not below the threshold {spec.threshold} in {dtype}, the "
+                             "dtype the neurons compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
     values = {"threshold": threshold, "v_reset": v_reset}
     return [decay if name == "decay" else values[name] for name in _PARAMS]
