@@ -10,7 +10,7 @@ import numbers
 import torch
 
 from . import params as P
-from .ops.common import compute_dtype
+from .ops.common import compute_dtype, in_compute_dtype
 from .surrogate import resolve
 
 __all__ = ["channel_layout", "check_input", "check_v_init", "checks_values", "leak_tensor", "check_finite", "check_decay",
@@ -76,11 +76,10 @@ def leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
         return leak.reshape(-1).to(cdt).contiguous()
     if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not P.finite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
-    value = torch.tensor([float(leak)], dtype=torch.float64, device=x.device).to(cdt)  # an overflow rounds to inf
-    if checks_values() and not bool(torch.isfinite(value)):  # checked in the dtype the kernels compute in
+    if not torch.compiler.is_compiling() and not math.isfinite(in_compute_dtype(float(leak), cdt)):
         raise ValueError(f"{name} must be finite in {str(cdt).removeprefix('torch.')}, the dtype the neurons compute "
                          f"in, got {leak!r}")  # fmt: skip
-    return value
+    return torch.full((1,), float(leak), dtype=cdt, device=x.device)
 
 
 def first_bad(values: torch.Tensor, bad: torch.Tensor) -> str:

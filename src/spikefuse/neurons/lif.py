@@ -34,7 +34,7 @@ import math
 import torch
 
 from .. import params as P
-from ..ops.common import compute_dtype
+from ..ops.common import compute_dtype, in_compute_dtype
 from .model import NeuronModel
 
 __all__ = ["LIF_MODELS", "RLEAKY_ZERO", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "engine_model", "engine_params",
@@ -120,14 +120,13 @@ def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]
     kernels take it) and the threshold and v_reset of ``spec`` as ``[1]`` tensors of its dtype and device, checked
     in that dtype (the spec's checks ran in float64: a threshold of 1e40 is inf in float32, a v_reset just below the
     threshold rounds onto it)."""
-    threshold, v_reset = (torch.tensor([value], dtype=torch.float64, device=decay.device).to(decay.dtype)
-                          for value in (spec.threshold, spec.v_reset))  # an overflow rounds to inf, checked next
-    if not torch.compiler.is_compiling():  # no value checks while torch.compile traces (the float64 ones ran in spec)
+    values = {"threshold": spec.threshold, "v_reset": spec.v_reset}
+    if not torch.compiler.is_compiling():  # not while torch.compile traces (symbolic floats; the float64 checks ran)
+        threshold, v_reset = (in_compute_dtype(values[k], decay.dtype) for k in ("threshold", "v_reset"))
         dtype = str(decay.dtype).removeprefix("torch.")
-        if not bool(torch.isfinite(threshold)):
+        if not math.isfinite(threshold):
             raise ValueError(f"threshold {spec.threshold} is not finite in {dtype}, the dtype the neurons compute in")
-        if spec.reset == P.HARD and bool(v_reset >= threshold):
+        if spec.reset == P.HARD and v_reset >= threshold:
             raise ValueError(f"v_reset {spec.v_reset} is not below the threshold {spec.threshold} in {dtype}, the "
                              "dtype the neurons compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
-    values = {"threshold": threshold, "v_reset": v_reset}
-    return [decay if name == "decay" else values[name] for name in _PARAMS]
+    return [decay if name == "decay" else decay.new_full((1,), values[name]) for name in _PARAMS]

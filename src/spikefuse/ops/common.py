@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, Triangle
@@ -51,6 +52,15 @@ def surrogate_from_args(spec: SpecArgs) -> Surrogate:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Membrane potentials are kept in float32 for half-precision inputs, in the input's dtype otherwise."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def in_compute_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` as the kernels see it in the compute ``dtype`` (float32 or float64; an overflow is inf), rounded on
+    the host: checking a parameter in that dtype costs no GPU sync."""
+    if dtype == torch.float64:
+        return value
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
 
 
 def reduce_leak_grad(per_neuron: torch.Tensor, channels: int, inner: int) -> torch.Tensor:
