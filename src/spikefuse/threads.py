@@ -7,7 +7,16 @@ import os
 
 import torch
 
-_numba_pid: int | None = None  # the process that started numba's threads (a forked child inherits the value)
+_numba_started = False
+_forked_after_start = False  # this process was forked from one whose numba threads had started
+
+
+def _mark_fork() -> None:
+    global _forked_after_start, _numba_started
+    _forked_after_start, _numba_started = _numba_started, False
+
+
+os.register_at_fork(after_in_child=_mark_fork)
 
 
 def _start_numba_threads() -> None:
@@ -17,17 +26,17 @@ def _start_numba_threads() -> None:
     parallel launch) sets the OpenMP thread count back to every core: a user's ``torch.set_num_threads(1)`` made
     before the first fused call was silently undone, and torch and numba then both ran on every core.
     """
-    global _numba_pid
-    if _numba_pid == os.getpid():
+    global _numba_started
+    if _numba_started:
         return
-    if _numba_pid is not None:
+    if _forked_after_start:
         _check_fork_safe()
     import numba
 
     threads = torch.get_num_threads()
     numba.get_num_threads()
     torch.set_num_threads(threads)
-    _numba_pid = os.getpid()
+    _numba_started = True
 
 
 def _check_fork_safe() -> None:

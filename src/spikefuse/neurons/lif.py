@@ -29,6 +29,7 @@ with ``u`` as the handoff (the states handed between calls are post-reset; the f
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -115,6 +116,16 @@ def initial_potential(spec: P.NeuronSpec, v_init: torch.Tensor | None, x: torch.
     return v_init.reshape(math.prod(x.shape[1:])).to(cdt).contiguous()
 
 
+@functools.lru_cache(maxsize=1024)  # a layer checks the same values at every call
+def _check_in_compute_dtype(threshold: float, v_reset: float, hard: bool, dtype: torch.dtype) -> None:
+    name = str(dtype).removeprefix("torch.")
+    if not math.isfinite(in_compute_dtype(threshold, dtype)):
+        raise ValueError(f"threshold {threshold} is not finite in {name}, the dtype the neurons compute in")
+    if hard and in_compute_dtype(v_reset, dtype) >= in_compute_dtype(threshold, dtype):
+        raise ValueError(f"v_reset {v_reset} is not below the threshold {threshold} in {name}, the dtype the neurons "
+                         "compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
+
+
 def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:
     """The parameters of :func:`engine_model`'s definition, in its order: ``decay`` (``[1]`` or per channel, as the
     kernels take it) and the threshold and v_reset of ``spec`` as ``[1]`` tensors of its dtype and device, checked
@@ -122,11 +133,5 @@ def engine_params(spec: P.NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]
     threshold rounds onto it)."""
     values = {"threshold": spec.threshold, "v_reset": spec.v_reset}
     if not torch.compiler.is_compiling():  # not while torch.compile traces (symbolic floats; the float64 checks ran)
-        threshold, v_reset = (in_compute_dtype(values[k], decay.dtype) for k in ("threshold", "v_reset"))
-        dtype = str(decay.dtype).removeprefix("torch.")
-        if not math.isfinite(threshold):
-            raise ValueError(f"threshold {spec.threshold} is not finite in {dtype}, the dtype the neurons compute in")
-        if spec.reset == P.HARD and v_reset >= threshold:
-            raise ValueError(f"v_reset {spec.v_reset} is not below the threshold {spec.threshold} in {dtype}, the "
-                             "dtype the neurons compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
+        _check_in_compute_dtype(spec.threshold, spec.v_reset, spec.reset == P.HARD, decay.dtype)
     return [decay if name == "decay" else decay.new_full((1,), values[name]) for name in _PARAMS]
