@@ -3,7 +3,7 @@
 Forward: per step, the recurrent current of the previous spikes (:func:`~spikefuse.ops.recurrent.current`, the
 reference's own torch call) into one ``[B, H]`` buffer, then one kernel call for the rest of the step. Kept for
 backward: the spikes as bits (1/32 of a float each) and, with ``memory="potential"``, every step's states that the
-backward reads (:func:`.cpu.kept_states`), else the input only (``"recompute"``: the backward computes the currents
+backward reads (:func:`.source.kept_states`), else the input only (``"recompute"``: the backward computes the currents
 of the kept spikes again, one product per step as the forward did, then replays every step in one kernel).
 
 With one state to keep (LIF's membrane), keeping it takes no more memory than keeping the input, and both modes

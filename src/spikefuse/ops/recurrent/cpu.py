@@ -33,29 +33,22 @@ import torch
 
 from ...threads import match_numba_threads
 from ..engine import cpu as engine_cpu, emit
-from ...neurons.model import RECURRENT_INPUT
+from . import source
+from .source import kept_states, step_source
 
-_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
-
-
-def kept_states(model) -> tuple[str, ...]:
-    """The states whose every step the backward reads (all of them for a neuron with a handoff, whose gradients
-    start from every state after the last step)."""
-    return model.states if model.handoff else model.states_read_backward(param_grads=True)
+# The generator's version: this file, the parts shared with the Triton generator, and the emitters.
+_GENERATOR = hashlib.sha256(
+    b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__))
+).hexdigest()[:12]
 
 
 def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     S, P = model.states, model.params
     kept = kept_states(model)
     dialect, grad_dialect = engine_cpu.NUMBA, engine_cpu.NUMBA_GRAD
-    names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", RECURRENT_INPUT: "r_"}
-    fire = f"u_ = {emit.step_source(model.fire, names, dialect)}"
+    fire, step, handoff, sym, fire_d, step_d, handoff_d = parts = step_source(model, surrogate_type, dialect)
     spike = f"s_ = F(1.0) if u_ {'>' if model.strict else '>='} F(0.0) else F(0.0)"
-    step = [f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.recurrent_step]
-    handoff = [f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.handoff]
-    sym, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
-    handoff_d = emit.handoff_expressions(model)
-    derivs = {**fire_d, **step_d, **handoff_d}
+    derivs = parts.derivs
 
     def chain(pairs, base=None):
         return emit.chain_sum(pairs, derivs, "F(0.0)", base)

@@ -18,10 +18,12 @@ import triton
 
 from ..common import compute_dtype, device_guard
 from ..engine import emit, triton as engine_triton
-from ...neurons.model import RECURRENT_INPUT
-from .cpu import kept_states
+from . import source
+from .source import kept_states, step_source
 
-_GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
+_GENERATOR = hashlib.sha256(
+    b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__))
+).hexdigest()[:12]
 COMPILE_OPTIONS = engine_triton.COMPILE_OPTIONS
 
 
@@ -30,15 +32,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     kept = kept_states(model)
     exact, fast = engine_triton.dialects(dtype)
     dt = f"tl.{engine_triton._TAGS[dtype]}"
-    names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", RECURRENT_INPUT: "r_"}
-    fire = f"u_ = {emit.step_source(model.fire, names, exact)}"
+    fire, step, handoff, sym, fire_d, step_d, handoff_d = parts = step_source(model, surrogate_type, exact)
     zero, one = exact.number(0.0), exact.number(1.0)
     spike = f"s_ = tl.where(u_ {'>' if model.strict else '>='} {zero}, {one}, {zero})"
-    step = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.recurrent_step]
-    handoff = [f"v_{k} = {emit.step_source(e, names, exact)}" for k, e in model.handoff]
-    sym, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
-    handoff_d = emit.handoff_expressions(model)
-    derivs = {**fire_d, **step_d, **handoff_d}
+    derivs = parts.derivs
     zeros = f"tl.zeros([BLOCK], {dt})"
 
     def chain(pairs, base=None):
