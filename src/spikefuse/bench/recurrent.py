@@ -342,7 +342,7 @@ def smnist_epoch(args) -> None:
                             "spike rate", "spikes differing"],
                            [[r["implementation"], r["batch_s"], r["epoch_min"], r["speedup_of_spikefuse"],
                              r["spike_rate"], f"{r['spikes_differing']:.1e}"] for r in rows])  # fmt: skip
-    text = [f"# Pixel-by-pixel sequential MNIST (T=784): one training epoch, snnTorch vs spikefuse", "",
+    text = ["# Pixel-by-pixel sequential MNIST (T=784): one training epoch, snnTorch vs spikefuse", "",
             f"Machine: {machine_info()}", f"Command: `{command_line()}`", "",
             f"Linear(1, {SMNIST_HIDDEN}) -> recurrent LIF ({SMNIST_HIDDEN}, all to all, beta 0.95) -> Linear("
             f"{SMNIST_HIDDEN}, 10) averaged over the 784 steps, cross-entropy, Adam; batch {SMNIST_BATCH} of the "

@@ -171,8 +171,6 @@ def _lif(what: str, node: nir.LIF, opts: _Options) -> nn.Module:
 
 
 def _cuba_lif(what: str, node: nir.CubaLIF, opts: _Options) -> nn.Module:
-    from ..neurons import CUBA_LIF_EULER, CUBA_LIF_HARD
-
     tau_syn = _per_channel(what, "tau_syn", node.tau_syn)
     tau_mem = _per_channel(what, "tau_mem", node.tau_mem)
     threshold = _uniform(what, "v_threshold", node.v_threshold)

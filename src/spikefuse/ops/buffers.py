@@ -83,6 +83,9 @@ def _holders(buffer: torch.Tensor) -> tuple[int, int]:
     return _use_count(storage._cdata), sys.getrefcount(storage)
 
 
+_UNHELD: tuple[int, int] | None = None
+
+
 def _unheld() -> tuple[int, int]:
     """What :func:`_holders` reads of a buffer only the cache holds, measured once (the references torch itself
     keeps to a storage object differ between its versions)."""
@@ -95,8 +98,6 @@ def _unheld() -> tuple[int, int]:
         _UNHELD = _holders(cached)
     return _UNHELD
 
-
-_UNHELD: tuple[int, int] | None = None
 
 
 def _idle(buffer: torch.Tensor) -> bool:
