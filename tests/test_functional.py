@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import spikefuse
+from tests import lif_spec
 from spikefuse.surrogate import ATan, Rectangle
 from tests.triton_on_cuda import GPU_TEST_MODE
 
@@ -146,7 +147,7 @@ def _gradient_penalty(backend):
 
 def test_double_backward_through_fused_neuron_raises_naming_the_reference():
     """A gradient penalty through the fused kernels used to return a silently wrong d/dW (23.86 vs 21.09)."""
-    with pytest.raises(RuntimeError, match="double backward.*'cpu'.*LIF layers with backend='reference'"):
+    with pytest.raises(RuntimeError, match="double backward.*'cpu'.*layers with backend='reference'"):
         _gradient_penalty("cpu")
 
 
@@ -204,7 +205,7 @@ API_SPECS = _api_specs()
 
 
 def _triton_against_reference(spec, memory, shape, seed, *, chained, per_channel=True):
-    """spiking_neuron on Triton and on the reference (two chained calls with a learnable decay and v_init, or one)
+    """The LIF forms on Triton and on the reference (two chained calls with a learnable decay and v_init, or one)
     over the inputs ``tests.ops.cases.make_inputs`` draws: outputs bit for bit, gradients to 1e-5."""
     from tests.ops.cases import make_inputs
 
@@ -214,11 +215,11 @@ def _triton_against_reference(spec, memory, shape, seed, *, chained, per_channel
         xr, kr, vr = x.clone().requires_grad_(), leak.clone().requires_grad_(chained), v.clone().requires_grad_(chained)
         w = torch.linspace(-1, 1, x.numel()).reshape(x.shape)
         if chained:
-            s1, st1 = spikefuse.spiking_neuron(xr[:3], kr, spec, v_init=vr, backend=backend, memory=memory)
-            s2, st2 = spikefuse.spiking_neuron(xr[3:], kr, spec, v_init=st1, backend=backend, memory=memory)
+            s1, st1 = lif_spec.run(xr[:3], kr, spec, v_init=vr, backend=backend, memory=memory)
+            s2, st2 = lif_spec.run(xr[3:], kr, spec, v_init=st1, backend=backend, memory=memory)
             outputs, spikes = (s1, s2, st2), torch.cat([s1, s2])
         else:
-            spikes, st2 = spikefuse.spiking_neuron(xr, kr, spec, v_init=vr, backend=backend, memory=memory)
+            spikes, st2 = lif_spec.run(xr, kr, spec, v_init=vr, backend=backend, memory=memory)
             outputs = (spikes, st2)
         ((spikes * w).sum() + (st2 * st2).sum()).backward()
         results[backend] = outputs, (xr.grad, vr.grad, kr.grad)

@@ -82,16 +82,6 @@ def test_neuron_and_lif_spec_match_the_reference(backend):
         torch.testing.assert_close(grad, ref_g, rtol=1e-5, atol=1e-6)
 
 
-def test_a_spec_tuple_names_built_in_surrogates_only():
-    """The LIF spec's flat tuple carries a surrogate's code: one of the user's has none, and rebuilding it from the
-    tuple says to pass the object."""
-    from spikefuse.ops.common import SpecArgs, surrogate_from_args
-
-    args = SpecArgs(*spikefuse.params.NeuronSpec(surrogate=Gaussian()).kernel_args())
-    with pytest.raises(ValueError, match="unknown surrogate code -1: a spec tuple names the built-in surrogates only"):
-        surrogate_from_args(args)
-
-
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 def test_batchnorm_lif_with_a_users_surrogate(backend):
     """The fused BatchNorm + LIF with a surrogate of the user's on every backend (the reference's LIF gets the

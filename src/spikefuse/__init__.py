@@ -5,15 +5,13 @@ CPU (numba) and GPU (Triton), checked against a plain PyTorch reference.
 """
 
 from . import neurons, surrogate
-from .functional import batchnorm_lif, batchnorm_neuron, if_neuron, lif, spiking_neuron
+from .functional import batchnorm_lif, batchnorm_neuron, if_neuron, lif
 from .neuron_functional import neuron
 from .recurrent_functional import recurrent
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
-from .params import NeuronSpec
 
 __all__ = [
-    "lif", "if_neuron", "batchnorm_lif", "batchnorm_neuron", "spiking_neuron", "neuron", "recurrent", "neurons", "surrogate",
-    "NeuronSpec",
+    "lif", "if_neuron", "batchnorm_lif", "batchnorm_neuron", "neuron", "recurrent", "neurons", "surrogate",
     "set_cpu_cache_limit", "cpu_cache_limit", "empty_cpu_cache", "cpu_cache_bytes",
 ]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ import torch
 
 from . import ops
 from .validation import (
-    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_spec,
+    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_lif,
 )  # fmt: skip
 from .neuron_functional import resolve_neuron
 from .neurons import NeuronModel
@@ -67,19 +67,19 @@ def _check_batchnorm(x, running_mean, running_var, weight, bias, training, momen
 
 def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, *, threshold, v_reset,
              surrogate, detach_reset, backend, v_init=None, residual=None, residual_binary=False):  # fmt: skip
-    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, spec)`` resolved for the op."""
+    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, neuron)`` resolved for the op."""
     check_input(x)
     _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
                      "batchnorm_lif")  # fmt: skip
     concrete = ops.resolve_backend(backend, x.device)
     check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
-    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
+    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
     check_decay(decay)
     k = leak_tensor(decay, x, "decay")
     channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
     if v_init is not None:
         check_v_init(v_init, x)
-    return concrete, k, spec
+    return concrete, k, neuron
 
 
 def batchnorm_lif(
@@ -124,13 +124,13 @@ def batchnorm_lif(
 
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
-    concrete, k, spec = _checked(
+    concrete, k, neuron = _checked(
         x, running_mean, running_var, weight, bias, training, momentum, decay, threshold=threshold, v_reset=v_reset,
         surrogate=surrogate, detach_reset=detach_reset, backend=backend, v_init=v_init, residual=residual,
         residual_binary=residual_binary,
     )  # fmt: skip
-    spikes, state = _bn_lif.bn_spiking_neuron(
-        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, spec, v_init,
+    spikes, state = _bn_lif.bn_lif(
+        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, neuron, v_init,
         concrete, residual, bool(residual_binary),
     )  # fmt: skip
     return (spikes, state) if return_state else spikes
@@ -194,10 +194,10 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         t_steps = x.shape[0]
         z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
         running_mean, running_var, training, momentum, eps = bn
-        backend, k, spec = _checked(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay,
-                                    **neuron)  # fmt: skip
-        spikes, state, (mean, invstd) = _bn_lif.bn_spiking_neuron(
-            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, k, spec, None, backend,
+        backend, k, lif = _checked(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay,
+                                   **neuron)  # fmt: skip
+        spikes, state, (mean, invstd) = _bn_lif.bn_lif(
+            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, k, lif, None, backend,
             return_stats=True,
         )  # fmt: skip
         optional = (conv_bias, bn_weight, bn_bias)
@@ -205,7 +205,7 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         empty = x.new_empty(0)
         ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional), k, mean, invstd)
         ctx.decay_like = decay if isinstance(decay, torch.Tensor) else None
-        ctx.conv, ctx.bn, ctx.spec, ctx.backend = conv, bn, spec, backend
+        ctx.conv, ctx.bn, ctx.lif, ctx.backend = conv, bn, lif, backend
         return spikes, state
 
     @staticmethod
@@ -217,9 +217,9 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         t_steps = x.shape[0]
         xb = x.flatten(0, 1)
         z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
-        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_lif.bn_spiking_neuron_backward(
+        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_lif.bn_lif_backward_from_stats(
             grad_spikes, grad_state, z, (mean, invstd), running_mean, running_var, bn_weight, bn_bias, training, eps,
-            k, ctx.spec, ctx.backend, bool(need[3] or need[4]), bool(need[5]),
+            k, ctx.lif, ctx.backend, bool(need[3] or need[4]), bool(need[5]),
         )  # fmt: skip
         del z
         has_bias = conv_bias is not None

@@ -8,54 +8,48 @@ import torch
 
 from . import ops
 from .bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
-from .neurons.lif import engine_model, engine_params, initial_potential
+from .neurons.lif import LIFNeuron
 from .ops.engine import autograd as _engine_autograd
-from . import params as P
-from .ops import reference
 from .surrogate import Sigmoid
 from .validation import (
     channel_layout,
     check_decay,
     check_input,
+    check_memory_mode,
     check_no_functorch,
     check_v_init,
     leak_tensor,
-    paper_spec,
+    paper_lif,
 )
 
-__all__ = ["lif", "if_neuron", "spiking_neuron", "channel_layout", "check_decay", "batchnorm_lif",
-           "batchnorm_neuron", "conv_batchnorm_lif"]
+__all__ = ["lif", "if_neuron", "channel_layout", "check_decay", "batchnorm_lif", "batchnorm_neuron",
+           "conv_batchnorm_lif"]
 
 
-def spiking_neuron(x, leak, spec: P.NeuronSpec, *, v_init=None, backend: str = "auto", memory: str = "potential"):
-    """Run the neuron of ``spec`` over ``x`` of shape ``[T, *]``; returns ``(spikes, state)``.
+def run_lif(x, decay, neuron: LIFNeuron, *, v_init=None, backend: str = "auto", memory: str = "potential"):
+    """Run the LIF of ``neuron`` (:class:`~spikefuse.neurons.lif.LIFNeuron`: one of the paper's, snnTorch's or
+    SpikingJelly's LIF definitions with its constants) over ``x`` of shape ``[T, *]``; returns ``(spikes, state)``.
+    The runner of :func:`lif` and of the modules that hold another LIF form (``compat.spikingjelly``, the NIR
+    modules).
 
-    ``leak`` is the ``k`` of :mod:`spikefuse.params` (a number, or a scalar / per-channel tensor that may require
-    grad). ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
-    The fused kernels are the neuron engine's, generated from the LIF definition of ``spec``
-    (:func:`spikefuse.neurons.lif.engine_model`: the paper's, snnTorch's and SpikingJelly's LIF), which gives the
-    spikes and states of the reference bit for bit.
+    ``decay`` is the definition's ``decay`` (a number, or a scalar / per-channel tensor that may require grad).
+    ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
     """
     check_input(x)
     concrete = ops.resolve_backend(backend, x.device)
     if concrete != "reference":
         check_no_functorch(f"the fused {concrete!r} kernels")
-    P.check_memory_mode(memory)
-    k = leak_tensor(leak, x, "decay")
+    check_memory_mode(memory)
+    k = leak_tensor(decay, x, "decay")
     t_steps, trailing = x.shape[0], x.shape[1:]
-    n = math.prod(trailing)
     inner = channel_layout(x.shape, k.numel())
     if v_init is not None:
         check_v_init(v_init, x)
-    v0 = initial_potential(spec, v_init, x)
-    x2 = x.reshape(t_steps, n)
-    params = engine_params(spec, k)  # also checks the threshold and v_reset in the dtype the neurons compute in
-    if concrete == "reference" or n == 0:
-        spikes, state, _ = reference.run(x2, k, inner, v0, spec.kernel_args(), spec.surrogate)
-    else:
-        spikes, state = _engine_autograd.neuron(x2.contiguous(), params, [v0], inner,
-                                                engine_model(spec), spec.surrogate, spec.detach_reset, concrete,
-                                                save=memory == "potential")  # fmt: skip
+    v0 = neuron.initial_potential(v_init, x)
+    params = neuron.params(k)  # also checks the threshold and v_reset in the dtype the neurons compute in
+    x2 = x.reshape(t_steps, math.prod(trailing))
+    spikes, state = _engine_autograd.neuron(x2.contiguous(), params, [v0], inner, neuron.model, neuron.surrogate,
+                                            neuron.detach_reset, concrete, save=memory == "potential")  # fmt: skip
     return spikes.reshape(x.shape), state.reshape(trailing)
 
 
@@ -85,9 +79,9 @@ def lif(
 
     Returns the spikes (dtype and shape of ``x``), and with ``return_state=True`` also the state.
     """
-    spec = paper_spec(threshold, v_reset, surrogate, detach_reset)
+    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
     check_decay(decay)
-    spikes, state = spiking_neuron(x, decay, spec, v_init=v_init, backend=backend, memory=memory)
+    spikes, state = run_lif(x, decay, neuron, v_init=v_init, backend=backend, memory=memory)
     return (spikes, state) if return_state else spikes
 
 

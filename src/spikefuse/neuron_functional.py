@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from .validation import channel_layout, check_input, check_no_functorch, leak_tensor
+from .validation import channel_layout, check_input, check_memory_mode, check_no_functorch, leak_tensor
 from .neurons import NeuronModel
 from .ops import resolve_backend
 from .ops.common import compute_dtype
 from .ops.engine import DTYPES as ENGINE_DTYPES, autograd as engine_autograd
-from .params import check_memory_mode
 from .surrogate import Surrogate, resolve
 
 __all__ = ["neuron", "resolve_neuron"]

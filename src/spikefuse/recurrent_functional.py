@@ -11,9 +11,8 @@ from .ops.common import compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops.recurrent import current
 from .ops.recurrent.autograd import RecurrentFn
-from .params import check_memory_mode
 from .surrogate import Surrogate
-from .validation import check_input
+from .validation import check_input, check_memory_mode
 
 __all__ = ["recurrent"]
 

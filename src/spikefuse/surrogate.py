@@ -3,8 +3,7 @@
 Each surrogate is defined once: its two parameters, its derivative in PyTorch (:meth:`Surrogate.derivative`, which
 the references run) and the same function as a sympy expression (:meth:`Surrogate.sympy_derivative`), from which
 the neuron engine emits the backward of its fused CPU and Triton kernels. A surrogate of the user's is a subclass
-with these three methods (docs/custom-neuron.md). The built-in ones also carry an integer ``code``, which names them
-in the LIF spec's flat tuple (:meth:`spikefuse.params.NeuronSpec.kernel_args`). ``tests/ops/test_cpu.py`` and
+with these three methods (docs/custom-neuron.md). ``tests/ops/test_cpu.py`` and
 ``tests/neurons/test_engine.py`` check every backend's formula against :meth:`Surrogate.derivative` on a grid, so a
 formula that drifts in one backend fails there.
 
@@ -25,10 +24,7 @@ __all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid
 
 @dataclass(frozen=True)
 class Surrogate(Registered):
-    """Base class: :meth:`params` (two floats), :meth:`derivative` and :meth:`sympy_derivative` of ``u``;
-    ``code`` names a built-in surrogate in a spec tuple."""
-
-    code = -1
+    """Base class: :meth:`params` (two floats), :meth:`derivative` and :meth:`sympy_derivative` of ``u``."""
 
     def params(self) -> tuple[float, float]:
         raise NotImplementedError
@@ -48,7 +44,6 @@ class Sigmoid(Surrogate):
     """``d/du sigmoid(alpha*u) = alpha * s * (1 - s)``; the temporal-fusion paper's Eq. (6) with alpha = 4."""
 
     alpha: float = 4.0
-    code = 0
 
     def params(self):
         return float(self.alpha), 0.0
@@ -72,7 +67,6 @@ class ATan(Surrogate):
     """``(alpha/2) / (1 + (pi/2 * alpha * u)^2)``: SpikingJelly's ``ATan`` and snnTorch's ``atan`` (default alpha 2)."""
 
     alpha: float = 2.0
-    code = 1
 
     def params(self):
         return float(self.alpha), 0.0
@@ -99,7 +93,6 @@ class Rectangle(Surrogate):
 
     width: float = 1.0
     height: float = 1.0
-    code = 2
 
     def params(self):
         return float(self.width) / 2, float(self.height)
@@ -122,7 +115,6 @@ class Triangle(Surrogate):
     """
 
     alpha: float = 1.0
-    code = 3
 
     def params(self):
         return float(self.alpha), 0.0
@@ -142,7 +134,6 @@ class FastSigmoid(Surrogate):
     """SuperSpike: ``1 / (slope*|u| + 1)^2``; snnTorch's ``fast_sigmoid`` (default slope 25)."""
 
     slope: float = 25.0
-    code = 4
 
     def params(self):
         return float(self.slope), 0.0

@@ -9,12 +9,20 @@ import numbers
 
 import torch
 
-from . import params as P
-from .ops.common import compute_dtype, in_compute_dtype
+from .neurons.lif import LIF_MODELS, LIFNeuron
+from .ops.common import compute_dtype, finite, in_compute_dtype
 from .surrogate import resolve
 
 __all__ = ["channel_layout", "check_input", "check_v_init", "checks_values", "leak_tensor", "check_finite", "check_decay",
-           "check_no_functorch", "paper_spec"]
+           "check_no_functorch", "check_memory_mode", "paper_lif", "MEMORY_MODES"]
+
+#: ``memory=`` of the neuron layers: keep every step's states for backward, or only the input and recompute them.
+MEMORY_MODES = ("potential", "recompute")
+
+
+def check_memory_mode(memory: str) -> None:
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
 
 
 def channel_layout(shape: torch.Size, channels: int) -> int:
@@ -74,7 +82,7 @@ def leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
             raise ValueError(f"{name} must be a scalar or a 1-D per-channel tensor, got shape {tuple(leak.shape)}")
         check_finite(leak, name)
         return leak.reshape(-1).to(cdt).contiguous()
-    if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not P.finite(leak):
+    if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not finite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
     if not torch.compiler.is_compiling() and not math.isfinite(in_compute_dtype(float(leak), cdt)):
         raise ValueError(f"{name} must be finite in {str(cdt).removeprefix('torch.')}, the dtype the neurons compute "
@@ -114,7 +122,7 @@ def check_decay(decay, name: str = "decay") -> None:
                 f"{name} must lie in [0, 1], got {first_bad(decay, bad)}; keep a learnable {name} in range, e.g. "
                 f"with `{name}.data.clamp_(0, 1)` after each optimizer step"
             )
-    elif isinstance(decay, numbers.Real) and P.finite(decay) and not 0.0 <= decay <= 1.0:
+    elif isinstance(decay, numbers.Real) and finite(decay) and not 0.0 <= decay <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1] (0: no memory, 1: no leak), got {decay}")
 
 
@@ -123,22 +131,20 @@ def check_no_functorch(what: str, remedy: str = "use backend='reference' (plain 
         raise RuntimeError(f"torch.func transforms (grad, vmap, jacrev, ...) cannot look inside {what}; {remedy}")
 
 
-def paper_spec(threshold, v_reset, surrogate, detach_reset) -> P.NeuronSpec:
-    """The spec of the paper's LIF, with its parameter ranges: Eq. (1) leaks toward 0, so the resting potential
-    is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >= threshold`` would fire forever."""
+def paper_lif(threshold, v_reset, surrogate, detach_reset) -> LIFNeuron:
+    """The paper's LIF (hard reset to ``v_reset``, or soft for None), with its parameter ranges: Eq. (1) leaks toward
+    0, so the resting potential is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >=
+    threshold`` would fire forever."""
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"threshold must be a number, got {threshold!r}")
     if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
         raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
-    if P.finite(threshold) and threshold <= 0:
+    if finite(threshold) and threshold <= 0:
         raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
-    if v_reset is not None and P.finite(v_reset) and P.finite(threshold) and v_reset >= threshold:
+    if v_reset is not None and finite(v_reset) and finite(threshold) and v_reset >= threshold:
         raise ValueError(f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
                          "v_reset would fire again at once")
-    return P.NeuronSpec(
-        threshold=float(threshold),
-        v_reset=0.0 if v_reset is None else float(v_reset),
-        reset=P.SOFT if v_reset is None else P.HARD,
-        surrogate=resolve(surrogate),
-        detach_reset=bool(detach_reset),
-    )
+    hard = v_reset is not None
+    return LIFNeuron(LIF_MODELS[("paper", "hard" if hard else "soft")], threshold=float(threshold),
+                     v_reset=float(v_reset) if hard else 0.0, hard_reset=hard, surrogate=resolve(surrogate),
+                     detach_reset=bool(detach_reset))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spikefuse import params as P
-from spikefuse.ops import reference
+from spikefuse.neurons.lif import LIFNeuron
+from spikefuse.ops.engine import reference
 
 
 # Every test runs on the oracle and on the fused CPU kernels.
@@ -19,7 +19,7 @@ GRAD_TOL = dict(rtol=1e-5, atol=1e-6)
 def away_from_threshold(
     x: torch.Tensor,
     leak,
-    spec: P.NeuronSpec,
+    neuron: LIFNeuron,
     v_init: torch.Tensor | None = None,
     margin: float = 1e-3,
     nudge: float = 1e-2,
@@ -33,15 +33,13 @@ def away_from_threshold(
     x = x.detach().clone().contiguous()
     t_steps, n = x.shape[0], x[0].numel()
     k = torch.as_tensor(leak, dtype=x.dtype).detach().reshape(-1)
-    if v_init is None:
-        v0 = torch.full((n,), spec.v_reset if spec.reset == P.HARD else 0.0, dtype=x.dtype)
-    else:
-        v0 = v_init.detach().reshape(n).to(x.dtype)
+    v0 = neuron.initial_potential(None if v_init is None else v_init.detach(), x)
     x2 = x.view(t_steps, n)
     for _ in range(200):
         with torch.no_grad():
-            _, _, h = reference.run(x2, k, 1, v0, spec.kernel_args())
-        close = (h - spec.threshold).abs() <= margin
+            _, _, (h,) = reference.forward(neuron.model, x2, neuron.params(k), 1, [v0], neuron.surrogate,
+                                           neuron.detach_reset, save=True)  # fmt: skip
+        close = (h - neuron.threshold).abs() <= margin
         if not close.any():
             return x
         t = int(close.any(dim=1).nonzero()[0, 0])

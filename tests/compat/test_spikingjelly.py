@@ -35,7 +35,7 @@ def _inputs(ours, seed: int, v0: torch.Tensor, scale: float = 1.5, shift: float 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((t_steps, *SHAPE), generator=g) * scale + shift
     leak = ours._leak()
-    x = away_from_threshold(x, leak.detach() if isinstance(leak, torch.Tensor) else leak, ours.spec(), v_init=v0)
+    x = away_from_threshold(x, leak.detach() if isinstance(leak, torch.Tensor) else leak, ours.neuron(), v_init=v0)
     return x
 
 
@@ -131,8 +131,8 @@ def test_other_surrogates(backend, make):
     v0 = torch.zeros(SHAPE)
     x = _inputs(ours, seed=11, v0=v0)
     # Rect's window edges |u| = 0.5/alpha = 0.625 are discontinuities too: keep potentials off them as well.
-    spec = ours.spec()
-    shifted = [dataclasses.replace(spec, threshold=spec.threshold + d) for d in (0.0, 0.625, -0.625)]
+    neuron = ours.neuron()
+    shifted = [dataclasses.replace(neuron, threshold=neuron.threshold + d) for d in (0.0, 0.625, -0.625)]
     for _ in range(10):
         before = x.clone()
         for sp in shifted:

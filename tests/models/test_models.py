@@ -14,7 +14,7 @@ from spikefuse.models import (
     build_model,
     replace_neurons,
     set_neuron_backend,
-    spiking_neurons,
+    neuron_layers,
 )
 from spikefuse.surrogate import Rectangle, Sigmoid
 
@@ -56,7 +56,7 @@ def test_resnet_structure_matches_torchvision_parameter_count(name, params):
     # SpikingJelly's Spiking-ResNets have torchvision's layers (neurons have no parameters): same count
     m = build_model(name, 3, 1000, stem="imagenet")
     assert sum(p.numel() for p in m.parameters()) == params
-    neurons = len(spiking_neurons(m))
+    neurons = len(neuron_layers(m))
     blocks = {"resnet18": 8, "resnet34": 16, "resnet50": 16}[name]
     per_block = 3 if name == "resnet50" else 2
     assert neurons == 1 + blocks * per_block
@@ -64,17 +64,17 @@ def test_resnet_structure_matches_torchvision_parameter_count(name, params):
 
 def test_neuron_defaults_follow_the_papers():
     r = build_model("resnet-tiny", 1, 10)
-    lif = spiking_neurons(r)[0][1]
+    lif = neuron_layers(r)[0][1]
     assert (lif.decay, lif.threshold, lif.v_reset, lif.surrogate, lif.backend) == (0.2, 0.3, 0.0, Sigmoid(4.0), "auto")
     l = build_model("liang-small", 3, 10)
-    lif = spiking_neurons(l)[0][1]
+    lif = neuron_layers(l)[0][1]
     assert (lif.decay, lif.threshold, lif.surrogate) == (0.25, 0.25, Rectangle(1.0, 1.0))
     assert l.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
     assert PAPER_NEURON.backend == LIANG_NEURON.backend == "auto"
     # explicit options and the backend override
     opts = LIFOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
     m = build_model("resnet-tiny", 1, 10, neuron=opts, neuron_backend="reference")
-    assert all(n.decay == 0.5 and n.detach_reset and n.backend == "reference" for _, n in spiking_neurons(m))
+    assert all(n.decay == 0.5 and n.detach_reset and n.backend == "reference" for _, n in neuron_layers(m))
     assert LIFOptions.from_dict(opts.to_dict()) == opts
 
 
@@ -89,11 +89,11 @@ def test_imagenet_stem_and_odd_sizes():
 
 def test_replace_and_switch_neurons():
     m = build_model("resnet-tiny", 1, 10, width=4)
-    n = len(spiking_neurons(m))
+    n = len(neuron_layers(m))
     set_neuron_backend(m, "reference")
-    assert all(x.backend == "reference" for _, x in spiking_neurons(m))
+    assert all(x.backend == "reference" for _, x in neuron_layers(m))
     assert replace_neurons(m, lambda lif: torch.nn.ReLU()) == n
-    assert not spiking_neurons(m)
+    assert not neuron_layers(m)
 
 
 @pytest.mark.parametrize("name", list(TINY))

@@ -1,7 +1,7 @@
 """Backend-agnostic test cases for the fused neuron kernels: the valid spec combinations and well-posed inputs.
 
 Used by ``tests/ops/test_cpu.py`` and ``tests/ops/test_shared_state.py``. Nothing here knows about a backend; the
-simulation that keeps inputs away from the threshold uses :func:`spikefuse.ops.reference.step`, the oracle.
+simulation that keeps inputs away from the threshold uses :func:`tests.lif_spec.step`, the spec's oracle.
 
 - :func:`all_specs` enumerates every valid ``dynamics x reset x charge x detach_reset x surrogate`` combination
   (``(id, NeuronSpec)`` pairs; :func:`spec_params` wraps them as ``pytest.param`` with those ids).
@@ -19,10 +19,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from spikefuse import params as P
 from spikefuse.functional import channel_layout
-from spikefuse.ops import reference
-from spikefuse.ops.common import SpecArgs, compute_dtype
+from spikefuse.ops.common import compute_dtype
+from tests import lif_spec as P
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, Triangle
 
 # Non-default parameters on purpose: a kernel that ignores a surrogate parameter fails.
@@ -43,7 +42,7 @@ CHARGE_NAMES = {
     P.CHARGE_DIV: "div",
     P.CHARGE_MUL_INPUT: "mulin",
 }
-SURROGATE_NAMES = {0: "sigmoid", 1: "atan", 2: "rect", 3: "tri", 4: "fastsig"}
+SURROGATE_NAMES = {Sigmoid: "sigmoid", ATan: "atan", Rectangle: "rect", Triangle: "tri", FastSigmoid: "fastsig"}
 
 
 def dynamics_combos() -> list[tuple[int, int, int, bool]]:
@@ -91,7 +90,7 @@ def spec_id(spec: P.NeuronSpec) -> str:
     parts = [DYNAMICS_NAMES[spec.dynamics], RESET_NAMES[spec.reset]]
     if spec.dynamics == P.SPIKINGJELLY:
         parts.append(CHARGE_NAMES[spec.charge])
-    parts.append(SURROGATE_NAMES[spec.surrogate.code])
+    parts.append(SURROGATE_NAMES[type(spec.surrogate)])
     if spec.detach_reset:
         parts.append("detach")
     return "-".join(parts)
@@ -149,9 +148,9 @@ def _too_close(h: torch.Tensor, spec: P.NeuronSpec, margin: float) -> torch.Tens
     u = h.double() - spec.threshold
     bad = u.abs() <= margin
     p1, _ = spec.surrogate.params()
-    if spec.surrogate.code == Rectangle.code:
+    if isinstance(spec.surrogate, Rectangle):
         bad |= (u.abs() - p1).abs() <= margin
-    if spec.surrogate.code == Triangle.code:  # continuous, but keep the kink away too (cheap)
+    if isinstance(spec.surrogate, Triangle):  # continuous, but keep the kink away too (cheap)
         bad |= (u.abs() - 1.0 / p1).abs() <= margin
     return bad
 
@@ -186,7 +185,6 @@ def make_inputs(
     k = leak.reshape(1, channels, 1).expand(n // (channels * inner), channels, inner).reshape(n)
     gain = _input_gain(spec, k)
     th = spec.threshold
-    args = SpecArgs(*spec.kernel_args())
 
     def draw(count_shape):
         z = torch.randn(count_shape, generator=gen, dtype=torch.float64).to(cdt)
@@ -208,21 +206,21 @@ def make_inputs(
             v = torch.where(bad, v - 4 * margin, v)
 
     h = v.clone()
-    s = torch.zeros_like(h) if spec.state_post_reset else (h - th >= 0 if not args.fire_strict else h - th > 0).to(cdt)
+    s = torch.zeros_like(h) if spec.state_post_reset else (h - th >= 0 if not spec.fire_strict else h - th > 0).to(cdt)
     xs = []
     for _ in range(t_steps):
         x_t = (th * gain * (0.45 + 0.7 * draw(n))).to(dtype)
         for _ in range(50):
-            h_new = reference.step(h, s, x_t.to(cdt), k, args)
+            h_new = P.step(h, s, x_t.to(cdt), k, spec)
             bad = _too_close(h_new, spec, margin)
             if not bad.any():
                 break
             x_t = torch.where(bad, (th * gain * (0.45 + 0.7 * draw(n))).to(dtype), x_t)
         else:
-            h_new = reference.step(h, s, x_t.to(cdt), k, args)
+            h_new = P.step(h, s, x_t.to(cdt), k, spec)
         xs.append(x_t)
         h = h_new
-        s = (h - th > 0 if args.fire_strict else h - th >= 0).to(cdt)
+        s = (h - th > 0 if spec.fire_strict else h - th >= 0).to(cdt)
     x = torch.stack(xs).reshape(shape) if t_steps else torch.empty(shape, dtype=dtype)
     return x, leak, v.reshape(shape[1:])
 

@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 import spikefuse  # noqa: E402
 from spikefuse.bn_functional import batchnorm_lif  # noqa: E402
 from spikefuse.nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
-from spikefuse.ops import reference  # noqa: E402
+from tests import lif_spec  # noqa: E402
 from spikefuse.ops.engine import cpu  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
 
@@ -40,7 +40,7 @@ def _well_posed_input(shape, seed, decay=0.5):
         g = torch.Generator().manual_seed(seed * 1000 + attempt)
         x = torch.randn(shape, generator=g) * 2 + 0.5
         y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
-        h = reference.run(y, torch.tensor([decay]), 1, torch.zeros(y.shape[1]), spikefuse.NeuronSpec(THRESHOLD).kernel_args())[2]
+        h = lif_spec.loop(y, torch.tensor([decay]), 1, torch.zeros(y.shape[1]), lif_spec.NeuronSpec(THRESHOLD))[2]
         # gamma/beta below stay close to 1/0; check a band around the threshold wide enough for them
         if ((h - THRESHOLD).abs() > MARGIN).all() and ((h * 0.9 + 0.05 - THRESHOLD).abs() > MARGIN).all():
             return x
@@ -251,8 +251,8 @@ def _well_posed_residual_pair(shape, seed, binary, dtype):
             res = (torch.randn(shape, generator=g) * 0.5).to(dtype)
         y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
         y = y + res.reshape(shape[0], -1)
-        spec = spikefuse.NeuronSpec(THRESHOLD).kernel_args()
-        h = reference.run(y, torch.tensor([0.5], dtype=dtype), 1, torch.zeros(y.shape[1], dtype=dtype), spec)[2]
+        spec = lif_spec.NeuronSpec(THRESHOLD)
+        h = lif_spec.loop(y, torch.tensor([0.5], dtype=dtype), 1, torch.zeros(y.shape[1], dtype=dtype), spec)[2]
         if ((h - THRESHOLD).abs() > MARGIN).all():
             return x, res
     raise AssertionError("no well-posed input found")
@@ -403,7 +403,7 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
         assert bits is not None and torch.equal(bits, bitpack.pack_torch(spikes))
     assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
     assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
-    neuron, params, init = bn_lif.lif_neuron(spikefuse.NeuronSpec(THRESHOLD), torch.tensor([0.5]), None, x, "cpu")
+    neuron, params, init = bn_lif.lif_neuron(lif_spec.NeuronSpec(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
     op_body = bn_lif._forward_impl(x.flatten(0, 1), None if res is None else res.flatten(0, 1), residual, None, None,
                                    None, None, params, init, True, 0.1, 1e-5, shape[0], 1, neuron, "cpu")  # fmt: skip
     assert torch.equal(op_body[0].reshape(shape), spikes)

@@ -1,11 +1,12 @@
-"""The CPU backend of the LIF specs against their PyTorch reference (the oracle).
+"""The CPU backend of every LIF form against the LIF spec's serial loop (:mod:`tests.lif_spec`, the oracle the LIF
+definitions were written from).
 
 What is checked, and how:
 
-- The public API with autograd (``spiking_neuron`` / ``lif``, ``backend="cpu"`` against ``"reference"``; on the
-  CPU it runs the LIF definitions of the neuron engine, :func:`spikefuse.neurons.lif.engine_model`, whose kernels
-  ``tests/neurons/test_engine.py`` tests over every model, surrogate and dtype; here the specs, on a subset: see
-  ``_api_cases`` and ``_combo_cases``) for the valid dynamics x reset x charge x detach_reset x surrogate
+- The library's runner with autograd (``spikefuse.functional.run_lif`` / ``lif``, ``backend="cpu"`` against the
+  spec's loop; on the CPU it runs the LIF definitions of :mod:`spikefuse.neurons.lif` on the neuron engine, whose
+  kernels ``tests/neurons/test_engine.py`` tests over its models, surrogates and dtypes; here every LIF form, on a
+  subset: see ``_api_cases`` and ``_combo_cases``) for the valid dynamics x reset x charge x detach_reset x surrogate
   (``cases.all_specs``), scalar and per-channel learnable leak, both memory modes, float32 and float64: spikes and
   states bit-identical; gradients of x, v_init and leak within ``rtol=1e-5`` (float64) / float32-rounding
   tolerance (float32). Inputs keep every potential > 1e-3 away from the threshold and the Rectangle window edges
@@ -37,10 +38,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spikefuse
-from spikefuse import params as P
 from spikefuse.neurons import SPIKINGJELLY_PRE_RESET_MODELS
-from spikefuse.neurons.lif import engine_model
 from spikefuse.surrogate import Rectangle, Sigmoid
+from tests import lif_spec as P
 from tests.ops.cases import SURROGATES, dynamics_combos, make_inputs, make_spec, spec_id, spec_params
 
 SHAPE = (6, 2, 3, 4)  # [T, B, C, inner]: per-channel leak has 3 entries, inner = 4
@@ -48,14 +48,15 @@ SPECS = spec_params()
 
 
 def _api_cases() -> list:
-    """``(spec, per_channel, dtype)`` of the public-API tests. The API runs the LIF specs on the neuron engine, whose
-    kernels are generated and compiled per (definition, surrogate type, dtype) and again for a per-channel leak: of
-    those specs, every definition with the sigmoid surrogate, with a scalar leak in float32 and a per-channel one in
-    float64 (``test_lif_matches_reference`` runs every surrogate, ``tests/neurons/test_engine.py`` the engine's
-    kernels over its models, surrogates and dtypes)."""
+    """``(spec, per_channel, dtype)`` of the runner's tests. The LIF forms run on the neuron engine, whose kernels are
+    generated and compiled per (definition, surrogate type, dtype) and again for a per-channel leak: every form with
+    the sigmoid surrogate, by turns with a scalar leak in float32 and a per-channel one in float64, so that each
+    family (the paper's, snnTorch's, SpikingJelly's) runs both (``test_lif_matches_reference`` runs every
+    surrogate, ``tests/neurons/test_engine.py`` the engine's kernels over its models, surrogates and dtypes)."""
     ways = [(False, torch.float32, "scalar-f32"), (True, torch.float64, "channel-f64")]
-    return [pytest.param(case.values[0], c, d, id=f"{case.id}-{name}") for case in SPECS
-            if isinstance(case.values[0].surrogate, Sigmoid) for c, d, name in ways]  # fmt: skip
+    forms = [case for case in SPECS if isinstance(case.values[0].surrogate, Sigmoid)]
+    return [pytest.param(case.values[0], *ways[i % 2][:2], id=f"{case.id}-{ways[i % 2][2]}")
+            for i, case in enumerate(forms)]  # fmt: skip
 
 
 API_CASES = _api_cases()
@@ -88,7 +89,7 @@ def _api_run(spec, x, leak, v, backend, memory):
     x = x.clone().requires_grad_(True)
     leak = leak.clone().requires_grad_(True)
     v = v.clone().requires_grad_(True)
-    spikes, state = spikefuse.spiking_neuron(x, leak, spec, v_init=v, backend=backend, memory=memory)
+    spikes, state = P.run(x, leak, spec, v_init=v, backend=backend, memory=memory)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(spikes.shape, generator=gen, dtype=torch.float64).to(spikes.dtype)
     w2 = torch.randn(state.shape, generator=gen, dtype=torch.float64).to(state.dtype)
@@ -99,7 +100,7 @@ def _api_run(spec, x, leak, v, backend, memory):
 @pytest.mark.parametrize("spec, per_channel, dtype", API_CASES)
 def test_api_autograd_matches_reference(spec, per_channel, dtype):
     x, leak, v = _inputs(SHAPE, spec, dtype, 4, per_channel)
-    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    ref = _api_run(spec, x, leak, v, "spec", "potential")
     for memory in ("potential", "recompute"):
         got = _api_run(spec, x, leak, v, "cpu", memory)
         assert torch.equal(got[0], ref[0]), "spikes differ"
@@ -165,7 +166,7 @@ def test_gradcheck_state_detached_reset(combo, per_channel):
     for memory in ("potential", "recompute"):
 
         def state_of(x, leak, v):
-            return spikefuse.spiking_neuron(x, leak, spec, v_init=v, backend="cpu", memory=memory)[1]
+            return P.run(x, leak, spec, v_init=v, backend="cpu", memory=memory)[1]
 
         inputs = tuple(t.clone().requires_grad_(True) for t in (x, leak, v))
         assert torch.autograd.gradcheck(state_of, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
@@ -179,7 +180,7 @@ def test_surrogate_formula_on_grid(surrogate, dtype):
     u = torch.linspace(-3, 3, 2001, dtype=torch.float64)
     u = u[(u.abs() - surrogate.params()[0]).abs() > 1e-6] if isinstance(surrogate, Rectangle) else u
     x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()
-    spikes, _ = spikefuse.spiking_neuron(x, 1.0, spec, backend="cpu")
+    spikes, _ = P.run(x, 1.0, spec, backend="cpu")
     spikes.backward(torch.ones_like(spikes))
     gx = x.grad
     u = x.detach()[0] - spec.threshold
@@ -200,7 +201,7 @@ def test_potential_exactly_at_the_threshold(combo, dtype):
     x = torch.stack([ties.repeat(3), ties.repeat_interleave(3)])  # [T=2, 9]: every pair of the three
     leak = torch.full((1,), 0.5 if combo[2] in (P.CHARGE_MUL, P.CHARGE_MUL_INPUT) else 2.0, dtype=dtype)
     v = torch.zeros(9, dtype=dtype)
-    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    ref = _api_run(spec, x, leak, v, "spec", "potential")
     got = _api_run(spec, x, leak, v, "cpu", "potential")
     assert torch.equal(got[0], ref[0]), "spikes differ"
     assert torch.equal(got[1], ref[1]), "state differs"
@@ -234,7 +235,7 @@ def test_hypothesis_shapes_and_dtypes(t_steps, trailing, spec, dtype, per_channe
     shape = (t_steps, *trailing)
     per_channel = per_channel and len(shape) >= 2
     x, leak, v = make_inputs(shape, spec, dtype, seed, per_channel=per_channel)
-    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    ref = _api_run(spec, x, leak, v, "spec", "potential")
     got = _api_run(spec, x, leak, v, "cpu", memory)
     assert got[0].dtype == dtype and got[0].shape == x.shape
     assert torch.equal(got[0], ref[0]), "spikes differ"
@@ -261,7 +262,7 @@ def test_continuation(combo, memory):
         vr = v.clone().requires_grad_(True)
         state, outs = vr, []
         for part in torch.split(xr, chunks):
-            s, state = spikefuse.spiking_neuron(part, lr, spec, v_init=state, backend="cpu", memory=memory)
+            s, state = P.run(part, lr, spec, v_init=state, backend="cpu", memory=memory)
             outs.append(s)
         spikes = torch.cat(outs)
         w = torch.linspace(-1, 1, spikes.numel(), dtype=x.dtype).reshape(spikes.shape)
@@ -305,20 +306,20 @@ def test_first_call_keeps_torch_threads():
 @pytest.mark.parametrize("memory", ["potential", "recompute"])
 @pytest.mark.parametrize("reset", [P.HARD, P.SOFT], ids=["hard", "soft"])
 def test_spikingjelly_state_before_the_reset(reset, memory):
-    """``NeuronSpec(state_post_reset=False)``: SpikingJelly's charge handing on the membrane before the reset runs the
+    """``state_post_reset=False``: SpikingJelly's charge handing on the membrane before the reset runs the
     definitions without a handoff (:data:`spikefuse.neurons.SPIKINGJELLY_PRE_RESET_MODELS`), whose first step resets
     a firing initial state: the reference's spikes and states, and its gradients; two calls equal one."""
     spec = make_spec(P.SPIKINGJELLY, reset, P.CHARGE_DIV_INPUT, False, Sigmoid(), False, variant=1)
     name = {P.HARD: "hard", P.SOFT: "soft"}[reset]
-    assert engine_model(spec) is SPIKINGJELLY_PRE_RESET_MODELS[(name, "div_input")]
+    assert spec.neuron().model is SPIKINGJELLY_PRE_RESET_MODELS[(name, "div_input")]
     x, leak, v = make_inputs((6, 2, 3, 4), spec, torch.float64, 19, per_channel=True)
     v = v + spec.threshold * (torch.rand(v.shape, generator=torch.Generator().manual_seed(5)) > 0.5)
-    ref = _api_run(spec, x, leak, v, "reference", "potential")
+    ref = _api_run(spec, x, leak, v, "spec", "potential")
     got = _api_run(spec, x, leak, v, "cpu", memory)
     assert torch.equal(got[0], ref[0]), "spikes differ"
     assert torch.equal(got[1], ref[1]), "state differs"
     for name, a, b in zip(("x.grad", "v_init.grad", "leak.grad"), got[2:], ref[2:]):
         _assert_close(a, b, name, **_tol(torch.float64, leak=name == "leak.grad"))
-    first, state = spikefuse.spiking_neuron(x[:2], leak, spec, v_init=v, backend="cpu", memory=memory)
-    second, state = spikefuse.spiking_neuron(x[2:], leak, spec, v_init=state, backend="cpu", memory=memory)
+    first, state = P.run(x[:2], leak, spec, v_init=v, backend="cpu", memory=memory)
+    second, state = P.run(x[2:], leak, spec, v_init=state, backend="cpu", memory=memory)
     assert torch.equal(torch.cat([first, second]), ref[0]) and torch.equal(state, ref[1])

@@ -138,14 +138,14 @@ def test_config_validation(tmp_path):
 def test_spikingjelly_neurons_match_spikefuse():
     import copy
 
-    from spikefuse.models import build_model, spiking_neurons
+    from spikefuse.models import build_model, neuron_layers
     from spikefuse.compat.spikingjelly import use_spikingjelly_neurons
     from spikefuse.train import reset_states
 
     torch.manual_seed(0)
     ours = build_model("resnet-tiny", 1, 10, width=4, stem="cifar", neuron_backend="reference")
     sj = copy.deepcopy(ours)
-    assert use_spikingjelly_neurons(sj) == len(spiking_neurons(ours)) and not spiking_neurons(sj)
+    assert use_spikingjelly_neurons(sj) == len(neuron_layers(ours)) and not neuron_layers(sj)
     x = torch.rand(4, 3, 1, 8, 8)
     a, b = ours(x), sj(x)
     reset_states(sj)

@@ -22,11 +22,10 @@ from typing import Callable
 import torch
 
 from .. import functional
-from ..neurons.lif import engine_model, engine_params
 from ..ops import buffers
 from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
-from ..validation import paper_spec
+from ..validation import paper_lif
 from ..threads import set_threads
 from . import peers
 from .peers import ALPHA, DECAY, THRESHOLD
@@ -135,12 +134,12 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     is kept; its stores must first read their cache lines (16 instead of 12 bytes of traffic per neuron-step).
     """
     t_steps, n = x.shape
-    spec = paper_spec(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
-    model = engine_model(spec)
-    params = engine_params(spec, torch.full((1,), DECAY))
+    lif = paper_lif(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
+    model = lif.model
+    params = lif.params(torch.full((1,), DECAY))
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
     v_init, zero_state, need = [torch.zeros(1)], [torch.zeros(1)], [False] * len(params)
-    _, _, (h,) = engine_cpu.forward(model, x, params, 1, v_init, spec.surrogate, False, save=True)
+    _, _, (h,) = engine_cpu.forward(model, x, params, 1, v_init, lif.surrogate, False, save=True)
     h_work = torch.empty_like(h)
     # The floor copies between the same kinds of memory our kernels use: from a torch tensor (like x) into a buffer
     # advised as huge pages (like the outputs from spikefuse.ops.buffers).
@@ -153,12 +152,12 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
 
     def backward(saved, overwrite):
         # x is not read with the states saved (the layer does not keep it): g stands in, as in the layer's backward
-        return engine_cpu.backward(model, g, zero_state, g, params, 1, v_init, spec.surrogate, False, need,
+        return engine_cpu.backward(model, g, zero_state, g, params, 1, v_init, lif.surrogate, False, need,
                                    saved=[saved], overwrite_saved=overwrite)  # fmt: skip
 
     cases = {
         "copy": lambda: dst.copy_(src),
-        "forward": lambda: engine_cpu.forward(model, x, params, 1, v_init, spec.surrogate, False, save=True),
+        "forward": lambda: engine_cpu.forward(model, x, params, 1, v_init, lif.surrogate, False, save=True),
         "backward": lambda: backward(h_work, True),
         "backward_separate_grad_x": lambda: backward(h, False),
     }

@@ -3,8 +3,8 @@
 - :mod:`spikefuse.compat.spikingjelly`: ``LIFNode``, ``ParametricLIFNode``, ``IFNode`` (SpikingJelly 2.0)
 - :mod:`spikefuse.compat.snntorch`: ``Leaky`` (snnTorch 1.0)
 
-Each layer reproduces the peer's spikes and membrane potentials bit for bit in float32 (the formulas of
-:mod:`spikefuse.params` keep the peers' order of floating-point operations) and its gradients up to rounding.
+Each layer reproduces the peer's spikes and membrane potentials bit for bit in float32 (the definitions of
+:mod:`spikefuse.neurons` keep the peers' order of floating-point operations) and its gradients up to rounding.
 The peers themselves are not needed: their surrogate objects are recognised by class name and module when given.
 ``tests/compat`` checks every claim against the installed peers. The submodules are imported on first use.
 """

@@ -30,8 +30,8 @@ import numbers
 import torch
 from torch import nn
 
-from .. import params as P
-from ..functional import spiking_neuron
+from ..functional import run_lif
+from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
 from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
 
 __all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate", "use_spikingjelly_neurons"]
@@ -124,7 +124,7 @@ def _number(value, name: str) -> float:
 class _BaseNode(nn.Module):
     """What SpikingJelly's ``BaseNode`` does for the three neurons: state ``v``, step modes, reset, detach."""
 
-    _charge: int
+    _charge: str  # a charge of spikefuse.neurons.SPIKINGJELLY_MODELS
 
     def __init__(
         self,
@@ -198,17 +198,11 @@ class _BaseNode(nn.Module):
     def _leak(self):
         raise NotImplementedError
 
-    def spec(self) -> P.NeuronSpec:
-        return P.NeuronSpec(
-            threshold=float(self.v_threshold),
-            v_reset=self._reset_value,
-            reset=P.SOFT if self.v_reset is None else P.HARD,
-            surrogate=to_surrogate(self.surrogate_function),
-            detach_reset=bool(self.detach_reset),
-            dynamics=P.SPIKINGJELLY,
-            charge=self._charge,
-            state_post_reset=True,
-        )
+    def neuron(self) -> LIFNeuron:
+        """The definition of these neurons (:data:`spikefuse.neurons.SPIKINGJELLY_MODELS`) with their constants."""
+        hard = self.v_reset is not None
+        return LIFNeuron(SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)], float(self.v_threshold),
+                         self._reset_value, hard, to_surrogate(self.surrogate_function), bool(self.detach_reset))
 
     def _state_for(self, x_ref: torch.Tensor) -> torch.Tensor:
         """SpikingJelly's ``materialize_states``: a float fills a new tensor; a tensor of another shape restarts."""
@@ -222,7 +216,7 @@ class _BaseNode(nn.Module):
         return torch.full_like(x_ref, float(v))
 
     def _run(self, x_seq: torch.Tensor, v: torch.Tensor):
-        return spiking_neuron(x_seq, self._leak(), self.spec(), v_init=v, backend=self.backend, memory=self.memory)
+        return run_lif(x_seq, self._leak(), self.neuron(), v_init=v, backend=self.backend, memory=self.memory)
 
     def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
         spikes, v = self._run(x.unsqueeze(0), self._state_for(x))
@@ -289,7 +283,7 @@ class LIFNode(_BaseNode):
 
     @property
     def _charge(self) -> int:
-        return P.CHARGE_DIV_INPUT if self.decay_input else P.CHARGE_DIV
+        return "div_input" if self.decay_input else "div"
 
     def _leak(self):
         return float(self.tau)
@@ -327,7 +321,7 @@ class ParametricLIFNode(_BaseNode):
 
     @property
     def _charge(self) -> int:
-        return P.CHARGE_MUL_INPUT if self.decay_input else P.CHARGE_MUL
+        return "mul_input" if self.decay_input else "mul"
 
     def _leak(self):
         if self.w.ndim != 0:
@@ -343,7 +337,7 @@ class ParametricLIFNode(_BaseNode):
 class IFNode(_BaseNode):
     """SpikingJelly's ``IFNode``: ``H = V + X``."""
 
-    _charge = P.CHARGE_IF
+    _charge = "if"
 
     def __init__(
         self,

@@ -38,7 +38,7 @@ __all__ = [
     "model_names",
     "set_neuron_backend",
     "replace_neurons",
-    "spiking_neurons",
+    "neuron_layers",
 ]
 
 
@@ -48,7 +48,7 @@ PAPER_NEURON = LIFOptions()
 LIANG_NEURON = LIFOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
 
 
-def spiking_neurons(model: nn.Module) -> list[tuple[str, LIF]]:
+def neuron_layers(model: nn.Module) -> list[tuple[str, LIF]]:
     """All spikefuse neuron modules of ``model`` with their qualified names."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LIF)]
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import params as P
-from ..functional import spiking_neuron
+from ..functional import run_lif
+from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
 from ..surrogate import Sigmoid, resolve
 
 __all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF", "CubaLIFNode", "CubaLeakyIntegrator"]
@@ -186,8 +186,8 @@ class EulerLIF(nn.Module):
     ``h[t] = u[t-1] + ((r*x[t]) - (u[t-1] - v_leak)) * a`` with ``a = dt/tau`` (:func:`euler_coefficient`),
     spike ``s[t] = (h[t] >= threshold)``, post-reset ``u[t] = v_leak if s[t] else h[t]``, ``u[0] = v_leak``. This is
     Norse's ``LIFBoxCell`` step bit for bit when ``v_leak = v_reset = 0`` and ``r = 1`` (Norse fires on ``>``, so
-    spikes differ only where ``h`` equals the threshold exactly). It is the SpikingJelly-family kernel of
-    :mod:`spikefuse.params` with the ``MUL_INPUT`` charge and ``k = a``, so it needs ``v_reset == v_leak``.
+    spikes differ only where ``h`` equals the threshold exactly). It is SpikingJelly's LIF definition
+    ``SPIKINGJELLY_MODELS[("hard", "mul_input")]`` with ``decay = a``, so it needs ``v_reset == v_leak``.
 
     ``tau`` is one value or one per channel (channel = dim 2 of ``[T, B, C, ...]``), ``r`` broadcasts against the
     per-sample shape, ``v_leak`` (= ``v_reset``) and ``threshold`` are numbers.
@@ -205,22 +205,15 @@ class EulerLIF(nn.Module):
         # r = 1 multiplies by 1 exactly; skipping it spares a pass over the input.
         self.register_buffer("resistance", None if np.all(self.r == 1) else _float32(self.r))
 
-    def spec(self) -> P.NeuronSpec:
-        return P.NeuronSpec(
-            threshold=self.threshold,
-            v_reset=self.v_leak,
-            reset=P.HARD,
-            surrogate=self.surrogate,
-            dynamics=P.SPIKINGJELLY,
-            charge=P.CHARGE_MUL_INPUT,
-            state_post_reset=True,
-        )
+    def neuron(self) -> LIFNeuron:
+        """SpikingJelly's hard-reset LIF with the ``mul_input`` charge (``k = a``), resetting to ``v_leak``."""
+        return LIFNeuron(SPIKINGJELLY_MODELS[("hard", "mul_input")], self.threshold, self.v_leak, True, self.surrogate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_multistep(self, x)
         if self.resistance is not None:
             x = x * self.resistance
-        spikes, _ = spiking_neuron(x, self.coefficient, self.spec(), backend=self.backend)
+        spikes, _ = run_lif(x, self.coefficient, self.neuron(), backend=self.backend)
         return spikes
 
     def extra_repr(self) -> str:

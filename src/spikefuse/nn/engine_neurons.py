@@ -9,11 +9,10 @@ import numbers
 import torch
 from torch import nn
 
-from ..validation import check_decay
+from ..validation import check_decay, check_memory_mode
 from ..neuron_functional import neuron
 from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
 from ..ops import check_backend_name
-from ..params import check_memory_mode
 from ..surrogate import ATan, Sigmoid, resolve
 
 __all__ = ["EngineNeuron", "CubaLIF", "ALIF"]

@@ -11,10 +11,9 @@ from torch import nn
 
 from .. import functional as F
 from ..ops import check_backend_name
-from ..params import check_memory_mode
 from ..registry import arguments
 from ..surrogate import Sigmoid, Surrogate
-from ..validation import check_decay, paper_spec
+from ..validation import check_decay, check_memory_mode, paper_lif
 
 __all__ = ["LIF", "IF", "LIFOptions"]
 
@@ -42,14 +41,14 @@ class LIFOptions:
         if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
             raise ValueError(f"decay must be a finite number, got {decay!r}")
         check_decay(decay)
-        spec = paper_spec(self.threshold, self.v_reset, self.surrogate, self.detach_reset)
+        lif = paper_lif(self.threshold, self.v_reset, self.surrogate, self.detach_reset)
         check_backend_name(self.backend)
         check_memory_mode(self.memory)
         object.__setattr__(self, "decay", float(decay))
-        object.__setattr__(self, "threshold", spec.threshold)
-        object.__setattr__(self, "v_reset", None if self.v_reset is None else spec.v_reset)
-        object.__setattr__(self, "surrogate", spec.surrogate)
-        object.__setattr__(self, "detach_reset", spec.detach_reset)
+        object.__setattr__(self, "threshold", lif.threshold)
+        object.__setattr__(self, "v_reset", None if self.v_reset is None else lif.v_reset)
+        object.__setattr__(self, "surrogate", lif.surrogate)
+        object.__setattr__(self, "detach_reset", lif.detach_reset)
 
     def make(self) -> "LIF":
         """A new :class:`LIF` module with these options."""

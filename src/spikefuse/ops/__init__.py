@@ -1,7 +1,7 @@
 """Backends. The neuron engine (:mod:`spikefuse.ops.engine`) runs every neuron from its definition, one module per
-backend, imported lazily: numba and Triton are only loaded by the first call that needs them. Beside it: the LIF
-spec's plain-PyTorch reference (:mod:`spikefuse.ops.reference`, the oracle of the engine's LIF definitions), and
-the fused pieces beside the neurons (BatchNorm, max pooling, bit-packed spikes).
+backend, imported lazily: numba and Triton are only loaded by the first call that needs them; its reference
+(:mod:`spikefuse.ops.engine.reference`) is the oracle of them all. Beside it: the fused pieces beside the neurons
+(BatchNorm, max pooling, bit-packed spikes) and the recurrent layers (:mod:`spikefuse.ops.recurrent`).
 """
 
 from __future__ import annotations

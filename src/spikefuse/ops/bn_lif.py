@@ -3,8 +3,8 @@ residual) for backward (Liang et al., Alg. 1-4).
 
 The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
 surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
-:func:`spikefuse.neurons.lif.engine_model`), or, on the reference backend, the LIF spec's plain-PyTorch reference
-(:class:`ReferenceLIF`). The op takes it as a key, and its parameters and initial states as lists of tensors.
+:class:`spikefuse.neurons.lif.LIFNeuron`), on any of the engine's backends, its reference too. The op takes it as a
+key, and its parameters and initial states as lists of tensors.
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
@@ -63,17 +63,16 @@ import math
 import torch
 from torch import Tensor
 
-from .. import params as P
-from ..neurons.lif import engine_model, engine_params, initial_potential
+from ..neurons.lif import LIFNeuron
 from ..neurons.model import NeuronModel
 from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
-from . import batchnorm_cpu, engine, reference
+from . import batchnorm_cpu, engine
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
-__all__ = ["EngineNeuron", "ReferenceLIF", "engine_neuron_key", "bn_neuron", "bn_spiking_neuron",
-           "bn_spiking_neuron_backward", "bn_lif_forward", "bn_lif_backward"]
+__all__ = ["EngineNeuron", "engine_neuron_key", "bn_neuron", "bn_lif", "bn_lif_backward_from_stats",
+           "bn_lif_forward", "bn_lif_backward"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,34 +109,6 @@ class EngineNeuron:
         )  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceLIF:
-    """The LIF of a :class:`~spikefuse.params.NeuronSpec` (``ints``/``floats``: its ``kernel_lists``; its surrogate
-    object, which may be the user's) on its plain-PyTorch reference (:mod:`spikefuse.ops.reference`), the oracle
-    that the engine's LIF definitions are tested against: ``params = [leak]``, ``init = [v_init]``; ``backend`` is
-    ``"reference"``."""
-
-    ints: tuple
-    floats: tuple
-    surrogate: Surrogate
-    name = "LIF"
-
-    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
-        spikes, state, _ = reference.forward(y2, params[0], inner, init[0], (*self.ints, *self.floats),
-                                             P.SAVE_INPUT, surrogate=self.surrogate)  # fmt: skip
-        return spikes, [state]
-
-    def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
-                 init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
-        grad_x, grad_v, grad_leak = reference.backward(
-            grad_spikes, grad_final[0], x2, params[0], inner, init[0], None, (*self.ints, *self.floats),
-            P.SAVE_INPUT, need_param_grads[0], surrogate=self.surrogate, **input_kw,
-        )  # fmt: skip
-        if need_param_grads[0] and grad_leak is None:  # an IF charge does not use the leak: zero, not missing
-            grad_leak = torch.zeros_like(params[0])
-        return grad_x, [grad_v], [grad_leak]
-
-
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
     """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
     parts = (key_of(model), key_of(surrogate), bool(detach_reset))
@@ -158,14 +129,9 @@ def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -
 _ENGINE_NEURON_KEYS: dict[tuple, str] = {}
 
 
-def _reference_lif_key(ints: tuple, floats: tuple, surrogate_key: str) -> str:
-    return register(ReferenceLIF(tuple(ints), tuple(floats), OBJECTS[surrogate_key]))
-
-
-# torch.compile calls these as Python and takes their results as constants (their arguments are strings and tuples
+# torch.compile calls this as Python and takes its result as a constant (their arguments are strings and tuples
 # of numbers: dynamo of torch 2.11 cannot hand a frozen dataclass to such a function).
 _engine_neuron_key._dynamo_marked_constant = True
-_reference_lif_key._dynamo_marked_constant = True
 
 
 # aten._batch_norm_impl_index's implementation numbers
@@ -514,13 +480,13 @@ def bn_neuron(
     return_stats: bool = False,
 ):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
-    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`, or of a :class:`ReferenceLIF`).
+    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`).
 
     Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
     ``[1]``; ``residual`` of ``x``'s shape, dtype and device or None; ``residual_binary``: it holds only 0 and 1
     and is saved as bits). Returns ``(spikes, final states)``, shaped like ``x`` and each ``x.shape[1:]``, and with
-    ``return_stats`` also the batch statistics ``(mean, invstd)`` that :func:`bn_spiking_neuron_backward` takes (for
+    ``return_stats`` also the batch statistics ``(mean, invstd)`` that :func:`bn_lif_backward_from_stats` takes (for
     a caller with its own backward, run without autograd). ``training``/``momentum`` as
     :func:`torch.nn.functional.batch_norm`.
     """
@@ -538,18 +504,14 @@ def bn_neuron(
     return (*result, (mean, invstd)) if return_stats else result
 
 
-def lif_neuron(spec: P.NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor, backend: str) -> tuple:
-    """``(neuron key, params, init)`` of :func:`bn_neuron` for the LIF of ``spec``: the engine's definition
-    (:func:`spikefuse.neurons.lif.engine_model`), or the spec's reference on the reference backend; ``v_init`` None
-    starts every neuron from the reset value (one value shared by all: nothing of size N is read)."""
-    v0 = initial_potential(spec, v_init, x)
-    if backend == "reference":
-        ints, floats = spec.kernel_lists()
-        return _reference_lif_key(tuple(ints), tuple(floats), key_of(spec.surrogate)), [leak], [v0]
-    return engine_neuron_key(engine_model(spec), spec.surrogate, spec.detach_reset), engine_params(spec, leak), [v0]
+def lif_neuron(neuron: LIFNeuron, leak: Tensor, v_init: Tensor | None, x: Tensor) -> tuple:
+    """``(neuron key, params, init)`` of :func:`bn_neuron` for a LIF; ``v_init`` None starts every neuron from the
+    reset value (one value shared by all: nothing of size N is read)."""
+    return (engine_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset), neuron.params(leak),
+            [neuron.initial_potential(v_init, x)])
 
 
-def bn_spiking_neuron(
+def bn_lif(
     x: Tensor,
     running_mean: Tensor | None,
     running_var: Tensor | None,
@@ -559,23 +521,23 @@ def bn_spiking_neuron(
     momentum: float,
     eps: float,
     leak: Tensor,
-    spec: P.NeuronSpec,
+    neuron: LIFNeuron,
     v_init: Tensor | None,
     backend: str,
     residual: Tensor | None = None,
     residual_binary: bool = False,
     return_stats: bool = False,
 ):
-    """:func:`bn_neuron` with the LIF neuron of ``spec`` (``leak`` a 1-D compute-dtype tensor of 1 or C entries,
+    """:func:`bn_neuron` with the LIF ``neuron`` (``leak`` its decay, a 1-D compute-dtype tensor of 1 or C entries,
     ``v_init`` of shape ``x.shape[1:]`` or None); returns ``(spikes, state)`` (and the statistics with
     ``return_stats``)."""
-    neuron, params, init = lif_neuron(spec, leak, v_init, x, backend)
-    out = bn_neuron(x, running_mean, running_var, weight, bias, training, momentum, eps, neuron, params, init,
+    key, params, init = lif_neuron(neuron, leak, v_init, x)
+    out = bn_neuron(x, running_mean, running_var, weight, bias, training, momentum, eps, key, params, init,
                     _inner(x, leak), backend, residual, residual_binary, return_stats)  # fmt: skip
     return (out[0], out[1][0], *out[2:])
 
 
-def bn_spiking_neuron_backward(
+def bn_lif_backward_from_stats(
     grad_spikes: Tensor,
     grad_state: Tensor,
     x: Tensor,
@@ -587,25 +549,25 @@ def bn_spiking_neuron_backward(
     training: bool,
     eps: float,
     leak: Tensor,
-    spec: P.NeuronSpec,
+    neuron: LIFNeuron,
     backend: str,
     need_affine: bool,
     need_leak: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-    """The backward of :func:`bn_spiking_neuron` (no residual, ``v_init`` None) from its input ``x`` and the
+    """The backward of :func:`bn_lif` (no residual, ``v_init`` None) from its input ``x`` and the
     ``stats`` it returned: ``(grad_x, grad_weight, grad_bias, grad_leak)``, None where not needed. The same op as
     the fused module's backward: recomputes the normalized input and the potentials, nothing of the forward again."""
     t_steps = x.shape[0]
     n = x.numel() // t_steps
     cdt = compute_dtype(x.dtype)
-    neuron, params, init = lif_neuron(spec, leak, None, x, backend)
+    key, params, init = lif_neuron(neuron, leak, None, x)
     mean, invstd = stats
     backward_op = _backward_for(backend) if torch.compiler.is_compiling() else _backward_impl
     need_params = [bool(need_leak)] + [False] * (len(params) - 1)
     out = backward_op(
         grad_spikes.reshape(t_steps, n).contiguous(), [grad_state.reshape(n).to(cdt).contiguous()], _merged(x), None,
         x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
-        None if training else running_var, params, init, _inner(x, leak), neuron, backend, bool(training),
+        None if training else running_var, params, init, _inner(x, leak), key, backend, bool(training),
         float(eps), need_params, bool(need_affine), False,
     )  # fmt: skip
     grad_x, grad_w, grad_b = out[:3]

@@ -1,53 +1,20 @@
-"""What every backend shares: the flat spec tuple, compute dtypes, and the leak-per-neuron layout."""
+"""What every backend shares: compute dtypes, the leak-per-neuron layout, the checks of double backward and freed
+graphs."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import struct
-from typing import NamedTuple
 
 import torch
 
-from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, Triangle
 
-
-class SpecArgs(NamedTuple):
-    """:meth:`spikefuse.params.NeuronSpec.kernel_args` with names; the order is the kernels' argument order."""
-
-    dynamics: int
-    reset: int
-    charge: int
-    state_post_reset: int
-    fire_strict: int
-    detach_reset: int
-    surrogate_code: int
-    sg_p1: float
-    sg_p2: float
-    threshold: float
-    v_reset: float
-
-
-def unknown_surrogate(code: int) -> ValueError:
-    """The error of a surrogate code that :func:`surrogate_from_args` does not know."""
-    return ValueError(f"unknown surrogate code {code}: a spec tuple names the built-in surrogates only "
-                      "(spikefuse.surrogate.SURROGATES); pass a surrogate of your own as the object itself")
-
-
-def surrogate_from_args(spec: SpecArgs) -> Surrogate:
-    """Rebuild the surrogate object from its code and parameters (the inverse of ``Surrogate.params``)."""
-    code, p1, p2 = spec.surrogate_code, spec.sg_p1, spec.sg_p2
-    if code == Sigmoid.code:
-        return Sigmoid(p1)
-    if code == ATan.code:
-        return ATan(p1)
-    if code == Rectangle.code:
-        return Rectangle(width=2 * p1, height=p2)
-    if code == Triangle.code:
-        return Triangle(p1)
-    if code == FastSigmoid.code:
-        return FastSigmoid(p1)
-    raise unknown_surrogate(code)
+def finite(value) -> bool:
+    """``math.isfinite(value)`` for a real number, also while torch.compile traces it as a symbolic float: a module's
+    float option becomes one once a second module with another value compiles the same code, and ``math.isfinite``
+    cannot take it (a comparison can)."""
+    return abs(value) < math.inf
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

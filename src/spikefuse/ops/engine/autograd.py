@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..common import compute_dtype, keeps_graph, refuse_double_backward, saved_tensors
-from . import module, stream, stream_dtype
+from . import module, reference, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 
 def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
@@ -98,11 +98,9 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     grad_spikes, *grad_final = grads[: 1 + n_init]  # (none for the saved states)
     inner, model, surrogate, detach_reset, backend = ctx.args
     x2, *tensors = saved_tensors(ctx, f"the {OBJECTS[model].name} neurons")
-    # every backend's backward here is one call (the reference's too: autograd.grad on a detached loop)
     refuse_double_backward(f"the {OBJECTS[model].name} neurons ({backend!r} backend)",
-                           "the neuron engine computes first-order gradients only; spikefuse.lif and the LIF "
-                           "layers with backend='reference' run plain PyTorch ops, which autograd differentiates "
-                           "twice")  # fmt: skip
+                           "the fused kernels compute first-order gradients only; the layers with "
+                           "backend='reference' run plain PyTorch ops, which autograd differentiates twice")  # fmt: skip
     params, init = list(tensors[:n_params]), list(tensors[n_params : n_params + n_init])
     saved = list(tensors[n_params + n_init :])
     if grad_spikes is None:  # only the states were used
@@ -162,7 +160,12 @@ def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_re
            save: bool = False) -> list:  # fmt: skip
     """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
-    plain Function in eager mode."""
+    plain Function in eager mode; the reference (and a layer of no neurons) as its differentiable loop."""
+    if backend == "reference" or x2.shape[1] == 0:
+        # the oracle as plain differentiable ops, which autograd differentiates twice and torch.func transforms
+        spikes, final = reference.run(model, x2.to(compute_dtype(x2.dtype)), list(params), inner, list(init),
+                                      surrogate, bool(detach_reset))  # fmt: skip
+        return [spikes.to(x2.dtype), *final]
     model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
         out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),

@@ -1,5 +1,7 @@
 """The oracle of a :class:`~spikefuse.neurons.NeuronModel`: its step, evaluated as written on PyTorch tensors, in a
-serial loop over time, differentiated by autograd (the surrogate through :class:`spikefuse.ops.reference._Fire`).
+serial loop over time, differentiated by autograd (the spike through :class:`_Fire`, the surrogate derivative's
+Function). :func:`run` is what ``backend="reference"`` runs: plain ops, so double backward and torch.func transforms
+(grad, vmap, jacrev) work through it.
 
 Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T, N]`` in the compute dtype, or
 in float16 / bfloat16 for a backend with ``READS_HALF``, then also ``grad_spikes``;
@@ -25,19 +27,45 @@ import torch
 
 from ...neurons.model import RECURRENT_INPUT, WHERE
 from ...surrogate import Surrogate
-from ..reference import _Fire
 
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
 READS_HALF = False
+
+class _Fire(torch.autograd.Function):
+    """Heaviside of ``u`` (``u > 0`` for a strict model, else ``u >= 0``) forward, the surrogate derivative
+    backward, in torch ops with a separate ``setup_context`` so that torch.func can transform it."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(u: torch.Tensor, surrogate: Surrogate, strict: bool):
+        return (u > 0 if strict else u >= 0).to(u.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        u, surrogate, _ = inputs
+        ctx.save_for_backward(u)
+        ctx.surrogate = surrogate
+
+    @staticmethod
+    def backward(ctx, grad):
+        (u,) = ctx.saved_tensors
+        return grad * ctx.surrogate.derivative(u), None, None
+
 
 class _Where(torch.autograd.Function):
     """``where(s, a, b)`` of a step: ``a`` where the spike ``s`` is 1, else ``b``, selected exactly; differentiated
     as ``s*a + (1-s)*b`` (what the kernels' derivatives are)."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, s, a, b):
-        ctx.save_for_backward(s, a, b)
+    def forward(s, a, b):
         return torch.where(s != 0, a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, g):
@@ -63,6 +91,8 @@ def per_neuron(t: torch.Tensor, n: int, inner: int) -> torch.Tensor:
     c = t.numel()
     if c == 1:
         return t.expand(n)
+    if n == 0:  # a layer of no neurons (and maybe no channels)
+        return t[:0]
     return t.reshape(1, c, 1).expand(n // (c * inner), c, inner).reshape(n)
 
 
