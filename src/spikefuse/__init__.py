@@ -5,7 +5,8 @@ CPU (numba) and GPU (Triton), checked against a plain PyTorch reference.
 """
 
 from . import neurons, surrogate
-from .functional import batchnorm_lif, batchnorm_neuron, if_neuron, lif
+from .bn_functional import batchnorm_lif, batchnorm_neuron
+from .functional import if_neuron, lif
 from .neuron_functional import neuron
 from .recurrent_functional import recurrent
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit

@@ -1,7 +1,7 @@
 """``batchnorm_lif``: BatchNorm (plus an optional residual) fused with the LIF neuron, saving only the BN input (and
 the residual) for backward; ``batchnorm_neuron`` the same for any neuron of the engine.
 
-Re-exported as :func:`spikefuse.functional.batchnorm_lif` / ``batchnorm_neuron``; the op itself is
+Exported as :func:`spikefuse.batchnorm_lif` / ``batchnorm_neuron``; the op itself is
 :mod:`spikefuse.ops.bn_lif`.
 """
 
@@ -13,9 +13,8 @@ import torch
 
 from . import ops
 from .validation import (
-    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_lif,
+    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_lif, resolve_neuron,
 )  # fmt: skip
-from .neuron_functional import resolve_neuron
 from .neurons import NeuronModel
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid

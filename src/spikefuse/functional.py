@@ -1,4 +1,6 @@
-"""The public functions: validate, then dispatch to a backend. No arithmetic of the neuron lives here."""
+"""``spikefuse.lif`` and ``if_neuron``: validate, then dispatch to a backend. No arithmetic of the neuron lives here.
+Their siblings: :mod:`spikefuse.bn_functional` (BatchNorm fused with a neuron), :mod:`spikefuse.neuron_functional`
+(any neuron definition), :mod:`spikefuse.recurrent_functional` (recurrent layers)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import math
 import torch
 
 from . import ops
-from .bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
 from .neurons.lif import LIFNeuron
 from .ops.engine import autograd as _engine_autograd
 from .surrogate import Sigmoid
@@ -22,8 +23,7 @@ from .validation import (
     paper_lif,
 )
 
-__all__ = ["lif", "if_neuron", "channel_layout", "check_decay", "batchnorm_lif", "batchnorm_neuron",
-           "conv_batchnorm_lif"]
+__all__ = ["lif", "if_neuron", "run_lif"]
 
 
 def run_lif(x, decay, neuron: LIFNeuron, *, v_init=None, backend: str = "auto", memory: str = "potential"):

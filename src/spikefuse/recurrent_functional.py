@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from .neuron_functional import resolve_neuron
 from .neurons import NeuronModel
 from .ops.common import compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops.recurrent import current
 from .ops.recurrent.autograd import RecurrentFn
 from .surrogate import Surrogate
-from .validation import check_input, check_memory_mode
+from .validation import check_input, check_memory_mode, resolve_neuron
 
 __all__ = ["recurrent"]
 

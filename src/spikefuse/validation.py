@@ -1,6 +1,6 @@
-"""Input checks shared by the functional entry points (:mod:`spikefuse.functional`,
-:mod:`spikefuse.bn_functional`, :mod:`spikefuse.neuron_functional`) and the ``nn`` modules: one place for each
-message, and no import between the entry points themselves."""
+"""Input checks shared by the functional entry points (:mod:`spikefuse.functional`, :mod:`spikefuse.bn_functional`,
+:mod:`spikefuse.neuron_functional`, :mod:`spikefuse.recurrent_functional`) and the ``nn`` modules: one place for each
+message, beneath the entry points, which do not import each other."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import numbers
 import torch
 
 from .neurons.lif import LIF_MODELS, LIFNeuron
+from .neurons.model import NeuronModel
+from .ops import resolve_backend
 from .ops.common import compute_dtype, finite, in_compute_dtype
+from .ops.engine import DTYPES as ENGINE_DTYPES
 from .surrogate import resolve
 
 __all__ = ["channel_layout", "check_input", "check_v_init", "checks_values", "leak_tensor", "check_finite", "check_decay",
-           "check_no_functorch", "check_memory_mode", "paper_lif", "MEMORY_MODES"]
+           "check_no_functorch", "check_memory_mode", "paper_lif", "resolve_neuron", "MEMORY_MODES"]
 
 #: ``memory=`` of the neuron layers: keep every step's states for backward, or only the input and recompute them.
 MEMORY_MODES = ("potential", "recompute")
@@ -148,3 +151,63 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset) -> LIFNeuron:
     return LIFNeuron(LIF_MODELS[("paper", "hard" if hard else "soft")], threshold=float(threshold),
                      v_reset=float(v_reset) if hard else 0.0, hard_reset=hard, surrogate=resolve(surrogate),
                      detach_reset=bool(detach_reset))
+
+
+def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
+    """A parameter as ``[1]`` or ``[C]`` (per channel) in x's dtype, differentiable when it is a tensor: the checks
+    and conversion of LIF's leak, then the channel layout."""
+    tensor = leak_tensor(value, x, f"{model.name}: {name}")
+    channel_layout(x.shape, tensor.numel())
+    return tensor
+
+
+def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backend: str, params: dict) -> tuple:
+    """The checks of :func:`neuron`'s neuron arguments for the input ``x`` (already checked by ``check_input``);
+    returns ``(concrete backend, surrogate, parameter tensors, inner, initial states)`` as the engine takes them:
+    parameters ``[1]`` or ``[C]`` with ``inner`` neurons per channel run, initial states ``[N]`` or ``[1]`` (the
+    model's initial value, shared by every neuron)."""
+    if not isinstance(model, NeuronModel):
+        raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
+    if x.dtype not in ENGINE_DTYPES:
+        raise TypeError(f"{model.name} neurons run in float32, float64, float16 or bfloat16, got x of {x.dtype}: "
+                        "cast x first")
+    concrete = resolve_backend(backend, x.device)
+    if concrete != "reference":
+        check_no_functorch(f"the fused {model.name} kernels")
+    surrogate = resolve(surrogate)
+    unknown = set(params) - set(model.params)
+    if unknown:
+        raise TypeError(f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: "
+                        f"{', '.join(model.params)}")
+    defaults = dict(model.defaults)
+    missing = [p for p in model.params if p not in params and p not in defaults]
+    if missing:
+        raise TypeError(f"{model.name} needs the parameter {missing[0]!r} (no default)")
+    tensors = [_param_tensor(model, p, params.get(p, defaults.get(p)), x) for p in model.params]
+    channels = {t.numel() for t in tensors if t.numel() > 1}
+    if len(channels) > 1:
+        raise ValueError(f"{model.name}: per-channel parameters must have one length, got {sorted(channels)}")
+    inner = channel_layout(x.shape, channels.pop()) if channels else 1
+    trailing, cdt = x.shape[1:], compute_dtype(x.dtype)
+    if state is None:
+        init = [torch.full((1,), model.initial_value(k), dtype=cdt, device=x.device) for k in model.states]
+    else:
+        if isinstance(state, dict):
+            missing = [k for k in model.states if k not in state]
+            if missing or set(state) - set(model.states):
+                raise ValueError(f"{model.name}: state must hold exactly {', '.join(model.states)}, "
+                                 f"got {sorted(state)}")
+            state = [state[k] for k in model.states]
+        if not isinstance(state, (tuple, list)) or len(state) != len(model.states):
+            raise ValueError(f"{model.name}: state must be a tuple of {len(model.states)} tensors "
+                             f"({', '.join(model.states)}) or a dict, got {type(state).__name__}")  # fmt: skip
+        init = []
+        for k, v in zip(model.states, state):
+            if not isinstance(v, torch.Tensor) or v.shape != trailing:
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} "
+                                 f"(x.shape[1:]), got {got}")
+            if v.device != x.device:
+                raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
+            init.append(v.reshape(-1).to(cdt).contiguous())
+    return concrete, surrogate, tensors, inner, init

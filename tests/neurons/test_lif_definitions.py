@@ -43,11 +43,12 @@ def _close(a, b, what):
     assert err <= 1e-5 * scale, f"{what}: max abs diff {err:.3g}, scale {scale:.3g}"
 
 
-@pytest.mark.parametrize("engine_backend", ["cpu", "reference"])
 @pytest.mark.parametrize("detach", [False, True], ids=["reset-grad", "detach-reset"])
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(c))
-def test_engine_lif_equals_the_spec_reference(case, detach, engine_backend):
-    _check(case, detach, False, engine_backend)
+def test_engine_lif_equals_the_spec_reference(case, detach):
+    """The engine's reference of every definition (``tests/ops/test_cpu.py`` runs every form's fused CPU kernels
+    against the spec's loop, ``tests/test_functional.py`` the Triton kernels)."""
+    _check(case, detach, False, "reference")
 
 
 @pytest.mark.parametrize("case", [("paper", "hard"), ("snntorch", "soft"), ("spikingjelly", "hard", "mul_input")],

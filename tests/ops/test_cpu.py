@@ -50,15 +50,23 @@ SPECS = spec_params()
 def _api_cases() -> list:
     """``(spec, per_channel, dtype)`` of the runner's tests. The LIF forms run on the neuron engine, whose kernels are
     generated and compiled per (definition, surrogate type, dtype) and again for a per-channel leak: every form with
-    the sigmoid surrogate, by turns with a scalar leak in float32 and a per-channel one in float64, so that each
-    family (the paper's, snnTorch's, SpikingJelly's) runs both (``test_lif_matches_reference`` runs every
-    surrogate, ``tests/neurons/test_engine.py`` the engine's kernels over its models, surrogates and dtypes)."""
-    ways = [(False, torch.float32, "scalar-f32"), (True, torch.float64, "channel-f64")]
-    forms = [case for case in SPECS if isinstance(case.values[0].surrogate, Sigmoid)]
-    return [pytest.param(case.values[0], *ways[i % 2][:2], id=f"{case.id}-{ways[i % 2][2]}")
-            for i, case in enumerate(forms)]  # fmt: skip
+    the sigmoid surrogate and a per-channel leak in float64 (the kernels ``test_gradcheck_state_detached_reset``
+    runs too), ``detach_reset`` by turns; and one form of each family (the paper's, snnTorch's, SpikingJelly's) with
+    a scalar leak in float32. Every form runs in float32 in ``test_potential_exactly_at_the_threshold``; every
+    surrogate in ``test_lif_matches_reference``; ``tests/neurons/test_engine.py`` tests the engine's kernels over
+    its models, surrogates and dtypes."""
+    cases = []
+    for i, combo in enumerate(dynamics_combos()):
+        spec = make_spec(*combo, Sigmoid(3.0), i % 2 == 1, variant=i)
+        cases.append(pytest.param(spec, True, torch.float64, id=f"{spec_id(spec)}-channel-f64"))
+        if combo[:3] in _FAMILY_FORMS:
+            spec = make_spec(*combo, Sigmoid(3.0), False, variant=i + 1)
+            cases.append(pytest.param(spec, False, torch.float32, id=f"{spec_id(spec)}-scalar-f32"))
+    return cases
 
 
+_FAMILY_FORMS = {(P.PAPER, P.HARD, P.CHARGE_MUL), (P.SNNTORCH, P.SOFT, P.CHARGE_MUL),
+                 (P.SPIKINGJELLY, P.HARD, P.CHARGE_DIV_INPUT)}  # fmt: skip
 API_CASES = _api_cases()
 
 
@@ -151,15 +159,18 @@ def _combo_id(combo) -> str:
     return spec_id(make_spec(*combo, Sigmoid(), False)).removesuffix("-sigmoid")
 
 
-def _combo_cases(second: dict, jelly: list) -> list:
-    """``(combo, value)`` params over :func:`dynamics_combos` and the values of ``second`` (value -> id): every
-    value for the paper's and snnTorch's LIF, the ``jelly`` ones for SpikingJelly's ten forms (each a definition of
-    its own on the engine, compiled per dtype and leak layout; the engine's tests cover the rest)."""
-    return [pytest.param(c, value, id=f"{_combo_id(c)}-{name}") for c in dynamics_combos()
-            for value, name in second.items() if c[0] != P.SPIKINGJELLY or value in jelly]  # fmt: skip
+def _combo_cases(values: dict, jelly: list, paper_hard: dict | None = None) -> list:
+    """``(combo, value)`` params over :func:`dynamics_combos` and ``values`` (value -> id): every value for the
+    paper's and snnTorch's LIF, the ``jelly`` ones for SpikingJelly's ten forms (each a definition of its own on the
+    engine, compiled per dtype and leak layout; the engine's tests cover the rest), and ``paper_hard``'s values
+    for the paper's hard reset besides."""
+    cases = [pytest.param(c, value, id=f"{_combo_id(c)}-{name}") for c in dynamics_combos()
+             for value, name in values.items() if c[0] != P.SPIKINGJELLY or value in jelly]  # fmt: skip
+    hard = next(c for c in dynamics_combos() if c[:2] == (P.PAPER, P.HARD))
+    return cases + [pytest.param(hard, value, id=f"{_combo_id(hard)}-{name}") for value, name in (paper_hard or {}).items()]
 
 
-@pytest.mark.parametrize("combo, per_channel", _combo_cases({False: "scalar", True: "channel"}, [True]))
+@pytest.mark.parametrize("combo, per_channel", _combo_cases({True: "channel"}, [True], {False: "scalar"}))
 def test_gradcheck_state_detached_reset(combo, per_channel):
     spec = make_spec(*combo, Sigmoid(), True, variant=1)
     x, leak, v = make_inputs((4, 2, 3), spec, torch.float64, 7, per_channel=per_channel, margin=1e-2)
@@ -189,7 +200,7 @@ def test_surrogate_formula_on_grid(surrogate, dtype):
     torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-11, atol=1e-30)
 
 
-@pytest.mark.parametrize("combo, dtype", _combo_cases({torch.float32: "f32", torch.float64: "f64"}, [torch.float32]))
+@pytest.mark.parametrize("combo, dtype", _combo_cases({torch.float32: "f32"}, [torch.float32], {torch.float64: "f64"}))
 def test_potential_exactly_at_the_threshold(combo, dtype):
     """Ties: the kernels fire by one comparison with a precomputed threshold (nextafter for snnTorch's ``>``).
     Potentials exactly at the threshold and one ulp either side -- at t = 0 (``h = x`` for the paper / snnTorch

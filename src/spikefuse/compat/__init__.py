@@ -1,7 +1,8 @@
 """Drop-in replacements for the neuron modules of the peer libraries, backed by spikefuse's fused kernels.
 
 - :mod:`spikefuse.compat.spikingjelly`: ``LIFNode``, ``ParametricLIFNode``, ``IFNode`` (SpikingJelly 2.0)
-- :mod:`spikefuse.compat.snntorch`: ``Leaky`` (snnTorch 1.0)
+- :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic`` (snnTorch 1.0)
+- :mod:`spikefuse.compat.norse`: ``LIFRecurrent``, ``LSNNRecurrent`` and Norse's neurons as definitions (Norse 1.1)
 
 Each layer reproduces the peer's spikes and membrane potentials bit for bit in float32 (the definitions of
 :mod:`spikefuse.neurons` keep the peers' order of floating-point operations) and its gradients up to rounding.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["spikingjelly", "snntorch"]
+__all__ = ["spikingjelly", "snntorch", "norse"]
 
 
 def __getattr__(name: str):

@@ -103,6 +103,7 @@ MEMORY_FORMS = ("fused", "lean")
 
 
 def model_names() -> list[str]:
+    """The names :func:`build_model` takes."""
     return list(MODELS)
 
 

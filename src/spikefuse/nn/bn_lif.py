@@ -128,7 +128,7 @@ class BatchNormLIF2d(_BatchNormLIF):
 class ConvBatchNormLIF(torch.nn.Module):
     """``conv`` (an ``nn.Conv1d/2d/3d`` over ``[T, B, C, ...]``, T*B merged) then ``bn_lif`` (a
     :class:`BatchNormLIF1d`/``2d``), in one call whose backward recomputes the convolution's output instead of
-    keeping it (:func:`spikefuse.functional.conv_batchnorm_lif`): it keeps only the convolution's input, which the
+    keeping it (:func:`spikefuse.bn_functional.conv_batchnorm_lif`): it keeps only the convolution's input, which the
     convolution's weight gradient needs anyway. Same spikes, gradients and running statistics as
     ``bn_lif(SeqToBatch(conv)(x))``. Meant for a convolution that reads real values, e.g. the first layer on
     images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.nn.lean`).

@@ -274,30 +274,29 @@ class _SpikeConvNd:
         return y.unflatten(0, x.shape[:2])
 
 
-_CONV_DOC = """:class:`torch.nn.Conv{d}d` on multi-step spikes ``[T, B, C, {dims}]`` (time merged into the batch) that
-    saves its input for backward as bits (32x less memory than float32).
+class SpikeConv1d(_SpikeConvNd, nn.Conv1d):
+    """:class:`SpikeConv2d` in one dimension: :class:`torch.nn.Conv1d` on multi-step spikes ``[T, B, C, L]`` that
+    saves its input for backward as bits; the input must be binary (0/1)."""
+    forward = _SpikeConvNd.forward
 
-    Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Conv{d}d` (a pretrained state dict loads);
+
+class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
+    """:class:`torch.nn.Conv2d` on multi-step spikes ``[T, B, C, H, W]`` (time merged into the batch) that saves its
+    input for backward as bits (32x less memory than float32).
+
+    Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Conv2d` (a pretrained state dict loads);
     output and gradients are bit-identical to it on the same input. **The input must be binary (0/1) in the
     layer's dtype**: it is checked only in debug mode (:func:`set_debug`, ``SPIKEFUSE_DEBUG=1``); without it a
     non-binary input silently gives a wrong weight gradient (every nonzero element counts as 1).
     With ``padding_mode`` other than ``'zeros'`` the padded input is made again in backward from the bits.
     See :mod:`spikefuse.nn.spike_layers`.
     """
-
-
-class SpikeConv1d(_SpikeConvNd, nn.Conv1d):
-    __doc__ = _CONV_DOC.format(d=1, dims="L")
-    forward = _SpikeConvNd.forward
-
-
-class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
-    __doc__ = _CONV_DOC.format(d=2, dims="H, W")
     forward = _SpikeConvNd.forward
 
 
 class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
-    __doc__ = _CONV_DOC.format(d=3, dims="D, H, W")
+    """:class:`SpikeConv2d` in three dimensions: :class:`torch.nn.Conv3d` on multi-step spikes ``[T, B, C, D, H,
+    W]`` that saves its input for backward as bits; the input must be binary (0/1)."""
     forward = _SpikeConvNd.forward
 
 
@@ -374,30 +373,28 @@ class _SpikeMaxPoolNd:
         return _SpikeMaxPoolFn.apply(x, type(self)._pool, args)
 
 
-_POOL_DOC = """:class:`torch.nn.MaxPool{d}d` on spikes that saves its input for backward as bits and no indices.
-
-    torch's layer keeps its input and the int64 index of every maximum (together 3x a float32 input); this one
-    keeps 1 bit per input element and finds torch's indices again from the bits in backward (numba kernels on a
-    contiguous float32/float64 CPU input, torch's own pooling of the unpacked input elsewhere). Same arguments
-    (except ``return_indices``), output and gradients as :class:`torch.nn.MaxPool{d}d`; like it, it takes
-    ``[N, C, {dims}]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
-    binary (0/1)**, as for :class:`SpikeConv{d}d`: checked only in debug mode.
-    """
-
-
 class SpikeMaxPool1d(_SpikeMaxPoolNd, nn.MaxPool1d):
-    __doc__ = _POOL_DOC.format(d=1, dims="L")
+    """:class:`SpikeMaxPool2d` in one dimension (``[N, C, L]``): saves its binary input as bits and no indices."""
     _pool = staticmethod(F.max_pool1d)
     forward = _SpikeMaxPoolNd.forward
 
 
 class SpikeMaxPool2d(_SpikeMaxPoolNd, nn.MaxPool2d):
-    __doc__ = _POOL_DOC.format(d=2, dims="H, W")
+    """:class:`torch.nn.MaxPool2d` on spikes that saves its input for backward as bits and no indices.
+
+    torch's layer keeps its input and the int64 index of every maximum (together 3x a float32 input); this one
+    keeps 1 bit per input element and finds torch's indices again from the bits in backward (numba kernels on a
+    contiguous float32/float64 CPU input, torch's own pooling of the unpacked input elsewhere). Same arguments
+    (except ``return_indices``), output and gradients as :class:`torch.nn.MaxPool2d`; like it, it takes
+    ``[N, C, H, W]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
+    binary (0/1)**, as for :class:`SpikeConv2d`: checked only in debug mode.
+    """
     _pool = staticmethod(F.max_pool2d)
     forward = _SpikeMaxPoolNd.forward
 
 
 class SpikeMaxPool3d(_SpikeMaxPoolNd, nn.MaxPool3d):
-    __doc__ = _POOL_DOC.format(d=3, dims="D, H, W")
+    """:class:`SpikeMaxPool2d` in three dimensions (``[N, C, D, H, W]``): saves its binary input as bits and no
+    indices."""
     _pool = staticmethod(F.max_pool3d)
     forward = _SpikeMaxPoolNd.forward

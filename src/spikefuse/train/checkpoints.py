@@ -153,6 +153,8 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint written by ``spikefuse train``, read without unpickling code (``torch.load(weights_only=True)``)
+    and checked for its version and fields; a missing, corrupt or foreign file raises an error that says which."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no checkpoint at {path}")

@@ -79,6 +79,7 @@ def write_metrics(path: Path, history: list[dict]) -> None:
 
 
 def plot_curves(path: Path, history: list[dict], title: str = "") -> None:
+    """Plot the loss and accuracy curves of ``history`` (the rows of ``metrics.csv``) into the image ``path``."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
