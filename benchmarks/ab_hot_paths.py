@@ -100,12 +100,19 @@ def main() -> None:
         old = statistics.median(x[case] for x in results["old"])
         new = statistics.median(x[case] for x in results["new"])
         rows.append(f"| {case} | {old:.3f} | {new:.3f} | {new / old:.3f} |")
-    text = "\n".join([
-        f"# Hot paths, two checkouts side by side ({cpu_name()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()})", "",
-        f"Command: `python benchmarks/ab_hot_paths.py {args.old_src} {args.new_src} --rounds {args.rounds}`", "",
-        "| case | old | new | new / old |", "|---|---|---|---|", *rows, "",
-    ])
+    text = "\n".join(
+        [
+            f"# Hot paths, two checkouts side by side ({cpu_name()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()})",
+            "",
+            f"Command: `python benchmarks/ab_hot_paths.py {args.old_src} {args.new_src} --rounds {args.rounds}`",
+            "",
+            "| case | old | new | new / old |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
     print(text)
     if args.out:
         with open(args.out, "w") as f:

@@ -31,7 +31,6 @@ from spikefuse.ops.engine import triton as engine_triton  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
 
 
-
 def variant(model, stages: int | None):
     """The generator's kernel module for ``model``, its time loops pipelined over ``stages`` (None: as generated)."""
     source = engine_triton.kernel_source(model, Sigmoid, torch.float32)
@@ -50,13 +49,14 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "/tmp"))
     torch.manual_seed(0)
     big = torch.empty(1 << 28, device="cuda")
-    copy_s = do_bench(lambda: big.clone(), return_mode="median") / 1e3
+    copy_s = do_bench(big.clone, return_mode="median") / 1e3
     bandwidth = 2 * big.nbytes / copy_s
     del big
     rows = []
-    cases = [(LIF_MODELS[("paper", "hard")], {"decay": 0.8, "threshold": 0.5, "v_reset": 0.0}, n)
-             for n in (1_000_000, 16_000_000)] + [(ALIF_MODEL, {"decay": 0.9, "rho": 0.95, "b0": 0.5, "beta": 0.2},
-                                                   16_000_000)]  # fmt: skip
+    cases = [
+        (LIF_MODELS[("paper", "hard")], {"decay": 0.8, "threshold": 0.5, "v_reset": 0.0}, n)
+        for n in (1_000_000, 16_000_000)
+    ] + [(ALIF_MODEL, {"decay": 0.9, "rho": 0.95, "b0": 0.5, "beta": 0.2}, 16_000_000)]
     original = (engine_triton.kernels, engine_triton.engine_block, dict(engine_triton.COMPILE_OPTIONS))
     for model, values, n in cases:
         t_steps = 32
@@ -94,18 +94,47 @@ def main() -> None:
                 engine_triton.COMPILE_OPTIONS.update(original[2])
             floor_f = 8 * t_steps * n / bandwidth
             floor_b = 12 * t_steps * n / bandwidth
-            rows.append([model.name, f"{n:,}", block, warps, stages or "-", round(fwd * 1e3, 3), round(fwd and floor_f / fwd, 3),
-                         round(bwd * 1e3, 3), round(floor_b / bwd, 3), same])  # fmt: skip
+            rows.append(
+                [
+                    model.name,
+                    f"{n:,}",
+                    block,
+                    warps,
+                    stages or "-",
+                    round(fwd * 1e3, 3),
+                    round(fwd and floor_f / fwd, 3),
+                    round(bwd * 1e3, 3),
+                    round(floor_b / bwd, 3),
+                    same,
+                ]
+            )
         default = engine_triton.engine_block(n, len(model.states), torch.float32)
-        print(f"{model.name} N={n:,}: the generator's own configuration is BLOCK={default}, "
-              f"warps={engine_triton.NUM_WARPS}, plain loops")
-    header = ["model", "N", "BLOCK", "warps", "stages", "fwd ms", "fwd floor fraction", "bwd ms",
-              "bwd floor fraction", "same results"]
-    lines = [f"# Triton engine kernels: launch configuration sweep, T=32, fp32 ({torch.cuda.get_device_name()})", "",
-             f"Triton {triton.__version__}, torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s. "
-             "Command: `OUT=... python3 benchmarks/gpu_tune_engine.py`. Floors: forward 8, backward 12 bytes per "
-             "neuron-step (memory='recompute').", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
+        print(
+            f"{model.name} N={n:,}: the generator's own configuration is BLOCK={default}, "
+            f"warps={engine_triton.NUM_WARPS}, plain loops"
+        )
+    header = [
+        "model",
+        "N",
+        "BLOCK",
+        "warps",
+        "stages",
+        "fwd ms",
+        "fwd floor fraction",
+        "bwd ms",
+        "bwd floor fraction",
+        "same results",
+    ]
+    lines = [
+        f"# Triton engine kernels: launch configuration sweep, T=32, fp32 ({torch.cuda.get_device_name()})",
+        "",
+        f"Triton {triton.__version__}, torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s. "
+        "Command: `OUT=... python3 benchmarks/gpu_tune_engine.py`. Floors: forward 8, backward 12 bytes per "
+        "neuron-step (memory='recompute').",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
     (out / "gpu_tune_engine.md").write_text(text)

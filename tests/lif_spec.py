@@ -127,7 +127,7 @@ def leak_layout(x: torch.Tensor, leak) -> tuple[torch.Tensor, int]:
     if k.numel() == 1:
         return k, 1
     dim = 2 if x.ndim >= 3 else 1
-    return k, math.prod(x.shape[dim + 1:])
+    return k, math.prod(x.shape[dim + 1 :])
 
 
 def run(x, leak, spec: NeuronSpec, *, v_init=None, backend: str = "spec", memory: str = "potential"):
@@ -139,7 +139,10 @@ def run(x, leak, spec: NeuronSpec, *, v_init=None, backend: str = "spec", memory
     if isinstance(leak, torch.Tensor):
         k = leak.reshape(-1).to(compute_dtype(x.dtype))
     n = math.prod(x.shape[1:])
-    v0 = (torch.full((1,), spec.v_reset if spec.reset == HARD else 0.0, dtype=compute_dtype(x.dtype))
-          if v_init is None else v_init.reshape(n))
+    v0 = (
+        torch.full((1,), spec.v_reset if spec.reset == HARD else 0.0, dtype=compute_dtype(x.dtype))
+        if v_init is None
+        else v_init.reshape(n)
+    )
     spikes, state, _ = loop(x.reshape(x.shape[0], n), k, inner, v0, spec)
     return spikes.reshape(x.shape), state.reshape(x.shape[1:])

@@ -19,9 +19,21 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PUBLIC_MODULES = ["spikefuse", "spikefuse.nn", "spikefuse.neurons", "spikefuse.surrogate", "spikefuse.models",
-                  "spikefuse.data", "spikefuse.nir", "spikefuse.distributed", "spikefuse.train", "spikefuse.compat",
-                  "spikefuse.compat.spikingjelly", "spikefuse.compat.snntorch", "spikefuse.compat.norse"]
+PUBLIC_MODULES = [
+    "spikefuse",
+    "spikefuse.nn",
+    "spikefuse.neurons",
+    "spikefuse.surrogate",
+    "spikefuse.models",
+    "spikefuse.data",
+    "spikefuse.nir",
+    "spikefuse.distributed",
+    "spikefuse.train",
+    "spikefuse.compat",
+    "spikefuse.compat.spikingjelly",
+    "spikefuse.compat.snntorch",
+    "spikefuse.compat.norse",
+]
 
 
 def _rendered() -> dict[str, set | None]:
@@ -65,8 +77,9 @@ def test_every_public_name_is_in_the_api_reference(module_name):
         obj = getattr(module, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
             owner = obj.__module__
-            shown = any(mod in rendered and (rendered[mod] is None or name in rendered[mod])
-                        for mod in (owner, module_name))  # fmt: skip
+            shown = any(
+                mod in rendered and (rendered[mod] is None or name in rendered[mod]) for mod in (owner, module_name)
+            )
             path = inspect.getsourcefile(inspect.unwrap(obj))  # a decorated function's own file
             if not (shown and _has_source_docstring(path, obj.__name__)):
                 missing.append(f"{name} ({owner}{'' if shown else ', module not rendered'})")

@@ -6,8 +6,21 @@ import pytest
 
 from spikefuse.cli import main
 
-TINY = ["--T", "2", "--epochs", "1", "--batch-size", "16", "--train-subset", "32", "--test-subset", "16",
-        "--neuron-backend", "reference", "--no-progress"]
+TINY = [
+    "--T",
+    "2",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--train-subset",
+    "32",
+    "--test-subset",
+    "16",
+    "--neuron-backend",
+    "reference",
+    "--no-progress",
+]
 
 
 @pytest.mark.parametrize(
@@ -40,7 +53,9 @@ def test_no_command_and_bench_without_benchmark(capsys):
 
 
 def test_data_error_is_reported_without_traceback(tmp_path, capsys):
-    code = main(["train", "--dataset", "mnist", "--data-dir", str(tmp_path / "missing"), "--out", str(tmp_path / "run"), *TINY])
+    code = main(
+        ["train", "--dataset", "mnist", "--data-dir", str(tmp_path / "missing"), "--out", str(tmp_path / "run"), *TINY]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("spikefuse: error:") and "mnist" in err
@@ -76,9 +91,29 @@ def test_train_then_eval(tmp_path, capsys, memory):
 
 @pytest.mark.skipif(importlib.util.find_spec("spikingjelly") is None, reason="SpikingJelly not installed")
 def test_bench_train_quick(tmp_path, capsys):
-    code = main(["bench", "train", "--quick", "--model", "resnet-tiny", "--datasets", "digits", "--T", "2",
-                 "--train-subset", "16", "--test-subset", "16", "--neuron-backend", "reference",
-                 "--results-dir", str(tmp_path), "--runs-dir", str(tmp_path / "runs")])
+    code = main(
+        [
+            "bench",
+            "train",
+            "--quick",
+            "--model",
+            "resnet-tiny",
+            "--datasets",
+            "digits",
+            "--T",
+            "2",
+            "--train-subset",
+            "16",
+            "--test-subset",
+            "16",
+            "--neuron-backend",
+            "reference",
+            "--results-dir",
+            str(tmp_path),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code == 0
     md = (tmp_path / "bench-train-digits-quick.md").read_text()
     assert "spikefuse LIF (reference)" in md and "SpikingJelly 2.0 LIFNode" in md
@@ -110,19 +145,30 @@ def _broken_checkpoints(src, folder):
     [
         (["train", "--out", "{tmp}/afile", *TINY], "is a file, not a folder"),
         (["train", "--out", "{tmp}/afile/sub", *TINY], "cannot write to --out .*Not a directory"),
-        (["train", "--out", "{tmp}/r", *TINY[:-3], "--neuron-backend", "triton", "--no-progress"],
-         "--neuron-backend triton cannot run on --device cpu: .*TRITON_INTERPRET=1"),
+        (
+            ["train", "--out", "{tmp}/r", *TINY[:-3], "--neuron-backend", "triton", "--no-progress"],
+            "--neuron-backend triton cannot run on --device cpu: .*TRITON_INTERPRET=1",
+        ),
         (["train", "--out", "{tmp}/r", "--image-size", "1", *TINY], "digits: size must be >= 2, got 1"),
-        (["train", "--out", "{tmp}/r", "--dataset", "digits-events", "--encoding", "poisson", *TINY],
-         "--encoding poisson encodes static images; digits-events is event data"),
+        (
+            ["train", "--out", "{tmp}/r", "--dataset", "digits-events", "--encoding", "poisson", *TINY],
+            "--encoding poisson encodes static images; digits-events is event data",
+        ),
         (["train", "--out", "{tmp}/r", "--lr", "1e308", *TINY], "training diverged: the training loss is nan"),
         (["train", "--out", "{trained}", *TINY], "holds an earlier run .*--resume.*--overwrite"),
-        (["train", "--out", "{trained}", "--resume", "--memory", "lean", *TINY],
-         "cannot resume: .*memory: checkpoint 'fused', now 'lean'"),
-        (["train", "--out", "{tmp}/r", "--memory", "lean", "--neurons", "spikingjelly", *TINY],
-         "--memory lean fuses BatchNorm with spikefuse's neurons"),
+        (
+            ["train", "--out", "{trained}", "--resume", "--memory", "lean", *TINY],
+            "cannot resume: .*memory: checkpoint 'fused', now 'lean'",
+        ),
+        (
+            ["train", "--out", "{tmp}/r", "--memory", "lean", "--neurons", "spikingjelly", *TINY],
+            "--memory lean fuses BatchNorm with spikefuse's neurons",
+        ),
         (["eval", "--checkpoint", "{tmp}/nomodel.pt"], "is incomplete: it lacks 'model'"),
-        (["eval", "--checkpoint", "{tmp}/badweights.pt"], "do not fit the model 'resnet-tiny' of its config: size mismatch"),
+        (
+            ["eval", "--checkpoint", "{tmp}/badweights.pt"],
+            "do not fit the model 'resnet-tiny' of its config: size mismatch",
+        ),
         (["eval", "--checkpoint", "{tmp}/empty.pt"], "the file is empty"),
     ],
 )
@@ -161,8 +207,13 @@ def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, s
     argv[argv.index("--epochs") + 1] = "50"
     # Default dispositions, as a terminal gives them: an ignored SIGINT (which earlier tests of a session may leave)
     # would be inherited, and a process started with SIGINT ignored rightly ignores Ctrl-C.
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out / "metrics.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -172,8 +223,10 @@ def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, s
     finally:
         proc.kill()
     assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == f"spikefuse: {word}{' (SIGTERM)' if code == 143 else ''}; files already " \
-                                           "written are intact"
+    assert (
+        err.strip().splitlines()[-1] == f"spikefuse: {word}{' (SIGTERM)' if code == 143 else ''}; files already "
+        "written are intact"
+    )
     ckpt = load_checkpoint(out / "checkpoint.pt")
     with open(out / "metrics.csv") as f:
         rows = f.read().splitlines()[1:]

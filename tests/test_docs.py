@@ -65,8 +65,15 @@ def code_blocks(text: str) -> list[tuple[str, str, int, str | None, str | None]]
         if j == len(lines):
             raise ValueError(f"line {i + 1}: unclosed code block")
         script = _SCRIPT.search(opening["info"])
-        blocks.append((opening["lang"], "\n".join(body) + "\n", i + 2, needs["path"] if needs else None,
-                       script["name"] if script else None))
+        blocks.append(
+            (
+                opening["lang"],
+                "\n".join(body) + "\n",
+                i + 2,
+                needs["path"] if needs else None,
+                script["name"] if script else None,
+            )
+        )
         i = j + 1
     return blocks
 
@@ -127,7 +134,9 @@ def test_code_blocks_parser():
     )
     blocks = code_blocks(text)
     assert [(b[0], b[2], b[3], b[4]) for b in blocks] == [
-        ("python", 3, None, None), ("bash", 7, "../shared/data/mnist", None), ("console", 14, None, None),
+        ("python", 3, None, None),
+        ("bash", 7, "../shared/data/mnist", None),
+        ("console", 14, None, None),
         ("python", 17, None, "demo.py"),
     ]
     assert commands(blocks[1][1]) == [["spikefuse", "train", "--epochs", "1"]]

@@ -192,12 +192,15 @@ def test_torch_func_over_fused_kernels_raises_and_reference_works():
 # The public API on backend="triton" (Triton's interpreter on the CPU, or the GPU with SPIKEFUSE_TEST_TRITON=cuda)
 # against the reference: the kernels generated from the LIF definitions of spikefuse.neurons.lif
 
+
 def _api_specs():
     """Every dynamics x reset x charge combination of the LIF spec, surrogates cycled, detach_reset alternating."""
     from tests.ops.cases import SURROGATES, dynamics_combos, make_spec, spec_id
 
-    specs = [make_spec(*combo, SURROGATES[i % len(SURROGATES)], i % 2 == 1, variant=i)
-             for i, combo in enumerate(dynamics_combos())]  # fmt: skip
+    specs = [
+        make_spec(*combo, SURROGATES[i % len(SURROGATES)], i % 2 == 1, variant=i)
+        for i, combo in enumerate(dynamics_combos())
+    ]
     return [pytest.param(spec, id=spec_id(spec)) for spec in specs]
 
 
@@ -247,12 +250,16 @@ def test_triton_backend_learnable_decay_v_init_and_continuation(memory):
     _triton_against_reference(API_SPECS[0].values[0], memory, (6, 2, 3, 4), 3, chained=True)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (5, 1), (3, 1, 1, 1), (2, 3, 1, 5, 2), (1, 300), (3, 5, 7)],
-                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1), (1, 7), (5, 1), (3, 1, 1, 1), (2, 3, 1, 5, 2), (1, 300), (3, 5, 7)],
+    ids=lambda s: "x".join(map(str, s)),
+)
 def test_triton_backend_odd_shapes(shape):
     """T=1, N=1, unit and trailing dims; a per-channel decay wherever the rank allows more than one channel."""
-    _triton_against_reference(API_SPECS[7].values[0], "recompute", shape, len(shape), chained=False,
-                              per_channel=len(shape) > 2)
+    _triton_against_reference(
+        API_SPECS[7].values[0], "recompute", shape, len(shape), chained=False, per_channel=len(shape) > 2
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -287,8 +294,11 @@ def test_a_backend_whose_compiler_is_missing_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
     for name in ("spikefuse.ops.engine.cpu", "spikefuse.ops.numba_common", "spikefuse.ops.batchnorm_cpu"):
         monkeypatch.delitem(sys.modules, name, raising=False)  # restored afterwards
-    with pytest.raises(RuntimeError, match=r"backend='cpu' cannot run: .*numba.*pip install numba. or pick "
-                                           r"backend='reference'"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"backend='cpu' cannot run: .*numba.*pip install numba. or pick "
+        r"backend='reference'",
+    ):
         engine.module("cpu")
 
 

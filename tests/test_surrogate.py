@@ -33,7 +33,7 @@ class Gaussian(Surrogate):
 
     @staticmethod
     def sympy_derivative(u, p1, p2):
-        return sympy.exp(-(u / p1) ** 2 / 2) / (p1 * sympy.sqrt(2 * sympy.pi))
+        return sympy.exp(-((u / p1) ** 2) / 2) / (p1 * sympy.sqrt(2 * sympy.pi))
 
 
 def test_resolve_keeps_a_surrogate_of_the_users():
@@ -47,8 +47,9 @@ def test_formula_on_a_grid(backend, dtype):
     """T=1, no reset, zero initial state: grad_x = surrogate'(x - threshold), the definition's formula."""
     u = torch.linspace(-2, 2, 401, dtype=torch.float64)
     x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()
-    spikes = spikefuse.neuron(x, LIF_MODELS[("paper", "none")], surrogate=Gaussian(0.4), decay=0.9, threshold=0.5,
-                              backend=backend)  # fmt: skip
+    spikes = spikefuse.neuron(
+        x, LIF_MODELS[("paper", "none")], surrogate=Gaussian(0.4), decay=0.9, threshold=0.5, backend=backend
+    )
     spikes.backward(torch.ones_like(spikes))
     expected = Gaussian(0.4).derivative(x.detach()[0] - 0.5)
     torch.testing.assert_close(x.grad[0], expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-30)
@@ -61,11 +62,13 @@ def test_neuron_and_lif_spec_match_the_reference(backend):
     x = torch.rand(7, 3, 5, generator=g) * 0.7
     upstream = torch.rand(x.shape, generator=g)
     runs = {
-        "cuba": lambda x, b: spikefuse.neuron(x, CUBA_LIF, surrogate=Gaussian(0.4), alpha=0.8, beta=0.9, backend=b,
-                                              return_state=True),
-        "lif": lambda x, b: spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Gaussian(0.4), backend=b,
-                                          return_state=True),
-    }  # fmt: skip
+        "cuba": lambda x, b: spikefuse.neuron(
+            x, CUBA_LIF, surrogate=Gaussian(0.4), alpha=0.8, beta=0.9, backend=b, return_state=True
+        ),
+        "lif": lambda x, b: spikefuse.lif(
+            x, decay=0.8, threshold=0.5, surrogate=Gaussian(0.4), backend=b, return_state=True
+        ),
+    }
     for name, run in runs.items():
         out = {}
         for b in ("reference", backend):
@@ -76,8 +79,9 @@ def test_neuron_and_lif_spec_match_the_reference(backend):
         (ref_s, ref_state, ref_g), (s, state, grad) = out["reference"], out[backend]
         assert 0 < float(ref_s.mean()) < 1, name
         assert torch.equal(s, ref_s), name
-        for a, b in zip(state if isinstance(state, tuple) else (state,),
-                        ref_state if isinstance(ref_state, tuple) else (ref_state,)):  # fmt: skip
+        for a, b in zip(
+            state if isinstance(state, tuple) else (state,), ref_state if isinstance(ref_state, tuple) else (ref_state,)
+        ):
             assert torch.equal(a.detach(), b.detach()), name
         torch.testing.assert_close(grad, ref_g, rtol=1e-5, atol=1e-6)
 
@@ -91,8 +95,18 @@ def test_batchnorm_lif_with_a_users_surrogate(backend):
     out = {}
     for b in ("reference", backend):
         leaf = x.to(dtype).requires_grad_()
-        spikes = spikefuse.batchnorm_lif(leaf, None, None, torch.ones(3), torch.zeros(3), True, decay=0.8,
-                                         threshold=0.5, surrogate=Gaussian(), backend=b)  # fmt: skip
+        spikes = spikefuse.batchnorm_lif(
+            leaf,
+            None,
+            None,
+            torch.ones(3),
+            torch.zeros(3),
+            True,
+            decay=0.8,
+            threshold=0.5,
+            surrogate=Gaussian(),
+            backend=b,
+        )
         spikes.float().sum().backward()
         out[b] = spikes.detach(), leaf.grad
     assert 0 < float(out["reference"][0].float().mean()) < 1
@@ -126,6 +140,7 @@ def test_a_surrogate_whose_source_is_not_kept(monkeypatch):
         module.__dict__,
     )
     x = torch.linspace(-1, 2, 31).reshape(1, -1).requires_grad_()
-    spikefuse.neuron(x, LIF_MODELS[("paper", "none")], surrogate=module.Bump(), decay=0.9, threshold=0.5,
-                     backend="cpu").sum().backward()  # fmt: skip
+    spikefuse.neuron(
+        x, LIF_MODELS[("paper", "none")], surrogate=module.Bump(), decay=0.9, threshold=0.5, backend="cpu"
+    ).sum().backward()
     torch.testing.assert_close(x.grad[0], module.Bump().derivative(x.detach()[0] - 0.5))

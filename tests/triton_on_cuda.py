@@ -48,8 +48,7 @@ def install() -> None:
                 storages[key][1], a.storage_offset(), a.size(), a.stride()
             )
 
-        result = launch(self, *map(to_gpu, args), grid=grid, warmup=warmup,
-                        **{k: to_gpu(v) for k, v in kwargs.items()})  # fmt: skip
+        result = launch(self, *map(to_gpu, args), grid=grid, warmup=warmup, **{k: to_gpu(v) for k, v in kwargs.items()})
         torch.cuda.synchronize()
         for host, device in storages.values():
             host.copy_(device)

@@ -12,7 +12,17 @@ from .recurrent_functional import recurrent
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 
 __all__ = [
-    "lif", "if_neuron", "batchnorm_lif", "batchnorm_neuron", "neuron", "recurrent", "neurons", "surrogate",
-    "set_cpu_cache_limit", "cpu_cache_limit", "empty_cpu_cache", "cpu_cache_bytes",
+    "lif",
+    "if_neuron",
+    "batchnorm_lif",
+    "batchnorm_neuron",
+    "neuron",
+    "recurrent",
+    "neurons",
+    "surrogate",
+    "set_cpu_cache_limit",
+    "cpu_cache_limit",
+    "empty_cpu_cache",
+    "cpu_cache_bytes",
 ]
 __version__ = "0.1.0"

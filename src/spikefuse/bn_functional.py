@@ -13,8 +13,15 @@ import torch
 
 from . import ops
 from .validation import (
-    channel_layout, check_decay, check_input, check_no_functorch, check_v_init, leak_tensor, paper_lif, resolve_neuron,
-)  # fmt: skip
+    channel_layout,
+    check_decay,
+    check_input,
+    check_no_functorch,
+    check_v_init,
+    leak_tensor,
+    paper_lif,
+    resolve_neuron,
+)
 from .neurons import NeuronModel
 from .ops import bn_lif as _bn_lif
 from .surrogate import Sigmoid
@@ -33,8 +40,9 @@ def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put both on the same device")
 
 
-def _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
-                     op: str) -> None:  # fmt: skip
+def _check_batchnorm(
+    x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary, op: str
+) -> None:
     """The checks of the BatchNorm and residual arguments of :func:`batchnorm_lif` and :func:`batchnorm_neuron`."""
     if x.ndim < 3:
         raise ValueError(f"{op} expects x of shape [T, B, C, ...], got {tuple(x.shape)}")
@@ -64,14 +72,34 @@ def _check_batchnorm(x, running_mean, running_var, weight, bias, training, momen
         raise ValueError("residual_binary=True describes a residual, but residual is None")
 
 
-def _checked(x, running_mean, running_var, weight, bias, training, momentum, decay, *, threshold, v_reset,
-             surrogate, detach_reset, backend, v_init=None, residual=None, residual_binary=False):  # fmt: skip
+def _checked(
+    x,
+    running_mean,
+    running_var,
+    weight,
+    bias,
+    training,
+    momentum,
+    decay,
+    *,
+    threshold,
+    v_reset,
+    surrogate,
+    detach_reset,
+    backend,
+    v_init=None,
+    residual=None,
+    residual_binary=False,
+):
     """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, neuron)`` resolved for the op."""
     check_input(x)
-    _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
-                     "batchnorm_lif")  # fmt: skip
+    _check_batchnorm(
+        x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary, "batchnorm_lif"
+    )
     concrete = ops.resolve_backend(backend, x.device)
-    check_no_functorch("the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')")
+    check_no_functorch(
+        "the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')"
+    )
     neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
     check_decay(decay)
     k = leak_tensor(decay, x, "decay")
@@ -124,14 +152,39 @@ def batchnorm_lif(
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
     concrete, k, neuron = _checked(
-        x, running_mean, running_var, weight, bias, training, momentum, decay, threshold=threshold, v_reset=v_reset,
-        surrogate=surrogate, detach_reset=detach_reset, backend=backend, v_init=v_init, residual=residual,
+        x,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training,
+        momentum,
+        decay,
+        threshold=threshold,
+        v_reset=v_reset,
+        surrogate=surrogate,
+        detach_reset=detach_reset,
+        backend=backend,
+        v_init=v_init,
+        residual=residual,
         residual_binary=residual_binary,
-    )  # fmt: skip
+    )
     spikes, state = _bn_lif.bn_lif(
-        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps), k, neuron, v_init,
-        concrete, residual, bool(residual_binary),
-    )  # fmt: skip
+        x,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        bool(training),
+        float(momentum),
+        float(eps),
+        k,
+        neuron,
+        v_init,
+        concrete,
+        residual,
+        bool(residual_binary),
+    )
     return (spikes, state) if return_state else spikes
 
 
@@ -164,16 +217,30 @@ def batchnorm_neuron(
     as :func:`spikefuse.neuron`. Returns the spikes, and with ``return_state=True`` also the tuple of final states.
     """
     check_input(x)
-    _check_batchnorm(x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary,
-                     "batchnorm_neuron")  # fmt: skip
+    _check_batchnorm(
+        x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary, "batchnorm_neuron"
+    )
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, state, backend, params)
-    check_no_functorch("the fused BatchNorm+neuron op", "use torch.nn.BatchNorm and spikefuse.neuron(..., "
-                       "backend='reference')")  # fmt: skip
+    check_no_functorch(
+        "the fused BatchNorm+neuron op", "use torch.nn.BatchNorm and spikefuse.neuron(..., backend='reference')"
+    )
     spikes, final = _bn_lif.bn_neuron(
-        x, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps),
-        _bn_lif.engine_neuron_key(model, surrogate, detach_reset), tensors, init, inner, concrete, residual,
+        x,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        bool(training),
+        float(momentum),
+        float(eps),
+        _bn_lif.engine_neuron_key(model, surrogate, detach_reset),
+        tensors,
+        init,
+        inner,
+        concrete,
+        residual,
         bool(residual_binary),
-    )  # fmt: skip
+    )
     return (spikes, tuple(final)) if return_state else spikes
 
 
@@ -193,12 +260,24 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         t_steps = x.shape[0]
         z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
         running_mean, running_var, training, momentum, eps = bn
-        backend, k, lif = _checked(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay,
-                                   **neuron)  # fmt: skip
+        backend, k, lif = _checked(
+            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay, **neuron
+        )
         spikes, state, (mean, invstd) = _bn_lif.bn_lif(
-            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, k, lif, None, backend,
+            z,
+            running_mean,
+            running_var,
+            bn_weight,
+            bn_bias,
+            training,
+            momentum,
+            eps,
+            k,
+            lif,
+            None,
+            backend,
             return_stats=True,
-        )  # fmt: skip
+        )
         optional = (conv_bias, bn_weight, bn_bias)
         ctx.present = [t is not None for t in optional]
         empty = x.new_empty(0)
@@ -217,15 +296,35 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         xb = x.flatten(0, 1)
         z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
         grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_lif.bn_lif_backward_from_stats(
-            grad_spikes, grad_state, z, (mean, invstd), running_mean, running_var, bn_weight, bn_bias, training, eps,
-            k, ctx.lif, ctx.backend, bool(need[3] or need[4]), bool(need[5]),
-        )  # fmt: skip
+            grad_spikes,
+            grad_state,
+            z,
+            (mean, invstd),
+            running_mean,
+            running_var,
+            bn_weight,
+            bn_bias,
+            training,
+            eps,
+            k,
+            ctx.lif,
+            ctx.backend,
+            bool(need[3] or need[4]),
+            bool(need[5]),
+        )
         del z
         has_bias = conv_bias is not None
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad_z.flatten(0, 1), xb, conv_weight, list(conv_bias.shape) if has_bias else None, *ctx.conv[:3], False,
-            [0] * (conv_weight.ndim - 2), ctx.conv[3], [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
-        )  # fmt: skip
+            grad_z.flatten(0, 1),
+            xb,
+            conv_weight,
+            list(conv_bias.shape) if has_bias else None,
+            *ctx.conv[:3],
+            False,
+            [0] * (conv_weight.ndim - 2),
+            ctx.conv[3],
+            [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
+        )
         decay = ctx.decay_like
         return (
             grad_x.unflatten(0, (t_steps, -1)) if need[0] else None,
@@ -275,11 +374,14 @@ def conv_batchnorm_lif(
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
         raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")
     if x.ndim != conv_weight.ndim + 1:
-        raise ValueError(f"a {conv_weight.ndim - 2}-d convolution expects x of shape [T, B, C, ...] with "
-                         f"{conv_weight.ndim + 1} dims, got {tuple(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"a {conv_weight.ndim - 2}-d convolution expects x of shape [T, B, C, ...] with "
+            f"{conv_weight.ndim + 1} dims, got {tuple(x.shape)}"
+        )
     if x.shape[2] != conv_weight.shape[1] * groups:
-        raise ValueError(f"x has {x.shape[2]} channels (dim 2) but the convolution expects "
-                         f"{conv_weight.shape[1] * groups}")  # fmt: skip
+        raise ValueError(
+            f"x has {x.shape[2]} channels (dim 2) but the convolution expects {conv_weight.shape[1] * groups}"
+        )
     dims = conv_weight.ndim - 2
 
     def ints(v, name):
@@ -291,7 +393,14 @@ def conv_batchnorm_lif(
     conv = (ints(stride, "stride"), ints(padding, "padding"), ints(dilation, "dilation"), int(groups))
     neuron = dict(threshold=threshold, v_reset=v_reset, surrogate=surrogate, detach_reset=detach_reset, backend=backend)
     spikes, state = _ConvThenBatchNormNeuron.apply(
-        x, conv_weight, conv_bias, weight, bias, decay, conv,
-        (running_mean, running_var, bool(training), float(momentum), float(eps)), neuron,
-    )  # fmt: skip
+        x,
+        conv_weight,
+        conv_bias,
+        weight,
+        bias,
+        decay,
+        conv,
+        (running_mean, running_var, bool(training), float(momentum), float(eps)),
+        neuron,
+    )
     return (spikes, state) if return_state else spikes

@@ -48,7 +48,11 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.gpu",
 )
 #: ``"module:ClassName"`` of further exceptions that mean a user error (message, exit code 2).
-USER_ERRORS: list[str] = ["spikefuse.data:DataError", "spikefuse.train:ConfigError", "spikefuse.ops.buffers:SettingError"]
+USER_ERRORS: list[str] = [
+    "spikefuse.data:DataError",
+    "spikefuse.train:ConfigError",
+    "spikefuse.ops.buffers:SettingError",
+]
 
 
 def _register(subparsers, module_names) -> None:
@@ -89,8 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"spikefuse {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="<command>")
     _register(sub, COMMANDS)
-    bench = sub.add_parser("bench", help="benchmarks (train, and the ones other modules add)",
-                           description="Benchmarks. Each writes its results under benchmarks/results/.")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks (train, and the ones other modules add)",
+        description="Benchmarks. Each writes its results under benchmarks/results/.",
+    )
     bench_sub = bench.add_subparsers(title="benchmarks", metavar="<benchmark>")
     _register(bench_sub, BENCH_COMMANDS)
     bench.set_defaults(_run=lambda args: _missing(bench, "a benchmark"))
@@ -128,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         code = args._run(args)
     except KeyboardInterrupt as err:
         terminated = isinstance(err, _Terminated)
-        print(f"spikefuse: {'terminated (SIGTERM)' if terminated else 'interrupted'}; files already written are "
-              "intact", file=sys.stderr)
+        print(
+            f"spikefuse: {'terminated (SIGTERM)' if terminated else 'interrupted'}; files already written are intact",
+            file=sys.stderr,
+        )
         return 143 if terminated else 130
     except Exception as err:
         if isinstance(err, _user_error_types()):
@@ -178,40 +187,86 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     from .models import MODELS
 
     d = defaults or {}
-    p.add_argument("--model", default=d.get("model", "resnet-tiny"), choices=list(MODELS),
-                   help="network (default: %(default)s)")
-    p.add_argument("--dataset", default=d.get("dataset", "digits"), choices=DATASETS,
-                   help="data set; digits and digits-events are embedded, the others read --data-dir (default: %(default)s)")
+    p.add_argument(
+        "--model", default=d.get("model", "resnet-tiny"), choices=list(MODELS), help="network (default: %(default)s)"
+    )
+    p.add_argument(
+        "--dataset",
+        default=d.get("dataset", "digits"),
+        choices=DATASETS,
+        help="data set; digits and digits-events are embedded, the others read --data-dir (default: %(default)s)",
+    )
     p.add_argument("--data-dir", default=None, help="folder holding the data set files (default: $SPIKEFUSE_DATA)")
     p.add_argument("--T", type=_positive_int, default=d.get("T", 4), help="time steps (default: %(default)s)")
-    p.add_argument("--epochs", type=_positive_int, default=d.get("epochs", 6), help="epochs in total (default: %(default)s)")
+    p.add_argument(
+        "--epochs", type=_positive_int, default=d.get("epochs", 6), help="epochs in total (default: %(default)s)"
+    )
     p.add_argument("--batch-size", type=_positive_int, default=d.get("batch_size", 32), help="(default: %(default)s)")
-    p.add_argument("--lr", type=_positive_float, default=d.get("lr", 1e-3), help="Adam learning rate (default: %(default)s)")
+    p.add_argument(
+        "--lr", type=_positive_float, default=d.get("lr", 1e-3), help="Adam learning rate (default: %(default)s)"
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--threads", type=_positive_int, default=2, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    p.add_argument("--encoding", choices=("direct", "poisson"), default=d.get("encoding", "direct"),
-                   help="input coding of static images: the analog image every step, or Bernoulli rate coding (default: %(default)s)")
-    p.add_argument("--neuron-backend", choices=("auto", "cpu", "triton", "reference"), default="auto",
-                   help="spikefuse neuron backend; 'reference' is the serial PyTorch loop (default: %(default)s)")
-    p.add_argument("--stem", choices=("auto", "cifar", "imagenet"), default="auto",
-                   help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)")
-    p.add_argument("--width", type=_positive_int, default=d.get("width"),
-                   help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)")
-    p.add_argument("--hidden", type=_positive_int, default=d.get("hidden", 256),
-                   help="srnn: recurrent neurons per layer (default: %(default)s)")
-    p.add_argument("--layers", type=_positive_int, default=d.get("layers", 1),
-                   help="srnn: recurrent layers (default: %(default)s)")
-    p.add_argument("--cell", choices=("lif", "alif"), default=d.get("cell", "lif"),
-                   help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)")
-    p.add_argument("--memory", choices=("fused", "lean"), default="fused",
-                   help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
-                   "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
-                   "(about a third of the memory saved for backward; same results) (default: %(default)s)")
-    p.add_argument("--image-size", type=_positive_int, default=None,
-                   help="resize static images to this size (digits: upsample from 8) (default: native)")
-    p.add_argument("--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples")
-    p.add_argument("--test-subset", type=_positive_int, default=None, help="test on a seeded random subset of this many samples")
+    p.add_argument(
+        "--encoding",
+        choices=("direct", "poisson"),
+        default=d.get("encoding", "direct"),
+        help="input coding of static images: the analog image every step, or Bernoulli rate coding (default: %(default)s)",
+    )
+    p.add_argument(
+        "--neuron-backend",
+        choices=("auto", "cpu", "triton", "reference"),
+        default="auto",
+        help="spikefuse neuron backend; 'reference' is the serial PyTorch loop (default: %(default)s)",
+    )
+    p.add_argument(
+        "--stem",
+        choices=("auto", "cifar", "imagenet"),
+        default="auto",
+        help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)",
+    )
+    p.add_argument(
+        "--width",
+        type=_positive_int,
+        default=d.get("width"),
+        help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)",
+    )
+    p.add_argument(
+        "--hidden",
+        type=_positive_int,
+        default=d.get("hidden", 256),
+        help="srnn: recurrent neurons per layer (default: %(default)s)",
+    )
+    p.add_argument(
+        "--layers", type=_positive_int, default=d.get("layers", 1), help="srnn: recurrent layers (default: %(default)s)"
+    )
+    p.add_argument(
+        "--cell",
+        choices=("lif", "alif"),
+        default=d.get("cell", "lif"),
+        help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)",
+    )
+    p.add_argument(
+        "--memory",
+        choices=("fused", "lean"),
+        default="fused",
+        help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
+        "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
+        "(about a third of the memory saved for backward; same results) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--image-size",
+        type=_positive_int,
+        default=None,
+        help="resize static images to this size (digits: upsample from 8) (default: native)",
+    )
+    p.add_argument(
+        "--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples"
+    )
+    p.add_argument(
+        "--test-subset", type=_positive_int, default=None, help="test on a seeded random subset of this many samples"
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
 
 
@@ -219,12 +274,30 @@ def config_from_args(args, **overrides):
     from .train import TrainConfig
 
     cfg = TrainConfig(
-        model=args.model, dataset=args.dataset, data_dir=args.data_dir, T=args.T, epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, device=args.device, threads=args.threads, seed=args.seed,
-        encoding=args.encoding, neuron_backend=args.neuron_backend, stem=args.stem, image_size=args.image_size,
-        train_subset=args.train_subset, test_subset=args.test_subset, width=args.width, progress=not args.no_progress,
-        neurons=getattr(args, "neurons", "spikefuse"), out=getattr(args, "out", "runs/spikefuse"), memory=args.memory,
-        hidden=args.hidden, layers=args.layers, cell=args.cell,
+        model=args.model,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        T=args.T,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        encoding=args.encoding,
+        neuron_backend=args.neuron_backend,
+        stem=args.stem,
+        image_size=args.image_size,
+        train_subset=args.train_subset,
+        test_subset=args.test_subset,
+        width=args.width,
+        progress=not args.no_progress,
+        neurons=getattr(args, "neurons", "spikefuse"),
+        out=getattr(args, "out", "runs/spikefuse"),
+        memory=args.memory,
+        hidden=args.hidden,
+        layers=args.layers,
+        cell=args.cell,
     )
     for k, v in overrides.items():
         setattr(cfg, k, v)
@@ -235,7 +308,8 @@ class TrainCommand:
     @staticmethod
     def add_parser(subparsers) -> argparse.ArgumentParser:
         p = subparsers.add_parser(
-            "train", help="train a spiking network",
+            "train",
+            help="train a spiking network",
             description="Train a spiking network with Adam and cross-entropy on the time-averaged output. Writes "
             "<out>/metrics.csv, <out>/checkpoint.pt (every epoch) and <out>/curves.png. The defaults train a small "
             "Spiking-ResNet on the embedded 8x8 digits in about a minute on 2 CPU threads.",
@@ -243,31 +317,51 @@ class TrainCommand:
         add_train_arguments(p)
         p.add_argument("--out", default="runs/spikefuse", help="output folder (default: %(default)s)")
         start = p.add_mutually_exclusive_group()
-        start.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
-                           help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total")
-        start.add_argument("--overwrite", action="store_true",
-                           help="start a fresh run in an --out that holds an earlier one, replacing its files (by "
-                           "default such an --out is refused)")
-        p.add_argument("--neurons", choices=("spikefuse", "spikingjelly"), default="spikefuse",
-                       help="neuron implementation: spikefuse LIF, or SpikingJelly 2.0 LIFNode with the same dynamics")
-        p.add_argument("--nproc", type=_positive_int, default=1,
-                       help="data-parallel training (DDP; gloo on CPU, NCCL on GPUs) over this many local processes; "
-                       "--batch-size is the global batch, split evenly over them, and --threads is per process. "
-                       "Under torchrun (--nproc-per-node/--nnodes decide) leave it out: it is ignored, and torchrun would take it "
-                       "for an abbreviation of its own --nproc-per-node (default: %(default)s)")
+        start.add_argument(
+            "--resume",
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="CHECKPOINT",
+            help="continue from <out>/checkpoint.pt (or the given checkpoint) up to --epochs in total",
+        )
+        start.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="start a fresh run in an --out that holds an earlier one, replacing its files (by "
+            "default such an --out is refused)",
+        )
+        p.add_argument(
+            "--neurons",
+            choices=("spikefuse", "spikingjelly"),
+            default="spikefuse",
+            help="neuron implementation: spikefuse LIF, or SpikingJelly 2.0 LIFNode with the same dynamics",
+        )
+        p.add_argument(
+            "--nproc",
+            type=_positive_int,
+            default=1,
+            help="data-parallel training (DDP; gloo on CPU, NCCL on GPUs) over this many local processes; "
+            "--batch-size is the global batch, split evenly over them, and --threads is per process. "
+            "Under torchrun (--nproc-per-node/--nnodes decide) leave it out: it is ignored, and torchrun would take it "
+            "for an abbreviation of its own --nproc-per-node (default: %(default)s)",
+        )
         return p
 
     @staticmethod
     def run(args) -> int:
         from .train import fit_data_parallel
 
-        history = fit_data_parallel(_resumed_config(args), nproc=args.nproc, resume=args.resume,
-                                    overwrite=args.overwrite)
+        history = fit_data_parallel(
+            _resumed_config(args), nproc=args.nproc, resume=args.resume, overwrite=args.overwrite
+        )
         if history:  # None on the ranks other than 0 under torchrun
             last = history[-1]
             epochs = f"{last['epoch']} epoch{'s' if last['epoch'] != 1 else ''}"
-            print(f"final test accuracy {100 * last['test_acc']:.2f}% after {epochs}; "
-                  f"files in {args.out}: metrics.csv, checkpoint.pt, curves.png")
+            print(
+                f"final test accuracy {100 * last['test_acc']:.2f}% after {epochs}; "
+                f"files in {args.out}: metrics.csv, checkpoint.pt, curves.png"
+            )
         return 0
 
 
@@ -296,15 +390,22 @@ def _resumed_config(args):
 class EvalCommand:
     @staticmethod
     def add_parser(subparsers) -> argparse.ArgumentParser:
-        p = subparsers.add_parser("eval", help="evaluate a checkpoint on the test split",
-                                  description="Evaluate a checkpoint written by `spikefuse train` on its data set's test split.")
+        p = subparsers.add_parser(
+            "eval",
+            help="evaluate a checkpoint on the test split",
+            description="Evaluate a checkpoint written by `spikefuse train` on its data set's test split.",
+        )
         p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt, or the run folder holding it")
         p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
         p.add_argument("--device", default="cpu")
         p.add_argument("--threads", type=_positive_int, default=2)
         p.add_argument("--batch-size", type=_positive_int, default=None, help="(default: the run's)")
-        p.add_argument("--neuron-backend", choices=("auto", "cpu", "triton", "reference"), default=None,
-                       help="(default: the run's)")
+        p.add_argument(
+            "--neuron-backend",
+            choices=("auto", "cpu", "triton", "reference"),
+            default=None,
+            help="(default: the run's)",
+        )
         p.add_argument("--no-progress", action="store_true")
         return p
 
@@ -312,10 +413,19 @@ class EvalCommand:
     def run(args) -> int:
         from .train import evaluate_checkpoint
 
-        r = evaluate_checkpoint(args.checkpoint, data_dir=args.data_dir, device=args.device, threads=args.threads,
-                                neuron_backend=args.neuron_backend, batch_size=args.batch_size, progress=not args.no_progress)
-        print(f"{r['model']} on {r['dataset']} (epoch {r['epoch']}): test loss {r['test_loss']:.4f}, "
-              f"test accuracy {100 * r['test_acc']:.2f}% on {r['samples']} samples in {r['test_time_s']:.1f}s")
+        r = evaluate_checkpoint(
+            args.checkpoint,
+            data_dir=args.data_dir,
+            device=args.device,
+            threads=args.threads,
+            neuron_backend=args.neuron_backend,
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+        )
+        print(
+            f"{r['model']} on {r['dataset']} (epoch {r['epoch']}): test loss {r['test_loss']:.4f}, "
+            f"test accuracy {100 * r['test_acc']:.2f}% on {r['samples']} samples in {r['test_time_s']:.1f}s"
+        )
         return 0
 
 

@@ -48,8 +48,17 @@ def run_lif(x, decay, neuron: LIFNeuron, *, v_init=None, backend: str = "auto", 
     v0 = neuron.initial_potential(v_init, x)
     params = neuron.params(k)  # also checks the threshold and v_reset in the dtype the neurons compute in
     x2 = x.reshape(t_steps, math.prod(trailing))
-    spikes, state = _engine_autograd.neuron(x2.contiguous(), params, [v0], inner, neuron.model, neuron.surrogate,
-                                            neuron.detach_reset, concrete, save=memory == "potential")  # fmt: skip
+    spikes, state = _engine_autograd.neuron(
+        x2.contiguous(),
+        params,
+        [v0],
+        inner,
+        neuron.model,
+        neuron.surrogate,
+        neuron.detach_reset,
+        concrete,
+        save=memory == "potential",
+    )
     return spikes.reshape(x.shape), state.reshape(trailing)
 
 

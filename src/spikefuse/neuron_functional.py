@@ -48,8 +48,9 @@ def neuron(
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    out = engine_autograd.neuron(x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete,
-                                 memory == "potential")  # fmt: skip
+    out = engine_autograd.neuron(
+        x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete, memory == "potential"
+    )
     spikes = out[0].reshape(x.shape)
     if not return_state:
         return spikes

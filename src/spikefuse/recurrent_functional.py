@@ -21,8 +21,10 @@ def _check_weights(x: torch.Tensor, weight, bias, name: str) -> None:
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         raise TypeError(f"{name}: weight must be a floating-point tensor, [H, H] (all to all) or [H] (one to one)")
     if weight.shape not in ((hidden, hidden), (hidden,)):
-        raise ValueError(f"{name}: weight must be [H, H] (all to all) or [H] (one to one) for H = x.shape[2] = "
-                         f"{hidden}, got {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{name}: weight must be [H, H] (all to all) or [H] (one to one) for H = x.shape[2] = "
+            f"{hidden}, got {tuple(weight.shape)}"
+        )
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (hidden,)):
         got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
         raise ValueError(f"{name}: bias must be None or a tensor of shape [H] = [{hidden}], got {got}")
@@ -42,14 +44,17 @@ def _split_state(model: NeuronModel, state, x: torch.Tensor):
             raise ValueError(f"recurrent {model.name}: state must hold exactly {', '.join(names)}, got {sorted(state)}")
         state = [state[k] for k in names]
     if not isinstance(state, (tuple, list)) or len(state) != len(names):
-        raise ValueError(f"recurrent {model.name}: state must be a tuple of {len(names)} tensors ({', '.join(names)}) "
-                         f"or a dict, got {type(state).__name__}"
-                         + (f" of {len(state)}" if isinstance(state, (tuple, list)) else ""))  # fmt: skip
+        raise ValueError(
+            f"recurrent {model.name}: state must be a tuple of {len(names)} tensors ({', '.join(names)}) "
+            f"or a dict, got {type(state).__name__}" + (f" of {len(state)}" if isinstance(state, (tuple, list)) else "")
+        )
     spikes = state[-1]
     if not isinstance(spikes, torch.Tensor) or spikes.shape != x.shape[1:] or spikes.device != x.device:
         got = f"{tuple(spikes.shape)} on {spikes.device}" if isinstance(spikes, torch.Tensor) else type(spikes).__name__
-        raise ValueError(f"recurrent {model.name}: state spikes must be a tensor of shape {tuple(x.shape[1:])} "
-                         f"(x.shape[1:]) on {x.device}, got {got}")  # fmt: skip
+        raise ValueError(
+            f"recurrent {model.name}: state spikes must be a tensor of shape {tuple(x.shape[1:])} "
+            f"(x.shape[1:]) on {x.device}, got {got}"
+        )
     return tuple(state[:-1]), spikes
 
 
@@ -99,14 +104,34 @@ def recurrent(
     spikes0 = spikes0.to(cdt).contiguous()
     if concrete == "reference":
         flat = lambda s: current(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
-        spikes, final = engine_reference.run(model, xc.reshape(t_steps, -1), tensors, inner, init, surrogate,
-                                             bool(detach_reset), recurrent=(flat, spikes0.reshape(-1)))  # fmt: skip
+        spikes, final = engine_reference.run(
+            model,
+            xc.reshape(t_steps, -1),
+            tensors,
+            inner,
+            init,
+            surrogate,
+            bool(detach_reset),
+            recurrent=(flat, spikes0.reshape(-1)),
+        )
         spikes = spikes.reshape(x.shape)
         final = [v.reshape(batch, hidden) for v in final]
     else:
         init = [v.reshape(batch, hidden) if v.numel() > 1 else v for v in init]
-        spikes, *final = RecurrentFn.apply(xc, weight.contiguous(), bias, spikes0, model, surrogate,
-                                           bool(detach_reset), concrete, memory, len(tensors), *tensors, *init)  # fmt: skip
+        spikes, *final = RecurrentFn.apply(
+            xc,
+            weight.contiguous(),
+            bias,
+            spikes0,
+            model,
+            surrogate,
+            bool(detach_reset),
+            concrete,
+            memory,
+            len(tensors),
+            *tensors,
+            *init,
+        )
     spikes = spikes.to(x.dtype)
     if not return_state:
         return spikes

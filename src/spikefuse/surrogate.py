@@ -150,7 +150,13 @@ class FastSigmoid(Surrogate):
         return 1 / (z * z)
 
 
-SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "rectangle": Rectangle, "triangle": Triangle, "fast_sigmoid": FastSigmoid}
+SURROGATES = {
+    "sigmoid": Sigmoid,
+    "atan": ATan,
+    "rectangle": Rectangle,
+    "triangle": Triangle,
+    "fast_sigmoid": FastSigmoid,
+}
 
 
 def resolve(surrogate) -> Surrogate:

@@ -16,8 +16,20 @@ from .ops.common import compute_dtype, finite, in_compute_dtype
 from .ops.engine import DTYPES as ENGINE_DTYPES
 from .surrogate import resolve
 
-__all__ = ["channel_layout", "check_input", "check_v_init", "checks_values", "leak_tensor", "check_finite", "check_decay",
-           "check_no_functorch", "check_memory_mode", "paper_lif", "resolve_neuron", "MEMORY_MODES"]
+__all__ = [
+    "channel_layout",
+    "check_input",
+    "check_v_init",
+    "checks_values",
+    "leak_tensor",
+    "check_finite",
+    "check_decay",
+    "check_no_functorch",
+    "check_memory_mode",
+    "paper_lif",
+    "resolve_neuron",
+    "MEMORY_MODES",
+]
 
 #: ``memory=`` of the neuron layers: keep every step's states for backward, or only the input and recompute them.
 MEMORY_MODES = ("potential", "recompute")
@@ -37,7 +49,9 @@ def channel_layout(shape: torch.Size, channels: int) -> int:
     if channels == 1:
         return 1
     if len(shape) < 2:
-        raise ValueError(f"a per-channel parameter of {channels} entries needs an input of rank >= 2, got {tuple(shape)}")
+        raise ValueError(
+            f"a per-channel parameter of {channels} entries needs an input of rank >= 2, got {tuple(shape)}"
+        )
     dim = 2 if len(shape) >= 3 else 1
     if shape[dim] != channels:
         raise ValueError(
@@ -88,8 +102,10 @@ def leak_tensor(leak, x: torch.Tensor, name: str) -> torch.Tensor:
     if isinstance(leak, bool) or not isinstance(leak, numbers.Real) or not finite(leak):
         raise TypeError(f"{name} must be a finite number or a tensor, got {leak!r}")
     if not torch.compiler.is_compiling() and not math.isfinite(in_compute_dtype(float(leak), cdt)):
-        raise ValueError(f"{name} must be finite in {str(cdt).removeprefix('torch.')}, the dtype the neurons compute "
-                         f"in, got {leak!r}")  # fmt: skip
+        raise ValueError(
+            f"{name} must be finite in {str(cdt).removeprefix('torch.')}, the dtype the neurons compute "
+            f"in, got {leak!r}"
+        )
     return torch.full((1,), float(leak), dtype=cdt, device=x.device)
 
 
@@ -145,12 +161,19 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset) -> LIFNeuron:
     if finite(threshold) and threshold <= 0:
         raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
     if v_reset is not None and finite(v_reset) and finite(threshold) and v_reset >= threshold:
-        raise ValueError(f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
-                         "v_reset would fire again at once")
+        raise ValueError(
+            f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
+            "v_reset would fire again at once"
+        )
     hard = v_reset is not None
-    return LIFNeuron(LIF_MODELS[("paper", "hard" if hard else "soft")], threshold=float(threshold),
-                     v_reset=float(v_reset) if hard else 0.0, hard_reset=hard, surrogate=resolve(surrogate),
-                     detach_reset=bool(detach_reset))
+    return LIFNeuron(
+        LIF_MODELS[("paper", "hard" if hard else "soft")],
+        threshold=float(threshold),
+        v_reset=float(v_reset) if hard else 0.0,
+        hard_reset=hard,
+        surrogate=resolve(surrogate),
+        detach_reset=bool(detach_reset),
+    )
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:
@@ -169,16 +192,18 @@ def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backen
     if not isinstance(model, NeuronModel):
         raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
     if x.dtype not in ENGINE_DTYPES:
-        raise TypeError(f"{model.name} neurons run in float32, float64, float16 or bfloat16, got x of {x.dtype}: "
-                        "cast x first")
+        raise TypeError(
+            f"{model.name} neurons run in float32, float64, float16 or bfloat16, got x of {x.dtype}: cast x first"
+        )
     concrete = resolve_backend(backend, x.device)
     if concrete != "reference":
         check_no_functorch(f"the fused {model.name} kernels")
     surrogate = resolve(surrogate)
     unknown = set(params) - set(model.params)
     if unknown:
-        raise TypeError(f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: "
-                        f"{', '.join(model.params)}")
+        raise TypeError(
+            f"{model.name} has no parameter {sorted(unknown)[0]!r}; its parameters: {', '.join(model.params)}"
+        )
     defaults = dict(model.defaults)
     missing = [p for p in model.params if p not in params and p not in defaults]
     if missing:
@@ -195,18 +220,22 @@ def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backen
         if isinstance(state, dict):
             missing = [k for k in model.states if k not in state]
             if missing or set(state) - set(model.states):
-                raise ValueError(f"{model.name}: state must hold exactly {', '.join(model.states)}, "
-                                 f"got {sorted(state)}")
+                raise ValueError(
+                    f"{model.name}: state must hold exactly {', '.join(model.states)}, got {sorted(state)}"
+                )
             state = [state[k] for k in model.states]
         if not isinstance(state, (tuple, list)) or len(state) != len(model.states):
-            raise ValueError(f"{model.name}: state must be a tuple of {len(model.states)} tensors "
-                             f"({', '.join(model.states)}) or a dict, got {type(state).__name__}")  # fmt: skip
+            raise ValueError(
+                f"{model.name}: state must be a tuple of {len(model.states)} tensors "
+                f"({', '.join(model.states)}) or a dict, got {type(state).__name__}"
+            )
         init = []
         for k, v in zip(model.states, state):
             if not isinstance(v, torch.Tensor) or v.shape != trailing:
                 got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError(f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} "
-                                 f"(x.shape[1:]), got {got}")
+                raise ValueError(
+                    f"{model.name}: state {k} must be a tensor of shape {tuple(trailing)} (x.shape[1:]), got {got}"
+                )
             if v.device != x.device:
                 raise ValueError(f"{model.name}: state {k} is on {v.device} but x is on {x.device}")
             init.append(v.reshape(-1).to(cdt).contiguous())

@@ -17,16 +17,22 @@ def test_bench_gpu_without_a_gpu_says_so(tmp_path):
         main(["bench", "gpu", "--quick", "--out", str(tmp_path)])
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and GPU_TEST_MODE),
-                    reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and GPU_TEST_MODE),
+    reason="needs a CUDA GPU (CI has none) and SPIKEFUSE_TEST_TRITON=cuda",
+)
 def test_bench_gpu_quick(tmp_path):
     assert main(["bench", "gpu", "--quick", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "gpu_quick.csv")))
     mismatch = {r["implementation"]: float(r["spike_mismatch"]) for r in rows}
     ours = [name for name in mismatch if name.startswith("spikefuse")]
-    assert {"spikefuse.lif (potential)", "spikefuse CubaLIF", "spikefuse ALIF",
-            "spikefuse.lif fp16 (recompute)",
-            "spikefuse compat.spikingjelly.LIFNode fp16"} <= set(ours)
+    assert {
+        "spikefuse.lif (potential)",
+        "spikefuse CubaLIF",
+        "spikefuse ALIF",
+        "spikefuse.lif fp16 (recompute)",
+        "spikefuse compat.spikingjelly.LIFNode fp16",
+    } <= set(ours)
     assert all(mismatch[name] == 0.0 for name in ours)
     text = (tmp_path / "gpu_quick.md").read_text()
     assert "Machine:" in text and "Command: `" in text

@@ -10,8 +10,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def test_committed_report_renders_from_its_json(tmp_path):
-    assert main(["bench", "gpu-static", "--render", str(RESULTS / "gpu_static.json"),
-                 "--results-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(["bench", "gpu-static", "--render", str(RESULTS / "gpu_static.json"), "--results-dir", str(tmp_path)]) == 0
+    )
     assert (tmp_path / "gpu_static.md").read_text() == (RESULTS / "gpu_static.md").read_text()
 
 
@@ -20,8 +21,12 @@ def test_case_sets():
     SpikingJelly comparison); every LIF definition once per kernel, or with every surrogate."""
     shipped = gpu_static.shipped_cases(1_000_000)
     assert {(c["model"]["name"], c["xdt"], c["kernel"], gpu_static._mode(c)) for c in shipped} == {
-        (m, d, k, mode) for m in gpu_static.SHIPPED for d in ("fp32", "fp16", "bf16", "fp64")
-        for k in ("engine-fwd", "engine-bwd") for mode in ("potential", "recompute")}  # fmt: skip
+        (m, d, k, mode)
+        for m in gpu_static.SHIPPED
+        for d in ("fp32", "fp16", "bf16", "fp64")
+        for k in ("engine-fwd", "engine-bwd")
+        for mode in ("potential", "recompute")
+    }
     assert sum(c["group"].endswith("-fixed") for c in shipped) == 8
     assert len({c["id"] for c in shipped}) == len(shipped) == 56
     once = gpu_static.definition_cases(1_000_000)

@@ -10,8 +10,26 @@ from spikefuse.cli import main
 
 
 def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
-    code = main(["bench", "memory", "--quick", "--in-process", "--models", "resnet18", "--forms", "fused", "lean", "floor",
-                 "--threads", "1", "--rounds", "2", "--results-dir", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "memory",
+            "--quick",
+            "--in-process",
+            "--models",
+            "resnet18",
+            "--forms",
+            "fused",
+            "lean",
+            "floor",
+            "--threads",
+            "1",
+            "--rounds",
+            "2",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     assert "resnet18: step times, every form side by side (round 2 of 2)" in capsys.readouterr().err
     md, csv_path = tmp_path / "bench-memory-quick.md", tmp_path / "bench-memory-quick.csv"
@@ -46,7 +64,11 @@ def test_bench_memory_quick_files_and_columns(tmp_path, capsys):
 
 
 def test_ratio_quartiles_pair_the_cycles():
-    assert memory.ratio_quartiles([2.0, 3.0, 5.0, 4.0, 6.0], [1.0, 1.0, 1.0, 2.0, 2.0]) == (2.0, 3.0, 3.0)  # ratios 2, 3, 5, 2, 3
+    assert memory.ratio_quartiles([2.0, 3.0, 5.0, 4.0, 6.0], [1.0, 1.0, 1.0, 2.0, 2.0]) == (
+        2.0,
+        3.0,
+        3.0,
+    )  # ratios 2, 3, 5, 2, 3
     assert memory.ratio_quartiles([3.0], [2.0]) == (1.5, 1.5, 1.5)
 
 
@@ -79,8 +101,24 @@ def test_bench_memory_on_cuda_without_a_gpu_says_so(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_bench_memory_quick_on_cuda(tmp_path):
-    code = main(["bench", "memory", "--quick", "--in-process", "--device", "cuda", "--models", "resnet18", "--forms",
-                 "fused", "lean", "floor", "--results-dir", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "memory",
+            "--quick",
+            "--in-process",
+            "--device",
+            "cuda",
+            "--models",
+            "resnet18",
+            "--forms",
+            "fused",
+            "lean",
+            "floor",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     rows = {r["form"]: r for r in csv.DictReader((tmp_path / "bench-memory-cuda-quick.csv").open())}
     assert float(rows["lean"]["stack_vs_vanilla"]) < 0.6 and float(rows["lean"]["step_peak_MiB"]) > 0

@@ -22,7 +22,9 @@ def test_bench_profile_quick_lists_each_forms_ops(tmp_path, capsys):
     # ReLU, each only in its own form
     assert float(by_op["_EagerBatchNormNeuron"]["lean_ms"]) > 0 == float(by_op["_EagerBatchNormNeuron"]["fused_ms"])
     assert float(by_op["_SpikeConvFnBackward"]["lean_ms"]) > 0 == float(by_op["_SpikeConvFnBackward"]["floor_ms"])
-    assert float(by_op["aten::native_batch_norm"]["fused_ms"]) > 0 == float(by_op["aten::native_batch_norm"]["floor_ms"])
+    assert (
+        float(by_op["aten::native_batch_norm"]["fused_ms"]) > 0 == float(by_op["aten::native_batch_norm"]["floor_ms"])
+    )
     assert float(by_op["aten::relu"]["floor_ms"]) > 0 == float(by_op["aten::relu"]["fused_ms"])
     text = (tmp_path / "bench-profile-quick.md").read_text()
     assert "Machine:" in text and "Command:" in text and "| **all ops** |" in text

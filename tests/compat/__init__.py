@@ -37,8 +37,9 @@ def away_from_threshold(
     x2 = x.view(t_steps, n)
     for _ in range(200):
         with torch.no_grad():
-            _, _, (h,) = reference.forward(neuron.model, x2, neuron.params(k), 1, [v0], neuron.surrogate,
-                                           neuron.detach_reset, save=True)  # fmt: skip
+            _, _, (h,) = reference.forward(
+                neuron.model, x2, neuron.params(k), 1, [v0], neuron.surrogate, neuron.detach_reset, save=True
+            )
         close = (h - neuron.threshold).abs() <= margin
         if not close.any():
             return x

@@ -34,17 +34,20 @@ def test_matches_norse(name, backend):
     init = None
     if model is NORSE_LSNN:  # Norse starts b at v_th
         init = (torch.zeros(3, 20), torch.zeros(3, 20), torch.full((3, 20), float(params["v_th"])))
-    ours, final = spikefuse.neuron(x_ours, model, surrogate=SUPERSPIKE, state=init, return_state=True,
-                                   backend=backend, **params)  # fmt: skip
+    ours, final = spikefuse.neuron(
+        x_ours, model, surrogate=SUPERSPIKE, state=init, return_state=True, backend=backend, **params
+    )
     assert 0.02 < float(z.detach().mean()) < 0.9
     assert torch.equal(ours, z)
     for k, a in zip(model.states, final):  # the post-reset states, handed out by the models' handoff
         assert torch.equal(a, getattr(state, k)), k
     # Norse's state, passed back, continues the sequence: two calls give the spikes of one
-    first, middle = spikefuse.neuron(x_ours.detach()[:17], model, surrogate=SUPERSPIKE, state=init, return_state=True,
-                                     backend=backend, **params)  # fmt: skip
-    rest = spikefuse.neuron(x_ours.detach()[17:], model, surrogate=SUPERSPIKE, state=tuple(middle), backend=backend,
-                            **params)  # fmt: skip
+    first, middle = spikefuse.neuron(
+        x_ours.detach()[:17], model, surrogate=SUPERSPIKE, state=init, return_state=True, backend=backend, **params
+    )
+    rest = spikefuse.neuron(
+        x_ours.detach()[17:], model, surrogate=SUPERSPIKE, state=tuple(middle), backend=backend, **params
+    )
     assert torch.equal(torch.cat([first, rest]), z.detach())
     w = torch.rand(z.shape, generator=g)
     (z[:12] * w[:12]).sum().backward()
@@ -60,12 +63,14 @@ def test_recurrent_modules_match_norse(name, backend):
     state bit for bit, continuing from a Norse state too; gradients of the input and both weights to 1e-5."""
     import spikefuse.compat.norse as CN
 
-    T, B, I, H = 24, 3, 12, 10
+    T, B, n_in, H = 24, 3, 12, 10
     torch.manual_seed(1)
-    peer = getattr(norse, name)(I, H)
+    peer = getattr(norse, name)(n_in, H)
     torch.manual_seed(1)
-    ours = getattr(CN, name)(I, H, backend=backend)
-    x = (torch.rand(T, B, I, generator=torch.Generator().manual_seed(2)) < 0.3).float() * (4.0 if "LIF" in name else 20.0)
+    ours = getattr(CN, name)(n_in, H, backend=backend)
+    x = (torch.rand(T, B, n_in, generator=torch.Generator().manual_seed(2)) < 0.3).float() * (
+        4.0 if "LIF" in name else 20.0
+    )
     xp, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     (zp, sp), (zo, so) = peer(xp), ours(xo)
     assert 0 < float(zp.detach().mean()) < 1
@@ -75,8 +80,10 @@ def test_recurrent_modules_match_norse(name, backend):
     first = peer(x[:10])[1]
     assert torch.equal(ours(x[10:], first)[0], peer(x[10:], first)[0])
     upstream = torch.randn(zp.shape, generator=torch.Generator().manual_seed(3))
-    grads = [torch.autograd.grad((z * upstream).sum() + s.v.sum(), [xx, m.input_weights, m.recurrent_weights])
-             for z, s, xx, m in ((zp, sp, xp, peer), (zo, so, xo, ours))]  # fmt: skip
+    grads = [
+        torch.autograd.grad((z * upstream).sum() + s.v.sum(), [xx, m.input_weights, m.recurrent_weights])
+        for z, s, xx, m in ((zp, sp, xp, peer), (zo, so, xo, ours))
+    ]
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(a.abs().max())))
     assert not grads[1][2].diagonal().any()  # no autapses: the diagonal's gradient zeroed, as in Norse

@@ -59,10 +59,18 @@ CASES = {
     "leaky": (snntorch.Leaky, C.Leaky, dict(beta=0.8, threshold=0.9), ["beta", "threshold"]),
     "synaptic": (snntorch.Synaptic, C.Synaptic, dict(alpha=0.7, beta=0.85, threshold=0.9), ["alpha", "beta"]),
     "rleaky": (snntorch.RLeaky, C.RLeaky, dict(beta=0.8, threshold=0.9, linear_features=N), ["beta", "recurrent"]),
-    "rleaky_v": (snntorch.RLeaky, C.RLeaky, dict(beta=0.8, all_to_all=False, V=torch.linspace(-0.5, 0.5, N)),
-                 ["beta", "V"]),
-    "rsynaptic": (snntorch.RSynaptic, C.RSynaptic, dict(alpha=0.7, beta=0.85, linear_features=N),
-                  ["alpha", "recurrent"]),
+    "rleaky_v": (
+        snntorch.RLeaky,
+        C.RLeaky,
+        dict(beta=0.8, all_to_all=False, V=torch.linspace(-0.5, 0.5, N)),
+        ["beta", "V"],
+    ),
+    "rsynaptic": (
+        snntorch.RSynaptic,
+        C.RSynaptic,
+        dict(alpha=0.7, beta=0.85, linear_features=N),
+        ["alpha", "recurrent"],
+    ),
 }
 
 
@@ -116,8 +124,9 @@ def test_state_kept_between_calls_and_reset(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_init_hidden_output_and_graded_spikes(backend):
     for output in (False, True):
-        peer, ours = _pair(snntorch.Leaky, C.Leaky, backend, beta=0.5, init_hidden=True, output=output,
-                           graded_spikes_factor=0.5)  # fmt: skip
+        peer, ours = _pair(
+            snntorch.Leaky, C.Leaky, backend, beta=0.5, init_hidden=True, output=output, graded_spikes_factor=0.5
+        )
         x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(8))
         for x_t in x:
             a, b = peer(x_t), ours(x_t)
@@ -128,8 +137,9 @@ def test_init_hidden_output_and_graded_spikes(backend):
         assert set(ours.sequence(x)[0].unique().tolist()) <= {0.0, 0.5}
         with pytest.raises(TypeError, match="with init_hidden=True Leaky keeps its states"):
             ours(x[0], torch.zeros(B, N))
-    peer, ours = _pair(snntorch.RSynaptic, C.RSynaptic, backend, alpha=0.6, beta=0.8, linear_features=N,
-                       init_hidden=True)  # fmt: skip
+    peer, ours = _pair(
+        snntorch.RSynaptic, C.RSynaptic, backend, alpha=0.6, beta=0.8, linear_features=N, init_hidden=True
+    )
     x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(9))
     assert torch.equal(torch.stack([peer(x_t) for x_t in x]), torch.stack([ours(x_t) for x_t in x]))
 
@@ -148,8 +158,10 @@ def test_one_to_one_options(backend):
 def test_float64_leaky_and_synaptic():
     """snnTorch computes a float64 input in float64 (float32 spikes): so do Leaky and Synaptic."""
     x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
-    for cls_peer, cls_ours, kw in ((snntorch.Leaky, C.Leaky, dict(beta=0.7, reset_mechanism="zero")),
-                                   (snntorch.Synaptic, C.Synaptic, dict(alpha=0.7, beta=0.8))):  # fmt: skip
+    for cls_peer, cls_ours, kw in (
+        (snntorch.Leaky, C.Leaky, dict(beta=0.7, reset_mechanism="zero")),
+        (snntorch.Synaptic, C.Synaptic, dict(alpha=0.7, beta=0.8)),
+    ):
         peer, ours = _pair(cls_peer, cls_ours, "cpu", **kw)
         (s1, st1), (s2, st2) = _loop(peer, x), _loop(ours, x)
         assert s1.dtype == s2.dtype == torch.float32 and st2[-1].dtype == torch.float64
@@ -158,8 +170,16 @@ def test_float64_leaky_and_synaptic():
 
 def test_synaptic_without_reset_delay():
     """reset_delay=False with "zero" (what snnTorch's NIR import builds): the in-step reset, its gradient kept."""
-    peer, ours = _pair(snntorch.Synaptic, C.Synaptic, "cpu", alpha=0.7, beta=0.85, threshold=0.9,
-                       reset_mechanism="zero", reset_delay=False)  # fmt: skip
+    peer, ours = _pair(
+        snntorch.Synaptic,
+        C.Synaptic,
+        "cpu",
+        alpha=0.7,
+        beta=0.85,
+        threshold=0.9,
+        reset_mechanism="zero",
+        reset_delay=False,
+    )
     x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(13))
     xp, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     spikes = []
@@ -169,8 +189,11 @@ def test_synaptic_without_reset_delay():
     o_spk, o_syn, o_mem = ours.sequence(xo)
     assert torch.equal(torch.stack(spikes), o_spk) and torch.equal(syn, o_syn) and torch.equal(mem, o_mem)
     w = torch.rand(o_spk.shape)
-    _close(torch.autograd.grad((o_spk * w).sum() + o_mem.sum(), xo)[0],
-           torch.autograd.grad((torch.stack(spikes) * w).sum() + mem.sum(), xp)[0], "x")  # fmt: skip
+    _close(
+        torch.autograd.grad((o_spk * w).sum() + o_mem.sum(), xo)[0],
+        torch.autograd.grad((torch.stack(spikes) * w).sum() + mem.sum(), xp)[0],
+        "x",
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -207,14 +230,22 @@ def test_surrogate_mapping_and_errors():
     assert C.to_surrogate(snn_surrogate.fast_sigmoid()) == sf_surrogate.FastSigmoid(25.0)
     assert C.to_surrogate(snn_surrogate.sigmoid(slope=7)) == sf_surrogate.Sigmoid(7.0)
     assert C.to_surrogate(sf_surrogate.Triangle(2.0)) == sf_surrogate.Triangle(2.0)
-    for unsupported in (snn_surrogate.triangular(), snn_surrogate.heaviside(),
-                        snn_surrogate.straight_through_estimator(), lambda u: u):  # fmt: skip
+    for unsupported in (
+        snn_surrogate.triangular(),
+        snn_surrogate.heaviside(),
+        snn_surrogate.straight_through_estimator(),
+        lambda u: u,
+    ):
         with pytest.raises(ValueError, match="unsupported spike_grad.*atan"):
             C.Leaky(beta=0.5, spike_grad=unsupported)
     refused = [
         (lambda: C.Leaky(beta=0.5, reset_delay=False), NotImplementedError, "reset_delay=False"),
         (lambda: C.RLeaky(beta=0.5, linear_features=3, reset_delay=False), NotImplementedError, "reset_delay=False"),
-        (lambda: C.Synaptic(alpha=0.5, beta=0.5, reset_delay=False), NotImplementedError, "with reset_mechanism='zero'"),
+        (
+            lambda: C.Synaptic(alpha=0.5, beta=0.5, reset_delay=False),
+            NotImplementedError,
+            "with reset_mechanism='zero'",
+        ),
         (lambda: C.Leaky(beta=0.5, inhibition=True), NotImplementedError, "inhibition"),
         (lambda: C.Leaky(beta=0.5, state_quant=True), NotImplementedError, "state_quant"),
         (lambda: C.Leaky(beta=0.5, reset_mechanism="hard"), ValueError, "reset_mechanism must be one of"),
@@ -222,8 +253,11 @@ def test_surrogate_mapping_and_errors():
         (lambda: C.RLeaky(beta=0.5, conv2d_channels=2, kernel_size=3), NotImplementedError, "recurrent convolutions"),
         (lambda: C.RLeaky(beta=0.5, all_to_all=False, linear_features=3), TypeError, "takes V, not linear_features"),
         (lambda: C.Leaky(beta=torch.rand(3, 8))(torch.rand(3, 8)), ValueError, "per-neuron beta"),
-        (lambda: C.Leaky(beta=0.5)(torch.rand(3, 8), torch.zeros(3, 8), torch.zeros(3, 8)), TypeError,
-         "at most 1 states"),
+        (
+            lambda: C.Leaky(beta=0.5)(torch.rand(3, 8), torch.zeros(3, 8), torch.zeros(3, 8)),
+            TypeError,
+            "at most 1 states",
+        ),
     ]
     for make, error, message in refused:
         with pytest.raises(error, match=message):

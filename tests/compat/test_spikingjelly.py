@@ -216,4 +216,3 @@ def test_defaults_and_attributes_match_spikingjelly():
 def test_clear_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
-

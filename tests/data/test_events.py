@@ -115,4 +115,3 @@ def test_digits_events_deterministic_and_seeded():
 def test_digits_events_size():
     ds, info = load_dataset("digits-events", None, train=False, T=4, size=24)
     assert (info.height, info.width) == (24, 24) and ds[0][0].shape == (4, 2, 24, 24)
-

@@ -156,6 +156,9 @@ def test_declared_size_out_of_bounds(tmp_path):
     """Dimensions whose product passes any sensible size (and int64): refused from the header alone."""
     path = tmp_path / "huge-idx"
     path.write_bytes((0x00000803).to_bytes(4, "big") + b"\xff\xff\xff\xff" * 3)
-    with pytest.raises(DataError, match=r"declares dimensions \(4294967295, 4294967295, 4294967295\), \d+ data bytes, "
-                                        r"more than the"):
+    with pytest.raises(
+        DataError,
+        match=r"declares dimensions \(4294967295, 4294967295, 4294967295\), \d+ data bytes, "
+        r"more than the",
+    ):
         read_idx(path)

@@ -67,8 +67,11 @@ def test_nmnist_round_trip(tmp_path):
         for b in range(4):
             sl = slice(10 * b, 10 * b + 10)
             expect.zero_()
-            expect.index_put_((torch.as_tensor(ev["p"][sl]), torch.as_tensor(ev["y"][sl]), torch.as_tensor(ev["x"][sl])),
-                              torch.ones(10), accumulate=True)
+            expect.index_put_(
+                (torch.as_tensor(ev["p"][sl]), torch.as_tensor(ev["y"][sl]), torch.as_tensor(ev["x"][sl])),
+                torch.ones(10),
+                accumulate=True,
+            )
             assert torch.equal(frames[b], expect)
     # time bins: same events, T equal-duration frames
     tds, _ = load_dataset("nmnist", tmp_path / "NMNIST", train=False, T=3, framing="time")  # folder itself as root
@@ -108,16 +111,24 @@ def test_nmnist_bad_layout(tmp_path):
         load_dataset("nmnist", tmp_path, train=True, T=4)
 
 
-def write_dvsgesture(root, split="ibmGestureTrain", users=("user01_fluorescent", "user02_led"), labels=(0, 5, 10),
-                     n_events=60, seed=0):
+def write_dvsgesture(
+    root, split="ibmGestureTrain", users=("user01_fluorescent", "user02_led"), labels=(0, 5, 10), n_events=60, seed=0
+):
     rng = np.random.default_rng(seed)
     out = {}
     for u in users:
         folder = root / "DVSGesture" / split / u
         folder.mkdir(parents=True, exist_ok=True)
         for lab in labels:
-            arr = np.stack([rng.integers(0, 128, n_events), rng.integers(0, 128, n_events),
-                            rng.integers(0, 2, n_events), np.sort(rng.integers(0, 6000, n_events))], axis=1)
+            arr = np.stack(
+                [
+                    rng.integers(0, 128, n_events),
+                    rng.integers(0, 128, n_events),
+                    rng.integers(0, 2, n_events),
+                    np.sort(rng.integers(0, 6000, n_events)),
+                ],
+                axis=1,
+            )
             np.save(folder / f"{lab}.npy", arr.astype(np.int64))
             out[str(folder / f"{lab}.npy")] = (arr, lab)
     return out

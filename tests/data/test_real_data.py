@@ -55,13 +55,27 @@ def test_real_nmnist_recordings_frame_into_T_steps():
     assert float(per_frame.min()) > 0 and float(per_frame.max() - per_frame.min()) <= 1
 
 
-@pytest.mark.parametrize("dataset, root", [pytest.param("mnist", MNIST, marks=needs_mnist),
-                                           pytest.param("nmnist", NMNIST, marks=needs_nmnist)])
+@pytest.mark.parametrize(
+    "dataset, root",
+    [pytest.param("mnist", MNIST, marks=needs_mnist), pytest.param("nmnist", NMNIST, marks=needs_nmnist)],
+)
 def test_training_on_real_data_runs_and_the_loss_falls(tmp_path, dataset, root):
     """Two short epochs on a seeded subset: the run finishes, writes its files, and the training loss falls
     (test accuracy after 16 steps is not yet a stable signal: BatchNorm's running statistics lag)."""
-    cfg = TrainConfig(model="resnet-tiny", dataset=dataset, data_dir=str(root), T=2, epochs=2, batch_size=32,
-                      train_subset=256, test_subset=64, out=str(tmp_path), progress=False, threads=2, lr=3e-3)
+    cfg = TrainConfig(
+        model="resnet-tiny",
+        dataset=dataset,
+        data_dir=str(root),
+        T=2,
+        epochs=2,
+        batch_size=32,
+        train_subset=256,
+        test_subset=64,
+        out=str(tmp_path),
+        progress=False,
+        threads=2,
+        lr=3e-3,
+    )
     history = fit(cfg, log=lambda msg: None)
     assert [r["epoch"] for r in history] == [1, 2]
     assert history[1]["train_loss"] < history[0]["train_loss"] < 2.5

@@ -134,15 +134,19 @@ def _train_fn(args):
 
 def test_run_data_parallel_spawns_ranks_and_returns_rank0():
     assert run_data_parallel(_train_fn, 2, {"lr": 1}, timeout=60, pg_timeout=timedelta(seconds=30)) == (
-        "trained", {"lr": 1}, 2)
+        "trained",
+        {"lr": 1},
+        2,
+    )
 
 
 def test_run_data_parallel_joins_a_torchrun_group(monkeypatch):
     """Under torchrun (RANK/WORLD_SIZE/MASTER_* set) it joins that group in this process instead of spawning."""
     from spikefuse.distributed.ddp import free_port
 
-    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
+    for key, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    ).items():
         monkeypatch.setenv(key, value)
     assert run_data_parallel(_train_fn, 8, "a", backend="gloo", pg_timeout=30) == ("trained", "a", 1)
     assert not dist.is_initialized()

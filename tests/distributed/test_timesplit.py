@@ -40,8 +40,22 @@ from spikefuse.distributed import (
 # plain PyTorch by default: no numba compile in every spawned rank. SPIKEFUSE_TEST_DIST_BACKEND=cpu runs the fused kernel.
 BACKEND = os.environ.get("SPIKEFUSE_TEST_DIST_BACKEND", "reference")
 RTOL = 1e-5
-BENCH_ARGV = ["timesplit", "--quick", "--neurons", "600", "--T", "3", "6", "--ranks", "2", "3", "--repeats", "1",
-              "--backend", BACKEND]
+BENCH_ARGV = [
+    "timesplit",
+    "--quick",
+    "--neurons",
+    "600",
+    "--T",
+    "3",
+    "6",
+    "--ranks",
+    "2",
+    "3",
+    "--repeats",
+    "1",
+    "--backend",
+    BACKEND,
+]
 
 
 def _bench_args(out) -> argparse.Namespace:
@@ -82,7 +96,7 @@ LIF_CASES = [
 def _check_lif_layer(group, failures):
     for case, (name, shape, kw, chunks, leak_shape, dtype) in enumerate(LIF_CASES):
         g = torch.Generator().manual_seed(100 + case)  # the same data on every rank
-        x = (torch.rand(shape, generator=g, dtype=dtype) * 0.9)
+        x = torch.rand(shape, generator=g, dtype=dtype) * 0.9
         grad_spk = torch.rand(shape, generator=g, dtype=dtype)
         grad_state = torch.rand(shape[1:], generator=g, dtype=dtype)
         v0 = (torch.rand(shape[1:], generator=g, dtype=dtype) * 0.5).requires_grad_()
@@ -245,7 +259,9 @@ def _worker(rank, world):
         dist.barrier()
     reports["ddp"] = ddp_check(pair) if rank in (0, 1) else None
     dist.barrier()
-    reports["bench"] = bench_timesplit._worker(rank, world, bench_timesplit.config(bench_timesplit.prepare(_bench_args("-"))))
+    reports["bench"] = bench_timesplit._worker(
+        rank, world, bench_timesplit.config(bench_timesplit.prepare(_bench_args("-")))
+    )
     reports["timeout"] = _check_timeout(failures := [])  # last: leaves a group with an abandoned receive
     reports["timeout-failures"] = failures
     return reports
@@ -295,8 +311,18 @@ def test_bench_quick_writes_markdown_csv_png(reports, tmp_path, monkeypatch):
     with open(stem.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == [
-        "T", "N", "ranks", "chunks", "backend", "threads_per_rank", "t_single_ms", "t_split_ms", "t_comm_ms",
-        "speedup_measured", "speedup_eq5", "best_k_eq5",
+        "T",
+        "N",
+        "ranks",
+        "chunks",
+        "backend",
+        "threads_per_rank",
+        "t_single_ms",
+        "t_split_ms",
+        "t_comm_ms",
+        "speedup_measured",
+        "speedup_eq5",
+        "best_k_eq5",
     ]
     assert [(r["T"], r["ranks"]) for r in rows] == [(t, k) for t in ("3", "6") for k in ("1", "2", "3")]
     assert all(float(r["t_split_ms"]) > 0 and float(r["t_comm_ms"]) > 0 for r in rows)

@@ -42,8 +42,16 @@ def tiny(name, backend, in_channels=2, num_classes=5, size=8, **extra):
 
 
 def test_registry_names():
-    assert set(MODELS) == {"resnet-tiny", "resnet18", "resnet34", "resnet50", "liang-small", "liang-medium", "liang-large",
-                           "srnn"}
+    assert set(MODELS) == {
+        "resnet-tiny",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "liang-small",
+        "liang-medium",
+        "liang-large",
+        "srnn",
+    }
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet19", 3, 10)
 
@@ -66,10 +74,10 @@ def test_neuron_defaults_follow_the_papers():
     r = build_model("resnet-tiny", 1, 10)
     lif = neuron_layers(r)[0][1]
     assert (lif.decay, lif.threshold, lif.v_reset, lif.surrogate, lif.backend) == (0.2, 0.3, 0.0, Sigmoid(4.0), "auto")
-    l = build_model("liang-small", 3, 10)
-    lif = neuron_layers(l)[0][1]
+    liang = build_model("liang-small", 3, 10)
+    lif = neuron_layers(liang)[0][1]
     assert (lif.decay, lif.threshold, lif.surrogate) == (0.25, 0.25, Rectangle(1.0, 1.0))
-    assert l.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
+    assert liang.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
     assert PAPER_NEURON.backend == LIANG_NEURON.backend == "auto"
     # explicit options and the backend override
     opts = LIFOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
@@ -81,8 +89,8 @@ def test_neuron_defaults_follow_the_papers():
 def test_imagenet_stem_and_odd_sizes():
     m = build_model("resnet-tiny", 3, 7, stem="imagenet", width=4, neuron_backend="reference")
     assert m(torch.rand(2, 1, 3, 40, 40)).shape == (2, 1, 7)
-    l = build_model("liang-small", 1, 3, image_size=(28, 20), hidden=(8,), neuron_backend="reference")
-    assert l(torch.rand(2, 2, 1, 28, 20)).shape == (2, 2, 3)
+    liang = build_model("liang-small", 1, 3, image_size=(28, 20), hidden=(8,), neuron_backend="reference")
+    assert liang(torch.rand(2, 2, 1, 28, 20)).shape == (2, 2, 3)
     with pytest.raises(ValueError, match=r"\[T, B, C, H, W\]"):
         m(torch.rand(2, 3, 8, 8))
 

@@ -22,16 +22,20 @@ CASES = {  # (dynamics, reset) or ("spikingjelly", reset, charge) -> v_reset of 
     ("snntorch", "soft"): 0.0,
     ("snntorch", "hard"): 0.0,
     ("snntorch", "none"): 0.0,
-    **{("spikingjelly", reset, charge): -0.1 if reset == "hard" else 0.0
-       for reset in ("hard", "soft") for charge in ("if", "div_input", "div", "mul_input", "mul")},
+    **{
+        ("spikingjelly", reset, charge): -0.1 if reset == "hard" else 0.0
+        for reset in ("hard", "soft")
+        for charge in ("if", "div_input", "div", "mul_input", "mul")
+    },
     ("spikingjelly", "none", "div_input"): 0.0,  # no reset, no handoff (one form: the charges are the ones above)
 }
+
+
 def _spec_and_model(case, **spec_options) -> tuple[P.NeuronSpec, NeuronModel]:
     """The spec of a case (as the layers build it) and its definition."""
     if case[0] == "spikingjelly":
         _, reset, charge = case
-        spec = P.NeuronSpec(reset=reset, dynamics=P.SPIKINGJELLY, charge=charge, state_post_reset=True,
-                            **spec_options)  # fmt: skip
+        spec = P.NeuronSpec(reset=reset, dynamics=P.SPIKINGJELLY, charge=charge, state_post_reset=True, **spec_options)
         return spec, SPIKINGJELLY_MODELS[(reset, charge)]
     dynamics, reset = case
     return P.NeuronSpec(reset=reset, dynamics=dynamics, **spec_options), LIF_MODELS[case]
@@ -51,8 +55,9 @@ def test_engine_lif_equals_the_spec_reference(case, detach):
     _check(case, detach, False, "reference")
 
 
-@pytest.mark.parametrize("case", [("paper", "hard"), ("snntorch", "soft"), ("spikingjelly", "hard", "mul_input")],
-                         ids=lambda c: "-".join(c))  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [("paper", "hard"), ("snntorch", "soft"), ("spikingjelly", "hard", "mul_input")], ids=lambda c: "-".join(c)
+)
 def test_per_channel_decay(case):
     _check(case, False, True, "cpu")
 
@@ -82,17 +87,24 @@ def _check(case, detach, per_channel, engine_backend, memory="recompute", dtype=
     decay = torch.rand(4, generator=g) * 0.5 + 0.4 if per_channel else torch.tensor(0.8)
     upstream, upstream_state = torch.rand(x.shape, generator=g).to(dtype), torch.rand(v0.shape, generator=g)
 
-    spec, model = _spec_and_model(case, threshold=threshold, v_reset=v_reset, surrogate=surrogate,
-                                  detach_reset=detach)  # fmt: skip
+    spec, model = _spec_and_model(case, threshold=threshold, v_reset=v_reset, surrogate=surrogate, detach_reset=detach)
     leaves_ref = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_ref, state_ref = P.run(leaves_ref[0], leaves_ref[2], spec, v_init=leaves_ref[1])
 
     leaves_engine = [t.clone().requires_grad_() for t in (x, v0, decay)]
     spikes_engine, (state_engine,) = spikefuse.neuron(
-        leaves_engine[0], model, surrogate=surrogate, detach_reset=detach, state=(leaves_engine[1],),
-        return_state=True, backend=engine_backend, memory=memory, decay=leaves_engine[2], threshold=threshold,
+        leaves_engine[0],
+        model,
+        surrogate=surrogate,
+        detach_reset=detach,
+        state=(leaves_engine[1],),
+        return_state=True,
+        backend=engine_backend,
+        memory=memory,
+        decay=leaves_engine[2],
+        threshold=threshold,
         v_reset=v_reset,
-    )  # fmt: skip
+    )
 
     assert 0 < float(spikes_ref.detach().float().mean()) < 1, "the case must spike and not spike"
     assert spikes_engine.dtype == spikes_ref.dtype == dtype and state_engine.dtype == state_ref.dtype == torch.float32

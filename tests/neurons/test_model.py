@@ -29,8 +29,11 @@ def _model(**kw):
         (dict(defaults=(("q", 1.0),)), "a default for 'q', which is not a parameter"),
         (dict(initial=(("q", 1.0),)), "an initial value for 'q', which is not a state"),
         (dict(handoff=(("w", "v"),)), "handoff assigns 'w', which is not a state"),
-        (dict(handoff=(("v", "v - x"),)), r"handoff v = v - x reads unknown names \['x'\] \(it sees the states after "
-                                          r"the last step, their spike s and the parameters\)"),
+        (
+            dict(handoff=(("v", "v - x"),)),
+            r"handoff v = v - x reads unknown names \['x'\] \(it sees the states after "
+            r"the last step, their spike s and the parameters\)",
+        ),
         (dict(handoff=(("v", "where(v, 0, v)"),)), r"where takes the spike and two values"),
     ],
 )

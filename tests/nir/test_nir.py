@@ -43,15 +43,23 @@ def _lif_node(n=3, tau=1e-3, r=None, v_leak=0.0, v_threshold=0.5, v_reset=0.0) -
         return np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)).copy()
 
     tau = arr(tau)
-    return nir.LIF(tau=tau, r=tau / DT if r is None else arr(r), v_leak=arr(v_leak), v_threshold=arr(v_threshold),
-                   v_reset=arr(v_reset))
+    return nir.LIF(
+        tau=tau,
+        r=tau / DT if r is None else arr(r),
+        v_leak=arr(v_leak),
+        v_threshold=arr(v_threshold),
+        v_reset=arr(v_reset),
+    )
 
 
 def _neuron_outputs(model: nn.Module, x: torch.Tensor):
     """``(model(x), [spikes of every spikefuse neuron call, in call order])``."""
     spikes = []
-    hooks = [m.register_forward_hook(lambda m, a, out: spikes.append(out)) for m in model.modules()
-             if isinstance(m, (LIF, sfnir.EulerLIF, CubaLIF, sfnir.CubaLIFNode))]
+    hooks = [
+        m.register_forward_hook(lambda m, a, out: spikes.append(out))
+        for m in model.modules()
+        if isinstance(m, (LIF, sfnir.EulerLIF, CubaLIF, sfnir.CubaLIFNode))
+    ]
     try:
         with torch.no_grad():
             y = model(x)
@@ -66,22 +74,34 @@ def _conv2d_net():
     lif = LIF(threshold=0.4, learnable_decay=True, channels=4)
     lif.decay.data = torch.tensor([0.3, 0.5, 0.7, 0.9])  # per-channel decay: one tau per channel in NIR
     return nn.Sequential(
-        SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)), lif, SeqToBatch(nn.AvgPool2d(2)),
-        SeqToBatch(nn.Conv2d(4, 4, 3, padding="same", bias=False)), IF(threshold=0.5, v_reset=0.1),
-        SeqToBatch(sfnir.SumPool2d(2, 2, 0)), Flatten(), SeqToBatch(nn.Linear(16, 5)), LIF(decay=0.2, threshold=0.3),
+        SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
+        lif,
+        SeqToBatch(nn.AvgPool2d(2)),
+        SeqToBatch(nn.Conv2d(4, 4, 3, padding="same", bias=False)),
+        IF(threshold=0.5, v_reset=0.1),
+        SeqToBatch(sfnir.SumPool2d(2, 2, 0)),
+        Flatten(),
+        SeqToBatch(nn.Linear(16, 5)),
+        LIF(decay=0.2, threshold=0.3),
     ), (2, 8, 8)
 
 
 def _conv1d_net():
     return nn.Sequential(
-        SeqToBatch(nn.Conv1d(2, 3, 3, stride=2, padding=1)), LIF(decay=0.6, threshold=0.3),
-        SeqToBatch(nn.Flatten()), SeqToBatch(nn.Linear(12, 4)), IF(threshold=0.7),
+        SeqToBatch(nn.Conv1d(2, 3, 3, stride=2, padding=1)),
+        LIF(decay=0.6, threshold=0.3),
+        SeqToBatch(nn.Flatten()),
+        SeqToBatch(nn.Linear(12, 4)),
+        IF(threshold=0.7),
     ), (2, 8)
 
 
 def _mlp_with_if():
     return nn.Sequential(
-        SeqToBatch(nn.Linear(6, 8)), IF(threshold=0.5), SeqToBatch(nn.Linear(8, 5)), IF(threshold=0.3, v_reset=-0.2),
+        SeqToBatch(nn.Linear(6, 8)),
+        IF(threshold=0.5),
+        SeqToBatch(nn.Linear(8, 5)),
+        IF(threshold=0.3, v_reset=-0.2),
         SeqToBatch(nn.Linear(5, 3, bias=False)),
     ), (6,)
 
@@ -108,8 +128,19 @@ def test_round_trip_node_types_and_parameters():
     model, shape = _conv2d_net()
     graph = sfnir.export(model, torch.rand(2, 1, *shape), dt=DT)
     types = [type(graph.nodes[n]).__name__ for n in graph.nodes]
-    assert types == ["Input", "Conv2d", "LIF", "AvgPool2d", "Conv2d", "IF", "SumPool2d", "Flatten", "Affine", "LIF",
-                     "Output"]
+    assert types == [
+        "Input",
+        "Conv2d",
+        "LIF",
+        "AvgPool2d",
+        "Conv2d",
+        "IF",
+        "SumPool2d",
+        "Flatten",
+        "Affine",
+        "LIF",
+        "Output",
+    ]
     lif = graph.nodes["1"]
     k = np.array([0.3, 0.5, 0.7, 0.9], dtype=np.float32).astype(np.float64)
     np.testing.assert_array_equal(lif.tau[:, 0, 0], DT / (1 - k))  # tau = dt/(1 - decay), per channel
@@ -157,10 +188,17 @@ def test_leaky_integrator_integrator_threshold_scale_and_subgraph():
     scale, threshold, r_int = rng.uniform(0.5, 2, n), rng.uniform(0.0, 0.3, n), rng.uniform(0.5, 2, n)
     sub = nir.NIRGraph(
         nodes={"in": nir.Input(np.array([n])), "i": nir.I(r=r_int), "out": nir.Output(np.array([n]))},
-        edges=[("in", "i"), ("i", "out")], type_check=False,
+        edges=[("in", "i"), ("i", "out")],
+        type_check=False,
     )
-    graph = _graph({"scale": nir.Scale(scale=scale), "li": nir.LI(tau=tau, r=r, v_leak=v_leak),
-                    "threshold": nir.Threshold(threshold=threshold), "sub": sub})
+    graph = _graph(
+        {
+            "scale": nir.Scale(scale=scale),
+            "li": nir.LI(tau=tau, r=r, v_leak=v_leak),
+            "threshold": nir.Threshold(threshold=threshold),
+            "sub": sub,
+        }
+    )
     net = sfnir.load(graph, dt=DT)
     x = torch.randn(t_steps, 2, n)
     with torch.no_grad():
@@ -200,9 +238,12 @@ def test_norse_to_spikefuse(lif_form):
     torch.manual_seed(0)
     tau_inv = torch.tensor(NORSE_TAU_INV)
     model = norse_torch.SequentialState(
-        nn.Linear(6, 16), norse_torch.LIFBoxCell(norse_torch.LIFBoxParameters(tau_mem_inv=tau_inv)),
-        nn.Linear(16, 8), norse_torch.IAFCell(),
-        nn.Linear(8, 3), norse_torch.LIBoxCell(norse_torch.LIBoxParameters(tau_mem_inv=tau_inv)),
+        nn.Linear(6, 16),
+        norse_torch.LIFBoxCell(norse_torch.LIFBoxParameters(tau_mem_inv=tau_inv)),
+        nn.Linear(16, 8),
+        norse_torch.IAFCell(),
+        nn.Linear(8, 3),
+        norse_torch.LIBoxCell(norse_torch.LIBoxParameters(tau_mem_inv=tau_inv)),
     )
     # Norse 1.1.0's to_nir writes tau = dt/tau_mem_inv, NIR's tau = 1/tau_mem_inv only for dt = 1: export with
     # dt = 1 and read the graph with the dt the model runs with (1e-3).
@@ -319,7 +360,8 @@ def test_snntorch_to_spikefuse():
 
 
 @pytest.mark.xfail(
-    strict=True, raises=ValueError,
+    strict=True,
+    raises=ValueError,
     reason="snnTorch 1.0.0 export_to_nir writes a scalar beta/threshold as a 0-d LIF, whose type [] NIR 1.0.8 "
     "rejects against the Affine's [16] (and without ignore_dims=[0] the Input keeps the batch dim)",
 )
@@ -333,12 +375,19 @@ def test_snntorch_export_of_scalar_beta():
 def test_spikefuse_to_snntorch():
     _snntorch()
     torch.manual_seed(0)
-    _check_snntorch_import(nn.Sequential(SeqToBatch(nn.Linear(6, 16)), LIF(decay=0.8, threshold=0.5),
-                                         SeqToBatch(nn.Linear(16, 8)), LIF(decay=0.9, threshold=0.3)))
+    _check_snntorch_import(
+        nn.Sequential(
+            SeqToBatch(nn.Linear(6, 16)),
+            LIF(decay=0.8, threshold=0.5),
+            SeqToBatch(nn.Linear(16, 8)),
+            LIF(decay=0.9, threshold=0.3),
+        )
+    )
 
 
 @pytest.mark.xfail(
-    strict=True, raises=AssertionError,
+    strict=True,
+    raises=AssertionError,
     reason="snnTorch 1.0.0 import_from_nir reads nir.IF as Leaky(beta=0.9): a leaky neuron, not an integrator",
 )
 def test_spikefuse_if_to_snntorch():
@@ -364,16 +413,23 @@ def test_delay_is_not_supported_yet():
         sfnir.load(_graph({"delay": nir.Delay(delay=np.ones(2))}))
 
 
-@pytest.mark.parametrize("kwargs, lif_form, message", [
-    (dict(v_threshold=[0.5, 0.6, 0.5]), "decay", r"'lif' \(LIF\): v_threshold differs between neurons \(from 0.5 "
-     r"to 0.6\).*not averaged"),
-    (dict(v_reset=[0.0, 0.1, 0.0]), "euler", r"v_reset differs between neurons"),
-    (dict(v_leak=0.1), "decay", r"v_leak must be 0 for lif_form='decay'"),
-    (dict(v_reset=0.2), "decay", r"v_reset must be 0 for lif_form='decay'"),
-    (dict(v_leak=0.1, v_reset=0.0), "euler", r"needs v_reset == v_leak"),
-    (dict(tau=[1e-3, -1e-3, 1e-3]), "decay", r"tau must hold finite numbers > 0"),
-    (dict(tau=np.nan), "euler", r"tau must hold finite numbers > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, lif_form, message",
+    [
+        (
+            dict(v_threshold=[0.5, 0.6, 0.5]),
+            "decay",
+            r"'lif' \(LIF\): v_threshold differs between neurons \(from 0.5 "
+            r"to 0.6\).*not averaged",
+        ),
+        (dict(v_reset=[0.0, 0.1, 0.0]), "euler", r"v_reset differs between neurons"),
+        (dict(v_leak=0.1), "decay", r"v_leak must be 0 for lif_form='decay'"),
+        (dict(v_reset=0.2), "decay", r"v_reset must be 0 for lif_form='decay'"),
+        (dict(v_leak=0.1, v_reset=0.0), "euler", r"needs v_reset == v_leak"),
+        (dict(tau=[1e-3, -1e-3, 1e-3]), "decay", r"tau must hold finite numbers > 0"),
+        (dict(tau=np.nan), "euler", r"tau must hold finite numbers > 0"),
+    ],
+)
 def test_lif_parameters_spikefuse_cannot_represent(kwargs, lif_form, message):
     with pytest.raises(ValueError, match=message):
         sfnir.load(_graph({"lif": _lif_node(**kwargs)}), lif_form=lif_form)
@@ -397,27 +453,35 @@ def test_bad_dt(dt):
 def test_bad_graphs():
     with pytest.raises(ValueError, match=r"lif_form must be one of \('auto', 'decay', 'euler'\)"):
         sfnir.load(_graph({"lif": _lif_node()}), lif_form="exact")
-    longer = _graph({"lif": _lif_node(), "w": nir.Linear(weight=np.eye(3)), "v": nir.Linear(weight=np.eye(3))},
-                    edges=[("input", "lif"), ("lif", "w"), ("w", "v"), ("v", "lif"), ("lif", "output")])
+    longer = _graph(
+        {"lif": _lif_node(), "w": nir.Linear(weight=np.eye(3)), "v": nir.Linear(weight=np.eye(3))},
+        edges=[("input", "lif"), ("lif", "w"), ("w", "v"), ("v", "lif"), ("lif", "output")],
+    )
     with pytest.raises(ValueError, match=r"cycle \(through \['lif', 'w', 'v'.*\) other than a neuron's own recurrent"):
         sfnir.load(longer)
-    if_cycle = _graph({"if": nir.IF(r=np.ones(3), v_threshold=np.ones(3), v_reset=np.zeros(3)),
-                       "w": nir.Linear(weight=np.eye(3))},
-                      edges=[("input", "if"), ("if", "w"), ("w", "if"), ("if", "output")])  # fmt: skip
+    if_cycle = _graph(
+        {"if": nir.IF(r=np.ones(3), v_threshold=np.ones(3), v_reset=np.zeros(3)), "w": nir.Linear(weight=np.eye(3))},
+        edges=[("input", "if"), ("if", "w"), ("w", "if"), ("if", "output")],
+    )
     with pytest.raises(ValueError, match=r"a recurrent connection feeds a IF; spikefuse's recurrent layers take LIF"):
         sfnir.load(if_cycle)
     with pytest.raises(TypeError, match=r"nir.NIRGraph or the path"):
         sfnir.load(_lif_node())
 
 
-@pytest.mark.parametrize("model, message", [
-    (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(v_reset=None)), r"1 \(LIF\): soft reset .*has no NIR node"),
-    (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(decay=0.5, v_reset=0.5)), r"v_reset=0.5 with a leak"),
-    (nn.Sequential(LIF(), SeqToBatch(nn.MaxPool1d(1))), r"1 \(SeqToBatch\): MaxPool1d has no NIR node"),
-    (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), SeqToBatch(nn.BatchNorm1d(3)), LIF()),
-     r"NIR has no BatchNorm node.*fold_batchnorm"),
-    (nn.Sequential(LIF(), nn.ReLU()), r"1 \(ReLU\) has no NIR node"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(v_reset=None)), r"1 \(LIF\): soft reset .*has no NIR node"),
+        (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(decay=0.5, v_reset=0.5)), r"v_reset=0.5 with a leak"),
+        (nn.Sequential(LIF(), SeqToBatch(nn.MaxPool1d(1))), r"1 \(SeqToBatch\): MaxPool1d has no NIR node"),
+        (
+            nn.Sequential(SeqToBatch(nn.Linear(3, 3)), SeqToBatch(nn.BatchNorm1d(3)), LIF()),
+            r"NIR has no BatchNorm node.*fold_batchnorm",
+        ),
+        (nn.Sequential(LIF(), nn.ReLU()), r"1 \(ReLU\) has no NIR node"),
+    ],
+)
 def test_export_rejects(model, message):
     with pytest.raises(ValueError, match=message):
         sfnir.export(model, torch.rand(2, 1, 3))
@@ -446,8 +510,12 @@ def test_fold_batchnorm_needs_eval_mode():
 # ------------------------------------------------------------------------------------------- current-based LIF
 def _cuba_mlp():
     torch.manual_seed(0)
-    return nn.Sequential(SeqToBatch(nn.Linear(6, 16)), CubaLIF(0.7, 0.8, threshold=0.5, reset="hard"),
-                         SeqToBatch(nn.Linear(16, 8)), CubaLIF(0.6, 0.9, threshold=0.3, reset="hard"))
+    return nn.Sequential(
+        SeqToBatch(nn.Linear(6, 16)),
+        CubaLIF(0.7, 0.8, threshold=0.5, reset="hard"),
+        SeqToBatch(nn.Linear(16, 8)),
+        CubaLIF(0.6, 0.9, threshold=0.3, reset="hard"),
+    )
 
 
 def test_cuba_lif_round_trip_through_a_file(tmp_path):
@@ -463,7 +531,9 @@ def test_cuba_lif_round_trip_through_a_file(tmp_path):
     again = sfnir.export(loaded, x[:1], dt=1e-4)  # the loaded node writes its NIR parameters back
     for name in ("1", "3"):
         for field in ("tau_syn", "tau_mem", "r", "w_in", "v_threshold"):
-            np.testing.assert_array_equal(getattr(again.nodes[f"layers.{name}"], field), getattr(graph.nodes[name], field))
+            np.testing.assert_array_equal(
+                getattr(again.nodes[f"layers.{name}"], field), getattr(graph.nodes[name], field)
+            )
 
 
 def test_snntorch_synaptic_to_spikefuse():
@@ -475,12 +545,20 @@ def test_snntorch_synaptic_to_spikefuse():
 
     def synaptic(n, alpha, beta, threshold, **kw):
         full = lambda v: torch.full((n,), v)  # noqa: E731  (snnTorch 1.0's exporter needs per-neuron values)
-        return snn.Synaptic(alpha=full(alpha), beta=full(beta), threshold=full(threshold), init_hidden=True,
-                            reset_mechanism="zero", reset_delay=False, **kw)  # fmt: skip
+        return snn.Synaptic(
+            alpha=full(alpha),
+            beta=full(beta),
+            threshold=full(threshold),
+            init_hidden=True,
+            reset_mechanism="zero",
+            reset_delay=False,
+            **kw,
+        )
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), synaptic(16, 0.7, 0.8, 0.5), nn.Linear(16, 8),
-                          synaptic(8, 0.6, 0.9, 0.3, output=True))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(6, 16), synaptic(16, 0.7, 0.8, 0.5), nn.Linear(16, 8), synaptic(8, 0.6, 0.9, 0.3, output=True)
+    )
     graph = export_to_nir(model, torch.randn(1, 6), ignore_dims=[0])
     loaded = sfnir.load(graph, dt=1e-4)  # snnTorch exports for dt = 1e-4
     x = torch.randn(50, 4, 6) + 0.5
@@ -511,15 +589,25 @@ def test_norse_cuba_lif_to_spikefuse():
     assert not torch.equal(ours, _run_stateful(model, x))
 
 
-@pytest.mark.parametrize("fields, lif_form, message", [
-    (dict(r=np.ones(2)), "decay", r"lif_form='decay' needs r = tau_mem/dt"),
-    (dict(v_leak=np.full(2, 0.1)), "euler", r"v_leak must be 0"),
-    (dict(v_reset=np.full(2, 0.2)), "decay", r"v_reset must be 0 for lif_form='decay'"),
-    (dict(v_threshold=np.array([0.5, 0.6])), "euler", r"v_threshold differs between neurons"),
-])
+@pytest.mark.parametrize(
+    "fields, lif_form, message",
+    [
+        (dict(r=np.ones(2)), "decay", r"lif_form='decay' needs r = tau_mem/dt"),
+        (dict(v_leak=np.full(2, 0.1)), "euler", r"v_leak must be 0"),
+        (dict(v_reset=np.full(2, 0.2)), "decay", r"v_reset must be 0 for lif_form='decay'"),
+        (dict(v_threshold=np.array([0.5, 0.6])), "euler", r"v_threshold differs between neurons"),
+    ],
+)
 def test_cuba_lif_parameters_spikefuse_cannot_represent(fields, lif_form, message):
-    base = dict(tau_syn=np.full(2, 2e-4), tau_mem=np.full(2, 5e-4), r=np.full(2, 5.0), w_in=np.full(2, 2.0),
-                v_leak=np.zeros(2), v_threshold=np.full(2, 0.5), v_reset=np.zeros(2))  # fmt: skip
+    base = dict(
+        tau_syn=np.full(2, 2e-4),
+        tau_mem=np.full(2, 5e-4),
+        r=np.full(2, 5.0),
+        w_in=np.full(2, 2.0),
+        v_leak=np.zeros(2),
+        v_threshold=np.full(2, 0.5),
+        v_reset=np.zeros(2),
+    )
     with pytest.raises(ValueError, match=message):
         sfnir.load(_graph({"cuba": nir.CubaLIF(**{**base, **fields})}), dt=1e-4, lif_form=lif_form)
 
@@ -534,8 +622,13 @@ def test_cuba_li_read_out_follows_the_ode_and_round_trips():
     """CubaLI (current-based leaky integrator, a read-out): the potentials of forward Euler on NIR's equations
     (checked against the ODE stepped in float64), and the loaded module written back and loaded again unchanged."""
     n, dt = 3, 1e-3
-    fields = dict(tau_syn=np.array([5e-3, 4e-3, 8e-3]), tau_mem=np.full(n, 1e-2), r=np.array([1.0, 2.0, 0.5]),
-                  v_leak=np.array([0.0, 0.1, -0.2]), w_in=np.array([1.0, 0.5, 2.0]))  # fmt: skip
+    fields = dict(
+        tau_syn=np.array([5e-3, 4e-3, 8e-3]),
+        tau_mem=np.full(n, 1e-2),
+        r=np.array([1.0, 2.0, 0.5]),
+        v_leak=np.array([0.0, 0.1, -0.2]),
+        w_in=np.array([1.0, 0.5, 2.0]),
+    )
     graph = _graph({"li": nir.CubaLI(**fields)})
     x = torch.randn(40, 2, n)
     with torch.no_grad():
@@ -580,6 +673,7 @@ def test_recurrent_round_trip_through_a_file(name, tmp_path):
         spikes = model[1](model[0](x))
     assert 0 < float(spikes.mean()) < 1 and torch.equal(got, want)
     again = sfnir.export(loaded, x)
+
     def plain(name):
         return name.removeprefix("layers.")
 
@@ -623,8 +717,9 @@ def test_snntorch_recurrent_export_loads(cls):
         current = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
         w, b = layer.recurrent.weight, layer.recurrent.bias
         if cls == "RLeaky":
-            want = spikefuse.recurrent(current, LIF_MODELS[("paper", "hard")], w, b, decay=0.9, threshold=1.0,
-                                       v_reset=0.0)  # fmt: skip
+            want = spikefuse.recurrent(
+                current, LIF_MODELS[("paper", "hard")], w, b, decay=0.9, threshold=1.0, v_reset=0.0
+            )
         else:
             want = spikefuse.recurrent(current, CUBA_LIF_HARD, w, b, alpha=0.7, beta=0.9, threshold=1.0)
         got = recurrent(loaded.layers["0"](x))
@@ -645,10 +740,12 @@ def test_hostile_files_are_refused(tmp_path):
     secret = tmp_path / "secret.bin"
     secret.write_bytes(np.arange(12, dtype=np.float32).tobytes())
     for name, make in (
-        ("external", lambda f, key: f.create_dataset(key, shape=(4, 3), dtype=np.float32,
-                                                     external=[(str(secret), 0, 48)])),
+        (
+            "external",
+            lambda f, key: f.create_dataset(key, shape=(4, 3), dtype=np.float32, external=[(str(secret), 0, 48)]),
+        ),
         ("huge", lambda f, key: f.create_dataset(key, shape=(50_000_000,), dtype=np.float32)),
-    ):  # fmt: skip
+    ):
         bad = tmp_path / f"{name}.nir"
         bad.write_bytes(good.read_bytes())
         with h5py.File(bad, "a") as f:
@@ -666,8 +763,15 @@ def test_defaults_load_a_cuba_lif_the_decay_form_cannot_take():
     compute the Euler transcription of NIR's equations exactly."""
     dt, n = 1e-3, 5
     tau_syn, tau_mem = np.full(n, 5e-3), np.full(n, 1e-2)
-    node = nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=np.ones(n), w_in=np.ones(n), v_leak=np.zeros(n),
-                       v_threshold=np.full(n, 0.02), v_reset=np.zeros(n))  # fmt: skip
+    node = nir.CubaLIF(
+        tau_syn=tau_syn,
+        tau_mem=tau_mem,
+        r=np.ones(n),
+        w_in=np.ones(n),
+        v_leak=np.zeros(n),
+        v_threshold=np.full(n, 0.02),
+        v_reset=np.zeros(n),
+    )
     with pytest.warns(UserWarning, match=r"node 'cuba' \(CubaLIF\) loaded with lif_form='euler'.*needs r = tau_mem/dt"):
         loaded = sfnir.load(_graph({"cuba": node}), dt=dt)
     x = torch.rand(40, 3, n) * 2

@@ -14,8 +14,15 @@ def test_cuba_lif_module_equals_functional_and_learns_per_channel():
     layer = CubaLIF(0.8, 0.9, threshold=0.7, reset="zero", learnable=("alpha", "beta"), channels=3)
     x = (torch.rand(5, 2, 3, 4) * 0.8).requires_grad_()
     out = layer(x)
-    want = spikefuse.neuron(x.detach(), CUBA_LIF_ZERO, surrogate=layer.surrogate, alpha=torch.full((3,), 0.8),
-                            beta=torch.full((3,), 0.9), threshold=0.7, backend="reference")  # fmt: skip
+    want = spikefuse.neuron(
+        x.detach(),
+        CUBA_LIF_ZERO,
+        surrogate=layer.surrogate,
+        alpha=torch.full((3,), 0.8),
+        beta=torch.full((3,), 0.9),
+        threshold=0.7,
+        backend="reference",
+    )
     assert torch.equal(out.detach(), want)
     (out * torch.rand_like(out)).sum().backward()
     assert layer.alpha.grad.shape == (3,) and layer.beta.grad.shape == (3,) and float(layer.beta.grad.abs().sum()) > 0
@@ -55,8 +62,9 @@ def test_bad_construction(make, error, message):
 
 def test_bad_calls():
     layer = CubaLIF(0.5, 0.5)
-    with pytest.raises(TypeError, match="cuba_lif neurons run in float32, float64, float16 or bfloat16, got x of "
-                                        "torch.float8_e4m3fn"):  # fmt: skip
+    with pytest.raises(
+        TypeError, match="cuba_lif neurons run in float32, float64, float16 or bfloat16, got x of torch.float8_e4m3fn"
+    ):
         layer(torch.rand(3, 4).to(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="T=0 time steps"):
         layer(torch.rand(0, 4))
@@ -120,8 +128,11 @@ def test_engine_custom_ops_pass_opcheck():
     from spikefuse.surrogate import ATan
 
     x2 = torch.rand(4, 6, dtype=torch.float64)
-    params = [torch.tensor([0.5], dtype=torch.float64, requires_grad=True), torch.full((1,), 0.7, dtype=torch.float64),
-              torch.ones(1, dtype=torch.float64)]  # fmt: skip
+    params = [
+        torch.tensor([0.5], dtype=torch.float64, requires_grad=True),
+        torch.full((1,), 0.7, dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+    ]
     init = [torch.rand(6, dtype=torch.float64, requires_grad=True), torch.zeros(1, dtype=torch.float64)]
     model, surrogate = register(CUBA_LIF_ZERO), register(ATan(2.0))
     torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", False))
@@ -130,11 +141,15 @@ def test_engine_custom_ops_pass_opcheck():
     grad_spikes = torch.rand(4, 6, dtype=torch.float64)
     grad_final = [torch.rand(6, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
     params, init = [p.detach() for p in params], [v.detach() for v in init]
-    torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False,
-                                              "cpu", [True, False, False], []))  # fmt: skip
+    torch.library.opcheck(
+        E.engine_backward,
+        (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False, "cpu", [True, False, False], []),
+    )
     saved = E.engine_forward(x2, params, init, 1, model, surrogate, False, "cpu", True)[3:]
-    torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False,
-                                              "cpu", [True, False, False], saved))  # fmt: skip
+    torch.library.opcheck(
+        E.engine_backward,
+        (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False, "cpu", [True, False, False], saved),
+    )
 
 
 def test_double_backward_is_refused_not_silently_wrong():
@@ -152,8 +167,16 @@ def test_the_reference_backend_differentiates_twice_and_under_torch_func():
     alpha = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
 
     def states(x, alpha):
-        _, (i, v) = spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=alpha, beta=0.5, threshold=0.6, detach_reset=True,
-                                     return_state=True, backend="reference")  # fmt: skip
+        _, (i, v) = spikefuse.neuron(
+            x,
+            CUBA_LIF_ZERO,
+            alpha=alpha,
+            beta=0.5,
+            threshold=0.6,
+            detach_reset=True,
+            return_state=True,
+            backend="reference",
+        )
         return i * v, v
 
     assert torch.autograd.gradgradcheck(states, (x, alpha), eps=1e-6, atol=1e-7)
@@ -166,5 +189,7 @@ def test_torch_func_transforms_are_refused_by_the_fused_kernels(backend):
     def loss(x):
         return spikefuse.neuron(x, CUBA_LIF_ZERO, alpha=0.5, beta=0.5, backend=backend).sum()
 
-    with pytest.raises(RuntimeError, match="torch.func transforms .* cannot look inside the fused cuba_lif_zero kernels"):
+    with pytest.raises(
+        RuntimeError, match="torch.func transforms .* cannot look inside the fused cuba_lif_zero kernels"
+    ):
         torch.func.grad(loss)(torch.rand(4, 3))

@@ -85,8 +85,12 @@ def _pair(name, seed=0, **kw):
     return plain, lean
 
 
-SIZES = {"resnet-tiny": {"width": 4, "stem": "cifar"}, "resnet18": {"width": 4, "stem": "cifar"},
-         "resnet34": {"width": 4}, "resnet50": {"width": 4}}  # fmt: skip
+SIZES = {
+    "resnet-tiny": {"width": 4, "stem": "cifar"},
+    "resnet18": {"width": 4, "stem": "cifar"},
+    "resnet34": {"width": 4},
+    "resnet50": {"width": 4},
+}
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if n not in RECURRENT_MODELS])  # srnn's: tests/models/test_srnn.py
@@ -111,8 +115,14 @@ def test_resnet_counts_and_block_structure():
     counts = to_lean(fresh)
     # stem + one per block fused with their neuron; each block's last neuron fused with BN and the residual add;
     # every block conv and downsample conv reads spikes
-    assert counts == {"bn_lif": 9, "bn_add_lif": 8, "conv_bn_lif": 1, "spike_layers": 19, "recompute_neurons": 0,
-                      "pools": 0}  # fmt: skip
+    assert counts == {
+        "bn_lif": 9,
+        "bn_add_lif": 8,
+        "conv_bn_lif": 1,
+        "spike_layers": 19,
+        "recompute_neurons": 0,
+        "pools": 0,
+    }
     block = fresh.layer2[0]
     assert isinstance(block.bn2, BatchNormLIF2d) and isinstance(block.sn2, nn.Identity)
     assert isinstance(block.downsample[0], SpikeConv2d)
@@ -209,8 +219,14 @@ def test_user_sequential():
     lean = _user_net()
     lean.load_state_dict(plain.state_dict())
     counts = to_lean(lean)
-    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "conv_bn_lif": 2, "spike_layers": 2, "recompute_neurons": 1,
-                      "pools": 1}  # fmt: skip
+    assert counts == {
+        "bn_lif": 2,
+        "bn_add_lif": 0,
+        "conv_bn_lif": 2,
+        "spike_layers": 2,
+        "recompute_neurons": 1,
+        "pools": 1,
+    }
     # both convs read real values (the input; pooled spikes): recomputed in backward, with their BN and neuron
     for i in (0, 4):
         assert isinstance(lean[i], ConvBatchNormLIF) and isinstance(lean[i].bn_lif, BatchNormLIF2d)
@@ -227,14 +243,15 @@ def _engine_net(backend):
     return nn.Sequential(
         SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
         SeqToBatch(nn.BatchNorm2d(4)),
-        CubaLIF(alpha=0.6, beta=0.8, threshold=0.4, learnable=("beta",), channels=4, backend=backend,
-                memory="potential"),
+        CubaLIF(
+            alpha=0.6, beta=0.8, threshold=0.4, learnable=("beta",), channels=4, backend=backend, memory="potential"
+        ),
         SeqToBatch(nn.Conv2d(4, 6, 3, padding=1)),  # reads spikes
         SeqToBatch(nn.BatchNorm2d(6)),
         ALIF(decay=0.7, rho=0.9, b0=0.4, beta=0.2, backend=backend),
         spikefuse.nn.Flatten(),
         SeqToBatch(nn.Linear(6 * 6 * 6, 5)),  # reads spikes
-    )  # fmt: skip
+    )
 
 
 def _assert_same_gradients(plain, lean, x, labels):
@@ -260,8 +277,14 @@ def test_user_sequential_of_engine_neurons():
     lean.load_state_dict(plain.state_dict())
     before = [id(p) for p in lean.parameters()]
     counts = to_lean(lean)
-    assert counts == {"bn_lif": 2, "bn_add_lif": 0, "conv_bn_lif": 0, "spike_layers": 2, "recompute_neurons": 1,
-                      "pools": 0}  # fmt: skip
+    assert counts == {
+        "bn_lif": 2,
+        "bn_add_lif": 0,
+        "conv_bn_lif": 0,
+        "spike_layers": 2,
+        "recompute_neurons": 1,
+        "pools": 0,
+    }
     for i, neuron in ((1, CubaLIF), (4, ALIF)):
         assert isinstance(lean[i], BatchNormNeuron) and isinstance(lean[i].neuron, neuron)
         assert isinstance(lean[i + 1], nn.Identity)

@@ -10,8 +10,9 @@ from spikefuse.neurons import LIF_MODELS
 
 LAYERS = {
     "lif": lambda **kw: snn.RecurrentLIF(6, decay=0.8, threshold=0.6, learnable=("decay",), channels=6, **kw),
-    "lif_soft_one_to_one": lambda **kw: snn.RecurrentLIF(6, decay=0.8, threshold=0.6, v_reset=None,
-                                                         all_to_all=False, **kw),
+    "lif_soft_one_to_one": lambda **kw: snn.RecurrentLIF(
+        6, decay=0.8, threshold=0.6, v_reset=None, all_to_all=False, **kw
+    ),
     "cuba": lambda **kw: snn.RecurrentCubaLIF(6, alpha=0.7, beta=0.8, threshold=0.5, learnable=("beta",), **kw),
     "alif": lambda **kw: snn.RecurrentALIF(6, decay=0.8, rho=0.9, b0=0.5, beta=0.3, bias=False, **kw),
 }
@@ -42,8 +43,16 @@ def test_layer_matches_reference(name):
 def test_module_is_the_functional_layer():
     layer = snn.RecurrentLIF(5, decay=0.9, threshold=0.7)
     x = torch.rand(7, 2, 5)
-    want = spikefuse.recurrent(x, LIF_MODELS[("paper", "hard")], layer.recurrent.weight, layer.recurrent.bias,
-                               decay=0.9, threshold=0.7, v_reset=0.0, surrogate="sigmoid")  # fmt: skip
+    want = spikefuse.recurrent(
+        x,
+        LIF_MODELS[("paper", "hard")],
+        layer.recurrent.weight,
+        layer.recurrent.bias,
+        decay=0.9,
+        threshold=0.7,
+        v_reset=0.0,
+        surrogate="sigmoid",
+    )
     assert torch.equal(layer(x), want)
 
 

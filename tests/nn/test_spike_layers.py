@@ -258,8 +258,13 @@ def test_state_dict_compatible_with_torch_layers():
     spk.load_state_dict(seq.state_dict(), strict=True)
 
 
-@pytest.mark.parametrize("make", [lambda: (SpikeConv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)),
-                                  lambda: (SpikeLinear(6, 5), nn.Linear(6, 5))])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (SpikeConv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)),
+        lambda: (SpikeLinear(6, 5), nn.Linear(6, 5)),
+    ],
+)
 def test_autocast_casts_like_the_torch_layer(make):
     """Under CPU autocast (bf16) the torch layer computes in bf16; the spike layer did so in float32 before."""
     torch.manual_seed(0)
@@ -282,8 +287,12 @@ def test_autocast_casts_like_the_torch_layer(make):
 POOL_CASES = [
     (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=3, stride=2, padding=1), (4, 3, 9, 9)),  # the ResNet stem's
     (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=2), (4, 3, 8, 8)),
-    (SpikeMaxPool2d, nn.MaxPool2d, dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), ceil_mode=True),
-     (3, 2, 11, 7)),
+    (
+        SpikeMaxPool2d,
+        nn.MaxPool2d,
+        dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), ceil_mode=True),
+        (3, 2, 11, 7),
+    ),
     (SpikeMaxPool1d, nn.MaxPool1d, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), (4, 3, 10)),
     (SpikeMaxPool3d, nn.MaxPool3d, dict(kernel_size=2, stride=(1, 2, 2), padding=1), (2, 3, 4, 6, 5)),
 ]
@@ -361,16 +370,21 @@ def test_max_pool_bad_arguments_get_torchs_error():
         SpikeMaxPool2d(5)(x)
 
 
-@pytest.mark.parametrize("make, shape", [
-    (lambda: SpikeLinear(4, 3), (2, 3, 4)),
-    (lambda: SpikeConv2d(2, 3, 3, padding=1), (2, 3, 2, 5, 5)),
-    (lambda: SpikeMaxPool2d(2), (6, 2, 4, 4)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: SpikeLinear(4, 3), (2, 3, 4)),
+        (lambda: SpikeConv2d(2, 3, 3, padding=1), (2, 3, 2, 5, 5)),
+        (lambda: SpikeMaxPool2d(2), (6, 2, 4, 4)),
+    ],
+)
 def test_double_backward_is_refused_by_message(make, shape):
     """create_graph=True: nn.Linear gives second-order terms; these layers' backward is kernels on bits, so they
     refuse instead of silently giving none."""
     layer = make()
     x = (torch.rand(shape) < 0.5).float().requires_grad_()
-    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True.*keeps its input as bits; use torch.nn"):
+    with pytest.raises(
+        RuntimeError, match=r"double backward \(create_graph=True.*keeps its input as bits; use torch.nn"
+    ):
         torch.autograd.grad(layer(x).sum(), x, create_graph=True)
     torch.autograd.grad(layer(x).sum(), x)  # first order as before

@@ -50,8 +50,9 @@ def test_fused_normalization_is_native_batch_norm_bit_for_bit(dtype, shape, affi
         assert torch.equal(_normalized_by_neuron_kernel(x, norm, t_steps), y + residual)
 
 
-@pytest.mark.parametrize("shape", [(128, 64, 8, 8), (128, 17, 2, 2), (3, 9, 5), (2, 1, 2), (40, 7, 3, 3, 2),
-                                   (5, 100, 33)])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape", [(128, 64, 8, 8), (128, 17, 2, 2), (3, 9, 5), (2, 1, 2), (40, 7, 3, 3, 2), (5, 100, 33)]
+)
 @pytest.mark.parametrize("running", [True, False], ids=["running", "no-running"])
 @pytest.mark.parametrize("momentum", [0.1, 0.37, 1.0])
 def test_statistics_are_native_batch_norm_bit_for_bit(shape, running, momentum):
@@ -104,9 +105,20 @@ def test_bad_input():
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
     one, zero = torch.ones(1), torch.zeros(1)
     with pytest.raises(ValueError, match="batch_norm and overwrite_x need the states recomputed"):
-        engine_cpu.backward(LIF_MODELS[("paper", "hard")], torch.zeros(1, 24), [zero], x.reshape(1, -1),
-                            [one, one, zero], 1, [zero], Sigmoid(), False, [False] * 3, saved=[torch.zeros(1, 24)],
-                            batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2))  # fmt: skip
+        engine_cpu.backward(
+            LIF_MODELS[("paper", "hard")],
+            torch.zeros(1, 24),
+            [zero],
+            x.reshape(1, -1),
+            [one, one, zero],
+            1,
+            [zero],
+            Sigmoid(),
+            False,
+            [False] * 3,
+            saved=[torch.zeros(1, 24)],
+            batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2),
+        )
 
 
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["fp32", "fp64"])
@@ -123,8 +135,9 @@ def test_backward_is_native_batch_norm_backward(dtype, rtol, shape, affine, over
     w = (torch.rand(channels, generator=g) + 0.5).to(dtype) if affine else None
     _, mean, invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
     gy = torch.randn(shape, generator=g).to(dtype)
-    ref = torch.ops.aten.native_batch_norm_backward(gy, x, w, None, None, mean, invstd, True, 1e-5,
-                                                    [True, affine, affine])  # fmt: skip
+    ref = torch.ops.aten.native_batch_norm_backward(
+        gy, x, w, None, None, mean, invstd, True, 1e-5, [True, affine, affine]
+    )
     given = gy.clone()
     grad_x, grad_w, grad_b = batchnorm_cpu.backward(given, x, mean, invstd, w, True, overwrite)
     assert (grad_x.data_ptr() == given.data_ptr()) == overwrite

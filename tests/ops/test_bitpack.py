@@ -172,4 +172,3 @@ def test_spike_bits_only_of_tensors_remembered_as_spikes():
     assert pack(x)[0] is bits
     x.mul_(1.0)
     assert bitpack.spike_bits(x) is None
-

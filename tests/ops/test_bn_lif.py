@@ -55,8 +55,17 @@ def _close(actual, expected, name):
 def _run_pair(shape, backend, *, train=True, momentum=0.1, affine=True, learnable=True, steps=1, eval_after=False):
     torch.manual_seed(0)
     bn = _bn_for(shape, momentum=momentum, affine=affine)
-    fused = _fused_for(shape, backend, momentum=momentum, affine=affine, decay=0.5, threshold=THRESHOLD,
-                       surrogate=Sigmoid(3.0), learnable_decay=learnable, channels=shape[2] if learnable else None)
+    fused = _fused_for(
+        shape,
+        backend,
+        momentum=momentum,
+        affine=affine,
+        decay=0.5,
+        threshold=THRESHOLD,
+        surrogate=Sigmoid(3.0),
+        learnable_decay=learnable,
+        channels=shape[2] if learnable else None,
+    )
     if affine:
         with torch.no_grad():
             bn.weight.copy_(torch.linspace(0.9, 1.1, shape[2]))
@@ -90,7 +99,9 @@ def _run_pair(shape, backend, *, train=True, momentum=0.1, affine=True, learnabl
         bn.eval()
         fused.eval()
         x = _well_posed_input(shape, 99)
-        ref = spikefuse.lif(bn(x.flatten(0, 1)).unflatten(0, shape[:2]), decay=0.5, threshold=THRESHOLD, backend="reference")
+        ref = spikefuse.lif(
+            bn(x.flatten(0, 1)).unflatten(0, shape[:2]), decay=0.5, threshold=THRESHOLD, backend="reference"
+        )
         assert torch.equal(fused(x), ref)
 
 
@@ -160,11 +171,14 @@ def test_functional_v_init_gradient_and_state():
     v = (torch.rand(shape[1:]) * 0.2).requires_grad_(True)
     w = torch.ones(3, requires_grad=True)
     rm, rv = torch.zeros(3), torch.ones(3)
-    s, st = batchnorm_lif(x, rm, rv, w, None, True, 0.1, 1e-5, decay=0.5, threshold=THRESHOLD, v_init=v,
-                          return_state=True, backend="cpu")
+    s, st = batchnorm_lif(
+        x, rm, rv, w, None, True, 0.1, 1e-5, decay=0.5, threshold=THRESHOLD, v_init=v, return_state=True, backend="cpu"
+    )
     (s.sum() + st.sum()).backward()
     v2 = v.detach().clone().requires_grad_(True)
-    y = nn.functional.batch_norm(x.flatten(0, 1), torch.zeros(3), torch.ones(3), None, None, True).unflatten(0, shape[:2])
+    y = nn.functional.batch_norm(x.flatten(0, 1), torch.zeros(3), torch.ones(3), None, None, True).unflatten(
+        0, shape[:2]
+    )
     s2, st2 = spikefuse.lif(y, decay=0.5, threshold=THRESHOLD, v_init=v2, return_state=True, backend="reference")
     (s2.sum() + st2.sum()).backward()
     assert torch.equal(s, s2)
@@ -187,8 +201,11 @@ def test_saves_only_x_and_per_channel_stats(backend):
     out.sum().backward()
     # the composition with the default fused LIF saves about twice as much
     bn = nn.BatchNorm2d(5)
-    ref_saved, _ = _saved_bytes(lambda: spikefuse.lif(bn((x * 1.0).flatten(0, 1)).unflatten(0, shape[:2]),
-                                                      decay=0.5, threshold=THRESHOLD, backend=backend))
+    ref_saved, _ = _saved_bytes(
+        lambda: spikefuse.lif(
+            bn((x * 1.0).flatten(0, 1)).unflatten(0, shape[:2]), decay=0.5, threshold=THRESHOLD, backend=backend
+        )
+    )
     assert ref_saved >= 2 * x.nbytes  # BN input x + the potentials h (+ v_init)
 
 
@@ -271,15 +288,22 @@ def test_residual_matches_composition(backend, binary, dtype, shape):
     with torch.no_grad():
         bn.weight.copy_(torch.linspace(0.9, 1.1, channels))
         bn.bias.copy_(torch.linspace(-0.05, 0.05, channels))
-    fused = _fused_for(shape, backend, decay=0.5, threshold=THRESHOLD, surrogate=Sigmoid(3.0), learnable_decay=True,
-                       channels=channels).to(dtype)  # fmt: skip
+    fused = _fused_for(
+        shape, backend, decay=0.5, threshold=THRESHOLD, surrogate=Sigmoid(3.0), learnable_decay=True, channels=channels
+    ).to(dtype)
     fused.load_state_dict(bn.state_dict(), strict=False)
     decay_ref = torch.full((channels,), 0.5, dtype=dtype, requires_grad=True)
     x, res = _well_posed_residual_pair(shape, 1, binary, dtype)
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     ra, rb = res.clone().requires_grad_(True), res.clone().requires_grad_(True)
-    ref, ref_state = spikefuse.lif(bn(xa.flatten(0, 1)).unflatten(0, shape[:2]) + ra, decay=decay_ref,
-                                   threshold=THRESHOLD, surrogate=Sigmoid(3.0), return_state=True, backend="reference")
+    ref, ref_state = spikefuse.lif(
+        bn(xa.flatten(0, 1)).unflatten(0, shape[:2]) + ra,
+        decay=decay_ref,
+        threshold=THRESHOLD,
+        surrogate=Sigmoid(3.0),
+        return_state=True,
+        backend="reference",
+    )
     fused.stateful = True
     out = fused(xb, rb * 1.0, residual_binary=binary)  # rb*1.0: a non-leaf residual, as a block's shortcut is
     assert torch.equal(out, ref), "spikes differ"
@@ -310,16 +334,18 @@ def test_half_precision(backend, dtype):
         leaves = [t.clone().requires_grad_() for t in (x, residual)]
         weight, bias = torch.linspace(0.9, 1.1, 4, requires_grad=True), torch.zeros(4, requires_grad=True)
         decay = torch.full((4,), 0.6, requires_grad=True)
-        spikes = batchnorm_lif(leaves[0], None, None, weight, bias, True, decay=decay, threshold=THRESHOLD,
-                               backend=b, residual=leaves[1])  # fmt: skip
+        spikes = batchnorm_lif(
+            leaves[0], None, None, weight, bias, True, decay=decay, threshold=THRESHOLD, backend=b, residual=leaves[1]
+        )
         spikes.backward(upstream)
         out[b] = spikes.detach(), [leaves[0].grad, leaves[1].grad, weight.grad, bias.grad, decay.grad]
     (s_ref, g_ref), (s, g) = out["reference"], out[backend]
     assert s.dtype == dtype and 0 < float(s_ref.float().mean()) < 1 and torch.equal(s, s_ref)
     for name, a, b in zip(("x", "residual", "gamma", "beta", "decay"), g, g_ref):
         eps = torch.finfo(dtype).eps
-        torch.testing.assert_close(a.float(), b.float(), rtol=eps, atol=eps * float(b.float().abs().max()),
-                                   msg=lambda m: f"grad {name}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            a.float(), b.float(), rtol=eps, atol=eps * float(b.float().abs().max()), msg=lambda m: f"grad {name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -335,8 +361,21 @@ def test_residual_gradcheck_fp64(backend, binary):
     inputs = (x.requires_grad_(True), w, b, decay) + (() if binary else (res.requires_grad_(True),))
 
     def state_of(x, w, b, decay, r=res):
-        return batchnorm_lif(x, None, None, w, b, True, decay=decay, threshold=THRESHOLD, detach_reset=True,
-                             residual=r, residual_binary=binary, return_state=True, backend=backend)[1]  # fmt: skip
+        return batchnorm_lif(
+            x,
+            None,
+            None,
+            w,
+            b,
+            True,
+            decay=decay,
+            threshold=THRESHOLD,
+            detach_reset=True,
+            residual=r,
+            residual_binary=binary,
+            return_state=True,
+            backend=backend,
+        )[1]
 
     assert torch.autograd.gradcheck(state_of, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
 
@@ -376,8 +415,11 @@ def test_residual_errors():
         spikefuse.nn.set_debug(previous)
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 6, 8, 8), (1, 2, 3, 2, 4), (2, 3, 5, 3, 3), (2, 16, 64, 8, 8), (2, 4, 16, 1, 1)],
-                         ids=["T3", "T1", "N-odd", "two-blocks", "1x1-maps"])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 4, 6, 8, 8), (1, 2, 3, 2, 4), (2, 3, 5, 3, 3), (2, 16, 64, 8, 8), (2, 4, 16, 1, 1)],
+    ids=["T3", "T1", "N-odd", "two-blocks", "1x1-maps"],
+)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, residual):
     """In training, the cpu kernel packs the spike rows it writes (where each step's row starts on a byte: N a
@@ -404,8 +446,24 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
     assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
     assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
     neuron, params, init = bn_lif.lif_neuron(lif_spec.NeuronSpec(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
-    op_body = bn_lif._forward_impl(x.flatten(0, 1), None if res is None else res.flatten(0, 1), residual, None, None,
-                                   None, None, params, init, True, 0.1, 1e-5, shape[0], 1, neuron, "cpu")  # fmt: skip
+    op_body = bn_lif._forward_impl(
+        x.flatten(0, 1),
+        None if res is None else res.flatten(0, 1),
+        residual,
+        None,
+        None,
+        None,
+        None,
+        params,
+        init,
+        True,
+        0.1,
+        1e-5,
+        shape[0],
+        1,
+        neuron,
+        "cpu",
+    )
     assert torch.equal(op_body[0].reshape(shape), spikes)
     assert bitpack._remembered(op_body[0]) is None
     running = torch.zeros(shape[2]), torch.ones(shape[2])

@@ -24,8 +24,11 @@ from tests.ops.cases import saved_storages  # noqa: E402
 CASES = {  # model, its parameters (the first learnable per channel), surrogate
     "cuba_lif": (CUBA_LIF_MODELS["subtract"], {"alpha": 0.7, "beta": 0.8, "threshold": 0.5}, "atan"),
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.5, "beta": 0.3}, "sigmoid"),
-    "sj_hard_div_input": (SPIKINGJELLY_MODELS[("hard", "div_input")], {"decay": 2.0, "threshold": 0.5,
-                                                                         "v_reset": 0.0}, "sigmoid"),
+    "sj_hard_div_input": (
+        SPIKINGJELLY_MODELS[("hard", "div_input")],
+        {"decay": 2.0, "threshold": 0.5, "v_reset": 0.0},
+        "sigmoid",
+    ),
 }
 
 
@@ -50,8 +53,10 @@ def _inputs(case, shape, dtype, residual, training, seed):
     elif residual == "spikes":
         res = (torch.rand(shape, generator=g) > 0.6).to(dtype).requires_grad_(True)
     first, *rest = model.params
-    params = {first: torch.full((channels,), values[first], dtype=dtype).requires_grad_(True),
-              **{p: values[p] for p in rest}}  # fmt: skip
+    params = {
+        first: torch.full((channels,), values[first], dtype=dtype).requires_grad_(True),
+        **{p: values[p] for p in rest},
+    }
     state = tuple((0.2 * torch.randn(shape[1:], generator=g)).to(dtype).requires_grad_(True) for _ in model.states)
     return model, surrogate, x, weight, bias, stats, res, params, state
 
@@ -61,40 +66,68 @@ def _composition(model, surrogate, x, weight, bias, stats, res, params, state, t
     y = F.batch_norm(x.flatten(0, 1), rm, rv, weight, bias, training, momentum, 1e-5).unflatten(0, x.shape[:2])
     if res is not None:
         y = y + res
-    spikes, final = spikefuse.neuron(y, model, surrogate=surrogate, state=state, return_state=True,
-                                     backend="reference", **params)  # fmt: skip
+    spikes, final = spikefuse.neuron(
+        y, model, surrogate=surrogate, state=state, return_state=True, backend="reference", **params
+    )
     return spikes, final, (rm, rv)
 
 
 def _fused(model, surrogate, x, weight, bias, stats, res, params, state, training, backend, binary, momentum=0.1):
     rm, rv = (s.clone() for s in stats)
     spikes, final = spikefuse.batchnorm_neuron(
-        x, rm, rv, weight, bias, training, momentum, model=model, surrogate=surrogate, state=state, return_state=True,
-        backend=backend, residual=res, residual_binary=binary, **params,
-    )  # fmt: skip
+        x,
+        rm,
+        rv,
+        weight,
+        bias,
+        training,
+        momentum,
+        model=model,
+        surrogate=surrogate,
+        state=state,
+        return_state=True,
+        backend=backend,
+        residual=res,
+        residual_binary=binary,
+        **params,
+    )
     return spikes, final, (rm, rv)
 
 
 def _leaves(x, weight, bias, res, params, state):
-    return [("x", x), ("weight", weight), ("bias", bias), *([("residual", res)] if res is not None else []),
-            *((f"param {k}", v) for k, v in params.items() if isinstance(v, torch.Tensor)),
-            *((f"state {i}", v) for i, v in enumerate(state))]  # fmt: skip
+    return [
+        ("x", x),
+        ("weight", weight),
+        ("bias", bias),
+        *([("residual", res)] if res is not None else []),
+        *((f"param {k}", v) for k, v in params.items() if isinstance(v, torch.Tensor)),
+        *((f"state {i}", v) for i, v in enumerate(state)),
+    ]
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("residual,training,dtype", [
-    (None, True, torch.float32), ("spikes", True, torch.float32), ("float", True, torch.float64),
-    (None, False, torch.float64)], ids=["plain-train-fp32", "spikes-train-fp32", "float-train-fp64", "plain-eval-fp64"])
+@pytest.mark.parametrize(
+    "residual,training,dtype",
+    [
+        (None, True, torch.float32),
+        ("spikes", True, torch.float32),
+        ("float", True, torch.float64),
+        (None, False, torch.float64),
+    ],
+    ids=["plain-train-fp32", "spikes-train-fp32", "float-train-fp64", "plain-eval-fp64"],
+)
 def test_matches_composition(backend, case, residual, training, dtype):
     if backend == "triton" and dtype == torch.float64 and residual is None:
         pytest.skip("the interpreter is slow: Triton runs the three other ways")
     shape = (4, 3, 5, 2, 3)
     model, surrogate, x, weight, bias, stats, res, params, state = _inputs(case, shape, dtype, residual, training, 7)
-    ref_spikes, ref_final, ref_stats = _composition(model, surrogate, x, weight, bias, stats, res, params, state,
-                                                    training)  # fmt: skip
-    spikes, final, fused_stats = _fused(model, surrogate, x, weight, bias, stats, res, params, state, training,
-                                        backend, residual == "spikes")  # fmt: skip
+    ref_spikes, ref_final, ref_stats = _composition(
+        model, surrogate, x, weight, bias, stats, res, params, state, training
+    )
+    spikes, final, fused_stats = _fused(
+        model, surrogate, x, weight, bias, stats, res, params, state, training, backend, residual == "spikes"
+    )
     assert 0 < float(ref_spikes.detach().mean()) < 0.9, "the case must spike, and not everywhere"
     assert torch.equal(spikes, ref_spikes)
     for a, b in zip(final, ref_final):
@@ -120,16 +153,30 @@ def test_gradcheck_fp64_cpu(case, residual):
     """The cpu backend normalizes inside its neuron kernel in training mode: gradcheck goes through that, on the
     final states with a detached reset, where the exact derivative exists (spikes are piecewise constant, and their
     backward is the surrogate by design)."""
-    model, surrogate, x, weight, bias, stats, res, params, state = _inputs(case, (3, 2, 3, 2), torch.float64,
-                                                                           residual, True, 11)  # fmt: skip
+    model, surrogate, x, weight, bias, stats, res, params, state = _inputs(
+        case, (3, 2, 3, 2), torch.float64, residual, True, 11
+    )
     first = model.params[0]
 
     def fn(x, weight, bias, p, *state):
         rm, rv = (s.clone() for s in stats)
         spikes, final = spikefuse.batchnorm_neuron(
-            x, rm, rv, weight, bias, True, model=model, surrogate=surrogate, detach_reset=True, state=state,
-            return_state=True, backend="cpu", residual=res, residual_binary=res is not None, **{**params, first: p},
-        )  # fmt: skip
+            x,
+            rm,
+            rv,
+            weight,
+            bias,
+            True,
+            model=model,
+            surrogate=surrogate,
+            detach_reset=True,
+            state=state,
+            return_state=True,
+            backend="cpu",
+            residual=res,
+            residual_binary=res is not None,
+            **{**params, first: p},
+        )
         assert 0 < float(spikes.detach().mean()) < 1, "the case must spike, and not everywhere"
         return final
 
@@ -139,11 +186,13 @@ def test_gradcheck_fp64_cpu(case, residual):
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_saves_only_x_residual_bits_and_per_channel_values(backend):
     shape = (6, 4, 8, 5, 5)
-    model, surrogate, x, weight, bias, stats, res, params, state = _inputs("alif", shape, torch.float32, "spikes",
-                                                                           True, 5)  # fmt: skip
+    model, surrogate, x, weight, bias, stats, res, params, state = _inputs(
+        "alif", shape, torch.float32, "spikes", True, 5
+    )
     state = None
-    storages, _ = saved_storages(lambda: _fused(model, surrogate, x, weight, bias, stats, res, params, state, True,
-                                                backend, True))  # fmt: skip
+    storages, _ = saved_storages(
+        lambda: _fused(model, surrogate, x, weight, bias, stats, res, params, state, True, backend, True)
+    )
     per_channel = 64 * shape[2] * 4  # mean, invstd, weight, bias, parameters: a few per-channel vectors at most
     expected = x.numel() * x.element_size() + packed_numel(x.numel())
     assert expected <= sum(storages.values()) <= expected + per_channel
@@ -162,7 +211,8 @@ def test_errors():
     with pytest.raises(ValueError, match="residual has shape \\(2, 3, 5\\) but x has \\(2, 3, 4\\)"):
         spikefuse.batchnorm_neuron(x, None, None, training=True, model=model, residual=torch.zeros(2, 3, 5), **kw)
     with pytest.raises(ValueError, match="cuba_lif: state v must be a tensor of shape \\(3, 4\\)"):
-        spikefuse.batchnorm_neuron(x, None, None, training=True, model=model,
-                                   state=(torch.zeros(3, 4), torch.zeros(3)), **kw)  # fmt: skip
+        spikefuse.batchnorm_neuron(
+            x, None, None, training=True, model=model, state=(torch.zeros(3, 4), torch.zeros(3)), **kw
+        )
     with pytest.raises(ValueError, match="training=False normalizes with the running statistics"):
         spikefuse.batchnorm_neuron(x, None, None, training=False, model=model, **kw)

@@ -80,8 +80,9 @@ def test_outputs_sent_to_dataloader_workers_stay_intact():
     """A DataLoader whose workers make spikefuse outputs: they reach the main process through shared memory, which
     the cache must never reuse (7 of 8 samples came back overwritten before). Forkserver workers: this process may
     have run the kernels already, and a forked worker would then be refused (tests/test_threads.py)."""
-    loader = torch.utils.data.DataLoader(_Spikes(), batch_size=None, num_workers=2,
-                                         multiprocessing_context="forkserver")  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        _Spikes(), batch_size=None, num_workers=2, multiprocessing_context="forkserver"
+    )
     for i, spikes in enumerate(loader):
         assert torch.equal(spikes, _Spikes()[i]), f"sample {i} overwritten"
 

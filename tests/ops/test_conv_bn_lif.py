@@ -34,8 +34,13 @@ def _pair(name, backend, dtype, learnable):
     torch.manual_seed(0)
     conv = make().to(dtype)
     cls = BatchNormLIF2d if len(shape) == 5 else BatchNormLIF1d
-    kw = dict(decay=0.5, threshold=THRESHOLD, backend=backend, learnable_decay=learnable,
-              channels=conv.out_channels if learnable else None)  # fmt: skip
+    kw = dict(
+        decay=0.5,
+        threshold=THRESHOLD,
+        backend=backend,
+        learnable_decay=learnable,
+        channels=conv.out_channels if learnable else None,
+    )
     bn_a, bn_b = cls(conv.out_channels, **kw).to(dtype), cls(conv.out_channels, **kw).to(dtype)
     with torch.no_grad():
         for bn in (bn_a, bn_b):
@@ -93,8 +98,25 @@ def test_gradcheck_fp64(backend):
     decay = torch.full((3,), 0.5, dtype=torch.float64, requires_grad=True)
 
     def state_of(x, w, gamma, beta, decay):
-        return conv_batchnorm_lif(x, w, None, 1, 1, 1, 1, None, None, gamma, beta, True, decay=decay,
-                                  threshold=THRESHOLD, detach_reset=True, return_state=True, backend=backend)[1]
+        return conv_batchnorm_lif(
+            x,
+            w,
+            None,
+            1,
+            1,
+            1,
+            1,
+            None,
+            None,
+            gamma,
+            beta,
+            True,
+            decay=decay,
+            threshold=THRESHOLD,
+            detach_reset=True,
+            return_state=True,
+            backend=backend,
+        )[1]
 
     inputs = (x.requires_grad_(), w.requires_grad_(), gamma, beta, decay)
     assert torch.autograd.gradcheck(state_of, inputs, eps=1e-7, atol=1e-7, rtol=1e-5)

@@ -65,8 +65,11 @@ def _api_cases() -> list:
     return cases
 
 
-_FAMILY_FORMS = {(P.PAPER, P.HARD, P.CHARGE_MUL), (P.SNNTORCH, P.SOFT, P.CHARGE_MUL),
-                 (P.SPIKINGJELLY, P.HARD, P.CHARGE_DIV_INPUT)}  # fmt: skip
+_FAMILY_FORMS = {
+    (P.PAPER, P.HARD, P.CHARGE_MUL),
+    (P.SNNTORCH, P.SOFT, P.CHARGE_MUL),
+    (P.SPIKINGJELLY, P.HARD, P.CHARGE_DIV_INPUT),
+}
 API_CASES = _api_cases()
 
 
@@ -118,8 +121,11 @@ def test_api_autograd_matches_reference(spec, per_channel, dtype):
 
 
 # every surrogate with the hard reset, the soft reset with the sigmoid (see _api_cases)
-_LIF_CASES = [pytest.param(sg, v_reset, id=f"{type(sg).__name__}-{name}") for sg in SURROGATES
-              for v_reset, name in ((0.0, "hard0"), (-0.1, "hard-0.1"))]
+_LIF_CASES = [
+    pytest.param(sg, v_reset, id=f"{type(sg).__name__}-{name}")
+    for sg in SURROGATES
+    for v_reset, name in ((0.0, "hard0"), (-0.1, "hard-0.1"))
+]
 _LIF_CASES.append(pytest.param(Sigmoid(3.0), None, id="Sigmoid-soft"))
 
 
@@ -128,8 +134,11 @@ _LIF_CASES.append(pytest.param(Sigmoid(3.0), None, id="Sigmoid-soft"))
 @pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
 def test_lif_matches_reference(surrogate, v_reset, detach, memory):
     spec = P.NeuronSpec(
-        threshold=0.9, v_reset=v_reset or 0.0, reset=P.SOFT if v_reset is None else P.HARD,
-        surrogate=surrogate, detach_reset=detach,
+        threshold=0.9,
+        v_reset=v_reset or 0.0,
+        reset=P.SOFT if v_reset is None else P.HARD,
+        surrogate=surrogate,
+        detach_reset=detach,
     )
     x, decay, v = _inputs((5, 2, 3, 2, 2), spec, torch.float64, 5, True)
     outs = {}
@@ -138,8 +147,16 @@ def test_lif_matches_reference(surrogate, v_reset, detach, memory):
         dr = decay.clone().requires_grad_(True)
         vr = v.clone().requires_grad_(True)
         spikes, state = spikefuse.lif(
-            xr, decay=dr, threshold=0.9, v_reset=v_reset, surrogate=surrogate, detach_reset=detach, v_init=vr,
-            return_state=True, backend=backend, memory=memory,
+            xr,
+            decay=dr,
+            threshold=0.9,
+            v_reset=v_reset,
+            surrogate=surrogate,
+            detach_reset=detach,
+            v_init=vr,
+            return_state=True,
+            backend=backend,
+            memory=memory,
         )
         (spikes * torch.linspace(-1, 1, spikes.numel(), dtype=x.dtype).reshape(spikes.shape)).sum().add(
             state.square().sum()
@@ -164,10 +181,16 @@ def _combo_cases(values: dict, jelly: list, paper_hard: dict | None = None) -> l
     paper's and snnTorch's LIF, the ``jelly`` ones for SpikingJelly's ten forms (each a definition of its own on the
     engine, compiled per dtype and leak layout; the engine's tests cover the rest), and ``paper_hard``'s values
     for the paper's hard reset besides."""
-    cases = [pytest.param(c, value, id=f"{_combo_id(c)}-{name}") for c in dynamics_combos()
-             for value, name in values.items() if c[0] != P.SPIKINGJELLY or value in jelly]  # fmt: skip
+    cases = [
+        pytest.param(c, value, id=f"{_combo_id(c)}-{name}")
+        for c in dynamics_combos()
+        for value, name in values.items()
+        if c[0] != P.SPIKINGJELLY or value in jelly
+    ]
     hard = next(c for c in dynamics_combos() if c[:2] == (P.PAPER, P.HARD))
-    return cases + [pytest.param(hard, value, id=f"{_combo_id(hard)}-{name}") for value, name in (paper_hard or {}).items()]
+    return cases + [
+        pytest.param(hard, value, id=f"{_combo_id(hard)}-{name}") for value, name in (paper_hard or {}).items()
+    ]
 
 
 @pytest.mark.parametrize("combo, per_channel", _combo_cases({True: "channel"}, [True], {False: "scalar"}))
@@ -227,8 +250,11 @@ def test_potential_exactly_at_the_threshold(combo, dtype):
 
 # the paper's LIF with the hard reset and the sigmoid (each definition x surrogate compiles kernels of its own; the
 # others are covered above and by the engine's tests)
-_ALL_SPECS = [spec for spec in (case.values[0] for case in SPECS)
-              if (spec.dynamics, spec.reset, type(spec.surrogate)) == (P.PAPER, P.HARD, Sigmoid)]
+_ALL_SPECS = [
+    spec
+    for spec in (case.values[0] for case in SPECS)
+    if (spec.dynamics, spec.reset, type(spec.surrogate)) == (P.PAPER, P.HARD, Sigmoid)
+]
 _HALF_TOL = {torch.float16: dict(rtol=4e-3, atol=1e-3), torch.bfloat16: dict(rtol=3e-2, atol=1e-2)}
 
 

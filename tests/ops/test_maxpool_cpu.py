@@ -95,6 +95,7 @@ def test_empty_batch():
     assert y.shape == (0, 3, 4, 4)
     grad_x = maxpool_cpu.backward(y, pack(x)[0], x.shape, (2, 2), (2, 2), (0, 0), (1, 1))
     assert grad_x.shape == x.shape
-    out, out_bits = maxpool_cpu.forward_from_bits(pack(x)[0], x.shape, y.shape, (2, 2), (2, 2), (0, 0), (1, 1),
-                                                  torch.float32)  # fmt: skip
+    out, out_bits = maxpool_cpu.forward_from_bits(
+        pack(x)[0], x.shape, y.shape, (2, 2), (2, 2), (0, 0), (1, 1), torch.float32
+    )
     assert out.shape == (0, 3, 4, 4) and out_bits.numel() == 0

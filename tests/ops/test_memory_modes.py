@@ -15,7 +15,6 @@ from tests.ops.cases import saved_storages  # noqa: E402
 SHAPE = (5, 3, 4, 6)  # T, B, C, L
 
 
-
 # Bytes of the threshold and v_reset saved for backward: the LIF's definition on the neuron engine
 # (:class:`spikefuse.neurons.lif.LIFNeuron`) takes them as float32 tensors of one element.
 CONSTANTS = 8
@@ -26,8 +25,9 @@ def _run(backend, memory, x, decay, v_init):
     k = decay.clone().requires_grad_(True)
     v = v_init.clone().requires_grad_(True)
     storages, (s, st) = saved_storages(
-        lambda: spikefuse.lif(xx * 1.0, decay=k, threshold=0.5, v_init=v, return_state=True, backend=backend,
-                              memory=memory)
+        lambda: spikefuse.lif(
+            xx * 1.0, decay=k, threshold=0.5, v_init=v, return_state=True, backend=backend, memory=memory
+        )
     )
     g = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
     ((s * g).sum() + st.sum()).backward()

@@ -17,7 +17,9 @@ def _exp_all(y, out):
         out[i] = exp(y[i])
 
 
-@pytest.mark.parametrize("dtype, low, high, tol", [(np.float32, -110.0, 100.0, 4e-6), (np.float64, -760.0, 720.0, 1e-12)])
+@pytest.mark.parametrize(
+    "dtype, low, high, tol", [(np.float32, -110.0, 100.0, 4e-6), (np.float64, -760.0, 720.0, 1e-12)]
+)
 def test_exp_is_within_its_error_bound(dtype, low, high, tol):
     y = np.linspace(low, high, 200_001).astype(dtype)
     out = np.empty_like(y)
@@ -44,8 +46,10 @@ def test_exp_special_values(dtype):
     assert out[3:] == pytest.approx([1.0, 1.0, np.e], rel=tol)
 
 
-@pytest.mark.parametrize("channels, inner, n0, m", [(1, 5, 3, 17), (3, 4, 0, 30), (3, 4, 7, 30), (5, 1, 2, 11),
-                                                    (2, 7, 13, 1), (3, 64, 100, 500), (4, 1000, 10, 20)])  # fmt: skip
+@pytest.mark.parametrize(
+    "channels, inner, n0, m",
+    [(1, 5, 3, 17), (3, 4, 0, 30), (3, 4, 7, 30), (5, 1, 2, 11), (2, 7, 13, 1), (3, 64, 100, 500), (4, 1000, 10, 20)],
+)
 def test_channel_row_matches_division(channels, inner, n0, m):
     values = np.arange(1, channels + 1, dtype=np.float32)
     dst = np.empty(m, np.float32)
@@ -79,7 +83,7 @@ def test_rows_apart_marks_the_array_data_noalias():
     assert out.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
     llvm = _scaled_rows_apart.inspect_llvm(_scaled_rows_apart.signatures[0])
     header = next(line for line in llvm.splitlines() if line.startswith("define") and "_scaled_rows_apart" in line)
-    params = {p.split("%")[-1]: p for p in header[header.index("(") + 1:header.rindex(")")].split(", ")}
+    params = {p.split("%")[-1]: p for p in header[header.index("(") + 1 : header.rindex(")")].split(", ")}
     for name in ("x", "halves", "out"):  # numba passes an array as its fields: the owner first, the data fifth
         assert "noalias" in params[f"arg.{name}.4"], params[f"arg.{name}.4"]
         assert "noalias" not in params[f"arg.{name}.0"], params[f"arg.{name}.0"]
@@ -97,8 +101,10 @@ def test_unpack_bits_matches_numpy(start, m, dtype, one):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16], ids=["fp32", "fp64", "int16-view"])
-@pytest.mark.parametrize("t0, steps, n0, m", [(0, 1, 0, 8), (1, 2, 16, 24), (0, 3, 0, 48), (2, 1, 40, 8), (0, 3, 0, 200),
-                                               (1, 2, 64, 136), (0, 1, 8, 64)])  # fmt: skip
+@pytest.mark.parametrize(
+    "t0, steps, n0, m",
+    [(0, 1, 0, 8), (1, 2, 16, 24), (0, 3, 0, 48), (2, 1, 40, 8), (0, 3, 0, 200), (1, 2, 64, 136), (0, 1, 8, 64)],
+)
 def test_pack_rows_matches_numpy(dtype, t0, steps, n0, m):
     """The rows of a block packed as ``bitpack.pack`` packs the whole ``[T, N]`` (bit k of byte j is element 8j+k;
     64-element words, then the bytes after the last), the bytes outside the block untouched; -0.0 and other nonzero
@@ -116,8 +122,10 @@ def test_pack_rows_matches_numpy(dtype, t0, steps, n0, m):
     pack_rows(spikes, t0, steps, n0, m, np.empty((0, 0), dtype=np.uint8))  # no bits asked: nothing to write
 
 
-@pytest.mark.parametrize("n, threads, block", [(65536, 2, 7680), (16384, 2, 7680), (100, 2, 16384), (1, 4, 2048),
-                                               (0, 2, 2048), (10**6, 3, 16384)])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, threads, block",
+    [(65536, 2, 7680), (16384, 2, 7680), (100, 2, 16384), (1, 4, 2048), (0, 2, 2048), (10**6, 3, 16384)],
+)
 def test_block_for_splits_evenly_over_the_threads(n, threads, block):
     b = block_for(n, threads, block)
     tasks = -(-n // b)

@@ -61,8 +61,9 @@ def _run_with_grads(model, params, backend, memory, x, weight, bias, learn, stat
     weight, bias = weight.clone().requires_grad_(), bias.clone().requires_grad_()
     tensors = {p: torch.tensor(v, dtype=x.dtype, requires_grad=True) if p in learn else v for p, v in params.items()}
     state = None if state is None else tuple(v.clone().requires_grad_() for v in state)
-    spikes, final = spikefuse.recurrent(x, model, weight, bias, state=state, return_state=True, backend=backend,
-                                        memory=memory, **tensors)  # fmt: skip
+    spikes, final = spikefuse.recurrent(
+        x, model, weight, bias, state=state, return_state=True, backend=backend, memory=memory, **tensors
+    )
     loss = (spikes * upstream).sum() + sum((v * (i + 1.5)).sum() for i, v in enumerate(final[:-1]))
     leaves = [x, weight, bias, *(tensors[p] for p in learn), *(state or ())]
     return spikes, final, torch.autograd.grad(loss, leaves)
@@ -78,8 +79,10 @@ def test_matches_reference_fp64(name, backend, all_to_all, memory):
     g = torch.Generator().manual_seed(1)
     upstream = torch.randn(x.shape, generator=g, dtype=x.dtype)
     # a state given as tensors: the gradients of the initial states and spikes too
-    state = (*(torch.rand(3, 5, generator=g, dtype=x.dtype) * 0.5 for _ in model.states),
-             (torch.rand(3, 5, generator=g) < 0.3).to(x.dtype))  # fmt: skip
+    state = (
+        *(torch.rand(3, 5, generator=g, dtype=x.dtype) * 0.5 for _ in model.states),
+        (torch.rand(3, 5, generator=g) < 0.3).to(x.dtype),
+    )
     learn = [p for p in params if p != "threshold"]
     want = _run_with_grads(model, params, "reference", memory, x, weight, bias, learn, state, upstream)
     got = _run_with_grads(model, params, backend, memory, x, weight, bias, learn, state, upstream)
@@ -99,8 +102,9 @@ def test_bit_identical_fp32(name, backend):
     for all_to_all in (True, False):
         x, weight, bias = _inputs(12, 4, 7, torch.float32, all_to_all, seed=3)
         want, want_state = spikefuse.recurrent(x, model, weight, bias, return_state=True, backend="reference", **params)
-        got, got_state = spikefuse.recurrent(x, model, weight, bias, return_state=True, backend=backend,
-                                             memory="potential", **params)  # fmt: skip
+        got, got_state = spikefuse.recurrent(
+            x, model, weight, bias, return_state=True, backend=backend, memory="potential", **params
+        )
         assert want.sum() > 0
         assert torch.equal(got, want)
         for a, b in zip(got_state, want_state):
@@ -142,9 +146,17 @@ def test_gradcheck_fp64(backend):
     tensors = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in model.params]
 
     def outputs(x, weight, bias, *tensors):
-        spikes, final = spikefuse.recurrent(x, model, weight, bias, surrogate=Rectangle(width=1e-3),
-                                            detach_reset=True, return_state=True, backend=backend,
-                                            **dict(zip(model.params, tensors)))  # fmt: skip
+        spikes, final = spikefuse.recurrent(
+            x,
+            model,
+            weight,
+            bias,
+            surrogate=Rectangle(width=1e-3),
+            detach_reset=True,
+            return_state=True,
+            backend=backend,
+            **dict(zip(model.params, tensors)),
+        )
         return (spikes, *final[:-1])
 
     spikes = outputs(x, weight, bias, *tensors)[0]
@@ -166,8 +178,9 @@ def test_continuation_through_the_state(name, backend):
     assert torch.equal(torch.cat([first, second]), whole)
     for a, b in zip(last, whole_state):
         assert torch.equal(a, b)
-    as_dict = spikefuse.recurrent(x[4:], model, weight, bias, state=dict(zip((*model.states, "spikes"), state)),
-                                  backend=backend, **params)  # fmt: skip
+    as_dict = spikefuse.recurrent(
+        x[4:], model, weight, bias, state=dict(zip((*model.states, "spikes"), state)), backend=backend, **params
+    )
     assert torch.equal(as_dict, second)
 
 
@@ -185,8 +198,9 @@ def test_keeps_bits_and_states_only():
     model, params = MODELS["leaky"]
     x, weight, bias = _inputs(40, 8, 16, torch.float32, True)
     for memory in ("recompute", "potential"):
-        spikes = spikefuse.recurrent(x.clone().requires_grad_(), model, weight.requires_grad_(), bias,
-                                     backend="cpu", memory=memory, **params)  # fmt: skip
+        spikes = spikefuse.recurrent(
+            x.clone().requires_grad_(), model, weight.requires_grad_(), bias, backend="cpu", memory=memory, **params
+        )
         sizes = sorted(t.nbytes for t in spikes.grad_fn.saved_tensors)
         assert sizes[-1] == x.nbytes and x.nbytes // 32 in sizes and sizes[-2] < x.nbytes / 16, (memory, sizes)
 

@@ -12,6 +12,7 @@ import spikefuse  # noqa: E402
 
 SHAPE = (5, 2, 3, 7)  # T, B, C, inner: N = 42 (not a multiple of a vector width)
 
+
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("return_state", [False, True])
 def test_default_initial_state_through_the_api(backend, return_state):

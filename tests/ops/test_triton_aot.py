@@ -82,15 +82,33 @@ def test_non_contiguous_inputs_are_made_contiguous():
 
 def _engine_models():
     from spikefuse.compat.norse import NORSE_LIF, NORSE_LSNN
-    from spikefuse.neurons import (ALIF_MODEL, CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_ZERO, LIF_MODELS,
-                                   SPIKINGJELLY_MODELS)  # fmt: skip
+    from spikefuse.neurons import (
+        ALIF_MODEL,
+        CUBA_LIF,
+        CUBA_LIF_EULER,
+        CUBA_LIF_HARD,
+        CUBA_LIF_ZERO,
+        LIF_MODELS,
+        SPIKINGJELLY_MODELS,
+    )
     from tests.neurons.test_engine import CUBA_POST_RESET, EIF
 
     # SpikingJelly's forms: the two with a handoff and a division (decay_input=True, tau), and the test-file neuron
     # with a handoff over two states
     jelly = [SPIKINGJELLY_MODELS[(reset, "div_input")] for reset in ("hard", "soft")]
-    return [CUBA_LIF, CUBA_LIF_ZERO, CUBA_LIF_HARD, CUBA_LIF_EULER, ALIF_MODEL, NORSE_LIF, NORSE_LSNN, EIF,
-            *LIF_MODELS.values(), *jelly, CUBA_POST_RESET]
+    return [
+        CUBA_LIF,
+        CUBA_LIF_ZERO,
+        CUBA_LIF_HARD,
+        CUBA_LIF_EULER,
+        ALIF_MODEL,
+        NORSE_LIF,
+        NORSE_LSNN,
+        EIF,
+        *LIF_MODELS.values(),
+        *jelly,
+        CUBA_POST_RESET,
+    ]
 
 
 def _engine_cases():
@@ -113,8 +131,9 @@ def _engine_cases():
     cuba = models[0]
     for kernel in A.ENGINE_KERNELS:
         work.append((A.engine_case(cuba, "Sigmoid", kernel, per_channel=False, block=512, N=n), 90))
-    quiet = A.engine_case(models[4], "Triangle", "engine-bwd", detach=True, need_params=False, grad_init=False,
-                          block=512, N=n)  # fmt: skip
+    quiet = A.engine_case(
+        models[4], "Triangle", "engine-bwd", detach=True, need_params=False, grad_init=False, block=512, N=n
+    )
     quiet["id"] += "-nograd"
     work.append((quiet, 80))
     # half precision read and written as it is (bfloat16's grad_x rounded to nearest by hand)
@@ -151,11 +170,20 @@ def test_engine_kernels_compile_without_spills(engine_compiled):
     cases, results = engine_compiled
     failed = {k: r["error"] for k, r in results.items() if not r["ok"]}
     assert not failed, failed
-    spilled = {k: {f: r[f] for f in ("reg", "local", "stack", "sass_stl", "sass_ldl")} for k, r in results.items()
-               if r["local"] or r["stack"] or r["sass_stl"] or r["sass_ldl"]}  # fmt: skip
+    spilled = {
+        k: {f: r[f] for f in ("reg", "local", "stack", "sass_stl", "sass_ldl")}
+        for k, r in results.items()
+        if r["local"] or r["stack"] or r["sass_stl"] or r["sass_ldl"]
+    }
     assert not spilled, spilled
-    assert {c["model"]["name"] for c in cases.values()} >= {"cuba_lif", "alif", "norse_lsnn", "test_eif",
-                                                            "sj_hard_div_input", "test_cuba_post_reset"}
+    assert {c["model"]["name"] for c in cases.values()} >= {
+        "cuba_lif",
+        "alif",
+        "norse_lsnn",
+        "test_eif",
+        "sj_hard_div_input",
+        "test_cuba_post_reset",
+    }
 
 
 def test_engine_kernels_numerics_and_memory_access(engine_compiled):
@@ -177,7 +205,9 @@ def test_engine_kernels_numerics_and_memory_access(engine_compiled):
         if case["xdt"] in ("fp16", "bf16"):  # the half-precision streams, and the float32 history and states
             state_width = str(min(128, per_thread * 32))
             assert width in set(r["loop"]["ld"]) and set(r["loop"]["ld"]) | set(r["loop"]["st"]) <= {
-                width, state_width}, (cid, arch, r["loop"])
+                width,
+                state_width,
+            }, (cid, arch, r["loop"])
         else:
             assert set(r["loop"]["ld"]) == set(r["loop"]["st"]) == {width}, (cid, arch, r["loop"])
         if case["kernel"] == "engine-bwd" and not case["const"]["SAVED"]:  # a recompute, then the reverse loop

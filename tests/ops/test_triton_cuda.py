@@ -60,16 +60,20 @@ def _compare(make, x):
 
 MODULES = {
     "lif-potential": lambda **kw: snn.LIF(0.7, 0.6, **kw),
-    "lif-recompute-soft-per-channel": lambda **kw: snn.LIF(0.7, 0.6, v_reset=None, learnable_decay=True, channels=4,
-                                                           memory="recompute", **kw),  # fmt: skip
+    "lif-recompute-soft-per-channel": lambda **kw: snn.LIF(
+        0.7, 0.6, v_reset=None, learnable_decay=True, channels=4, memory="recompute", **kw
+    ),
     "lif-detach": lambda **kw: snn.LIF(0.6, 0.5, detach_reset=True, **kw),
-    "cuba-lif-per-channel": lambda **kw: snn.CubaLIF(0.8, 0.7, threshold=0.6, learnable=("alpha", "beta"), channels=4,
-                                                     **kw),  # fmt: skip
-    "cuba-lif-zero-potential": lambda **kw: snn.CubaLIF(0.8, 0.7, threshold=0.6, reset="zero", memory="potential",
-                                                        **kw),  # fmt: skip
+    "cuba-lif-per-channel": lambda **kw: snn.CubaLIF(
+        0.8, 0.7, threshold=0.6, learnable=("alpha", "beta"), channels=4, **kw
+    ),
+    "cuba-lif-zero-potential": lambda **kw: snn.CubaLIF(
+        0.8, 0.7, threshold=0.6, reset="zero", memory="potential", **kw
+    ),
     "alif": lambda **kw: snn.ALIF(0.8, 0.9, b0=0.5, beta=0.4, learnable=("decay",), channels=4, **kw),
-    "spikingjelly-lif": lambda **kw: sf_spikingjelly.LIFNode(tau=1.25, decay_input=True, v_threshold=0.4,
-                                                             step_mode="m", **kw),  # fmt: skip
+    "spikingjelly-lif": lambda **kw: sf_spikingjelly.LIFNode(
+        tau=1.25, decay_input=True, v_threshold=0.4, step_mode="m", **kw
+    ),
 }
 
 
@@ -149,17 +153,30 @@ def test_lean_resnet18_on_gpu_trains_as_vanilla(dtype, monkeypatch):
     assert saved_lean < 0.3 * saved_vanilla, f"lean saves {saved_lean} bytes, vanilla {saved_vanilla}"
 
 
-@pytest.mark.parametrize("model, params", [(CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.5)),
-                                           (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.4))])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, params",
+    [(CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.5)), (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.4))],
+)
 def test_gradcheck_float64_on_gpu(model, params):
     x = (torch.rand(5, 2, 3, dtype=torch.float64, device="cuda") * 1.5).requires_grad_()
-    p = {k: torch.tensor(v, dtype=torch.float64, device="cuda", requires_grad=True) for k, v in params.items()
-         if k != "threshold" and k != "b0"}  # fmt: skip
+    p = {
+        k: torch.tensor(v, dtype=torch.float64, device="cuda", requires_grad=True)
+        for k, v in params.items()
+        if k != "threshold" and k != "b0"
+    }
     fixed = {k: v for k, v in params.items() if k not in p}
 
     def fn(x, *values):
-        _, state = spikefuse.neuron(x, model, surrogate="sigmoid", detach_reset=True, return_state=True,
-                                    backend="triton", **fixed, **dict(zip(p, values)))  # fmt: skip
+        _, state = spikefuse.neuron(
+            x,
+            model,
+            surrogate="sigmoid",
+            detach_reset=True,
+            return_state=True,
+            backend="triton",
+            **fixed,
+            **dict(zip(p, values)),
+        )
         return tuple(state)
 
     assert torch.autograd.gradcheck(fn, (x, *p.values()), eps=1e-6, atol=1e-6)
@@ -199,9 +216,11 @@ def test_recurrent_layer_on_gpu(name, all_to_all):
     reference on the same GPU (the same cuBLAS products), gradients to 1e-5 of it and of the CPU reference."""
     from spikefuse.neurons import LIF_MODELS
 
-    model, params = {"lif": (LIF_MODELS[("snntorch", "soft")], dict(decay=0.9, threshold=0.8)),
-                     "cuba_lif": (CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.6)),
-                     "alif": (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.3))}[name]  # fmt: skip
+    model, params = {
+        "lif": (LIF_MODELS[("snntorch", "soft")], dict(decay=0.9, threshold=0.8)),
+        "cuba_lif": (CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.6)),
+        "alif": (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.3)),
+    }[name]
     g = torch.Generator().manual_seed(0)
     x = torch.rand(40, 16, 64, generator=g) * 0.5
     weight = torch.randn((64, 64) if all_to_all else (64,), generator=g) * (0.15 if all_to_all else 0.5)

@@ -40,8 +40,9 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_no_temp(tmp_path, mo
     target = tmp_path / "checkpoint.pt"
     target.write_bytes(b"old")
     _no_space(monkeypatch, after_bytes=1000)
-    with pytest.raises(ConfigError, match="cannot write .*checkpoint.pt: No space left on device; the previous "
-                                          "checkpoint.pt is intact"):
+    with pytest.raises(
+        ConfigError, match="cannot write .*checkpoint.pt: No space left on device; the previous checkpoint.pt is intact"
+    ):
         C.atomic_write(target, b"x" * 5000)
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
@@ -54,7 +55,9 @@ def test_full_disk_during_an_epochs_checkpoint_keeps_the_previous_one(tmp_path, 
     with pytest.raises(ConfigError, match="No space left on device; the previous checkpoint.pt is intact"):
         fit(tiny_config(tmp_path, epochs=2), resume=True, log=quiet)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
-    assert _metrics_epochs(tmp_path) == [1] == [r["epoch"] for r in load_checkpoint(tmp_path / "checkpoint.pt")["history"]]
+    assert (
+        _metrics_epochs(tmp_path) == [1] == [r["epoch"] for r in load_checkpoint(tmp_path / "checkpoint.pt")["history"]]
+    )
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -93,8 +96,14 @@ def test_sigterm_during_the_write_reaches_the_previous_handler_after_it(tmp_path
 def test_stale_temp_files_of_killed_writes_are_removed_by_the_next_run(tmp_path):
     # the temp names tempfile.mkstemp makes (8 random characters); files of the user's that merely start alike stay
     stale = [".checkpoint.pt.k3j2x9_a.tmp", ".metrics.csv.a1b2c3d4.tmp", ".curves.png.q9w8e7r6.png"]
-    kept = [".hidden", "notes.txt", ".checkpointer.tmp", ".checkpoint.pt.backup", ".metrics.csv.mine.tmp",
-            ".curves.png.xyz"]
+    kept = [
+        ".hidden",
+        "notes.txt",
+        ".checkpointer.tmp",
+        ".checkpoint.pt.backup",
+        ".metrics.csv.mine.tmp",
+        ".curves.png.xyz",
+    ]
     for name in stale + kept:
         (tmp_path / name).write_bytes(b"partial")
     fit(tiny_config(tmp_path), log=quiet)
@@ -106,8 +115,11 @@ def test_stale_temp_files_of_killed_writes_are_removed_by_the_next_run(tmp_path)
 def test_fresh_run_refuses_an_earlier_run_unless_overwrite(tmp_path):
     fit(tiny_config(tmp_path, epochs=2), log=quiet)
     before = (tmp_path / "checkpoint.pt").read_bytes()
-    with pytest.raises(ConfigError, match="holds an earlier run \\(checkpoint.pt, metrics.csv\\): pass --resume to "
-                                          "continue it, --overwrite to replace it"):
+    with pytest.raises(
+        ConfigError,
+        match="holds an earlier run \\(checkpoint.pt, metrics.csv\\): pass --resume to "
+        "continue it, --overwrite to replace it",
+    ):
         fit(tiny_config(tmp_path, epochs=1, lr=0.01), log=quiet)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before and _metrics_epochs(tmp_path) == [1, 2]
     fit(tiny_config(tmp_path, epochs=1, lr=0.01), log=quiet, overwrite=True)
@@ -149,8 +161,10 @@ def test_out_that_is_a_file_or_under_a_file(tmp_path):
 
 
 def test_divergence_stops_before_a_checkpoint_of_it(tmp_path):
-    with pytest.raises(ConfigError, match="training diverged: the training loss is nan at epoch 1/1, batch \\d+; "
-                                          "lower --lr.*none was written"):
+    with pytest.raises(
+        ConfigError,
+        match="training diverged: the training loss is nan at epoch 1/1, batch \\d+; lower --lr.*none was written",
+    ):
         fit(tiny_config(tmp_path, lr=1e308), log=quiet)
     assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "metrics.csv").exists()
 
@@ -162,14 +176,25 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
     import sys
     import time
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from spikefuse.train.checkpoints import lock_out_dir; "
-        f"lock_out_dir(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)")],
-        stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; from spikefuse.train.checkpoints import lock_out_dir; "
+                f"lock_out_dir(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ConfigError, match=rf"--out {tmp_path} is in use by another spikefuse train \(process "
-                                              rf"{holder.pid}\)"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"--out {tmp_path} is in use by another spikefuse train \(process "
+            rf"{holder.pid}\)",
+        ):
             fit(tiny_config(tmp_path), log=quiet)
         assert not (tmp_path / "metrics.csv").exists()
     finally:
@@ -186,8 +211,11 @@ def test_resume_never_replaces_another_run(tmp_path):
     fit(tiny_config(tmp_path / "a", epochs=1), log=quiet)
     fit(tiny_config(tmp_path / "b", epochs=1, lr=0.01), log=quiet)
     before = (tmp_path / "b" / "checkpoint.pt").read_bytes()
-    with pytest.raises(ConfigError, match=r"--resume .*a/checkpoint.pt continues the run of .*a, but --out .*b holds "
-                                          r"another run"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--resume .*a/checkpoint.pt continues the run of .*a, but --out .*b holds "
+        r"another run",
+    ):
         fit(tiny_config(tmp_path / "b", epochs=2), resume=tmp_path / "a" / "checkpoint.pt", log=quiet)
     assert (tmp_path / "b" / "checkpoint.pt").read_bytes() == before and _metrics_epochs(tmp_path / "b") == [1]
     fit(tiny_config(tmp_path / "c", epochs=2), resume=tmp_path / "a" / "checkpoint.pt", log=quiet)
@@ -199,8 +227,12 @@ def test_a_failed_start_leaves_no_folder(tmp_path):
         from tests.data.test_mnist import write_mnist
 
         write_mnist(tmp_path / "mnist", n_train=0, n_test=3)
-        fit(tiny_config(tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None,
-                        test_subset=None), log=quiet)  # fmt: skip
+        fit(
+            tiny_config(
+                tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None, test_subset=None
+            ),
+            log=quiet,
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -230,9 +262,31 @@ def test_ranks_end_with_their_parent(tmp_path):
     import sys
     import time
 
-    command = [sys.executable, "-m", "spikefuse.cli", "train", "--nproc", "2", "--epochs", "1000", "--batch-size", "8",
-               "--T", "2", "--train-subset", "32", "--test-subset", "16", "--neuron-backend", "reference",
-               "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    command = [
+        sys.executable,
+        "-m",
+        "spikefuse.cli",
+        "train",
+        "--nproc",
+        "2",
+        "--epochs",
+        "1000",
+        "--batch-size",
+        "8",
+        "--T",
+        "2",
+        "--train-subset",
+        "32",
+        "--test-subset",
+        "16",
+        "--neuron-backend",
+        "reference",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in parent.stdout:  # the ranks are up once the first epoch ends
@@ -243,12 +297,16 @@ def test_ranks_end_with_their_parent(tmp_path):
         parent.kill()
         parent.wait()
         deadline = time.time() + 20
-        while time.time() < deadline and any(os.path.exists(f"/proc/{p}") and
-                                             not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-                                             for p in ranks):  # fmt: skip
+        while time.time() < deadline and any(
+            os.path.exists(f"/proc/{p}") and not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+            for p in ranks
+        ):
             time.sleep(0.2)
-        alive = [p for p in ranks if os.path.exists(f"/proc/{p}")
-                 and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]  # fmt: skip
+        alive = [
+            p
+            for p in ranks
+            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
         assert not alive, f"ranks still running after their parent died: {alive}"
     finally:
         parent.kill()

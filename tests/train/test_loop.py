@@ -22,8 +22,20 @@ BACKENDS = ["reference", "cpu"]
 
 
 def tiny_config(out, **kw) -> TrainConfig:
-    base = dict(model="resnet-tiny", dataset="digits", T=2, epochs=1, batch_size=16, threads=2, seed=3, out=str(out),
-                train_subset=48, test_subset=32, neuron_backend="reference", progress=False)
+    base = dict(
+        model="resnet-tiny",
+        dataset="digits",
+        T=2,
+        epochs=1,
+        batch_size=16,
+        threads=2,
+        seed=3,
+        out=str(out),
+        train_subset=48,
+        test_subset=32,
+        neuron_backend="reference",
+        progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -125,11 +137,17 @@ def test_checkpoint_from_before_the_memory_setting_resumes_as_fused(tmp_path):
 
 
 def test_config_validation(tmp_path):
-    for bad, message in ((dict(T=0), "--T must be"), (dict(epochs=0), "--epochs"), (dict(lr=-1.0), "--lr"),
-                         (dict(model="nope"), "unknown model"), (dict(encoding="rate"), "--encoding"),
-                         (dict(neuron_backend="gpu"), "unknown neuron backend"), (dict(neurons="norse"), "--neurons"),
-                         (dict(memory="tiny"), "--memory must be one of fused, lean, got 'tiny'"),
-                         (dict(memory="lean", neurons="spikingjelly"), "--memory lean fuses BatchNorm")):
+    for bad, message in (
+        (dict(T=0), "--T must be"),
+        (dict(epochs=0), "--epochs"),
+        (dict(lr=-1.0), "--lr"),
+        (dict(model="nope"), "unknown model"),
+        (dict(encoding="rate"), "--encoding"),
+        (dict(neuron_backend="gpu"), "unknown neuron backend"),
+        (dict(neurons="norse"), "--neurons"),
+        (dict(memory="tiny"), "--memory must be one of fused, lean, got 'tiny'"),
+        (dict(memory="lean", neurons="spikingjelly"), "--memory lean fuses BatchNorm"),
+    ):
         with pytest.raises(ConfigError, match=message):
             tiny_config(tmp_path, **bad).validate()
 
@@ -163,9 +181,34 @@ def test_data_parallel_two_processes_match_one_process(tmp_path, capfd, memory):
     here, 5e-5 with an uneven last batch) in a few elements: all within atol 1e-4, nearly all within rtol 1e-4."""
     from spikefuse.cli import main
 
-    args = ["train", "--model", "resnet-tiny", "--T", "2", "--epochs", "1", "--batch-size", "16", "--threads", "1",
-            "--seed", "3", "--train-subset", "48", "--test-subset", "32", "--neuron-backend", "reference",
-            "--no-progress", "--memory", memory, "--out", str(tmp_path / "ddp"), "--nproc", "2"]
+    args = [
+        "train",
+        "--model",
+        "resnet-tiny",
+        "--T",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--seed",
+        "3",
+        "--train-subset",
+        "48",
+        "--test-subset",
+        "32",
+        "--neuron-backend",
+        "reference",
+        "--no-progress",
+        "--memory",
+        memory,
+        "--out",
+        str(tmp_path / "ddp"),
+        "--nproc",
+        "2",
+    ]
     assert main(args) == 0
     # The ranks' own prints are not asserted: forkserver ranks inherit the stdout of the process that started the
     # forkserver (an earlier test's capture when the whole suite runs), so capfd cannot see them reliably.
@@ -205,14 +248,33 @@ def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsy
 
     model = build_model("resnet-tiny", 1, 10, width=4, stem="cifar", neuron_backend="reference")
     data = TensorDataset(torch.rand(12, 1, 8, 8), torch.randint(0, 10, (12,)))
-    run_epoch(model, DataLoader(data, batch_size=4), kind="image", T=2, encoding="direct", device=torch.device("cpu"),
-              optimizer=torch.optim.Adam(model.parameters()), progress=True, desc="epoch 1/1", first_run=True)
+    run_epoch(
+        model,
+        DataLoader(data, batch_size=4),
+        kind="image",
+        T=2,
+        encoding="direct",
+        device=torch.device("cpu"),
+        optimizer=torch.optim.Adam(model.parameters()),
+        progress=True,
+        desc="epoch 1/1",
+        first_run=True,
+    )
     assert capsys.readouterr().err == ""  # captured: no terminal, no bar
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     for first_run in (True, False):
-        run_epoch(model, DataLoader(data, batch_size=4), kind="image", T=2, encoding="direct",
-                  device=torch.device("cpu"), optimizer=torch.optim.Adam(model.parameters()), progress=True,
-                  desc="epoch 1/1", first_run=first_run)
+        run_epoch(
+            model,
+            DataLoader(data, batch_size=4),
+            kind="image",
+            T=2,
+            encoding="direct",
+            device=torch.device("cpu"),
+            optimizer=torch.optim.Adam(model.parameters()),
+            progress=True,
+            desc="epoch 1/1",
+            first_run=first_run,
+        )
         err = capsys.readouterr().err
         assert (("epoch 1/1" + FIRST_BATCH_NOTE) in err) == first_run
         if first_run:
@@ -224,8 +286,16 @@ def test_recurrent_network_on_sequences_resumes_exactly(tmp_path):
     from tests.data.test_mnist import write_mnist
 
     write_mnist(tmp_path / "mnist", n_train=40, n_test=12)
-    cfg = dict(model="srnn", dataset="smnist", data_dir=str(tmp_path / "mnist"), T=28, hidden=16, neuron_backend="cpu",
-               train_subset=None, test_subset=None)
+    cfg = dict(
+        model="srnn",
+        dataset="smnist",
+        data_dir=str(tmp_path / "mnist"),
+        T=28,
+        hidden=16,
+        neuron_backend="cpu",
+        train_subset=None,
+        test_subset=None,
+    )
     full = fit(tiny_config(tmp_path / "full", epochs=2, **cfg), log=quiet)
     fit(tiny_config(tmp_path / "split", epochs=1, **cfg), log=quiet)
     resumed = fit(tiny_config(tmp_path / "split", epochs=2, **cfg), resume=True, log=quiet)
@@ -241,8 +311,17 @@ def test_sequences_need_a_recurrent_network(tmp_path):
 
     write_mnist(tmp_path / "mnist", n_train=8, n_test=4)
     with pytest.raises(ConfigError, match="smnist is a sequence .* train it with a recurrent network"):
-        fit(tiny_config(tmp_path / "run", dataset="smnist", T=28, data_dir=str(tmp_path / "mnist"),
-                        train_subset=None, test_subset=None), log=quiet)  # fmt: skip
+        fit(
+            tiny_config(
+                tmp_path / "run",
+                dataset="smnist",
+                T=28,
+                data_dir=str(tmp_path / "mnist"),
+                train_subset=None,
+                test_subset=None,
+            ),
+            log=quiet,
+        )
     with pytest.raises(ConfigError, match="--hidden, --layers and --cell set a recurrent network"):
         fit(tiny_config(tmp_path / "run2", hidden=64), log=quiet)
 
@@ -253,6 +332,10 @@ def test_an_empty_split_is_an_error(tmp_path):
 
     write_mnist(tmp_path / "mnist", n_train=8, n_test=0)
     with pytest.raises(ConfigError, match="the test split of mnist is empty .*nothing to test on"):
-        fit(tiny_config(tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None,
-                        test_subset=None), log=quiet)  # fmt: skip
+        fit(
+            tiny_config(
+                tmp_path / "run", dataset="mnist", data_dir=str(tmp_path / "mnist"), train_subset=None, test_subset=None
+            ),
+            log=quiet,
+        )
     assert not (tmp_path / "run" / "metrics.csv").exists()

@@ -34,8 +34,10 @@ def gpu_machine_info(detail: str = "") -> str:
     """The current CUDA GPU, CUDA and Triton versions (then ``detail``), and the host's :func:`machine_info`."""
     import triton
 
-    return (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, Triton {triton.__version__}{detail}; "
-            f"host {machine_info()}")
+    return (
+        f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, Triton {triton.__version__}{detail}; "
+        f"host {machine_info()}"
+    )
 
 
 def add_result_args(p) -> None:
@@ -53,13 +55,20 @@ def add_training_step_args(p, quick: dict) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="batch size (default: %(default)s)")
     p.add_argument("--image-size", type=int, default=32, help="input height = width (default: %(default)s)")
     p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: %(default)s)")
-    p.add_argument("--stem", choices=["cifar", "imagenet"], default="imagenet",
-                   help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)")
+    p.add_argument(
+        "--stem",
+        choices=["cifar", "imagenet"],
+        default="imagenet",
+        help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true",
-                   help=f"check the harness: T={quick['T']}, batch {quick['batch_size']}, "
-                        f"{quick['image_size']}x{quick['image_size']} images, ResNet width {quick['resnet_width']}")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"check the harness: T={quick['T']}, batch {quick['batch_size']}, "
+        f"{quick['image_size']}x{quick['image_size']} images, ResNet width {quick['resnet_width']}",
+    )
     p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
 
 

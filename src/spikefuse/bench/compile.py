@@ -21,10 +21,10 @@ from .common import add_result_args, command_line, machine_info, markdown_table,
 CASES = {
     "lif": "import spikefuse.nn\nlayer = spikefuse.nn.LIF().to(device)",
     "cuba_lif": "from spikefuse.neurons import CUBA_LIF\n"
-                "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9)",
+    "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9)",
     "alif": "from spikefuse.neurons import ALIF_MODEL\n"
-            "layer = lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.9)",
-}  # fmt: skip
+    "layer = lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.9)",
+}
 
 _FIRST_CALL = """
 import json, time
@@ -50,8 +50,12 @@ print(json.dumps({{"import_s": t_import, "forward_s": t_forward, "backward_s": t
 
 def first_call(case: str, cache: Path, device: str = "cpu") -> dict:
     """Seconds of import, first forward and first backward of ``case`` in a fresh process using ``cache``."""
-    env = dict(os.environ, SPIKEFUSE_CACHE_DIR=str(cache / "kernels"), NUMBA_CACHE_DIR=str(cache / "numba"),
-               TRITON_CACHE_DIR=str(cache / "triton"))  # fmt: skip
+    env = dict(
+        os.environ,
+        SPIKEFUSE_CACHE_DIR=str(cache / "kernels"),
+        NUMBA_CACHE_DIR=str(cache / "numba"),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+    )
     code = _FIRST_CALL.format(build=CASES[case], device=device)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if out.returncode:
@@ -92,9 +96,13 @@ def run(args) -> None:
         "(each in a fresh process and folders); 'warm caches': a fresh process reusing the folders of a cold run. "
         "Seconds.",
         "",
-        markdown_table(["case", "caches", "runs", "import", "first forward", "first backward", "first fwd+bwd"],
-                       [[r["case"], r["caches"], r["runs"], r["import_s"], r["forward_s"], r["backward_s"],
-                         r["fwd_bwd_s"]] for r in rows]),  # fmt: skip
+        markdown_table(
+            ["case", "caches", "runs", "import", "first forward", "first backward", "first fwd+bwd"],
+            [
+                [r["case"], r["caches"], r["runs"], r["import_s"], r["forward_s"], r["backward_s"], r["fwd_bwd_s"]]
+                for r in rows
+            ],
+        ),
     ]
     stem.with_suffix(".md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
@@ -102,8 +110,10 @@ def run(args) -> None:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("compile", help="cold start: a neuron's first forward+backward with empty and warm "
-                                              "kernel caches, each in a fresh process")  # fmt: skip
+    p = subparsers.add_parser(
+        "compile",
+        help="cold start: a neuron's first forward+backward with empty and warm kernel caches, each in a fresh process",
+    )
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--repeats", type=int, default=3, help="empty-cache runs per case (median)")
     p.add_argument("--device", default="cpu", help="where the input lives: cpu (numba kernels) or cuda (Triton)")

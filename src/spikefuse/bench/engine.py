@@ -19,8 +19,17 @@ import torch
 
 from ..threads import set_threads
 from . import ours, peers
-from .common import (EVICT_BYTES, add_result_args, cache_evictor, command_line, machine_info, markdown_table,
-                     result_tag, round_robin, write_csv)
+from .common import (
+    EVICT_BYTES,
+    add_result_args,
+    cache_evictor,
+    command_line,
+    machine_info,
+    markdown_table,
+    result_tag,
+    round_robin,
+    write_csv,
+)
 
 
 def _layer_cases():
@@ -31,7 +40,10 @@ def _layer_cases():
 
     alpha, beta = 0.8, 0.9
     cases = {
-        "spikefuse CubaLIF (cpu)": (lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True), "cuba"),
+        "spikefuse CubaLIF (cpu)": (
+            lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True),
+            "cuba",
+        ),
     }
     try:
         cases["snnTorch Synaptic (loop)"] = (peers.snntorch_synaptic(alpha, beta), "cuba")
@@ -41,12 +53,16 @@ def _layer_cases():
         cases["spikefuse Norse-LSNN definition (cpu)"] = (ours.norse_lsnn(), "lsnn")
     except ImportError:
         pass
-    cases["spikefuse ALIF (cpu)"] = (lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
-                                     "alif")  # fmt: skip
+    cases["spikefuse ALIF (cpu)"] = (
+        lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
+        "alif",
+    )
     # The paper's LIF as spikefuse.lif runs it, in both memory modes ("potential" is the LIF layers' default)
     for memory in ("potential", "recompute"):
         cases[f"spikefuse.lif (engine definition, cpu, {memory})"] = (
-            lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory), "lif")
+            lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory),
+            "lif",
+        )
     try:
         import norse.torch as norse
 
@@ -61,18 +77,22 @@ def run(args) -> None:
     rows = []
     for t_steps in args.T:
         g = torch.Generator().manual_seed(t_steps)
-        x = {"cuba": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
-             "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0,
-             "alif": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
-             "lif": torch.rand(t_steps, args.neurons, generator=g) * 0.6}  # fmt: skip
+        x = {
+            "cuba": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
+            "lsnn": torch.rand(t_steps, args.neurons, generator=g) * 3.0,
+            "alif": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
+            "lif": torch.rand(t_steps, args.neurons, generator=g) * 0.6,
+        }
         upstream = torch.rand(t_steps, args.neurons, generator=g)
         cases = _layer_cases()
         spikes = {name: fn(x[ref]) for name, (fn, ref) in cases.items()}
         first = {}
         for name, (_, ref) in cases.items():
             first.setdefault(ref, name)
-        mismatch = {name: float((spikes[name].float() != spikes[first[ref]].float()).float().mean())
-                    for name, (_, ref) in cases.items()}  # fmt: skip
+        mismatch = {
+            name: float((spikes[name].float() != spikes[first[ref]].float()).float().mean())
+            for name, (_, ref) in cases.items()
+        }
         leaves = {name: x[ref].clone().requires_grad_() for name, (_, ref) in cases.items()}
 
         def step(name):
@@ -94,22 +114,58 @@ def run(args) -> None:
         medians = round_robin({name: step(name) for name in cases}, args.repeats)
         floor_s = 20 * t_steps * args.neurons / copy_bw
         for name, (_, ref) in cases.items():
-            rows.append({"T": t_steps, "neurons": args.neurons, "implementation": name, "model": ref,
-                         "fwd_bwd_ms": round(medians[name] * 1e3, 2), "floor_20B_ms": round(floor_s * 1e3, 2),
-                         "floor_fraction": round(floor_s / medians[name], 3),
-                         "spike_mismatch": mismatch[name], "copy_GBps": round(copy_bw / 1e9, 2)})  # fmt: skip
+            rows.append(
+                {
+                    "T": t_steps,
+                    "neurons": args.neurons,
+                    "implementation": name,
+                    "model": ref,
+                    "fwd_bwd_ms": round(medians[name] * 1e3, 2),
+                    "floor_20B_ms": round(floor_s * 1e3, 2),
+                    "floor_fraction": round(floor_s / medians[name], 3),
+                    "spike_mismatch": mismatch[name],
+                    "copy_GBps": round(copy_bw / 1e9, 2),
+                }
+            )
     for r in rows:  # speed-up of ours over the peer of the same model
-        peer = next((q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and not q["implementation"].startswith("spikefuse")), None)
-        ours = next(q for q in rows if q["T"] == r["T"] and q["model"] == r["model"] and q["implementation"].startswith("spikefuse"))
+        peer = next(
+            (
+                q
+                for q in rows
+                if q["T"] == r["T"] and q["model"] == r["model"] and not q["implementation"].startswith("spikefuse")
+            ),
+            None,
+        )
+        ours = next(
+            q
+            for q in rows
+            if q["T"] == r["T"] and q["model"] == r["model"] and q["implementation"].startswith("spikefuse")
+        )
         r["ours_speedup"] = round(r["fwd_bwd_ms"] / ours["fwd_bwd_ms"], 2) if peer else ""
     out = Path(args.out)
     stem = out / f"engine_{args.tag}"
     write_csv(stem.with_suffix(".csv"), rows)
     table = markdown_table(
-        ["T", "implementation", "fwd+bwd ms", "floor fraction (20 B/neuron-step)", "spikefuse speed-up", "spikes differing"],
-        [[r["T"], r["implementation"], r["fwd_bwd_ms"], r["floor_fraction"], r["ours_speedup"], f"{r['spike_mismatch']:.1e}"]
-         for r in rows],
-    )  # fmt: skip
+        [
+            "T",
+            "implementation",
+            "fwd+bwd ms",
+            "floor fraction (20 B/neuron-step)",
+            "spikefuse speed-up",
+            "spikes differing",
+        ],
+        [
+            [
+                r["T"],
+                r["implementation"],
+                r["fwd_bwd_ms"],
+                r["floor_fraction"],
+                r["ours_speedup"],
+                f"{r['spike_mismatch']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
     text = [
         f"# Neuron engine: one layer of {args.neurons:,} neurons, fp32, forward+backward",
         "",

@@ -78,16 +78,34 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     sf_sj_fp16 = sf_spikingjelly.LIFNode(**sj_args, surrogate_function=Sigmoid(ALPHA))
     found = [
         Case("spikefuse compat.spikingjelly.LIFNode", "sj-lif", lambda x: sf_sj.reset() or sf_sj(x), "potential"),
-        Case("spikefuse compat.spikingjelly.LIFNode (recompute)", "sj-lif",
-             lambda x: sf_sj_recompute.reset() or sf_sj_recompute(x), "recompute"),
-        Case("spikefuse compat.spikingjelly.LIFNode fp16", "sj-lif-fp16",
-             lambda x: sf_sj_fp16.reset() or sf_sj_fp16(x), "potential", dtype=torch.float16),
-    ]  # fmt: skip
+        Case(
+            "spikefuse compat.spikingjelly.LIFNode (recompute)",
+            "sj-lif",
+            lambda x: sf_sj_recompute.reset() or sf_sj_recompute(x),
+            "recompute",
+        ),
+        Case(
+            "spikefuse compat.spikingjelly.LIFNode fp16",
+            "sj-lif-fp16",
+            lambda x: sf_sj_fp16.reset() or sf_sj_fp16(x),
+            "potential",
+            dtype=torch.float16,
+        ),
+    ]
     for group, dtype in (("paper-lif", torch.float32), ("paper-lif-fp16", torch.float16)):
         for memory in ("potential", "recompute"):
             name = f"spikefuse.lif{' fp16' if dtype == torch.float16 else ''} ({memory})"
-            found.append(Case(name, group, lambda x, m=memory: spikefuse.lif(
-                x, decay=DECAY, threshold=THRESHOLD, surrogate=Sigmoid(ALPHA), memory=m), memory, dtype=dtype))
+            found.append(
+                Case(
+                    name,
+                    group,
+                    lambda x, m=memory: spikefuse.lif(
+                        x, decay=DECAY, threshold=THRESHOLD, surrogate=Sigmoid(ALPHA), memory=m
+                    ),
+                    memory,
+                    dtype=dtype,
+                )
+            )
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
@@ -96,8 +114,15 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
     missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]
-    for build in (_spikingjelly, _spikingjelly_fp16, _snntorch_leaky, _snntorch_synaptic, _norse_lif,
-                  _spikefuse_lsnn, _norse_lsnn):
+    for build in (
+        _spikingjelly,
+        _spikingjelly_fp16,
+        _snntorch_leaky,
+        _snntorch_synaptic,
+        _norse_lif,
+        _spikefuse_lsnn,
+        _norse_lsnn,
+    ):
         try:
             found.append(build())
         except Exception as err:  # a missing or broken peer is reported in the results, not fatal
@@ -113,15 +138,21 @@ def _spikingjelly() -> Case:
 
 
 def _spikingjelly_fp16() -> Case:
-    return Case("SpikingJelly 2.0 LIFNode fp16 (its PyTorch reference)", "sj-lif-fp16", peers.spikingjelly_lif("cuda"),
-                dtype=torch.float16, note="its membrane takes the input's dtype, and its Triton kernel needs a "
-                "float32 membrane, so a float16 input runs its PyTorch reference; float16 membrane arithmetic flips "
-                "spikes")  # fmt: skip
+    return Case(
+        "SpikingJelly 2.0 LIFNode fp16 (its PyTorch reference)",
+        "sj-lif-fp16",
+        peers.spikingjelly_lif("cuda"),
+        dtype=torch.float16,
+        note="its membrane takes the input's dtype, and its Triton kernel needs a "
+        "float32 membrane, so a float16 input runs its PyTorch reference; float16 membrane arithmetic flips "
+        "spikes",
+    )
 
 
 def _snntorch_leaky() -> Case:
-    return Case("snnTorch Leaky loop", "paper-lif", peers.snntorch_leaky("cuda"),
-                note="fires on >, reset always detached")  # fmt: skip
+    return Case(
+        "snnTorch Leaky loop", "paper-lif", peers.snntorch_leaky("cuda"), note="fires on >, reset always detached"
+    )
 
 
 def _snntorch_synaptic() -> Case:
@@ -129,8 +160,9 @@ def _snntorch_synaptic() -> Case:
 
 
 def _norse_lif() -> Case:
-    return Case("Norse LIFBoxCell loop", "paper-lif", peers.norse_lif_box("cuda"),
-                note="v + dt/tau*(x - v), fires on >")  # fmt: skip
+    return Case(
+        "Norse LIFBoxCell loop", "paper-lif", peers.norse_lif_box("cuda"), note="v + dt/tau*(x - v), fires on >"
+    )
 
 
 def _spikefuse_lsnn() -> Case:  # Norse's default parameters: needs Norse
@@ -228,17 +260,28 @@ def run(args: argparse.Namespace) -> None:
             memory = {c.name: _memory(c.run, x[c.group], upstreams[c.group]) for c in found}
             for c in found:
                 ours = next(o for o in found if o.group == c.group and o.memory)
-                row = {"N": n, "T": t_steps, "group": c.group, "implementation": c.name,
-                       "forward_ms": round(fwd[c.name], 4), "forward_backward_ms": round(both[c.name], 4),
-                       "speedup_of_ours": round(both[c.name] / both[ours.name], 2),
-                       "spike_mismatch": mismatch[c.name], "kept_for_backward_MiB": round(memory[c.name][0], 1),
-                       "peak_MiB": round(memory[c.name][1], 1), "copy_GBps": round(bandwidth / 1e9, 1),
-                       "floor_fraction_forward": "", "floor_fraction_forward_backward": "", "note": c.note}  # fmt: skip
+                row = {
+                    "N": n,
+                    "T": t_steps,
+                    "group": c.group,
+                    "implementation": c.name,
+                    "forward_ms": round(fwd[c.name], 4),
+                    "forward_backward_ms": round(both[c.name], 4),
+                    "speedup_of_ours": round(both[c.name] / both[ours.name], 2),
+                    "spike_mismatch": mismatch[c.name],
+                    "kept_for_backward_MiB": round(memory[c.name][0], 1),
+                    "peak_MiB": round(memory[c.name][1], 1),
+                    "copy_GBps": round(bandwidth / 1e9, 1),
+                    "floor_fraction_forward": "",
+                    "floor_fraction_forward_backward": "",
+                    "note": c.note,
+                }
                 if c.memory:
                     f_bytes, fb_bytes = floor_bytes(c.memory, c.dtype.itemsize)
                     row["floor_fraction_forward"] = round(f_bytes * t_steps * n / bandwidth * 1e3 / fwd[c.name], 3)
                     row["floor_fraction_forward_backward"] = round(
-                        fb_bytes * t_steps * n / bandwidth * 1e3 / both[c.name], 3)
+                        fb_bytes * t_steps * n / bandwidth * 1e3 / both[c.name], 3
+                    )
                 rows.append(row)
             print(f"N={n:,} T={t_steps}: " + ", ".join(f"{c.name} {both[c.name]:.2f} ms" for c in found), flush=True)
     write_results(args, rows, missing)
@@ -249,13 +292,36 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
     write_csv(stem.with_suffix(".csv"), rows)
     device = torch.cuda.get_device_name()
     table = markdown_table(
-        ["N", "T", "implementation", "fwd ms", "fwd+bwd ms", "x ours (fwd+bwd)", "floor fraction fwd / fwd+bwd",
-         "kept for bwd MiB", "peak MiB", "spikes differing"],
-        [[f"{r['N']:,}", r["T"], r["implementation"], f"{r['forward_ms']:.3f}", f"{r['forward_backward_ms']:.3f}",
-          f"{r['speedup_of_ours']:.2f}",
-          f"{r['floor_fraction_forward']} / {r['floor_fraction_forward_backward']}" if r["floor_fraction_forward"]
-          else "", r["kept_for_backward_MiB"], r["peak_MiB"], f"{r['spike_mismatch']:.1e}"] for r in rows],
-    )  # fmt: skip
+        [
+            "N",
+            "T",
+            "implementation",
+            "fwd ms",
+            "fwd+bwd ms",
+            "x ours (fwd+bwd)",
+            "floor fraction fwd / fwd+bwd",
+            "kept for bwd MiB",
+            "peak MiB",
+            "spikes differing",
+        ],
+        [
+            [
+                f"{r['N']:,}",
+                r["T"],
+                r["implementation"],
+                f"{r['forward_ms']:.3f}",
+                f"{r['forward_backward_ms']:.3f}",
+                f"{r['speedup_of_ours']:.2f}",
+                f"{r['floor_fraction_forward']} / {r['floor_fraction_forward_backward']}"
+                if r["floor_fraction_forward"]
+                else "",
+                r["kept_for_backward_MiB"],
+                r["peak_MiB"],
+                f"{r['spike_mismatch']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
     text = [
         f"# One spiking layer on a GPU ({device}), fp32 (groups ending in -fp16: fp16)",
         "",
@@ -267,7 +333,8 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
         "(group). Floor: the bytes the layer must move per neuron-step (forward 12 with memory='potential', 8 with "
         "'recompute'; forward+backward 24 and 20; in fp16 8, 4, 16 and 10: the membrane stays fp32) over the "
         "device-to-device copy bandwidth of the same run ("
-        + ", ".join(sorted({f"{r['copy_GBps']} GB/s" for r in rows})) + "). 'kept for bwd': allocated after the "
+        + ", ".join(sorted({f"{r['copy_GBps']} GB/s" for r in rows}))
+        + "). 'kept for bwd': allocated after the "
         "forward beyond the output; 'peak': of forward+backward, over what was allocated before. 'spikes "
         "differing': fraction of spikes that differ from the group's first row.",
         "",

@@ -45,19 +45,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="compile the Triton kernels for sm_80/sm_90 without a GPU: registers, spills, vector width, roofline",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--set", dest="case_set", choices=("shipped", "standard", "full"), default="standard",
-                   help="shipped: the paper's LIF, CubaLIF and ALIF x dtype x memory mode; standard: also every LIF "
-                        "definition of the public API in fp32 with the surrogates cycled; full: those with every "
-                        "surrogate in every dtype (default: %(default)s)")
+    p.add_argument(
+        "--set",
+        dest="case_set",
+        choices=("shipped", "standard", "full"),
+        default="standard",
+        help="shipped: the paper's LIF, CubaLIF and ALIF x dtype x memory mode; standard: also every LIF "
+        "definition of the public API in fp32 with the surrogates cycled; full: those with every "
+        "surrogate in every dtype (default: %(default)s)",
+    )
     p.add_argument("--archs", nargs="+", default=["sm_80", "sm_90"], choices=["sm_80", "sm_90"])
     p.add_argument("--jobs", type=int, default=2, help="compiler processes (default: %(default)s)")
     p.add_argument("--T", nargs="+", type=int, default=list(T_DEFAULT), help="time steps of the roofline table")
     p.add_argument("--N", type=int, default=N_DEFAULT, help="neurons of the roofline table (default: %(default)s)")
-    p.add_argument("--cache-dir", default=None,
-                   help="Triton cache (default: a fresh temporary folder, so every kernel is really compiled)")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="Triton cache (default: a fresh temporary folder, so every kernel is really compiled)",
+    )
     p.add_argument("--results-dir", default="benchmarks/results", help="(default: %(default)s)")
-    p.add_argument("--render", metavar="JSON", default=None,
-                   help="only re-render the markdown from a gpu_static.json of an earlier run (no compilation)")
+    p.add_argument(
+        "--render",
+        metavar="JSON",
+        default=None,
+        help="only re-render the markdown from a gpu_static.json of an earlier run (no compilation)",
+    )
     return p
 
 
@@ -90,8 +102,13 @@ def kernel_estimate(case: dict, res: dict, gpu: dict, T: int, N: int) -> dict:
     inflight = resident * NUM_THREADS * ept * load_bytes  # per SM
     needed = gpu["bw"] / gpu["sms"] * LATENCY_NS * 1e-9 * load_bytes / tr["per_step"]
     ratio = inflight / needed
-    return dict(bytes=total, bound_us=bound_us, resident_ctas=resident, mlp_ratio=ratio,
-                est_us=bound_us / min(1.0, ratio) + LAUNCH_US)  # fmt: skip
+    return dict(
+        bytes=total,
+        bound_us=bound_us,
+        resident_ctas=resident,
+        mlp_ratio=ratio,
+        est_us=bound_us / min(1.0, ratio) + LAUNCH_US,
+    )
 
 
 SHIPPED = ("lif_hard", "cuba_lif", "alif")  # the paper's LIF (Eq. (1)-(2)), CubaLIF, ALIF
@@ -128,8 +145,10 @@ def definition_cases(N: int, dtypes=("fp32",), every_surrogate: bool = False, T:
     from ..surrogate import SURROGATES
 
     surrogates = [cls.__name__ for cls in SURROGATES.values()]
-    models = {m.name: m for m in (*LIF_MODELS.values(), *SPIKINGJELLY_MODELS.values(),
-                                  *SPIKINGJELLY_PRE_RESET_MODELS.values())}  # fmt: skip
+    models = {
+        m.name: m
+        for m in (*LIF_MODELS.values(), *SPIKINGJELLY_MODELS.values(), *SPIKINGJELLY_PRE_RESET_MODELS.values())
+    }
     cases = []
     for i, model in enumerate(models.values()):
         for xdt in dtypes:
@@ -141,10 +160,16 @@ def definition_cases(N: int, dtypes=("fp32",), every_surrogate: bool = False, T:
 
 
 def _case_for(cases, kernel, xdt, model, saved, need_params=True):
-    return next(c for c in cases if c["kernel"] == kernel and c["xdt"] == xdt and c["group"] != "all"
-                and c["model"]["name"] == model and c["const"][("SAVED" if kernel == "engine-bwd" else "SAVE")] == saved
-                and (kernel == "engine-fwd" or all(c["const"][f"NEED_{p}"] == need_params
-                                                    for p in c["model"]["params"])))  # fmt: skip
+    return next(
+        c
+        for c in cases
+        if c["kernel"] == kernel
+        and c["xdt"] == xdt
+        and c["group"] != "all"
+        and c["model"]["name"] == model
+        and c["const"][("SAVED" if kernel == "engine-bwd" else "SAVE")] == saved
+        and (kernel == "engine-fwd" or all(c["const"][f"NEED_{p}"] == need_params for p in c["model"]["params"]))
+    )
 
 
 def layer_estimates(cases, results, gpu_key, xdt, mode, Ts, N, need_leak=True):
@@ -157,8 +182,20 @@ def layer_estimates(cases, results, gpu_key, xdt, mode, Ts, N, need_leak=True):
     for T in Ts:
         f = kernel_estimate(fwd, results[(fwd["id"], gpu["arch"])], gpu, T, N)
         b = kernel_estimate(bwd, results[(bwd["id"], gpu["arch"])], gpu, T, N)
-        rows.append(dict(T=T, N=N, xdt=xdt, mode=mode, gpu=gpu_key, block=fwd["const"]["BLOCK"], fwd=f, bwd=b,
-                         total_bound_us=f["bound_us"] + b["bound_us"], total_est_us=f["est_us"] + b["est_us"]))
+        rows.append(
+            dict(
+                T=T,
+                N=N,
+                xdt=xdt,
+                mode=mode,
+                gpu=gpu_key,
+                block=fwd["const"]["BLOCK"],
+                fwd=f,
+                bwd=b,
+                total_bound_us=f["bound_us"] + b["bound_us"],
+                total_est_us=f["est_us"] + b["est_us"],
+            )
+        )
     return rows
 
 
@@ -189,8 +226,9 @@ def _toolchain_versions(tools: dict) -> dict:
     return out
 
 
-def build_report(args, cases, results, tools, seconds, command: str | None = None,
-                 machine: str | None = None) -> tuple[str, dict]:  # fmt: skip
+def build_report(
+    args, cases, results, tools, seconds, command: str | None = None, machine: str | None = None
+) -> tuple[str, dict]:
     """The markdown report and the JSON record; ``command`` / ``machine``: an earlier run's (default: this one's)."""
     from ..ops.triton_aot import ARCHS, traffic
     from .common import command_line, machine_info, markdown_table
@@ -201,8 +239,9 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
     archs = [ARCHS[a] for a in args.archs]
     failed = [r for r in results.values() if not r["ok"]]
     ok = [r for r in results.values() if r["ok"]]
-    spilled = [f"`{r['id']}` sm_{r['arch']}" for r in ok
-               if r["local"] or r["stack"] or r.get("sass_stl") or r.get("sass_ldl")]  # fmt: skip
+    spilled = [
+        f"`{r['id']}` sm_{r['arch']}" for r in ok if r["local"] or r["stack"] or r.get("sass_stl") or r.get("sass_ldl")
+    ]
     lines = [
         "# Triton kernels compiled for A100 / H100 without a GPU (`spikefuse bench gpu-static`)",
         "",
@@ -234,10 +273,14 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
 
     shipped = [c for c in cases if c["group"] != "all"]
     if shipped:
-        lines += ["## The shipped neurons, per kernel, memory mode and dtype", "",
-                  "Parameters per channel, every gradient (`-fixed`: the LIF without the decay's gradient). "
-                  "Loop ld / st: the global accesses inside the time loops of the PTX, as count x bits. "
-                  "Bytes/step: DRAM bytes per neuron and time step.", ""]  # fmt: skip
+        lines += [
+            "## The shipped neurons, per kernel, memory mode and dtype",
+            "",
+            "Parameters per channel, every gradient (`-fixed`: the LIF without the decay's gradient). "
+            "Loop ld / st: the global accesses inside the time loops of the PTX, as count x bits. "
+            "Bytes/step: DRAM bytes per neuron and time step.",
+            "",
+        ]
         header = ["neuron", "kernel", "memory", "dtype", "BLOCK", "bytes/step"]
         for a in archs:
             header += [f"regs sm_{a}", f"local sm_{a}"]
@@ -257,31 +300,57 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
     arith = [c for c in cases if c["group"] == "all"]
     if arith:
         lines += ["## Every LIF definition of the public API (paper, snnTorch, SpikingJelly forms)", ""]
-        header = ["kernel", "dtype", "arch", "kernels", "regs min / median / max", "max-register definition",
-                  "local max", "loop ld", "loop st"]  # fmt: skip
+        header = [
+            "kernel",
+            "dtype",
+            "arch",
+            "kernels",
+            "regs min / median / max",
+            "max-register definition",
+            "local max",
+            "loop ld",
+            "loop st",
+        ]
         rows = []
         for kernel in ("engine-fwd", "engine-bwd"):
             for xdt in sorted({c["xdt"] for c in arith}):
                 for a in archs:
-                    rs = [(c, results[(c["id"], a)]) for c in arith
-                          if c["kernel"] == kernel and c["xdt"] == xdt and (c["id"], a) in results]  # fmt: skip
+                    rs = [
+                        (c, results[(c["id"], a)])
+                        for c in arith
+                        if c["kernel"] == kernel and c["xdt"] == xdt and (c["id"], a) in results
+                    ]
                     good = [(c, r) for c, r in rs if r["ok"]]
                     if not good:
                         continue
                     regs = [r["reg"] for _, r in good]
                     cmax, _ = max(good, key=lambda cr: cr[1]["reg"])
-                    rows.append([kernel, xdt, f"sm_{a}", f"{len(good)}/{len(rs)}",
-                                 f"{min(regs)} / {statistics.median(regs):g} / {max(regs)}",
-                                 f"{cmax['model']['name']}, {cmax['surrogate']}", max(r["local"] for _, r in good),
-                                 " or ".join(sorted({_width(r["loop"]["ld"]) for _, r in good})),
-                                 " or ".join(sorted({_width(r["loop"]["st"]) for _, r in good}))])  # fmt: skip
-        lines += ["Per-channel decay, every gradient, the recomputing backward; N = 1M (launch-time "
-                  "specialization `N % 16 == 0`).", "", markdown_table(header, rows), ""]  # fmt: skip
+                    rows.append(
+                        [
+                            kernel,
+                            xdt,
+                            f"sm_{a}",
+                            f"{len(good)}/{len(rs)}",
+                            f"{min(regs)} / {statistics.median(regs):g} / {max(regs)}",
+                            f"{cmax['model']['name']}, {cmax['surrogate']}",
+                            max(r["local"] for _, r in good),
+                            " or ".join(sorted({_width(r["loop"]["ld"]) for _, r in good})),
+                            " or ".join(sorted({_width(r["loop"]["st"]) for _, r in good})),
+                        ]
+                    )
+        lines += [
+            "Per-channel decay, every gradient, the recomputing backward; N = 1M (launch-time "
+            "specialization `N % 16 == 0`).",
+            "",
+            markdown_table(header, rows),
+            "",
+        ]
 
     # Rooflines.
     estimates = {}
-    lif_dtypes = [d for d in ("fp32", "fp16") if any(c["model"]["name"] == "lif_hard" and c["xdt"] == d
-                                                     for c in shipped)]  # fmt: skip
+    lif_dtypes = [
+        d for d in ("fp32", "fp16") if any(c["model"]["name"] == "lif_hard" and c["xdt"] == d for c in shipped)
+    ]
     if lif_dtypes and {80, 90} <= set(archs):
         lines += [
             f"## Roofline of one LIF layer: N = {args.N:,} neurons (the paper's Fig. 5), "
@@ -302,8 +371,13 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
             for mode in ("potential", "recompute"):
                 header = ["T", "bytes fwd+bwd"]
                 for g in ("A100", "H100"):
-                    header += [f"{g} fwd us", f"{g} bwd us", f"{g} fwd+bwd bound us", f"{g} fwd+bwd est. us",
-                               f"{g} in-flight fwd / bwd"]  # fmt: skip
+                    header += [
+                        f"{g} fwd us",
+                        f"{g} bwd us",
+                        f"{g} fwd+bwd bound us",
+                        f"{g} fwd+bwd est. us",
+                        f"{g} in-flight fwd / bwd",
+                    ]
                 rows = []
                 est = {g: layer_estimates(cases, results, g, xdt, mode, args.T, args.N) for g in ("A100", "H100")}
                 estimates[f"{xdt}-{mode}"] = est
@@ -312,29 +386,43 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
                     row = [T, f"{(a['fwd']['bytes'] + a['bwd']['bytes']) / 1e6:.0f} MB"]
                     for g in ("A100", "H100"):
                         e = est[g][i]
-                        row += [f"{e['fwd']['bound_us']:.1f}", f"{e['bwd']['bound_us']:.1f}",
-                                f"{e['total_bound_us']:.1f}", f"**{e['total_est_us']:.1f}**",
-                                f"{e['fwd']['mlp_ratio']:.1f} / {e['bwd']['mlp_ratio']:.1f}"]  # fmt: skip
+                        row += [
+                            f"{e['fwd']['bound_us']:.1f}",
+                            f"{e['bwd']['bound_us']:.1f}",
+                            f"{e['total_bound_us']:.1f}",
+                            f"**{e['total_est_us']:.1f}**",
+                            f"{e['fwd']['mlp_ratio']:.1f} / {e['bwd']['mlp_ratio']:.1f}",
+                        ]
                     rows.append(row)
                 saved = mode == "potential"
                 fcase = _case_for(cases, "engine-fwd", xdt, "lif_hard", saved)
                 bcase = _case_for(cases, "engine-bwd", xdt, "lif_hard", saved)
-                lines += [f"### {xdt}, memory mode `{mode}` (BLOCK {est['A100'][0]['block']}): forward "
-                          f"{traffic(fcase)['per_step']} B + backward {traffic(bcase)['per_step']} B per neuron-step",
-                          "", markdown_table(header, rows), ""]  # fmt: skip
+                lines += [
+                    f"### {xdt}, memory mode `{mode}` (BLOCK {est['A100'][0]['block']}): forward "
+                    f"{traffic(fcase)['per_step']} B + backward {traffic(bcase)['per_step']} B per neuron-step",
+                    "",
+                    markdown_table(header, rows),
+                    "",
+                ]
 
     if "fp16" in lif_dtypes and 80 in archs:
         sj_rows = []
         estimates["spikingjelly"] = {}
         for mode in ("potential", "recompute"):
             for need_leak in (False, True):
-                e = layer_estimates(cases, results, SJ["gpu"], SJ["xdt"], mode, [SJ["T"]], SJ["N"],
-                                    need_leak=need_leak)[0]  # fmt: skip
+                e = layer_estimates(
+                    cases, results, SJ["gpu"], SJ["xdt"], mode, [SJ["T"]], SJ["N"], need_leak=need_leak
+                )[0]
                 estimates["spikingjelly"][f"{mode}-{'leak' if need_leak else 'noleak'}"] = e
-                sj_rows.append([f"spikefuse roofline, `{mode}`" + (", learnable decay" if need_leak else ""),
-                                f"{(e['fwd']['bytes'] + e['bwd']['bytes']) / 1e6:.0f} MB",
-                                f"{e['total_bound_us'] / 1e3:.2f}", f"{e['total_est_us'] / 1e3:.2f}",
-                                f"{SJ['ms'] / (e['total_est_us'] / 1e3):.2f}x"])  # fmt: skip
+                sj_rows.append(
+                    [
+                        f"spikefuse roofline, `{mode}`" + (", learnable decay" if need_leak else ""),
+                        f"{(e['fwd']['bytes'] + e['bwd']['bytes']) / 1e6:.0f} MB",
+                        f"{e['total_bound_us'] / 1e3:.2f}",
+                        f"{e['total_est_us'] / 1e3:.2f}",
+                        f"{SJ['ms'] / (e['total_est_us'] / 1e3):.2f}x",
+                    ]
+                )
         lines += [
             "## Next to SpikingJelly's Triton LIF",
             "",
@@ -343,8 +431,10 @@ def build_report(args, cases, results, tools, seconds, command: str | None = Non
             f"size on an RTX 4090 ({GPUS['RTX4090']['bw'] / 1e12:.3f} TB/s; sm_89, register counts of the sm_80 "
             "build), estimated, not measured:",
             "",
-            markdown_table(["implementation", "bytes", "bound ms", "est. ms", "SpikingJelly / est."],
-                           [["SpikingJelly Triton (published)", "-", "-", f"{SJ['ms']}", "1.00x"]] + sj_rows),
+            markdown_table(
+                ["implementation", "bytes", "bound ms", "est. ms", "SpikingJelly / est."],
+                [["SpikingJelly Triton (published)", "-", "-", f"{SJ['ms']}", "1.00x"]] + sj_rows,
+            ),
             "",
         ]
     report = {
@@ -368,8 +458,9 @@ def _render(args) -> int:
     results = {(r["id"], r["arch"]): r for r in saved["results"]}
     for k in ("case_set", "archs"):
         setattr(args, k, saved[k])
-    md, _ = build_report(args, saved["cases"], results, saved["toolchain"], saved["seconds"], saved["command"],
-                         saved["machine"])  # fmt: skip
+    md, _ = build_report(
+        args, saved["cases"], results, saved["toolchain"], saved["seconds"], saved["command"], saved["machine"]
+    )
     out = Path(args.results_dir)
     (out / "gpu_static.md").write_text(md + "\n")
     print(md)
@@ -384,8 +475,10 @@ def run(args) -> int:
 
     tools = A.toolchain()
     if not (tools["triton"] and tools["nvidia_backend"] and tools["ptxas"] and tools["cuobjdump"]):
-        print(f"spikefuse bench gpu-static: Triton's NVIDIA backend or its ptxas / cuobjdump is missing: {tools}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"spikefuse bench gpu-static: Triton's NVIDIA backend or its ptxas / cuobjdump is missing: {tools}",
+            file=sys.stderr,
+        )
         return 2
     tools = _toolchain_versions(tools)
     cases = shipped_cases(args.N)
@@ -393,8 +486,11 @@ def run(args) -> int:
         full = args.case_set == "full"
         cases += definition_cases(args.N, A.DTYPES if full else ("fp32",), every_surrogate=full)
     archs = [A.ARCHS[a] for a in args.archs]
-    print(f"compiling {len(cases)} specializations for {', '.join(args.archs)} with {args.jobs} jobs "
-          f"(Triton {tools['triton']})", flush=True)  # fmt: skip
+    print(
+        f"compiling {len(cases)} specializations for {', '.join(args.archs)} with {args.jobs} jobs "
+        f"(Triton {tools['triton']})",
+        flush=True,
+    )
 
     def progress(done, total, res):
         if done % 50 == 0 or done == total or not res["ok"]:

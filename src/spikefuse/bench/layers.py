@@ -27,13 +27,28 @@ import argparse
 from collections.abc import Callable
 
 from .common import (
-    add_training_step_args, command_line, machine_info, markdown_table, round_robin, training_step_line, write_csv,
-)  # fmt: skip
+    add_training_step_args,
+    command_line,
+    machine_info,
+    markdown_table,
+    round_robin,
+    training_step_line,
+    write_csv,
+)
 
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "resnet_width": 8, "repeats": 2}
 FORMS = ("lean", "default", "floor")
-COLUMNS = ["site", "input_shape", "residual", "count", "lean_ms", "default_ms", "floor_ms", "lean_vs_default",
-           "lean_minus_floor_ms"]  # fmt: skip
+COLUMNS = [
+    "site",
+    "input_shape",
+    "residual",
+    "count",
+    "lean_ms",
+    "default_ms",
+    "floor_ms",
+    "lean_vs_default",
+    "lean_minus_floor_ms",
+]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -108,8 +123,11 @@ def _sites(cfg: dict) -> list[_Site]:
     def record(module, args, kwargs):
         calls.append((module, args, kwargs))
 
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in model.modules()
-             if isinstance(m, (_BatchNormLIF, ConvBatchNormLIF))]  # fmt: skip
+    hooks = [
+        m.register_forward_pre_hook(record, with_kwargs=True)
+        for m in model.modules()
+        if isinstance(m, (_BatchNormLIF, ConvBatchNormLIF))
+    ]
     stem_inner = {id(m.bn_lif) for m in model.modules() if isinstance(m, ConvBatchNormLIF)}
     x, _ = step_input(cfg)
     reset(model)
@@ -176,8 +194,10 @@ def _check_same_spikes(site: _Site) -> None:
     with torch.no_grad():
         lean, default = site.forms["lean"](), site.forms["default"]()
     if not torch.equal(lean, default):
-        raise SystemExit(f"bench layers: the lean and default forms of the {site.name} site {site.shape} give "
-                         f"different spikes in {int((lean != default).sum())} elements")  # fmt: skip
+        raise SystemExit(
+            f"bench layers: the lean and default forms of the {site.name} site {site.shape} give "
+            f"different spikes in {int((lean != default).sum())} elements"
+        )
 
 
 def run(args) -> int:
@@ -186,8 +206,15 @@ def run(args) -> int:
 
     # as bench memory times its steps: freed buffers stay on the heap for the next call instead of faulting in anew
     _set_malloc_thresholds(TIMING_MMAP_THRESHOLD)
-    cfg = {"model": args.model, "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size,
-           "resnet_width": args.resnet_width, "stem": args.stem, "seed": args.seed}  # fmt: skip
+    cfg = {
+        "model": args.model,
+        "T": args.T,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "resnet_width": args.resnet_width,
+        "stem": args.stem,
+        "seed": args.seed,
+    }
     repeats = args.repeats
     if args.quick:
         cfg.update({k: v for k, v in QUICK.items() if k != "repeats"})
@@ -201,10 +228,15 @@ def run(args) -> int:
 def _row(site: str, shape: str, residual: str, count: int, ms: dict[str, float], digits: int) -> dict:
     """A result row: a site's (or the total's) milliseconds per form and lean's ratio to the default and excess
     over the floor, rounded to ``digits`` decimals (the ratio to 3)."""
-    return {"site": site, "input_shape": shape, "residual": residual, "count": count,
-            **{f"{form}_ms": round(ms[form], digits) for form in FORMS},
-            "lean_vs_default": round(ms["lean"] / ms["default"], 3),
-            "lean_minus_floor_ms": round(ms["lean"] - ms["floor"], digits)}  # fmt: skip
+    return {
+        "site": site,
+        "input_shape": shape,
+        "residual": residual,
+        "count": count,
+        **{f"{form}_ms": round(ms[form], digits) for form in FORMS},
+        "lean_vs_default": round(ms["lean"] / ms["default"], 3),
+        "lean_minus_floor_ms": round(ms["lean"] - ms["floor"], digits),
+    }
 
 
 def _run(args, cfg: dict, repeats: int) -> int:
@@ -239,18 +271,23 @@ def _run(args, cfg: dict, repeats: int) -> int:
     tag = "-quick" if args.quick else ""
     out = Path(args.results_dir)
     write_csv(out / f"bench-layers{tag}.csv", rows)
-    text = "\n\n".join([
-        "# bench layers",
-        f"Machine: {machine_info()}",
-        f"Command: `{command_line()}`",
-        f"{training_step_line(cfg)}; each site forward + backward with an upstream gradient, medians of {repeats} "
-        "rounds (every case in turn each round); input shapes [T, B, C, ...] (the stem's: its image).",
-        markdown_table(COLUMNS, table),
-        "- lean: the site's module of `spikefuse.nn.to_lean` (fused BatchNorm+LIF; +add with the block's shortcut, "
-        "as bits when it is the block's input spikes; the stem's convolution recomputed in backward); default: "
-        "`F.batch_norm`, the add, `spikefuse.lif` (saving the potentials); floor: ReLU after the add, no "
-        "BatchNorm. Lean and default gave the same spikes on every site (checked).",
-    ]) + "\n"  # fmt: skip
+    text = (
+        "\n\n".join(
+            [
+                "# bench layers",
+                f"Machine: {machine_info()}",
+                f"Command: `{command_line()}`",
+                f"{training_step_line(cfg)}; each site forward + backward with an upstream gradient, medians of {repeats} "
+                "rounds (every case in turn each round); input shapes [T, B, C, ...] (the stem's: its image).",
+                markdown_table(COLUMNS, table),
+                "- lean: the site's module of `spikefuse.nn.to_lean` (fused BatchNorm+LIF; +add with the block's shortcut, "
+                "as bits when it is the block's input spikes; the stem's convolution recomputed in backward); default: "
+                "`F.batch_norm`, the add, `spikefuse.lif` (saving the potentials); floor: ReLU after the add, no "
+                "BatchNorm. Lean and default gave the same spikes on every site (checked).",
+            ]
+        )
+        + "\n"
+    )
     (out / f"bench-layers{tag}.md").write_text(text)
     print(markdown_table(COLUMNS, table))
     print(f"wrote {out / f'bench-layers{tag}.md'} and {out / f'bench-layers{tag}.csv'}")

@@ -69,11 +69,30 @@ FORMS = {
 NOT_COMPARED = ("floor",)  # another network: no loss or gradient comparison
 QUICK = {"T": 2, "batch_size": 2, "image_size": 8, "repeats": 1, "resnet_width": 8}
 COLUMNS = [
-    "model", "form", "T", "batch_size", "image_size", "saved_total_MiB", "saved_stack_MiB", "saved_other_MiB",
-    "stack_vs_vanilla", "step_peak_MiB", "peak_vs_vanilla", "maxrss_MiB", "step_s", "step_vs_fused",
-    "step_vs_fused_q1", "step_vs_fused_q3", "step_vs_floor", "step_vs_floor_q1", "step_vs_floor_q3", "loss",
-    "loss_rel_diff", "grad_max_rel_diff", "worst_param",
-]  # fmt: skip
+    "model",
+    "form",
+    "T",
+    "batch_size",
+    "image_size",
+    "saved_total_MiB",
+    "saved_stack_MiB",
+    "saved_other_MiB",
+    "stack_vs_vanilla",
+    "step_peak_MiB",
+    "peak_vs_vanilla",
+    "maxrss_MiB",
+    "step_s",
+    "step_vs_fused",
+    "step_vs_fused_q1",
+    "step_vs_fused_q3",
+    "step_vs_floor",
+    "step_vs_floor_q1",
+    "step_vs_floor_q3",
+    "loss",
+    "loss_rel_diff",
+    "grad_max_rel_diff",
+    "worst_param",
+]
 CYCLE_COLUMNS = ["model", "round", "cycle", "form", "step_s"]
 
 
@@ -94,33 +113,65 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1],
     )
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    p.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS),
-                   help="implementations (default: all; spikingjelly is skipped when not installed)")
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        choices=list(FORMS),
+        default=list(FORMS),
+        help="implementations (default: all; spikingjelly is skipped when not installed)",
+    )
     p.add_argument("-T", type=int, default=10, help="time steps (default: %(default)s, as the paper)")
-    p.add_argument("--batch-size", type=int, default=16,
-                   help="batch size (default: %(default)s; the paper's 64 needs ~4x the memory and time)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="batch size (default: %(default)s; the paper's 64 needs ~4x the memory and time)",
+    )
     p.add_argument("--image-size", type=int, default=32, help="input height = width (default: 32, CIFAR-10)")
     p.add_argument("--resnet-width", type=int, default=64, help="ResNet18 first-stage width (default: 64)")
-    p.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar",
-                   help="ResNet18 stem: cifar (3x3/1 conv, full resolution) or imagenet (SpikingJelly's 7x7/2 conv "
-                        "+ max-pool) (default: %(default)s)")
-    p.add_argument("--no-optimizer", dest="optimizer", action="store_false",
-                   help="time forward+backward only (default: an Adam update is part of every step)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed cycles per timing process, one step of every form each (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="timing processes, each building every form anew; step times and ratios are medians over "
-                        "the cycles of all of them (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--stem",
+        choices=["cifar", "imagenet"],
+        default="cifar",
+        help="ResNet18 stem: cifar (3x3/1 conv, full resolution) or imagenet (SpikingJelly's 7x7/2 conv "
+        "+ max-pool) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-optimizer",
+        dest="optimizer",
+        action="store_false",
+        help="time forward+backward only (default: an Adam update is part of every step)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed cycles per timing process, one step of every form each (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timing processes, each building every form anew; step times and ratios are medians over "
+        "the cycles of all of them (default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where the model trains (default: %(default)s; cuda: peak memory from torch's CUDA "
-                        "allocator)")  # fmt: skip
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the model trains (default: %(default)s; cuda: peak memory from torch's CUDA allocator)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--in-process", action="store_true",
-                   help="run every form in this process (no maxrss column; faster start-up)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
-                        f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}")
+    p.add_argument(
+        "--in-process", action="store_true", help="run every form in this process (no maxrss column; faster start-up)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"check the harness: T={QUICK['T']}, batch {QUICK['batch_size']}, "
+        f"{QUICK['image_size']}x{QUICK['image_size']} images, ResNet width {QUICK['resnet_width']}",
+    )
     p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
     return p
 
@@ -278,6 +329,7 @@ def _training(cfg: dict):
         ctx_stack: list[str] = []
         handles = []
         if hooks:
+
             def pre(mod, _inp, group):
                 ctx_stack.append(group)
 
@@ -334,8 +386,10 @@ def run_form(cfg: dict) -> dict:
         "loss": float(loss.detach()),
     }
     # in registration order, which every form keeps (names change: see spikefuse.nn.lean)
-    grads = [(_param_name(n), None if p.grad is None else p.grad.detach().to("cpu", copy=True))
-             for n, p in model.named_parameters()]  # fmt: skip
+    grads = [
+        (_param_name(n), None if p.grad is None else p.grad.detach().to("cpu", copy=True))
+        for n, p in model.named_parameters()
+    ]
     update()  # creates the optimizer state, which the peak below then counts as already there
     del loss, saved
     if cfg.get("device", "cpu") == "cuda":
@@ -450,8 +504,10 @@ def _run_isolated(cfg: dict, tmp: Path) -> tuple[dict, dict]:
 
 def _time_isolated(cfg: dict, forms: list[str], tmp: Path) -> dict[str, list[float]]:
     out = tmp / f"{cfg['model']}-times.json"
-    code = ("import sys; from spikefuse.bench.memory import _timing_worker; "
-            "_timing_worker(sys.argv[1], sys.argv[2], sys.argv[3])")  # fmt: skip
+    code = (
+        "import sys; from spikefuse.bench.memory import _timing_worker; "
+        "_timing_worker(sys.argv[1], sys.argv[2], sys.argv[3])"
+    )
     _subprocess(f"{cfg['model']} timing", code, json.dumps(cfg), json.dumps(forms), str(out))
     return json.loads(out.read_text())
 
@@ -485,17 +541,26 @@ def run(args) -> int:
     from ..threads import threads_while
 
     cfg0 = {
-        "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
-        "resnet_width": args.resnet_width, "seed": args.seed, "threads": args.threads, "stem": args.stem,
-        "optimizer": args.optimizer, "device": args.device,
-    }  # fmt: skip
+        "T": args.T,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "repeats": args.repeats,
+        "resnet_width": args.resnet_width,
+        "seed": args.seed,
+        "threads": args.threads,
+        "stem": args.stem,
+        "optimizer": args.optimizer,
+        "device": args.device,
+    }
     if args.quick:
         cfg0.update(QUICK)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench memory --device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); "
-                         "run it on a GPU machine with a CUDA build of torch, or leave --device out for the CPU")
+        raise SystemExit(
+            "bench memory --device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False); "
+            "run it on a GPU machine with a CUDA build of torch, or leave --device out for the CPU"
+        )
 
     with threads_while(args.threads):  # --in-process from a caller (tests): its thread count is restored after
         return _run(args, cfg0)
@@ -523,14 +588,20 @@ def _run(args, cfg0: dict) -> int:
                 results[form] = run_form(cfg) if args.in_process else _run_isolated(cfg, Path(tmp))
             cycles = {form: [] for form in forms}  # every timing process's cycles, in order
             for round_ in range(args.rounds):
-                print(f"bench memory: {model}: step times, every form side by side (round {round_ + 1} of "
-                      f"{args.rounds}) ...", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"bench memory: {model}: step times, every form side by side (round {round_ + 1} of "
+                    f"{args.rounds}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 cfg = {**cfg0, "model": model}
                 times = time_side_by_side(cfg, forms) if args.in_process else _time_isolated(cfg, forms, Path(tmp))
                 for form in forms:
                     cycles[form] += times[form]
-                    cycle_rows += [{"model": model, "round": round_ + 1, "cycle": i + 1, "form": form,
-                                    "step_s": f"{t:.5f}"} for i, t in enumerate(times[form])]  # fmt: skip
+                    cycle_rows += [
+                        {"model": model, "round": round_ + 1, "cycle": i + 1, "form": form, "step_s": f"{t:.5f}"}
+                        for i, t in enumerate(times[form])
+                    ]
 
             def ratios(form: str, base: str) -> dict:
                 """The ``step_vs_<base>`` columns: the median of the cycles' ratios and its quartiles."""
@@ -547,21 +618,31 @@ def _run(args, cfg0: dict) -> int:
                 rel, worst = _max_rel(grads, ref_grads) if compared else (None, "")
                 saved = res["saved_stack"] + res["saved_other"]
                 peak, ref_peak = res.get("step_peak"), ref.get("step_peak")
-                rows.append({
-                    "model": model, "form": form, "T": res["T"], "batch_size": res["batch_size"],
-                    "image_size": res["image_size"],
-                    "saved_total_MiB": _mib(saved), "saved_stack_MiB": _mib(res["saved_stack"]),
-                    "saved_other_MiB": _mib(res["saved_other"]),
-                    "stack_vs_vanilla": f"{res['saved_stack'] / ref['saved_stack']:.3f}",
-                    "step_peak_MiB": _mib(peak), "maxrss_MiB": _mib(res.get("maxrss")),
-                    "peak_vs_vanilla": f"{peak / ref_peak:.3f}" if peak and ref_peak else "",
-                    "step_s": f"{res['step_s']:.4f}",
-                    **ratios(form, "fused"), **ratios(form, "floor"),
-                    "loss": f"{res['loss']:.6f}",
-                    "loss_rel_diff":
-                        f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}" if compared else "",
-                    "grad_max_rel_diff": f"{rel:.2e}" if compared else "", "worst_param": worst,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "model": model,
+                        "form": form,
+                        "T": res["T"],
+                        "batch_size": res["batch_size"],
+                        "image_size": res["image_size"],
+                        "saved_total_MiB": _mib(saved),
+                        "saved_stack_MiB": _mib(res["saved_stack"]),
+                        "saved_other_MiB": _mib(res["saved_other"]),
+                        "stack_vs_vanilla": f"{res['saved_stack'] / ref['saved_stack']:.3f}",
+                        "step_peak_MiB": _mib(peak),
+                        "maxrss_MiB": _mib(res.get("maxrss")),
+                        "peak_vs_vanilla": f"{peak / ref_peak:.3f}" if peak and ref_peak else "",
+                        "step_s": f"{res['step_s']:.4f}",
+                        **ratios(form, "fused"),
+                        **ratios(form, "floor"),
+                        "loss": f"{res['loss']:.6f}",
+                        "loss_rel_diff": f"{abs(res['loss'] - ref['loss']) / max(abs(ref['loss']), 1e-30):.2e}"
+                        if compared
+                        else "",
+                        "grad_max_rel_diff": f"{rel:.2e}" if compared else "",
+                        "worst_param": worst,
+                    }
+                )
     write_report(rows, cycle_rows, cfg0, args, notes)
     return 0
 
@@ -581,23 +662,44 @@ def _with_quartiles(row: dict, key: str) -> str:
     return f"{row[key]} ({row[f'{key}_q1']}-{row[f'{key}_q3']})"
 
 
-def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args,
-                 notes: list[str]) -> tuple[Path, Path]:  # fmt: skip
+def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
     out = Path(args.results_dir)
     cuda = cfg["device"] == "cuda"
     stem = "bench-memory" + ("-cuda" if cuda else "") + ("-quick" if args.quick else "")
     csv_path, md_path, cycles_path = out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}-cycles.csv"
     write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
     write_csv(cycles_path, [{c: row[c] for c in CYCLE_COLUMNS} for row in cycle_rows])
-    header = ["model", "form", "saved MiB (stack / other)", "stack vs vanilla", "step peak MiB", "peak vs vanilla",
-              "maxrss MiB", "step s", "vs fused", "vs floor", "loss", "grad max rel diff"]  # fmt: skip
+    header = [
+        "model",
+        "form",
+        "saved MiB (stack / other)",
+        "stack vs vanilla",
+        "step peak MiB",
+        "peak vs vanilla",
+        "maxrss MiB",
+        "step s",
+        "vs fused",
+        "vs floor",
+        "loss",
+        "grad max rel diff",
+    ]
     table = [
-        [r["model"], r["form"], f"{r['saved_total_MiB']} ({r['saved_stack_MiB']} / {r['saved_other_MiB']})",
-         r["stack_vs_vanilla"], r["step_peak_MiB"], r["peak_vs_vanilla"] or "-", r["maxrss_MiB"] or "-", r["step_s"],
-         _with_quartiles(r, "step_vs_fused"), _with_quartiles(r, "step_vs_floor"), r["loss"],
-         r["grad_max_rel_diff"] or "-"]
+        [
+            r["model"],
+            r["form"],
+            f"{r['saved_total_MiB']} ({r['saved_stack_MiB']} / {r['saved_other_MiB']})",
+            r["stack_vs_vanilla"],
+            r["step_peak_MiB"],
+            r["peak_vs_vanilla"] or "-",
+            r["maxrss_MiB"] or "-",
+            r["step_s"],
+            _with_quartiles(r, "step_vs_fused"),
+            _with_quartiles(r, "step_vs_floor"),
+            r["loss"],
+            r["grad_max_rel_diff"] or "-",
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     lines = [
         "# bench memory" + (" (quick)" if args.quick else ""),
         "",
@@ -623,20 +725,26 @@ def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args,
         "",
         "- saved MiB: unique storages packed by `saved_tensors_hooks` in the forward, parameters excluded; `stack` = "
         "conv/linear/BN/neuron modules, `other` = pooling, readout and loss.",
-        *(["- step peak: `torch.cuda.max_memory_allocated()` during one step minus `memory_allocated()` before it "
-           "(the optimizer state already there).",
-           "- step s: median of the timed steps, after one untimed step of every form, each step ending with "
-           "`torch.cuda.synchronize()`.",
-           "- With TF32 convolutions (torch's default for cuDNN), gradients that differ in their last float32 bits "
-           "(the fused neurons' backward rounds differently from autograd's) reach the next convolution's backward "
-           "rounded to TF32's 10-bit mantissa: the forms' gradients then differ by up to ~1e-3, not ~1e-6."]
-          if cuda else
-          ["- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
-           "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
-           "(imports, weights and all).",
-           "- step s: median of the timed steps, after one untimed step of every form, with glibc's mmap threshold "
-           "at 32 MiB, where its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its "
-           "pages in anew)."]),
+        *(
+            [
+                "- step peak: `torch.cuda.max_memory_allocated()` during one step minus `memory_allocated()` before it "
+                "(the optimizer state already there).",
+                "- step s: median of the timed steps, after one untimed step of every form, each step ending with "
+                "`torch.cuda.synchronize()`.",
+                "- With TF32 convolutions (torch's default for cuDNN), gradients that differ in their last float32 bits "
+                "(the fused neurons' backward rounds differently from autograd's) reach the next convolution's backward "
+                "rounded to TF32's 10-bit mantissa: the forms' gradients then differ by up to ~1e-3, not ~1e-6.",
+            ]
+            if cuda
+            else [
+                "- step peak: RSS high-water mark during one step minus RSS before it (glibc mmap threshold fixed at "
+                "64 KiB so freed tensors leave the RSS); maxrss: the subprocess's resident-set high-water mark, VmHWM "
+                "(imports, weights and all).",
+                "- step s: median of the timed steps, after one untimed step of every form, with glibc's mmap threshold "
+                "at 32 MiB, where its dynamic threshold ends in a training run (at 64 KiB every tensor would fault its "
+                "pages in anew).",
+            ]
+        ),
         "- grad max rel diff: max over parameters of max|g - g_vanilla| / max|g_vanilla|; loss and gradients from "
         "the same weights and input. SpikingJelly computes the same dynamics with another rounding order "
         "(`V - V/tau` instead of `decay*V`), so a spike can flip there.",

@@ -29,9 +29,18 @@ from ..validation import paper_lif
 from ..threads import set_threads
 from . import peers
 from .peers import ALPHA, DECAY, THRESHOLD
-from .common import (EVICT_BYTES, add_result_args, cache_evictor, command_line, machine_info, markdown_table,
-                     result_tag, round_robin, timed, write_csv)
-
+from .common import (
+    EVICT_BYTES,
+    add_result_args,
+    cache_evictor,
+    command_line,
+    machine_info,
+    markdown_table,
+    result_tag,
+    round_robin,
+    timed,
+    write_csv,
+)
 
 
 class _SigmoidSpike(torch.autograd.Function):
@@ -87,18 +96,21 @@ def _spikefuse_per_step(x: torch.Tensor) -> torch.Tensor:
 
 
 def _spikingjelly() -> Implementation:
-    return Implementation("SpikingJelly 2.0 LIFNode(step_mode='m')", peers.spikingjelly_lif(),
-                          "leaks as v - v/tau: 1-ulp differences")  # fmt: skip
+    return Implementation(
+        "SpikingJelly 2.0 LIFNode(step_mode='m')", peers.spikingjelly_lif(), "leaks as v - v/tau: 1-ulp differences"
+    )
 
 
 def _snntorch() -> Implementation:
-    return Implementation("snnTorch Leaky loop", peers.snntorch_leaky(),
-                          "fires on >, reset always detached (other gradients)")  # fmt: skip
+    return Implementation(
+        "snnTorch Leaky loop", peers.snntorch_leaky(), "fires on >, reset always detached (other gradients)"
+    )
 
 
 def _norse() -> Implementation:
-    return Implementation("Norse LIFBoxCell loop", peers.norse_lif_box(),
-                          "v + dt/tau*(x - v) and fires on >: rounding differs")  # fmt: skip
+    return Implementation(
+        "Norse LIFBoxCell loop", peers.norse_lif_box(), "v + dt/tau*(x - v) and fires on >: rounding differs"
+    )
 
 
 def implementations(include_peers: bool, include_compile: bool) -> tuple[list[Implementation], list[str]]:
@@ -121,7 +133,6 @@ def implementations(include_peers: bool, include_compile: bool) -> tuple[list[Im
             except Exception as err:  # a broken peer install is reported, not fatal
                 missing.append(f"{module}: {type(err).__name__}: {err}")
     return impls, missing
-
 
 
 def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[], object]], dict[str, Callable]]:
@@ -152,8 +163,20 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
 
     def backward(saved, overwrite):
         # x is not read with the states saved (the layer does not keep it): g stands in, as in the layer's backward
-        return engine_cpu.backward(model, g, zero_state, g, params, 1, v_init, lif.surrogate, False, need,
-                                   saved=[saved], overwrite_saved=overwrite)  # fmt: skip
+        return engine_cpu.backward(
+            model,
+            g,
+            zero_state,
+            g,
+            params,
+            1,
+            v_init,
+            lif.surrogate,
+            False,
+            need,
+            saved=[saved],
+            overwrite_saved=overwrite,
+        )
 
     cases = {
         "copy": lambda: dst.copy_(src),
@@ -251,13 +274,19 @@ def write_results(args, rows, compile_seconds, missing) -> None:
         ["implementation"] + [f"T={t}" for t in by_t],
         [[name] + [f"{r[name]['spike_mismatch']:.2e}" for r in by_t.values()] for name in names],
     )
+
     def vs_floor(r, column):
         return f"{r[column]:.1f} ({r['floor_12B_ms'] / r[column]:.2f})"
 
     kernel_table = markdown_table(
-        ["T", "floor ms (12 B / copy bandwidth)", "forward kernel ms (floor / kernel)",
-         "backward kernel ms (floor / kernel)", "backward, separate grad_x ms (floor / kernel)",
-         "layer fwd+bwd ms (2 x floor / layer)"],
+        [
+            "T",
+            "floor ms (12 B / copy bandwidth)",
+            "forward kernel ms (floor / kernel)",
+            "backward kernel ms (floor / kernel)",
+            "backward, separate grad_x ms (floor / kernel)",
+            "layer fwd+bwd ms (2 x floor / layer)",
+        ],
         [
             [
                 t,

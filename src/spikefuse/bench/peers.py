@@ -22,8 +22,14 @@ def spikingjelly_lif(device: str = "cpu") -> Run:
     ``v - v/tau``, 1-ulp apart from ``decay*v``)."""
     from spikingjelly.activation_based import functional, neuron, surrogate
 
-    node = neuron.LIFNode(tau=1.0 / (1.0 - DECAY), decay_input=False, v_threshold=THRESHOLD, v_reset=0.0,
-                          surrogate_function=surrogate.Sigmoid(alpha=ALPHA), step_mode="m").to(device)  # fmt: skip
+    node = neuron.LIFNode(
+        tau=1.0 / (1.0 - DECAY),
+        decay_input=False,
+        v_threshold=THRESHOLD,
+        v_reset=0.0,
+        surrogate_function=surrogate.Sigmoid(alpha=ALPHA),
+        step_mode="m",
+    ).to(device)
 
     def run(x):
         functional.reset_net(node)
@@ -37,8 +43,9 @@ def snntorch_leaky(device: str = "cpu") -> Run:
     import snntorch
     from snntorch import surrogate
 
-    leaky = snntorch.Leaky(beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero",
-                           spike_grad=surrogate.sigmoid(slope=ALPHA)).to(device)  # fmt: skip
+    leaky = snntorch.Leaky(
+        beta=DECAY, threshold=THRESHOLD, reset_mechanism="zero", spike_grad=surrogate.sigmoid(slope=ALPHA)
+    ).to(device)
 
     def run(x):
         mem, out = leaky.init_leaky(), []
@@ -73,9 +80,14 @@ def norse_lif_box(device: str = "cpu") -> Run:
     from norse.torch import LIFBoxCell, LIFBoxParameters
 
     dt = 1e-3
-    params = LIFBoxParameters(tau_mem_inv=torch.tensor((1.0 - DECAY) / dt), v_th=torch.tensor(THRESHOLD),
-                              v_reset=torch.tensor(0.0), v_leak=torch.tensor(0.0), method="tanh",
-                              alpha=torch.tensor(ALPHA / 2))  # fmt: skip
+    params = LIFBoxParameters(
+        tau_mem_inv=torch.tensor((1.0 - DECAY) / dt),
+        v_th=torch.tensor(THRESHOLD),
+        v_reset=torch.tensor(0.0),
+        v_leak=torch.tensor(0.0),
+        method="tanh",
+        alpha=torch.tensor(ALPHA / 2),
+    )
     cell = LIFBoxCell(params, dt=dt).to(device)
 
     def run(x):

@@ -20,8 +20,13 @@ import argparse
 import statistics
 
 from .common import (
-    add_training_step_args, command_line, machine_info, markdown_table, training_step_line, write_csv,
-)  # fmt: skip
+    add_training_step_args,
+    command_line,
+    machine_info,
+    markdown_table,
+    training_step_line,
+    write_csv,
+)
 from .memory import FORMS as MEMORY_FORMS
 
 FORMS = ("fused", "lean", "floor")  # the default forms
@@ -38,17 +43,30 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--forms", nargs="+", choices=list(MEMORY_FORMS), default=list(FORMS))
     p.add_argument("--steps", type=int, default=5, help="steps profiled per form and round (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of every form in turn (default: %(default)s)")
-    p.add_argument("--min-ms", type=float, default=0.5,
-                   help="list the ops taking at least this many ms per step in some form (default: %(default)s)")
+    p.add_argument(
+        "--min-ms",
+        type=float,
+        default=0.5,
+        help="list the ops taking at least this many ms per step in some form (default: %(default)s)",
+    )
     return p
 
 
 def run(args) -> int:
     from ..threads import threads_while
 
-    cfg = {"model": args.model, "T": args.T, "batch_size": args.batch_size, "image_size": args.image_size,
-           "resnet_width": args.resnet_width, "stem": args.stem, "seed": args.seed, "threads": args.threads,
-           "rounds": args.rounds, "steps": args.steps}  # fmt: skip
+    cfg = {
+        "model": args.model,
+        "T": args.T,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "resnet_width": args.resnet_width,
+        "stem": args.stem,
+        "seed": args.seed,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "steps": args.steps,
+    }
     if args.quick:
         cfg.update(QUICK)
     for name in ("rounds", "steps"):
@@ -87,11 +105,15 @@ def _run(args, cfg: dict) -> int:
     from pathlib import Path
 
     forms = list(dict.fromkeys(args.forms))
-    print(f"bench profile: {cfg['model']}, forms {', '.join(forms)}: {cfg['rounds']} rounds of {cfg['steps']} steps",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"bench profile: {cfg['model']}, forms {', '.join(forms)}: {cfg['rounds']} rounds of {cfg['steps']} steps",
+        file=sys.stderr,
+    )
     ms = profile_forms(cfg, forms)
-    listed = sorted({op for per_op in ms.values() for op, t in per_op.items() if t >= args.min_ms},
-                    key=lambda op: -max(ms[form].get(op, 0.0) for form in forms))  # fmt: skip
+    listed = sorted(
+        {op for per_op in ms.values() for op, t in per_op.items() if t >= args.min_ms},
+        key=lambda op: -max(ms[form].get(op, 0.0) for form in forms),
+    )
     rows = [{"op": op, **{f"{form}_ms": round(ms[form].get(op, 0.0), 3) for form in forms}} for op in listed]
     rows.append({"op": "all ops", **{f"{form}_ms": round(sum(ms[form].values()), 3) for form in forms}})
     columns = ["op", *(f"{form}_ms" for form in forms)]
@@ -100,18 +122,23 @@ def _run(args, cfg: dict) -> int:
     write_csv(out / f"bench-profile{tag}.csv", rows)
     table = [[row[c] for c in columns] for row in rows]
     table[-1] = [f"**{v}**" for v in table[-1]]
-    text = "\n\n".join([
-        "# bench profile",
-        f"Machine: {machine_info()}",
-        f"Command: `{command_line()}`",
-        f"{training_step_line(cfg)}; one training step (forward, loss, backward, Adam update) of each form, self "
-        f"CPU time per step of every operation taking at least {args.min_ms} ms in some form, in ms "
-        f"(`torch.profiler`), medians over "
-        f"{cfg['rounds']} rounds of {cfg['steps']} steps, the forms in turn. A spikefuse autograd Function's self "
-        "time holds the numba kernels it calls. The profiler adds a few microseconds to every op: `bench memory` "
-        "times the steps.",
-        markdown_table(columns, table),
-    ]) + "\n"  # fmt: skip
+    text = (
+        "\n\n".join(
+            [
+                "# bench profile",
+                f"Machine: {machine_info()}",
+                f"Command: `{command_line()}`",
+                f"{training_step_line(cfg)}; one training step (forward, loss, backward, Adam update) of each form, self "
+                f"CPU time per step of every operation taking at least {args.min_ms} ms in some form, in ms "
+                f"(`torch.profiler`), medians over "
+                f"{cfg['rounds']} rounds of {cfg['steps']} steps, the forms in turn. A spikefuse autograd Function's self "
+                "time holds the numba kernels it calls. The profiler adds a few microseconds to every op: `bench memory` "
+                "times the steps.",
+                markdown_table(columns, table),
+            ]
+        )
+        + "\n"
+    )
     (out / f"bench-profile{tag}.md").write_text(text)
     print(text)
     return 0

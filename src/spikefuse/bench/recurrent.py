@@ -30,8 +30,16 @@ from torch import nn
 
 from ..nn.spike_layers import SpikeLinear
 from ..threads import set_threads
-from .common import (add_result_args, command_line, gpu_machine_info, machine_info, markdown_table, result_tag,
-                     round_robin, write_csv)
+from .common import (
+    add_result_args,
+    command_line,
+    gpu_machine_info,
+    machine_info,
+    markdown_table,
+    result_tag,
+    round_robin,
+    write_csv,
+)
 
 INPUTS, HIDDEN, BATCH, RATE = 700, 256, 32, 0.05
 
@@ -105,9 +113,12 @@ def _snntorch_cases(x, device) -> list[Case]:
         ours.reset_mem()
         return ours.sequence(ours_fc(x))[0]
 
-    return [Case("snnTorch RLeaky, loop", "snntorch", peer_loop, [*fc.parameters(), *peer.parameters()]),
-            Case("spikefuse compat RLeaky.sequence", "snntorch", ours_sequence,
-                 [*ours_fc.parameters(), *ours.parameters()])]
+    return [
+        Case("snnTorch RLeaky, loop", "snntorch", peer_loop, [*fc.parameters(), *peer.parameters()]),
+        Case(
+            "spikefuse compat RLeaky.sequence", "snntorch", ours_sequence, [*ours_fc.parameters(), *ours.parameters()]
+        ),
+    ]
 
 
 def _norse_cases(x, device) -> list[Case]:
@@ -122,8 +133,10 @@ def _norse_cases(x, device) -> list[Case]:
         with torch.no_grad():
             modules[-1].input_weights.mul_(64.0)  # Norse's LSNN needs a stronger drive to fire ~5% of the time
     peer, ours = modules
-    return [Case("Norse LSNNRecurrent", "norse", lambda: peer(x)[0], peer.parameters()),
-            Case("spikefuse compat LSNNRecurrent", "norse", lambda: ours(x)[0], ours.parameters())]
+    return [
+        Case("Norse LSNNRecurrent", "norse", lambda: peer(x)[0], peer.parameters()),
+        Case("spikefuse compat LSNNRecurrent", "norse", lambda: ours(x)[0], ours.parameters()),
+    ]
 
 
 def _spikingjelly_cases(x, device) -> list[Case]:
@@ -147,13 +160,28 @@ def _spikingjelly_cases(x, device) -> list[Case]:
     def ours():
         w = net.rc.weight
         current = nn.functional.linear(ours_fc(x), w[:, :HIDDEN])
-        return spikefuse.recurrent(current, SPIKINGJELLY_MODELS[("hard", "div_input")], w[:, HIDDEN:], net.rc.bias,
-                                   surrogate=Sigmoid(4.0), decay=2.0, threshold=1.0, v_reset=0.0)  # fmt: skip
+        return spikefuse.recurrent(
+            current,
+            SPIKINGJELLY_MODELS[("hard", "div_input")],
+            w[:, HIDDEN:],
+            net.rc.bias,
+            surrogate=Sigmoid(4.0),
+            decay=2.0,
+            threshold=1.0,
+            v_reset=0.0,
+        )
 
-    return [Case("SpikingJelly LinearRecurrentContainer(LIFNode), loop", "spikingjelly", peer_loop,
-                 [*fc.parameters(), *net.parameters()]),
-            Case("spikefuse.recurrent, SpikingJelly's LIF", "spikingjelly", ours,
-                 [*ours_fc.parameters(), *net.parameters()])]
+    return [
+        Case(
+            "SpikingJelly LinearRecurrentContainer(LIFNode), loop",
+            "spikingjelly",
+            peer_loop,
+            [*fc.parameters(), *net.parameters()],
+        ),
+        Case(
+            "spikefuse.recurrent, SpikingJelly's LIF", "spikingjelly", ours, [*ours_fc.parameters(), *net.parameters()]
+        ),
+    ]
 
 
 def _floor_case(x, device) -> Case:
@@ -181,7 +209,9 @@ def _floor_case(x, device) -> Case:
             previous = torch.cat([spikes[-1:], spikes[:-1]]).reshape(-1, HIDDEN)
             return g, g.reshape(-1, HIDDEN).t() @ previous, g.sum((0, 1))
 
-    return Case("floor: the matrix products alone", "floor", lambda: Products.apply(fc(x), w, b), [*fc.parameters(), w, b])
+    return Case(
+        "floor: the matrix products alone", "floor", lambda: Products.apply(fc(x), w, b), [*fc.parameters(), w, b]
+    )
 
 
 def cases(x, device, peers=("snntorch", "norse", "spikingjelly")) -> list[Case]:
@@ -218,24 +248,53 @@ def run(args) -> None:
             partner = next((c for c in all_cases if c.pair == case.pair and c is not case), None)
             differ = float((spikes[case.name] != spikes[partner.name]).float().mean()) if partner else 0.0
             peer = next((c for c in all_cases if c.pair == case.pair and not c.name.startswith("spikefuse")), None)
-            rows.append({"T": t_steps, "implementation": case.name, "fwd_bwd_ms": round(medians[case.name] * 1e3, 1),
-                         "vs_floor": round(medians[case.name] / floor, 2),
-                         "speedup_of_spikefuse": round(medians[peer.name] / medians[case.name], 2)
-                         if case.name.startswith("spikefuse") and peer is not None else "",
-                         "kept_MB": round(kept[case.name] / 2**20, 1),
-                         "kept_vs_peer": round(kept[case.name] / kept[peer.name], 3)
-                         if case.name.startswith("spikefuse") and peer is not None else "",
-                         "spike_rate": round(float(spikes[case.name].mean()), 4) if case.pair != "floor" else "",
-                         "spikes_differing": differ})  # fmt: skip
+            rows.append(
+                {
+                    "T": t_steps,
+                    "implementation": case.name,
+                    "fwd_bwd_ms": round(medians[case.name] * 1e3, 1),
+                    "vs_floor": round(medians[case.name] / floor, 2),
+                    "speedup_of_spikefuse": round(medians[peer.name] / medians[case.name], 2)
+                    if case.name.startswith("spikefuse") and peer is not None
+                    else "",
+                    "kept_MB": round(kept[case.name] / 2**20, 1),
+                    "kept_vs_peer": round(kept[case.name] / kept[peer.name], 3)
+                    if case.name.startswith("spikefuse") and peer is not None
+                    else "",
+                    "spike_rate": round(float(spikes[case.name].mean()), 4) if case.pair != "floor" else "",
+                    "spikes_differing": differ,
+                }
+            )
     out = Path(args.out)
     stem = out / f"recurrent_{args.tag}"
     write_csv(stem.with_suffix(".csv"), rows)
     table = markdown_table(
-        ["T", "implementation", "fwd+bwd ms", "x floor", "spikefuse speed-up", "kept for backward MB",
-         "kept vs peer", "spike rate", "spikes differing from its pair"],
-        [[r["T"], r["implementation"], r["fwd_bwd_ms"], r["vs_floor"], r["speedup_of_spikefuse"], r["kept_MB"],
-          r["kept_vs_peer"], r["spike_rate"], f"{r['spikes_differing']:.1e}"] for r in rows],
-    )  # fmt: skip
+        [
+            "T",
+            "implementation",
+            "fwd+bwd ms",
+            "x floor",
+            "spikefuse speed-up",
+            "kept for backward MB",
+            "kept vs peer",
+            "spike rate",
+            "spikes differing from its pair",
+        ],
+        [
+            [
+                r["T"],
+                r["implementation"],
+                r["fwd_bwd_ms"],
+                r["vs_floor"],
+                r["speedup_of_spikefuse"],
+                r["kept_MB"],
+                r["kept_vs_peer"],
+                r["spike_rate"],
+                f"{r['spikes_differing']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
     machine = machine_info() if device == "cpu" else gpu_machine_info()
     text = [
         f"# Recurrent layer at the SHD size: {INPUTS} inputs ({RATE:.0%} spikes) -> {HIDDEN} recurrent, batch {BATCH}, "
@@ -309,8 +368,10 @@ def smnist_epoch(args) -> None:
 
     rows = []
     first = {}
-    for name, modules, forward in (("snnTorch RLeaky, loop", peer, peer_forward),
-                                   ("spikefuse compat RLeaky.sequence", ours, ours_forward)):  # fmt: skip
+    for name, modules, forward in (
+        ("snnTorch RLeaky, loop", peer, peer_forward),
+        ("spikefuse compat RLeaky.sequence", ours, ours_forward),
+    ):
         optimizer = torch.optim.Adam([p for m in modules for p in m.parameters()], lr=1e-3)
         times = []
         for i, idx in enumerate(batches):
@@ -327,9 +388,14 @@ def smnist_epoch(args) -> None:
             else:
                 times.append(time.perf_counter() - start)
         per_batch = sorted(times)[len(times) // 2]
-        rows.append({"implementation": name, "batch_s": round(per_batch, 3),
-                     "epoch_min": round(per_batch * len(images) / SMNIST_BATCH / 60, 1),
-                     "spike_rate": round(float(first[name].mean()), 4)})  # fmt: skip
+        rows.append(
+            {
+                "implementation": name,
+                "batch_s": round(per_batch, 3),
+                "epoch_min": round(per_batch * len(images) / SMNIST_BATCH / 60, 1),
+                "spike_rate": round(float(first[name].mean()), 4),
+            }
+        )
     peer_row, ours_row = rows
     differ = float((first["snnTorch RLeaky, loop"] != first["spikefuse compat RLeaky.sequence"]).float().mean())
     for r in rows:
@@ -338,34 +404,68 @@ def smnist_epoch(args) -> None:
     out = Path(args.out)
     stem = out / f"recurrent-smnist_{args.tag}"
     write_csv(stem.with_suffix(".csv"), rows)
-    table = markdown_table(["implementation", "s per batch", "epoch (min, extrapolated)", "spikefuse speed-up",
-                            "spike rate", "spikes differing"],
-                           [[r["implementation"], r["batch_s"], r["epoch_min"], r["speedup_of_spikefuse"],
-                             r["spike_rate"], f"{r['spikes_differing']:.1e}"] for r in rows])  # fmt: skip
-    text = ["# Pixel-by-pixel sequential MNIST (T=784): one training epoch, snnTorch vs spikefuse", "",
-            f"Machine: {machine_info()}", f"Command: `{command_line()}`", "",
-            f"Linear(1, {SMNIST_HIDDEN}) -> recurrent LIF ({SMNIST_HIDDEN}, all to all, beta 0.95) -> Linear("
-            f"{SMNIST_HIDDEN}, 10) averaged over the 784 steps, cross-entropy, Adam; batch {SMNIST_BATCH} of the "
-            f"real MNIST training images. Median of {args.smnist_batches} timed training steps each (after one "
-            f"untimed), the epoch ({len(images):,} samples) extrapolated from it. Same weights and batches; "
-            "'spikes differing' on the first batch.", "", table]  # fmt: skip
+    table = markdown_table(
+        [
+            "implementation",
+            "s per batch",
+            "epoch (min, extrapolated)",
+            "spikefuse speed-up",
+            "spike rate",
+            "spikes differing",
+        ],
+        [
+            [
+                r["implementation"],
+                r["batch_s"],
+                r["epoch_min"],
+                r["speedup_of_spikefuse"],
+                r["spike_rate"],
+                f"{r['spikes_differing']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
+    text = [
+        "# Pixel-by-pixel sequential MNIST (T=784): one training epoch, snnTorch vs spikefuse",
+        "",
+        f"Machine: {machine_info()}",
+        f"Command: `{command_line()}`",
+        "",
+        f"Linear(1, {SMNIST_HIDDEN}) -> recurrent LIF ({SMNIST_HIDDEN}, all to all, beta 0.95) -> Linear("
+        f"{SMNIST_HIDDEN}, 10) averaged over the 784 steps, cross-entropy, Adam; batch {SMNIST_BATCH} of the "
+        f"real MNIST training images. Median of {args.smnist_batches} timed training steps each (after one "
+        f"untimed), the epoch ({len(images):,} samples) extrapolated from it. Same weights and batches; "
+        "'spikes differing' on the first batch.",
+        "",
+        table,
+    ]
     stem.with_suffix(".md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     print(f"wrote {stem}.md/.csv")
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("recurrent", help="a recurrent layer at the SHD size vs snnTorch, Norse, SpikingJelly "
-                                                "and the matrix-product floor")  # fmt: skip
+    p = subparsers.add_parser(
+        "recurrent",
+        help="a recurrent layer at the SHD size vs snnTorch, Norse, SpikingJelly and the matrix-product floor",
+    )
     p.add_argument("--T", type=int, nargs="+", default=[250, 1000])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--peers", nargs="*", default=["snntorch", "norse", "spikingjelly"],
-                   choices=["snntorch", "norse", "spikingjelly"])
-    p.add_argument("--smnist-batches", type=int, default=0,
-                   help="instead: time this many training batches of pixel-by-pixel sequential MNIST (snnTorch and "
-                        "spikefuse) and extrapolate an epoch; needs --data-dir with the MNIST files")
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        default=["snntorch", "norse", "spikingjelly"],
+        choices=["snntorch", "norse", "spikingjelly"],
+    )
+    p.add_argument(
+        "--smnist-batches",
+        type=int,
+        default=0,
+        help="instead: time this many training batches of pixel-by-pixel sequential MNIST (snnTorch and "
+        "spikefuse) and extrapolate an epoch; needs --data-dir with the MNIST files",
+    )
     p.add_argument("--data-dir", default=None, help="the MNIST files, for --smnist-batches (default: $SPIKEFUSE_DATA)")
     p.add_argument("--quick", action="store_true", help="T=20, two repeats: check the harness")
     add_result_args(p)

@@ -36,10 +36,16 @@ QUICK = {"epochs": 1, "train_subset": 64, "test_subset": 32}
 
 #: Table 1 of the paper, Spiking-ResNet18 rows: (accuracy %, train s, test s) per epoch on an A100, T=32.
 PAPER = {
-    "mnist": {"SpikingJelly (PyTorch)": (98.18, 170.31, 10.52), "SpikingJelly (CuPy)": (98.35, 70.91, 11.13),
-              "temporal fusion (theirs)": (98.29, 65.64, 9.12)},
-    "nmnist": {"SpikingJelly (PyTorch)": (98.24, 251.14, 21.44), "SpikingJelly (CuPy)": (98.39, 142.33, 21.83),
-               "temporal fusion (theirs)": (97.13, 140.04, 20.02)},
+    "mnist": {
+        "SpikingJelly (PyTorch)": (98.18, 170.31, 10.52),
+        "SpikingJelly (CuPy)": (98.35, 70.91, 11.13),
+        "temporal fusion (theirs)": (98.29, 65.64, 9.12),
+    },
+    "nmnist": {
+        "SpikingJelly (PyTorch)": (98.24, 251.14, 21.44),
+        "SpikingJelly (CuPy)": (98.39, 142.33, 21.83),
+        "temporal fusion (theirs)": (97.13, 140.04, 20.02),
+    },
 }
 NO_DATA = {"cifar10": "CIFAR-10", "dvsgesture": "DVS Gesture"}
 
@@ -50,17 +56,35 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="the temporal-fusion paper's Table 1 at CPU scale on real MNIST and N-MNIST (accuracy, time, memory)",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--data-root", default=os.environ.get("SPIKEFUSE_DATA"),
-                   help="folder holding mnist/ and nmnist-small/ (default: $SPIKEFUSE_DATA)")
-    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS), metavar="NAME",
-                   help=f"data sets to run, of {', '.join(DATASETS)} (default: all)")
-    p.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
-                   help="neuron implementations to compare (default: both)")
+    p.add_argument(
+        "--data-root",
+        default=os.environ.get("SPIKEFUSE_DATA"),
+        help="folder holding mnist/ and nmnist-small/ (default: $SPIKEFUSE_DATA)",
+    )
+    p.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=list(DATASETS),
+        default=list(DATASETS),
+        metavar="NAME",
+        help=f"data sets to run, of {', '.join(DATASETS)} (default: all)",
+    )
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        choices=list(IMPLEMENTATIONS),
+        default=list(IMPLEMENTATIONS),
+        help="neuron implementations to compare (default: both)",
+    )
     p.add_argument("--width", type=int, default=COMMON["width"], help="ResNet18 width (default: %(default)s)")
     p.add_argument("--T", type=int, default=COMMON["T"], help="time steps (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per training process (default: %(default)s)")
-    p.add_argument("--neuron-backend", default="auto", choices=("auto", "cpu", "reference"),
-                   help="spikefuse's backend (default: %(default)s)")
+    p.add_argument(
+        "--neuron-backend",
+        default="auto",
+        choices=("auto", "cpu", "reference"),
+        help="spikefuse's backend (default: %(default)s)",
+    )
     p.add_argument("--quick", action="store_true", help="check the harness: 1 epoch on 64 training / 32 test samples")
     p.add_argument("--results-dir", default=str(RESULTS), help="where table1.md/.csv go (default: %(default)s)")
     p.add_argument("--runs-dir", default=None, help="keep each run's files here (default: a temporary folder)")
@@ -77,8 +101,16 @@ def _data_dir(root: str | None, folders: tuple[str, ...]) -> Path | None:
 def _namespace(args, settings: dict, quick: dict, data_dir: Path | None) -> argparse.Namespace:
     """The namespace ``bench train``'s child command reads, for one data set."""
     values = {**COMMON, **settings, **quick}
-    values.update(width=args.width, T=args.T, threads=args.threads, device="cpu", neuron_backend=args.neuron_backend,
-                  impls=args.impls, data_dir=None if data_dir is None else str(data_dir), image_size=None)
+    values.update(
+        width=args.width,
+        T=args.T,
+        threads=args.threads,
+        device="cpu",
+        neuron_backend=args.neuron_backend,
+        impls=args.impls,
+        data_dir=None if data_dir is None else str(data_dir),
+        image_size=None,
+    )
     return argparse.Namespace(**values)
 
 
@@ -128,8 +160,12 @@ def run(args) -> int:
                 sections.append((dataset, None, {}, f"skipped: no data ({where})"))
                 print(f"[bench table1] {dataset}: no data ({where}), skipped", flush=True)
                 continue
-            targs = _namespace(args, {k: v for k, v in DATASETS[dataset].items() if k != "folders"},
-                               QUICK if args.quick else {"train_subset": None, "test_subset": None}, data_dir)
+            targs = _namespace(
+                args,
+                {k: v for k, v in DATASETS[dataset].items() if k != "folders"},
+                QUICK if args.quick else {"train_subset": None, "test_subset": None},
+                data_dir,
+            )
             summaries, rows, ok = train_side_by_side(targs, dataset, runs_root)
             status = status if ok else 1
             csv_rows += rows
@@ -145,16 +181,26 @@ def run(args) -> int:
 
 
 def _report(args, sections, cost, info: str, command: str) -> str:
-    header = ["data set", "implementation", "best test acc (%)", "final test acc (%)", "train s/epoch",
-              "test s/epoch", "train speed-up", "test speed-up", "peak memory (MiB)"]
+    header = [
+        "data set",
+        "implementation",
+        "best test acc (%)",
+        "final test acc (%)",
+        "train s/epoch",
+        "test s/epoch",
+        "train speed-up",
+        "test speed-up",
+        "peak memory (MiB)",
+    ]
     rows, settings = [], []
     for dataset, targs, summaries, note in sections:
         if note:
             rows.append([dataset, note] + [""] * (len(header) - 2))
             continue
         sub = f", subsets {targs.train_subset}/{targs.test_subset}" if targs.train_subset else ""
-        settings.append(f"- {dataset}: {targs.epochs} epoch(s), batch {targs.batch_size}, {targs.encoding} "
-                        f"encoding{sub}")
+        settings.append(
+            f"- {dataset}: {targs.epochs} epoch(s), batch {targs.batch_size}, {targs.encoding} encoding{sub}"
+        )
         sj = summaries.get("spikingjelly", {})
         for impl, s in summaries.items():
             if "missing" in s:
@@ -164,13 +210,26 @@ def _report(args, sections, cost, info: str, command: str) -> str:
             if impl != "spikingjelly" and "train_s_per_epoch" in sj:
                 up_train = f"{sj['train_s_per_epoch'] / s['train_s_per_epoch']:.2f}x"
                 up_test = f"{sj['test_s_per_epoch'] / s['test_s_per_epoch']:.2f}x"
-            rows.append([dataset, s["label"], f"{100 * s['best_test_acc']:.2f}", f"{100 * s['final_test_acc']:.2f}",
-                         f"{s['train_s_per_epoch']:.1f}", f"{s['test_s_per_epoch']:.1f}", up_train, up_test,
-                         f"{s['peak_rss_mb']:.0f}"])
+            rows.append(
+                [
+                    dataset,
+                    s["label"],
+                    f"{100 * s['best_test_acc']:.2f}",
+                    f"{100 * s['final_test_acc']:.2f}",
+                    f"{s['train_s_per_epoch']:.1f}",
+                    f"{s['test_s_per_epoch']:.1f}",
+                    up_train,
+                    up_test,
+                    f"{s['peak_rss_mb']:.0f}",
+                ]
+            )
     for name, label in NO_DATA.items():
         rows.append([name, f"no data on this machine ({label} is not in the shared data)"] + [""] * (len(header) - 2))
-    paper_rows = [[d, impl, f"{a:.2f}", f"{tr:.2f}", f"{te:.2f}"] for d, impls in PAPER.items()
-                  for impl, (a, tr, te) in impls.items()]
+    paper_rows = [
+        [d, impl, f"{a:.2f}", f"{tr:.2f}", f"{te:.2f}"]
+        for d, impls in PAPER.items()
+        for impl, (a, tr, te) in impls.items()
+    ]
     lines = [
         f"# Table 1 at CPU scale{' (quick harness check)' if args.quick else ''}",
         "",

@@ -99,7 +99,9 @@ def _worker(rank: int, world: int, cfg: dict) -> list[dict] | None:
             g = torch.randn(t_steps, n, generator=gen)
 
             def single():
-                functional.lif(x.clone().requires_grad_(True), decay=DECAY, threshold=THRESHOLD, backend=backend).backward(g)
+                functional.lif(
+                    x.clone().requires_grad_(True), decay=DECAY, threshold=THRESHOLD, backend=backend
+                ).backward(g)
 
             t_single = _median_seconds(single, cfg["repeats"], cfg["warmup"], group=False)
             del x, g
@@ -170,8 +172,15 @@ def _command(args) -> str:
 def config(args: argparse.Namespace) -> dict:
     """What every rank needs to know (picklable)."""
     return dict(
-        neurons=args.neurons, T=list(args.T), ranks=list(args.ranks), chunks=args.chunks, backend=args.backend,
-        threads=args.threads, repeats=args.repeats, warmup=1, comm_repeats=max(5, 5 * args.repeats),
+        neurons=args.neurons,
+        T=list(args.T),
+        ranks=list(args.ranks),
+        chunks=args.chunks,
+        backend=args.backend,
+        threads=args.threads,
+        repeats=args.repeats,
+        warmup=1,
+        comm_repeats=max(5, 5 * args.repeats),
     )
 
 
@@ -197,7 +206,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     cfg = config(prepare(args))
     set_threads(args.threads)  # for the machine-info line; the work runs in the spawned ranks
     started = time.monotonic()
-    results = launch(_worker, max(args.ranks), cfg, backend="gloo", threads=args.threads, pg_timeout=timedelta(minutes=30))
+    results = launch(
+        _worker, max(args.ranks), cfg, backend="gloo", threads=args.threads, pg_timeout=timedelta(minutes=30)
+    )
     rows = results[0]
     write_results(args, rows, time.monotonic() - started)
     return rows
@@ -210,8 +221,16 @@ def write_results(args, rows: list[dict], seconds: float) -> None:
     table = markdown_table(
         ["T", "ranks k", "T_s (ms)", "T_m (ms)", "T_c (ms)", "speedup measured", "Eq. 5 mu", "Eq. 5 best k"],
         [
-            [r["T"], r["ranks"], f"{r['t_single_ms']:.2f}", f"{r['t_split_ms']:.2f}", f"{r['t_comm_ms']:.4f}",
-             f"{r['speedup_measured']:.2f}", f"{r['speedup_eq5']:.2f}", f"{r['best_k_eq5']:.1f}"]
+            [
+                r["T"],
+                r["ranks"],
+                f"{r['t_single_ms']:.2f}",
+                f"{r['t_split_ms']:.2f}",
+                f"{r['t_comm_ms']:.4f}",
+                f"{r['speedup_measured']:.2f}",
+                f"{r['speedup_eq5']:.2f}",
+                f"{r['best_k_eq5']:.1f}",
+            ]
             for r in rows
         ],
     )

@@ -44,16 +44,30 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     add_train_arguments(p, defaults={"model": "resnet18", "T": 8, "epochs": 3, "batch_size": 32})
     p.set_defaults(dataset=None)
-    p.add_argument("--datasets", nargs="+", default=None, metavar="NAME",
-                   help="data sets to run (default: digits, plus mnist and cifar10 when --data-dir holds them; "
-                        "--dataset NAME runs just that one)")
-    p.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
-                   help="neuron implementations to compare (default: both)")
-    p.add_argument("--quick", action="store_true",
-                   help="check the harness: 1 epoch on 64 training and 64 test samples, T <= 4")
+    p.add_argument(
+        "--datasets",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="data sets to run (default: digits, plus mnist and cifar10 when --data-dir holds them; "
+        "--dataset NAME runs just that one)",
+    )
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        choices=list(IMPLEMENTATIONS),
+        default=list(IMPLEMENTATIONS),
+        help="neuron implementations to compare (default: both)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="check the harness: 1 epoch on 64 training and 64 test samples, T <= 4"
+    )
     p.add_argument("--results-dir", default=str(RESULTS), help="where the .md/.csv go (default: %(default)s)")
-    p.add_argument("--runs-dir", default=None,
-                   help="keep each run's metrics.csv/checkpoint/curves here (default: a temporary folder)")
+    p.add_argument(
+        "--runs-dir",
+        default=None,
+        help="keep each run's metrics.csv/checkpoint/curves here (default: a temporary folder)",
+    )
     return p
 
 
@@ -86,12 +100,40 @@ def _datasets(args) -> tuple[list[str], list[str]]:
 
 def _child_command(args, dataset: str, impl: str, out: Path) -> list[str]:
     cmd = [
-        sys.executable, "-m", "spikefuse.cli", "train",
-        "--model", args.model, "--dataset", dataset, "--T", str(args.T), "--epochs", str(args.epochs),
-        "--batch-size", str(args.batch_size), "--lr", repr(args.lr), "--device", args.device,
-        "--threads", str(args.threads), "--seed", str(args.seed), "--encoding", args.encoding,
-        "--neuron-backend", args.neuron_backend, "--stem", args.stem, "--neurons", impl,
-        "--out", str(out), "--overwrite", "--no-progress",
+        sys.executable,
+        "-m",
+        "spikefuse.cli",
+        "train",
+        "--model",
+        args.model,
+        "--dataset",
+        dataset,
+        "--T",
+        str(args.T),
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--lr",
+        repr(args.lr),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--encoding",
+        args.encoding,
+        "--neuron-backend",
+        args.neuron_backend,
+        "--stem",
+        args.stem,
+        "--neurons",
+        impl,
+        "--out",
+        str(out),
+        "--overwrite",
+        "--no-progress",
     ]
     for opt in ("data_dir", "image_size", "train_subset", "test_subset", "width"):
         value = getattr(args, opt)
@@ -155,8 +197,17 @@ def train_side_by_side(args, dataset: str, runs_root: Path) -> tuple[dict, list[
         rows = _read_metrics(metrics)
         summaries[impl] = {"label": label, "wall_s": wall, **_summary(rows)}
         for r in rows:
-            csv_rows.append({"dataset": dataset, "implementation": impl, "model": args.model, "width": args.width,
-                             "T": args.T, "batch_size": args.batch_size, **r})
+            csv_rows.append(
+                {
+                    "dataset": dataset,
+                    "implementation": impl,
+                    "model": args.model,
+                    "width": args.width,
+                    "T": args.T,
+                    "batch_size": args.batch_size,
+                    **r,
+                }
+            )
     return summaries, csv_rows, ok
 
 
@@ -208,8 +259,18 @@ def _write_report(args, dataset, summaries, csv_rows, results_dir: Path, info, c
     suffix = "-quick" if args.quick else ""
     stem = results_dir / f"bench-train-{dataset}{suffix}"
     sj = summaries.get("spikingjelly", {})
-    header = ["implementation", "best test acc (%)", "final test acc (%)", "train s/epoch", "test s/epoch",
-              "first-epoch train s", "train samples/s", "peak memory (MiB)", "train speed-up vs SJ", "test speed-up vs SJ"]
+    header = [
+        "implementation",
+        "best test acc (%)",
+        "final test acc (%)",
+        "train s/epoch",
+        "test s/epoch",
+        "first-epoch train s",
+        "train samples/s",
+        "peak memory (MiB)",
+        "train speed-up vs SJ",
+        "test speed-up vs SJ",
+    ]
     table = []
     for impl, s in summaries.items():
         if "missing" in s:
@@ -219,11 +280,20 @@ def _write_report(args, dataset, summaries, csv_rows, results_dir: Path, info, c
         if "train_s_per_epoch" in sj and impl != "spikingjelly":
             speed_train = f"{sj['train_s_per_epoch'] / s['train_s_per_epoch']:.2f}x"
             speed_test = f"{sj['test_s_per_epoch'] / s['test_s_per_epoch']:.2f}x"
-        table.append([
-            s["label"], f"{100 * s['best_test_acc']:.2f}", f"{100 * s['final_test_acc']:.2f}",
-            f"{s['train_s_per_epoch']:.2f}", f"{s['test_s_per_epoch']:.2f}", f"{s['first_epoch_train_s']:.2f}",
-            f"{s['train_samples_per_s']:.1f}", _fmt_mem(s), speed_train, speed_test,
-        ])
+        table.append(
+            [
+                s["label"],
+                f"{100 * s['best_test_acc']:.2f}",
+                f"{100 * s['final_test_acc']:.2f}",
+                f"{s['train_s_per_epoch']:.2f}",
+                f"{s['test_s_per_epoch']:.2f}",
+                f"{s['first_epoch_train_s']:.2f}",
+                f"{s['train_samples_per_s']:.1f}",
+                _fmt_mem(s),
+                speed_train,
+                speed_test,
+            ]
+        )
     subset = ""
     if args.train_subset or args.test_subset:
         subset = f", subsets train {args.train_subset or 'all'} / test {args.test_subset or 'all'}"

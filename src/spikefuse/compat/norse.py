@@ -32,8 +32,17 @@ from ..neurons import NeuronModel
 from ..recurrent_functional import recurrent
 from ..surrogate import FastSigmoid
 
-__all__ = ["NORSE_LIF", "NORSE_LSNN", "lif_params", "lsnn_params", "SUPERSPIKE", "LIFRecurrent", "LSNNRecurrent",
-           "LIFState", "LSNNState"]
+__all__ = [
+    "NORSE_LIF",
+    "NORSE_LSNN",
+    "lif_params",
+    "lsnn_params",
+    "SUPERSPIKE",
+    "LIFRecurrent",
+    "LSNNRecurrent",
+    "LIFState",
+    "LSNNState",
+]
 
 #: Norse 1.1's "super" spike gradient (alpha unused there).
 SUPERSPIKE = FastSigmoid(1.0)
@@ -81,8 +90,13 @@ def lif_params(p=None, dt: float = 0.001) -> dict:
         from norse.torch import LIFParameters
 
         p = LIFParameters()
-    return {"dt_mem": dt * _scalar(p.tau_mem_inv), "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
-            "v_leak": _scalar(p.v_leak), "v_th": _scalar(p.v_th), "v_reset": _scalar(p.v_reset)}  # fmt: skip
+    return {
+        "dt_mem": dt * _scalar(p.tau_mem_inv),
+        "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
+        "v_leak": _scalar(p.v_leak),
+        "v_th": _scalar(p.v_th),
+        "v_reset": _scalar(p.v_reset),
+    }
 
 
 def lsnn_params(p=None, dt: float = 0.001) -> dict:
@@ -91,9 +105,15 @@ def lsnn_params(p=None, dt: float = 0.001) -> dict:
         from norse.torch import LSNNParameters
 
         p = LSNNParameters()
-    return {"dt_mem": dt * _scalar(p.tau_mem_inv), "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
-            "dt_adapt": dt * _scalar(p.tau_adapt_inv), "v_leak": _scalar(p.v_leak), "v_th": _scalar(p.v_th),
-            "v_reset": _scalar(p.v_reset), "beta": _scalar(p.beta)}  # fmt: skip
+    return {
+        "dt_mem": dt * _scalar(p.tau_mem_inv),
+        "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
+        "dt_adapt": dt * _scalar(p.tau_adapt_inv),
+        "v_leak": _scalar(p.v_leak),
+        "v_th": _scalar(p.v_th),
+        "v_reset": _scalar(p.v_reset),
+        "beta": _scalar(p.beta),
+    }
 
 
 class LIFState(NamedTuple):
@@ -121,17 +141,34 @@ class _Recurrent(nn.Module):
     MODEL: NeuronModel
     STATE: type
 
-    def __init__(self, input_size: int, hidden_size: int, p, input_weights=None, recurrent_weights=None,
-                 autapses: bool = False, dt: float = 0.001, *, backend: str = "auto", memory: str = "recompute"):  # fmt: skip
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        p,
+        input_weights=None,
+        recurrent_weights=None,
+        autapses: bool = False,
+        dt: float = 0.001,
+        *,
+        backend: str = "auto",
+        memory: str = "recompute",
+    ):
         super().__init__()
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)
         self.p, self.dt, self.autapses = p, dt, bool(autapses)
         self.backend, self.memory = backend, memory
         scale = torch.sqrt(2.0 / torch.as_tensor(self.hidden_size))  # Norse's: a float32 scale from the hidden size
-        self.input_weights = input_weights if input_weights is not None else nn.Parameter(
-            torch.randn(self.hidden_size, self.input_size) * scale)  # fmt: skip
-        self.recurrent_weights = recurrent_weights if recurrent_weights is not None else nn.Parameter(
-            torch.randn(self.hidden_size, self.hidden_size) * scale)  # fmt: skip
+        self.input_weights = (
+            input_weights
+            if input_weights is not None
+            else nn.Parameter(torch.randn(self.hidden_size, self.input_size) * scale)
+        )
+        self.recurrent_weights = (
+            recurrent_weights
+            if recurrent_weights is not None
+            else nn.Parameter(torch.randn(self.hidden_size, self.hidden_size) * scale)
+        )
         if not self.autapses:
             with torch.no_grad():
                 self.recurrent_weights.fill_diagonal_(0.0)
@@ -144,16 +181,26 @@ class _Recurrent(nn.Module):
     def forward(self, input_tensor: torch.Tensor, state=None):
         """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)``."""
         if input_tensor.ndim != 3 or input_tensor.shape[2] != self.input_size:
-            raise ValueError(f"{type(self).__name__} takes [T, B, {self.input_size}] inputs, got "
-                             f"{tuple(input_tensor.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__} takes [T, B, {self.input_size}] inputs, got {tuple(input_tensor.shape)}"
+            )
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
         names = self.MODEL.states
         params = {k: v.to(current.device) for k, v in self.params().items()}  # Norse's records stay on the CPU
-        spikes, final = recurrent(current, self.MODEL, self.recurrent_weights, None, surrogate=SUPERSPIKE,
-                                  detach_reset=True, backend=self.backend, memory=self.memory, return_state=True,
-                                  state=(*(getattr(state, k).expand(current.shape[1:]) for k in names),
-                                         state.z.to(current.dtype)), **params)  # fmt: skip
+        spikes, final = recurrent(
+            current,
+            self.MODEL,
+            self.recurrent_weights,
+            None,
+            surrogate=SUPERSPIKE,
+            detach_reset=True,
+            backend=self.backend,
+            memory=self.memory,
+            return_state=True,
+            state=(*(getattr(state, k).expand(current.shape[1:]) for k in names), state.z.to(current.dtype)),
+            **params,
+        )
         return spikes, self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
 
 
@@ -174,8 +221,11 @@ class LIFRecurrent(_Recurrent):
     def initial_state(self, x):
         shape = (*x.shape[1:-1], self.hidden_size)
         v_leak = lif_params(self.p, self.dt)["v_leak"]
-        return LIFState(z=x.new_zeros(shape), v=torch.full(shape, float(v_leak), device=x.device),
-                        i=torch.zeros(shape, device=x.device))  # fmt: skip
+        return LIFState(
+            z=x.new_zeros(shape),
+            v=torch.full(shape, float(v_leak), device=x.device),
+            i=torch.zeros(shape, device=x.device),
+        )
 
 
 class LSNNRecurrent(_Recurrent):

@@ -100,9 +100,22 @@ class _SpikingNeuron(nn.Module):
     STATES: tuple[str, ...] = ()
     RETURNED: tuple[str, ...] = ()
 
-    def __init__(self, threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
-                 reset_mechanism, state_quant, output, graded_spikes_factor, learn_graded_spikes_factor, backend,
-                 memory):  # fmt: skip
+    def __init__(
+        self,
+        threshold,
+        spike_grad,
+        surrogate_disable,
+        init_hidden,
+        inhibition,
+        learn_threshold,
+        reset_mechanism,
+        state_quant,
+        output,
+        graded_spikes_factor,
+        learn_graded_spikes_factor,
+        backend,
+        memory,
+    ):
         super().__init__()
         if inhibition:
             raise NotImplementedError("inhibition=True is not supported")
@@ -152,8 +165,10 @@ class _SpikingNeuron(nn.Module):
         """Keep the ``given`` states (None: the kept one); a kept state of another shape than a step's input becomes
         zeros, as snnTorch initializes its states lazily."""
         if len(given) > len(self.STATES):
-            raise TypeError(f"{type(self).__name__} takes the input and at most {len(self.STATES)} states "
-                            f"({', '.join(self.STATES)}), got {len(given)}")  # fmt: skip
+            raise TypeError(
+                f"{type(self).__name__} takes the input and at most {len(self.STATES)} states "
+                f"({', '.join(self.STATES)}), got {len(given)}"
+            )
         if self.init_hidden and any(g is not None for g in given):
             raise TypeError(f"with init_hidden=True {type(self).__name__} keeps its states: pass the input only")
         for name, g in zip(self.STATES, given):
@@ -209,13 +224,15 @@ def _per_neuron(value: torch.Tensor, x_seq: torch.Tensor, name: str) -> torch.Te
     neurons = x_seq.shape[2:] if x_seq.ndim >= 3 else x_seq.shape[1:]
     extra = value.ndim - len(neurons)
     try:
-        fits = torch.broadcast_shapes(value.shape[max(0, extra):], neurons) == neurons
+        fits = torch.broadcast_shapes(value.shape[max(0, extra) :], neurons) == neurons
     except RuntimeError:
         fits = False
     if not fits or (extra > 0 and any(d != 1 for d in value.shape[:extra])):
-        raise ValueError(f"a per-neuron {name} of shape {tuple(value.shape)} must broadcast against the neuron shape "
-                         f"{tuple(neurons)} of the input {tuple(x_seq.shape)} (it may not vary along time or batch)")
-    return value.reshape(value.shape[max(0, extra):]).expand(neurons).reshape(-1)
+        raise ValueError(
+            f"a per-neuron {name} of shape {tuple(value.shape)} must broadcast against the neuron shape "
+            f"{tuple(neurons)} of the input {tuple(x_seq.shape)} (it may not vary along time or batch)"
+        )
+    return value.reshape(value.shape[max(0, extra) :]).expand(neurons).reshape(-1)
 
 
 def _neuron_view(x_seq: torch.Tensor) -> torch.Tensor:
@@ -231,19 +248,52 @@ class Leaky(_SpikingNeuron):
     ``memory`` (as :func:`spikefuse.neuron`)."""
 
     STATES = RETURNED = ("mem",)
-    _MODELS = {"subtract": LIF_MODELS[("snntorch", "soft")], "zero": LIF_MODELS[("snntorch", "hard")],
-               "none": LIF_MODELS[("snntorch", "none")]}  # fmt: skip
+    _MODELS = {
+        "subtract": LIF_MODELS[("snntorch", "soft")],
+        "zero": LIF_MODELS[("snntorch", "hard")],
+        "none": LIF_MODELS[("snntorch", "none")],
+    }
 
-    def __init__(self, beta, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
-                 inhibition=False, learn_beta=False, learn_threshold=False, reset_mechanism="subtract",
-                 state_quant=False, output=False, graded_spikes_factor=1.0, learn_graded_spikes_factor=False,
-                 reset_delay=True, *, backend="auto", memory="recompute"):  # fmt: skip
+    def __init__(
+        self,
+        beta,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_beta=False,
+        learn_threshold=False,
+        reset_mechanism="subtract",
+        state_quant=False,
+        output=False,
+        graded_spikes_factor=1.0,
+        learn_graded_spikes_factor=False,
+        reset_delay=True,
+        *,
+        backend="auto",
+        memory="recompute",
+    ):
         if not reset_delay:
-            raise NotImplementedError("reset_delay=False (snnTorch resets in the same step, through the undetached "
-                                      "spike) is not supported: use the default reset_delay=True")  # fmt: skip
-        super().__init__(threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
-                         reset_mechanism, state_quant, output, graded_spikes_factor, learn_graded_spikes_factor,
-                         backend, memory)  # fmt: skip
+            raise NotImplementedError(
+                "reset_delay=False (snnTorch resets in the same step, through the undetached "
+                "spike) is not supported: use the default reset_delay=True"
+            )
+        super().__init__(
+            threshold,
+            spike_grad,
+            surrogate_disable,
+            init_hidden,
+            inhibition,
+            learn_threshold,
+            reset_mechanism,
+            state_quant,
+            output,
+            graded_spikes_factor,
+            learn_graded_spikes_factor,
+            backend,
+            memory,
+        )
         self.reset_delay = True
         self._keep("beta", beta, learn_beta)
 
@@ -251,11 +301,18 @@ class Leaky(_SpikingNeuron):
 
     def _run(self, x_seq, states):
         view = _neuron_view(x_seq)
-        spikes, (mem,) = neuron(view, self._MODELS[self.reset_mechanism], surrogate=self._surrogate,
-                                detach_reset=True, state=(states["mem"].reshape(view.shape[1:]),), return_state=True,
-                                backend=self.backend, memory=self.memory,
-                                decay=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
-                                threshold=_per_neuron(self.threshold, x_seq, "threshold"))  # fmt: skip
+        spikes, (mem,) = neuron(
+            view,
+            self._MODELS[self.reset_mechanism],
+            surrogate=self._surrogate,
+            detach_reset=True,
+            state=(states["mem"].reshape(view.shape[1:]),),
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+            decay=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
+            threshold=_per_neuron(self.threshold, x_seq, "threshold"),
+        )
         return self._graded(spikes.reshape(x_seq.shape)), {"mem": mem.reshape(x_seq.shape[1:])}
 
 
@@ -270,15 +327,46 @@ class Synaptic(_SpikingNeuron):
 
     STATES = RETURNED = ("syn", "mem")
 
-    def __init__(self, alpha, beta, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
-                 inhibition=False, learn_alpha=False, learn_beta=False, learn_threshold=False,
-                 reset_mechanism="subtract", state_quant=False, output=False, reset_delay=True, *, backend="auto",
-                 memory="recompute"):  # fmt: skip
+    def __init__(
+        self,
+        alpha,
+        beta,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_alpha=False,
+        learn_beta=False,
+        learn_threshold=False,
+        reset_mechanism="subtract",
+        state_quant=False,
+        output=False,
+        reset_delay=True,
+        *,
+        backend="auto",
+        memory="recompute",
+    ):
         if not reset_delay and reset_mechanism != "zero":
-            raise NotImplementedError("reset_delay=False is supported with reset_mechanism='zero' (what snnTorch's NIR "
-                                      "import builds), not with 'subtract' or 'none'")  # fmt: skip
-        super().__init__(threshold, spike_grad, surrogate_disable, init_hidden, inhibition, learn_threshold,
-                         reset_mechanism, state_quant, output, 1.0, False, backend, memory)  # fmt: skip
+            raise NotImplementedError(
+                "reset_delay=False is supported with reset_mechanism='zero' (what snnTorch's NIR "
+                "import builds), not with 'subtract' or 'none'"
+            )
+        super().__init__(
+            threshold,
+            spike_grad,
+            surrogate_disable,
+            init_hidden,
+            inhibition,
+            learn_threshold,
+            reset_mechanism,
+            state_quant,
+            output,
+            1.0,
+            False,
+            backend,
+            memory,
+        )
         # reset_delay=False zeroes the membrane in the step of the spike: the "hard" CubaLIF
         self.model = CUBA_LIF_MODELS["hard" if not reset_delay else reset_mechanism]
         self.reset_delay = bool(reset_delay)
@@ -291,16 +379,24 @@ class Synaptic(_SpikingNeuron):
         view = _neuron_view(x_seq)
         # snnTorch detaches the delayed reset; without the delay its in-step reset keeps the spike's gradient
         spikes, (syn, mem) = neuron(
-            view, self.model, surrogate=self._surrogate, detach_reset=self.reset_delay,
-            state=tuple(states[k].reshape(view.shape[1:]) for k in ("syn", "mem")), return_state=True,
-            backend=self.backend, memory=self.memory, alpha=_per_neuron(self.alpha.clamp(0, 1), x_seq, "alpha"),
+            view,
+            self.model,
+            surrogate=self._surrogate,
+            detach_reset=self.reset_delay,
+            state=tuple(states[k].reshape(view.shape[1:]) for k in ("syn", "mem")),
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+            alpha=_per_neuron(self.alpha.clamp(0, 1), x_seq, "alpha"),
             beta=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
             threshold=_per_neuron(self.threshold, x_seq, "threshold"),
-        )  # fmt: skip
+        )
         if not self.reset_delay:  # snnTorch returns the membrane after the in-step reset (the same op as the model's)
             mem = mem - mem * spikes[-1]
-        return self._graded(spikes.reshape(x_seq.shape)), {"syn": syn.reshape(x_seq.shape[1:]),
-                                                           "mem": mem.reshape(x_seq.shape[1:])}
+        return self._graded(spikes.reshape(x_seq.shape)), {
+            "syn": syn.reshape(x_seq.shape[1:]),
+            "mem": mem.reshape(x_seq.shape[1:]),
+        }
 
 
 class RecurrentOneToOne(nn.Module):
@@ -322,17 +418,20 @@ class _Recurrent(_SpikingNeuron):
 
     MODELS: dict = {}
 
-    def __init__(self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
-                 **common):  # fmt: skip
+    def __init__(
+        self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay, **common
+    ):
         if not reset_delay:
-            raise NotImplementedError(f"reset_delay=False is not supported by {type(self).__name__}: use the default "
-                                      "reset_delay=True")  # fmt: skip
+            raise NotImplementedError(
+                f"reset_delay=False is not supported by {type(self).__name__}: use the default reset_delay=True"
+            )
         if conv2d_channels is not None or kernel_size is not None:
-            raise NotImplementedError("recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
-                                      "linear_features, or all_to_all=False")  # fmt: skip
+            raise NotImplementedError(
+                "recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
+                "linear_features, or all_to_all=False"
+            )
         if all_to_all and not linear_features:
-            raise TypeError("all_to_all=True needs linear_features (the number of neurons) for the recurrent "
-                            "nn.Linear")  # fmt: skip
+            raise TypeError("all_to_all=True needs linear_features (the number of neurons) for the recurrent nn.Linear")
         if not all_to_all and linear_features is not None:
             raise TypeError("all_to_all=False takes V, not linear_features")
         super().__init__(graded_spikes_factor=1.0, learn_graded_spikes_factor=False, **common)  # not an option here
@@ -366,15 +465,28 @@ class _Recurrent(_SpikingNeuron):
         view = x_seq.reshape(x_seq.shape[0], -1, neurons)
         model = self.MODELS[self.reset_mechanism]
         names = [k for k in self.STATES if k != "spk"]
-        state = (*(states[k].reshape(view.shape[1:]).to(view.dtype) for k in names),
-                 states["spk"].reshape(view.shape[1:]).to(view.dtype))  # fmt: skip
+        state = (
+            *(states[k].reshape(view.shape[1:]).to(view.dtype) for k in names),
+            states["spk"].reshape(view.shape[1:]).to(view.dtype),
+        )
         weight, bias = self._weights(neurons)
-        params = {name: _per_neuron(getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold,
-                                    view, attr)
-                  for name, attr in self.PARAMS}  # fmt: skip
-        spikes, final = recurrent(view, model, weight.to(view.dtype), None if bias is None else bias.to(view.dtype),
-                                  surrogate=self._surrogate, detach_reset=True, state=state, return_state=True,
-                                  backend=self.backend, memory=self.memory, **params)  # fmt: skip
+        params = {
+            name: _per_neuron(getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold, view, attr)
+            for name, attr in self.PARAMS
+        }
+        spikes, final = recurrent(
+            view,
+            model,
+            weight.to(view.dtype),
+            None if bias is None else bias.to(view.dtype),
+            surrogate=self._surrogate,
+            detach_reset=True,
+            state=state,
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+            **params,
+        )
         spikes = self._graded(spikes.reshape(x_seq.shape))
         kept = {k: v.reshape(x_seq.shape[1:]) for k, v in zip(names, final)}
         return spikes, {"spk": spikes[-1], **kept}
@@ -388,19 +500,57 @@ class RLeaky(_Recurrent):
     mem=None) -> (spk, mem)``, ``sequence(x_seq, spk=None, mem=None) -> (spk_seq, mem)``."""
 
     STATES, RETURNED = ("spk", "mem"), ("mem",)
-    MODELS = {"subtract": LIF_MODELS[("snntorch", "soft")], "zero": RLEAKY_ZERO,
-              "none": LIF_MODELS[("snntorch", "none")]}  # fmt: skip
+    MODELS = {
+        "subtract": LIF_MODELS[("snntorch", "soft")],
+        "zero": RLEAKY_ZERO,
+        "none": LIF_MODELS[("snntorch", "none")],
+    }
     PARAMS = (("decay", "beta"), ("threshold", "threshold"))
 
-    def __init__(self, beta, V=1.0, all_to_all=True, linear_features=None, conv2d_channels=None, kernel_size=None,
-                 threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False, inhibition=False,
-                 learn_beta=False, learn_threshold=False, learn_recurrent=True, reset_mechanism="subtract",
-                 state_quant=False, output=False, reset_delay=True, *, backend="auto", memory="recompute"):  # fmt: skip
-        super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
-                         threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
-                         init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
-                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output, backend=backend,
-                         memory=memory)  # fmt: skip
+    def __init__(
+        self,
+        beta,
+        V=1.0,
+        all_to_all=True,
+        linear_features=None,
+        conv2d_channels=None,
+        kernel_size=None,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_beta=False,
+        learn_threshold=False,
+        learn_recurrent=True,
+        reset_mechanism="subtract",
+        state_quant=False,
+        output=False,
+        reset_delay=True,
+        *,
+        backend="auto",
+        memory="recompute",
+    ):
+        super().__init__(
+            V,
+            all_to_all,
+            linear_features,
+            conv2d_channels,
+            kernel_size,
+            learn_recurrent,
+            reset_delay,
+            threshold=threshold,
+            spike_grad=spike_grad,
+            surrogate_disable=surrogate_disable,
+            init_hidden=init_hidden,
+            inhibition=inhibition,
+            learn_threshold=learn_threshold,
+            reset_mechanism=reset_mechanism,
+            state_quant=state_quant,
+            output=output,
+            backend=backend,
+            memory=memory,
+        )
         self._keep("beta", beta, learn_beta)
 
     init_rleaky = _SpikingNeuron.reset_mem
@@ -416,16 +566,52 @@ class RSynaptic(_Recurrent):
     MODELS = {k: CUBA_LIF_MODELS[k] for k in ("subtract", "zero", "none")}
     PARAMS = (("alpha", "alpha"), ("beta", "beta"), ("threshold", "threshold"))
 
-    def __init__(self, alpha, beta, V=1.0, all_to_all=True, linear_features=None, conv2d_channels=None,
-                 kernel_size=None, threshold=1.0, spike_grad=None, surrogate_disable=False, init_hidden=False,
-                 inhibition=False, learn_alpha=False, learn_beta=False, learn_threshold=False, learn_recurrent=True,
-                 reset_mechanism="subtract", state_quant=False, output=False, reset_delay=True, *, backend="auto",
-                 memory="recompute"):  # fmt: skip
-        super().__init__(V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay,
-                         threshold=threshold, spike_grad=spike_grad, surrogate_disable=surrogate_disable,
-                         init_hidden=init_hidden, inhibition=inhibition, learn_threshold=learn_threshold,
-                         reset_mechanism=reset_mechanism, state_quant=state_quant, output=output, backend=backend,
-                         memory=memory)  # fmt: skip
+    def __init__(
+        self,
+        alpha,
+        beta,
+        V=1.0,
+        all_to_all=True,
+        linear_features=None,
+        conv2d_channels=None,
+        kernel_size=None,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_alpha=False,
+        learn_beta=False,
+        learn_threshold=False,
+        learn_recurrent=True,
+        reset_mechanism="subtract",
+        state_quant=False,
+        output=False,
+        reset_delay=True,
+        *,
+        backend="auto",
+        memory="recompute",
+    ):
+        super().__init__(
+            V,
+            all_to_all,
+            linear_features,
+            conv2d_channels,
+            kernel_size,
+            learn_recurrent,
+            reset_delay,
+            threshold=threshold,
+            spike_grad=spike_grad,
+            surrogate_disable=surrogate_disable,
+            init_hidden=init_hidden,
+            inhibition=inhibition,
+            learn_threshold=learn_threshold,
+            reset_mechanism=reset_mechanism,
+            state_quant=state_quant,
+            output=output,
+            backend=backend,
+            memory=memory,
+        )
         self._keep("beta", beta, learn_beta)
         self._keep("alpha", alpha, learn_alpha)
 

@@ -85,7 +85,9 @@ def use_spikingjelly_neurons(model: nn.Module) -> int:
         from spikingjelly.activation_based import neuron as sj_neuron
         from spikingjelly.activation_based import surrogate as sj_surrogate
     except ImportError as err:
-        raise ImportError(f"SpikingJelly is not installed ({err}); install it with `pip install spikingjelly --no-deps`") from None
+        raise ImportError(
+            f"SpikingJelly is not installed ({err}); install it with `pip install spikingjelly --no-deps`"
+        ) from None
     from ..models import replace_neurons
 
     def factory(lif) -> nn.Module:
@@ -201,8 +203,14 @@ class _BaseNode(nn.Module):
     def neuron(self) -> LIFNeuron:
         """The definition of these neurons (:data:`spikefuse.neurons.SPIKINGJELLY_MODELS`) with their constants."""
         hard = self.v_reset is not None
-        return LIFNeuron(SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)], float(self.v_threshold),
-                         self._reset_value, hard, to_surrogate(self.surrogate_function), bool(self.detach_reset))
+        return LIFNeuron(
+            SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)],
+            float(self.v_threshold),
+            self._reset_value,
+            hard,
+            to_surrogate(self.surrogate_function),
+            bool(self.detach_reset),
+        )
 
     def _state_for(self, x_ref: torch.Tensor) -> torch.Tensor:
         """SpikingJelly's ``materialize_states``: a float fills a new tensor; a tensor of another shape restarts."""

@@ -27,8 +27,18 @@ from ._common import DataError, DatasetInfo, TensorDataset
 
 __all__ = ["DATASETS", "DataError", "DatasetInfo", "TensorDataset", "encode", "load_dataset"]
 
-DATASETS: tuple[str, ...] = ("digits", "digits-events", "mnist", "cifar10", "nmnist", "dvsgesture", "smnist", "psmnist",
-                             "shd", "ssc")  # fmt: skip
+DATASETS: tuple[str, ...] = (
+    "digits",
+    "digits-events",
+    "mnist",
+    "cifar10",
+    "nmnist",
+    "dvsgesture",
+    "smnist",
+    "psmnist",
+    "shd",
+    "ssc",
+)
 FRAMINGS: tuple[str, ...] = ("events", "time")
 ENCODINGS: tuple[str, ...] = ("poisson", "direct")
 

@@ -33,19 +33,27 @@ CIFAR10_LAYOUT = f"""  <root>/{FOLDER}/data_batch_1 ... data_batch_5   (training
   (the extracted cifar-10-python.tar.gz; <root> may also be the {FOLDER} folder itself)"""
 
 _ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"), ("builtins", "bytearray"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
+    ("builtins", "bytearray"),
 }
 
 
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) not in _ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (a CIFAR batch holds only arrays and lists)")
+            raise pickle.UnpicklingError(
+                f"refusing to load {module}.{name} (a CIFAR batch holds only arrays and lists)"
+            )
         if module.startswith("numpy.core."):
-            module = "numpy._core." + module[len("numpy.core."):]
+            module = "numpy._core." + module[len("numpy.core.") :]
         return super().find_class(module, name)
 
 

@@ -48,7 +48,9 @@ class EventFramesDataset(TensorDataset):
 
 
 @lru_cache(maxsize=4)
-def digits_event_streams(train: bool, seed: int = 0, size: int = DEFAULT_SIZE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def digits_event_streams(
+    train: bool, seed: int = 0, size: int = DEFAULT_SIZE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Simulated recordings of one split: ``(events, bounds, labels)`` (read-only arrays)."""
     images, labels = load_digits_arrays()
     idx = digits_split(train)
@@ -75,7 +77,12 @@ def load_digits_events(
     sensor = (size, size, 2)
     frames = frame_events_batch(events, bounds, sensor, T, framing)
     ds = EventFramesDataset(
-        frames, torch.from_numpy(labels.copy()), events, bounds, sensor, classes=tuple(str(i) for i in range(NUM_CLASSES))
+        frames,
+        torch.from_numpy(labels.copy()),
+        events,
+        bounds,
+        sensor,
+        classes=tuple(str(i) for i in range(NUM_CLASSES)),
     )
     info = DatasetInfo("digits-events", in_channels=2, num_classes=NUM_CLASSES, height=size, width=size, kind="event")
     return ds, info

@@ -38,7 +38,9 @@ def to_frame_transform(sensor_size: tuple[int, int, int], T: int, framing: str =
     return ToFrame(sensor_size=tuple(sensor_size), n_time_bins=int(T))
 
 
-def frame_events(events: np.ndarray, sensor_size: tuple[int, int, int], T: int, framing: str = "events") -> torch.Tensor:
+def frame_events(
+    events: np.ndarray, sensor_size: tuple[int, int, int], T: int, framing: str = "events"
+) -> torch.Tensor:
     """One recording (structured array with fields x, y, t, p; sorted by t) -> float32 ``[T, P, H, W]``.
 
     ``sensor_size`` is tonic's ``(W, H, P)``. An empty recording gives T empty frames (tonic fails on it).

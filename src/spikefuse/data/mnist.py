@@ -22,14 +22,30 @@ import torch
 
 from ._common import DataError, DatasetInfo, TensorDataset, resolve_root
 
-__all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "IDX_MAX_BYTES", "read_idx", "find_mnist_files", "load_mnist", "MNIST_LAYOUT"]
+__all__ = [
+    "IDX_IMAGES_MAGIC",
+    "IDX_LABELS_MAGIC",
+    "IDX_MAX_BYTES",
+    "read_idx",
+    "find_mnist_files",
+    "load_mnist",
+    "MNIST_LAYOUT",
+]
 
 IDX_IMAGES_MAGIC = 0x00000803
 IDX_LABELS_MAGIC = 0x00000801
-_IDX_DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
-_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-          False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_IDX_DTYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_FILES = {
+    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
 
 MNIST_LAYOUT = """  <root>/train-images-idx3-ubyte   (60000 training images; or train-images-idx3-ubyte.gz)
   <root>/train-labels-idx1-ubyte   (or .gz)
@@ -61,8 +77,9 @@ def read_idx(path: str | os.PathLike, *, expect_magic: int | None = None) -> np.
         with _open(path) as f:
             head = f.read(4)
             if len(head) < 4:
-                raise DataError(f"idx file {path}: only {len(head)} bytes, too short for the 4-byte idx header "
-                                "(truncated?)")  # fmt: skip
+                raise DataError(
+                    f"idx file {path}: only {len(head)} bytes, too short for the 4-byte idx header (truncated?)"
+                )
             magic = int.from_bytes(head, "big")
             if head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPES or head[3] == 0:
                 raise DataError(
@@ -74,24 +91,30 @@ def read_idx(path: str | os.PathLike, *, expect_magic: int | None = None) -> np.
             ndim = head[3]
             raw_dims = f.read(4 * ndim)
             if len(raw_dims) < 4 * ndim:
-                raise DataError(f"idx file {path}: truncated header ({4 + len(raw_dims)} bytes, {ndim} dimensions "
-                                f"need {4 + 4 * ndim})")  # fmt: skip
+                raise DataError(
+                    f"idx file {path}: truncated header ({4 + len(raw_dims)} bytes, {ndim} dimensions "
+                    f"need {4 + 4 * ndim})"
+                )
             dims = tuple(int.from_bytes(raw_dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
             dtype = _IDX_DTYPES[head[2]]
             expected = dtype.itemsize
             for d in dims:  # Python integers: no overflow
                 expected *= d
             if expected > IDX_MAX_BYTES:
-                raise DataError(f"idx file {path}: its header declares dimensions {dims}, {expected} data bytes, more "
-                                f"than the {IDX_MAX_BYTES} an idx file may hold here: not an idx data set")  # fmt: skip
+                raise DataError(
+                    f"idx file {path}: its header declares dimensions {dims}, {expected} data bytes, more "
+                    f"than the {IDX_MAX_BYTES} an idx file may hold here: not an idx data set"
+                )
             data = f.read(expected + 1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise DataError(f"MNIST file {path}: {what} ({exc})") from exc
     if len(data) != expected:
         state = "truncated" if len(data) < expected else "has trailing bytes"
         held = len(data) if len(data) < expected else "more than that"
-        raise DataError(f"idx file {path}: {state}: header declares dimensions {dims} ({expected} data bytes) but "
-                        f"the file holds {held} data bytes")  # fmt: skip
+        raise DataError(
+            f"idx file {path}: {state}: header declares dimensions {dims} ({expected} data bytes) but "
+            f"the file holds {held} data bytes"
+        )
     arr = np.frombuffer(data, dtype=dtype).reshape(dims)
     return arr.astype(dtype.newbyteorder("="), copy=False)
 
@@ -145,4 +168,6 @@ def load_mnist(root, *, train: bool, size: int | None = None) -> tuple[TensorDat
         x = resize_images(x, int(size))
         h = w = int(size)
     info = DatasetInfo("mnist", in_channels=1, num_classes=10, height=h, width=w, kind="static")
-    return TensorDataset(x.contiguous(), torch.from_numpy(labels.astype(np.int64)), classes=tuple(map(str, range(10)))), info
+    return TensorDataset(
+        x.contiguous(), torch.from_numpy(labels.astype(np.int64)), classes=tuple(map(str, range(10)))
+    ), info

@@ -65,7 +65,9 @@ def _local(base_cls, name: str, layout: str, suffix: str):
                     f"{name}: no {suffix} files under {folder} (the data set is missing or not extracted; "
                     f"spikefuse never downloads); the files must be laid out as:\n{layout}"
                 )
-            self.location_on_system = str(self._spikefuse_dir)  # the folder holding Train/Test (tonic would append the class name)
+            self.location_on_system = str(
+                self._spikefuse_dir
+            )  # the folder holding Train/Test (tonic would append the class name)
             return True
 
         def download(self) -> None:  # pragma: no cover - _check_exists raises first
@@ -88,8 +90,19 @@ class TonicFramesDataset(Dataset):
     Each access reads one file; a corrupt or truncated file raises :class:`DataError` naming it.
     """
 
-    def __init__(self, tonic_ds, *, name: str, sensor_size, T: int, framing: str, num_classes: int,
-                 downsample=None, out_size=None, validate=None):
+    def __init__(
+        self,
+        tonic_ds,
+        *,
+        name: str,
+        sensor_size,
+        T: int,
+        framing: str,
+        num_classes: int,
+        downsample=None,
+        out_size=None,
+        validate=None,
+    ):
         self.tonic_ds = tonic_ds
         self.name = name
         self.sensor_size = tuple(sensor_size)  # native (W, H, P)
@@ -209,7 +222,9 @@ def _build(base_name: str, name: str, layout: str, folder: str, suffix: str, roo
             f"the files must be laid out as:\n{layout}"
         ) from exc
     if len(ds) == 0:
-        raise DataError(f"{name}: no samples found under {cls._spikefuse_dir}; the files must be laid out as:\n{layout}")
+        raise DataError(
+            f"{name}: no samples found under {cls._spikefuse_dir}; the files must be laid out as:\n{layout}"
+        )
     return ds
 
 
@@ -217,8 +232,17 @@ def load_nmnist(root, *, train: bool, T: int, framing: str = "events", size: int
     """N-MNIST: samples ``[T, 2, 34, 34]`` (``[T, 2, size, size]`` if downsampled)."""
     ds = _build("NMNIST", "N-MNIST", NMNIST_LAYOUT, "NMNIST", ".bin", root, train)
     down, s = _downsample(34, size, "nmnist")
-    frames = TonicFramesDataset(ds, name="N-MNIST", sensor_size=(34, 34, 2), T=T, framing=framing, num_classes=10,
-                                downsample=down, out_size=(s, s, 2), validate=_check_nmnist_file)
+    frames = TonicFramesDataset(
+        ds,
+        name="N-MNIST",
+        sensor_size=(34, 34, 2),
+        T=T,
+        framing=framing,
+        num_classes=10,
+        downsample=down,
+        out_size=(s, s, 2),
+        validate=_check_nmnist_file,
+    )
     frames._rebuild = (load_nmnist, root, dict(train=train, T=T, framing=framing, size=size))
     return frames, DatasetInfo("nmnist", in_channels=2, num_classes=10, height=s, width=s, kind="event")
 
@@ -227,7 +251,16 @@ def load_dvsgesture(root, *, train: bool, T: int, framing: str = "events", size:
     """DVS Gesture: samples ``[T, 2, 128, 128]`` (``[T, 2, size, size]`` with ``size``, e.g. 32)."""
     ds = _build("DVSGesture", "DVS Gesture", DVSGESTURE_LAYOUT, "DVSGesture", ".npy", root, train)
     down, s = _downsample(128, size, "dvsgesture")
-    frames = TonicFramesDataset(ds, name="DVS Gesture", sensor_size=(128, 128, 2), T=T, framing=framing,
-                                num_classes=11, downsample=down, out_size=(s, s, 2), validate=_check_npy_file)
+    frames = TonicFramesDataset(
+        ds,
+        name="DVS Gesture",
+        sensor_size=(128, 128, 2),
+        T=T,
+        framing=framing,
+        num_classes=11,
+        downsample=down,
+        out_size=(s, s, 2),
+        validate=_check_npy_file,
+    )
     frames._rebuild = (load_dvsgesture, root, dict(train=train, T=T, framing=framing, size=size))
     return frames, DatasetInfo("dvsgesture", in_channels=2, num_classes=11, height=s, width=s, kind="event")

@@ -51,15 +51,18 @@ def load_smnist(root, *, train: bool, T: int, permuted: bool = False):
     name = "psmnist" if permuted else "smnist"
     shapes = {784: (784, 1)} if permuted else {28: (28, 28), 784: (784, 1)}
     if T not in shapes:
-        raise DataError(f"{name} runs {' or '.join(f'T={t}' for t in shapes)} (" +
-                        ("one pixel a step" if permuted else "28 rows of 28 pixels, or one pixel a step") +
-                        f"), got T={T}")  # fmt: skip
+        raise DataError(
+            f"{name} runs {' or '.join(f'T={t}' for t in shapes)} ("
+            + ("one pixel a step" if permuted else "28 rows of 28 pixels, or one pixel a step")
+            + f"), got T={T}"
+        )
     images, info = load_mnist(root, train=train)
     data = images.data.reshape(len(images), *shapes[T])
     if permuted:
         data = data[:, permutation()]
     return TensorDataset(data.contiguous(), images.targets), DatasetInfo(
-        name=name, in_channels=shapes[T][1], num_classes=info.num_classes, height=1, width=1, kind="sequence")
+        name=name, in_channels=shapes[T][1], num_classes=info.num_classes, height=1, width=1, kind="sequence"
+    )
 
 
 def _read_h5(path: Path):
@@ -73,19 +76,25 @@ def _read_h5(path: Path):
             datasets = {}
             for key in ("spikes/times", "spikes/units", "labels"):
                 if key not in f:
-                    raise DataError(f"{describe_path(path)}: no dataset {key!r}: not an SHD/SSC file (it needs "
-                                    "spikes/times, spikes/units and labels)")  # fmt: skip
+                    raise DataError(
+                        f"{describe_path(path)}: no dataset {key!r}: not an SHD/SSC file (it needs "
+                        "spikes/times, spikes/units and labels)"
+                    )
                 ds = f[key]
                 if not isinstance(ds, h5py.Dataset) or ds.is_virtual or ds.external:
-                    raise DataError(f"{describe_path(path)}: {key} is not a dataset stored in the file (external or "
-                                    "virtual storage is refused: it reads other files)")  # fmt: skip
+                    raise DataError(
+                        f"{describe_path(path)}: {key} is not a dataset stored in the file (external or "
+                        "virtual storage is refused: it reads other files)"
+                    )
                 if ds.ndim != 1:
                     raise DataError(f"{describe_path(path)}: {key} must be one-dimensional, got shape {ds.shape}")
                 datasets[key] = ds
             n = len(datasets["labels"])
             if len(datasets["spikes/times"]) != n or len(datasets["spikes/units"]) != n:
-                raise DataError(f"{describe_path(path)}: {n} labels but {len(datasets['spikes/times'])} spike time "
-                                f"and {len(datasets['spikes/units'])} unit arrays")  # fmt: skip
+                raise DataError(
+                    f"{describe_path(path)}: {n} labels but {len(datasets['spikes/times'])} spike time "
+                    f"and {len(datasets['spikes/units'])} unit arrays"
+                )
             labels = np.asarray(datasets["labels"][()], dtype=np.int64)
             times, units = datasets["spikes/times"][()], datasets["spikes/units"][()]
     except OSError as err:
@@ -115,20 +124,26 @@ class SpikeTrainDataset(Dataset):
 def load_shd(root: str | os.PathLike | None, name: str, *, train: bool, T: int):
     """SHD (``name="shd"``) or SSC (``"ssc"``): the train split, or the test split (``train=False``)."""
     file = _SPLITS[name][train]
-    layout = (f"    <root>/{_SPLITS[name][True]}\n    <root>/{_SPLITS[name][False]}\n(unpacked from the .h5.gz files of "
-              "https://zenkelab.org/datasets/)")  # fmt: skip
+    layout = (
+        f"    <root>/{_SPLITS[name][True]}\n    <root>/{_SPLITS[name][False]}\n(unpacked from the .h5.gz files of "
+        "https://zenkelab.org/datasets/)"
+    )
     path = resolve_root(root, name, layout) / file
     times, units, labels = _read_h5(path)
     for i in range(len(labels)):
         if len(times[i]) != len(units[i]):
-            raise DataError(f"{describe_path(path)}: sample {i} has {len(times[i])} spike times but {len(units[i])} "
-                            "units")  # fmt: skip
+            raise DataError(
+                f"{describe_path(path)}: sample {i} has {len(times[i])} spike times but {len(units[i])} units"
+            )
         if len(units[i]) and (int(np.min(units[i])) < 0 or int(np.max(units[i])) >= CHANNELS):
             raise DataError(f"{describe_path(path)}: sample {i} has units outside 0..{CHANNELS - 1}")
         if len(times[i]) and not (np.isfinite(times[i]).all() and float(np.min(times[i])) >= 0):
             raise DataError(f"{describe_path(path)}: sample {i} has spike times that are negative or not finite")
     classes = _CLASSES[name]
     if len(labels) and (labels.min() < 0 or labels.max() >= classes):
-        raise DataError(f"{describe_path(path)}: labels must lie in 0..{classes - 1}, got {labels.min()}..{labels.max()}")
+        raise DataError(
+            f"{describe_path(path)}: labels must lie in 0..{classes - 1}, got {labels.min()}..{labels.max()}"
+        )
     return SpikeTrainDataset(times, units, labels, T), DatasetInfo(
-        name=name, in_channels=CHANNELS, num_classes=classes, height=1, width=1, kind="sequence")
+        name=name, in_channels=CHANNELS, num_classes=classes, height=1, width=1, kind="sequence"
+    )

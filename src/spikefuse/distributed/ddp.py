@@ -113,8 +113,12 @@ def _end_with(parent: int) -> None:
 def _worker(local_rank, nproc, fn, args, backend, pg_timeout, threads, addr, port, results, launcher):
     _end_with(launcher)
     os.environ.update(
-        MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(local_rank), WORLD_SIZE=str(nproc),
-        LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        RANK=str(local_rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(nproc),
     )
     if threads:
         torch.set_num_threads(int(threads))

@@ -311,7 +311,9 @@ def _run_chain(chain: _Chain, x_local, v_init, leak, build_graph: bool):
             sj, stj = chain.neuron(xj, vj, leaks[j])
             if not last:
                 out = stj.detach().contiguous()
-                sends.append((out, dist.isend(out, dst=chain.peer(chain.rank + 1), group=chain.group, tag=_FWD_TAG + j)))
+                sends.append(
+                    (out, dist.isend(out, dst=chain.peer(chain.rank + 1), group=chain.group, tag=_FWD_TAG + j))
+                )
             spikes.append(sj)
             states.append(stj)
             saved.append((xj, vj, sj, stj))
@@ -350,7 +352,9 @@ class _TimeSplitFunction(torch.autograd.Function):
         if not last:
             for j, (_, _, _, stj) in enumerate(chunks):
                 buf = torch.empty_like(stj, memory_format=torch.contiguous_format)
-                recvs.append((buf, dist.irecv(buf, src=chain.peer(chain.rank + 1), group=chain.group, tag=_BWD_TAG + j)))
+                recvs.append(
+                    (buf, dist.irecv(buf, src=chain.peer(chain.rank + 1), group=chain.group, tag=_BWD_TAG + j))
+                )
         sends, grad_x, grad_v = [], [], []
         grad_leak = None
         for j, (xj, vj, sj, stj) in enumerate(chunks):
@@ -377,7 +381,9 @@ class _TimeSplitFunction(torch.autograd.Function):
                     )
             if not first:
                 out = (gv if gv is not None else torch.zeros_like(stj)).contiguous()
-                sends.append((out, dist.isend(out, dst=chain.peer(chain.rank - 1), group=chain.group, tag=_BWD_TAG + j)))
+                sends.append(
+                    (out, dist.isend(out, dst=chain.peer(chain.rank - 1), group=chain.group, tag=_BWD_TAG + j))
+                )
             grad_x.append(gx if gx is not None else torch.zeros_like(xj))
             grad_v.append(gv)
             if gl is not None:
@@ -390,7 +396,12 @@ class _TimeSplitFunction(torch.autograd.Function):
         if first and ctx.v_meta is not None and ctx.needs_input_grad[2]:
             parts = [g if g is not None else torch.zeros_like(c[3]) for g, c in zip(grad_v, chunks)]
             gv = (parts[0] if plan.dim is None else torch.cat(parts, state_dim)).to(ctx.v_meta[1])
-        return None, gx.to(x_dtype) if ctx.needs_input_grad[1] else None, gv, grad_leak if ctx.needs_input_grad[3] else None
+        return (
+            None,
+            gx.to(x_dtype) if ctx.needs_input_grad[1] else None,
+            gv,
+            grad_leak if ctx.needs_input_grad[3] else None,
+        )
 
 
 def timesplit_neuron(
@@ -536,8 +547,18 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
     over time ranks; DDP averages them over data ranks).
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, group=None, channel_dim: int = 2, device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        group=None,
+        channel_dim: int = 2,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if channel_dim not in (1, 2):
             raise ValueError(f"channel_dim must be 1 ([N, C, ...]) or 2 ([T, B, C, ...]), got {channel_dim}")
@@ -547,8 +568,15 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
     @classmethod
     def from_batchnorm(cls, bn: nn.modules.batchnorm._BatchNorm, group=None, channel_dim: int = 2):
         """A synchronized copy of ``bn`` sharing its parameters and buffers."""
-        new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, group=group,
-                  channel_dim=channel_dim)
+        new = cls(
+            bn.num_features,
+            bn.eps,
+            bn.momentum,
+            bn.affine,
+            bn.track_running_stats,
+            group=group,
+            channel_dim=channel_dim,
+        )
         new._parameters = dict(bn._parameters)
         new._buffers = dict(bn._buffers)
         new.train(bn.training)
@@ -571,8 +599,9 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
         use_batch = self.training or self.running_mean is None
         if not use_batch:
             flat = x.flatten(0, 1) if self.channel_dim == 2 else x
-            y = nn.functional.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias,
-                                         False, 0.0, self.eps)
+            y = nn.functional.batch_norm(
+                flat, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            )
             return y.view_as(x)
         _, size = _group_info(self.group)
         c = self.channel_dim
@@ -618,8 +647,16 @@ class TimeSplitBatchNormLIF(nn.Module):
         self.bn = TimeSplitBatchNorm.from_batchnorm(fused, group, channel_dim=2)
         self.bn._parameters.pop("decay", None)  # the neuron's, shared with the neuron below
         learnable = isinstance(fused.decay, nn.Parameter)
-        self.neuron = LIF(0.5 if learnable else fused.decay, fused.threshold, fused.v_reset, fused.surrogate,
-                          fused.detach_reset, stateful=fused.stateful, backend=fused.backend, memory="recompute")
+        self.neuron = LIF(
+            0.5 if learnable else fused.decay,
+            fused.threshold,
+            fused.v_reset,
+            fused.surrogate,
+            fused.detach_reset,
+            stateful=fused.stateful,
+            backend=fused.backend,
+            memory="recompute",
+        )
         if learnable:
             self.neuron.decay = fused.decay
         self.train(fused.training)

@@ -66,7 +66,11 @@ class LiangNet(nn.Module):
         bn: bool = True,
     ):
         super().__init__()
-        h, w = (32, 32) if image_size is None else ((image_size, image_size) if isinstance(image_size, int) else image_size)
+        h, w = (
+            (32, 32)
+            if image_size is None
+            else ((image_size, image_size) if isinstance(image_size, int) else image_size)
+        )
         layers: list[nn.Module] = []
         c = in_channels
         for stage in stages:

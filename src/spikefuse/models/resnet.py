@@ -24,7 +24,15 @@ from torch import nn
 from ..nn import Flatten, SeqToBatch
 from ..nn.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
 
-__all__ = ["BasicBlock", "Bottleneck", "SpikingResNet", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50", "resnet_tiny"]
+__all__ = [
+    "BasicBlock",
+    "Bottleneck",
+    "SpikingResNet",
+    "spiking_resnet18",
+    "spiking_resnet34",
+    "spiking_resnet50",
+    "resnet_tiny",
+]
 
 STEMS = ("imagenet", "cifar")
 
@@ -57,8 +65,9 @@ def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict,
     return fused is not None
 
 
-def _convert_block(block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[str, str], ...], last: tuple[str, str],
-                   counts: dict) -> None:  # fmt: skip
+def _convert_block(
+    block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[str, str], ...], last: tuple[str, str], counts: dict
+) -> None:
     """Lean form of a residual block whose input is spikes: see the module docstring."""
     for name in convs:
         new = spike_layer_from(getattr(block, name))
@@ -171,7 +180,9 @@ class SpikingResNet(nn.Module):
             self.conv1 = SeqToBatch(nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False))
         self.bn1 = bn(width)
         self.sn1 = neuron.make()
-        self.maxpool = SeqToBatch(nn.MaxPool2d(kernel_size=3, stride=2, padding=1)) if stem == "imagenet" else nn.Identity()
+        self.maxpool = (
+            SeqToBatch(nn.MaxPool2d(kernel_size=3, stride=2, padding=1)) if stem == "imagenet" else nn.Identity()
+        )
         self.layer1 = self._make_layer(block, width, layers[0], 1, neuron)
         self.layer2 = self._make_layer(block, width * 2, layers[1], 2, neuron)
         self.layer3 = self._make_layer(block, width * 4, layers[2], 2, neuron)
@@ -196,7 +207,9 @@ class SpikingResNet(nn.Module):
     def _make_layer(self, block, planes: int, blocks: int, stride: int, neuron) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(conv1x1(self.inplanes, planes * block.expansion, stride), bn(planes * block.expansion))
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, planes * block.expansion, stride), bn(planes * block.expansion)
+            )
         layers = [block(self.inplanes, planes, stride, downsample, neuron)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes, 1, None, neuron) for _ in range(1, blocks)]

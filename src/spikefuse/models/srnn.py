@@ -40,8 +40,9 @@ class LeakyReadout(nn.Module):
         t_steps = x.shape[0]
         steps = torch.arange(t_steps, device=x.device)
         lag = steps[:, None] - steps[None, :]
-        weights = torch.where(lag >= 0, self.decay ** lag.clamp(min=0).to(x.dtype), torch.zeros((), dtype=x.dtype,
-                                                                                               device=x.device))  # fmt: skip
+        weights = torch.where(
+            lag >= 0, self.decay ** lag.clamp(min=0).to(x.dtype), torch.zeros((), dtype=x.dtype, device=x.device)
+        )
         return (weights @ x.reshape(t_steps, -1)).reshape(x.shape)
 
     def extra_repr(self) -> str:
@@ -55,9 +56,19 @@ class SRNN(nn.Module):
     fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input is
     spikes (SHD, N-MNIST), so the first layer may keep it as bits too."""
 
-    def __init__(self, in_features: int, num_classes: int, hidden: int = 256, layers: int = 1, cell: str = "lif",
-                 neuron: LIFOptions | None = None, neuron_backend: str | None = None, memory: str = "fused",
-                 spike_inputs: bool = False, readout_decay: float = 0.9):  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        hidden: int = 256,
+        layers: int = 1,
+        cell: str = "lif",
+        neuron: LIFOptions | None = None,
+        neuron_backend: str | None = None,
+        memory: str = "fused",
+        spike_inputs: bool = False,
+        readout_decay: float = 0.9,
+    ):
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"unknown cell {cell!r}: use one of {', '.join(CELLS)}")
@@ -72,12 +83,22 @@ class SRNN(nn.Module):
             linear = SpikeLinear if lean and fed_spikes else nn.Linear
             blocks.append(linear(in_features if i == 0 else hidden, hidden))
             if cell == "lif":
-                blocks.append(RecurrentLIF(hidden, decay=neuron.decay, threshold=neuron.threshold,
-                                           v_reset=neuron.v_reset, surrogate=neuron.surrogate,
-                                           detach_reset=neuron.detach_reset, backend=neuron.backend, memory=mode))  # fmt: skip
+                blocks.append(
+                    RecurrentLIF(
+                        hidden,
+                        decay=neuron.decay,
+                        threshold=neuron.threshold,
+                        v_reset=neuron.v_reset,
+                        surrogate=neuron.surrogate,
+                        detach_reset=neuron.detach_reset,
+                        backend=neuron.backend,
+                        memory=mode,
+                    )
+                )
             else:
-                blocks.append(RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend,
-                                            memory=mode))  # fmt: skip
+                blocks.append(
+                    RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend, memory=mode)
+                )
         self.layers = nn.Sequential(*blocks)
         self.readout = (SpikeLinear if lean else nn.Linear)(hidden, num_classes)
         self.integrator = LeakyReadout(readout_decay)
@@ -89,13 +110,15 @@ class SRNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim < 3 or math.prod(x.shape[2:]) != self.in_features:
-            raise ValueError(f"SRNN takes [T, B, ...] inputs of {self.in_features} features a step, got "
-                             f"{tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"SRNN takes [T, B, ...] inputs of {self.in_features} features a step, got {tuple(x.shape)}"
+            )
         h = self.layers(x.reshape(*x.shape[:2], self.in_features))
         return self.integrator(self.readout(h))
 
 
-def srnn(in_channels: int, num_classes: int, neuron: LIFOptions | None = None, neuron_backend: str | None = None,
-         **kw) -> SRNN:  # fmt: skip
+def srnn(
+    in_channels: int, num_classes: int, neuron: LIFOptions | None = None, neuron_backend: str | None = None, **kw
+) -> SRNN:
     """:class:`SRNN` with ``in_channels`` input features a step (the registry's builder)."""
     return SRNN(in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)

@@ -7,6 +7,20 @@ from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, 
 from .lif import LIF_MODELS, RLEAKY_ZERO, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
 from .model import FUNCTIONS, WHERE, Derivatives, NeuronModel
 
-__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "Derivatives", "CUBA_LIF", "CUBA_LIF_ZERO", "CUBA_LIF_HARD",
-           "CUBA_LIF_NO_RESET", "CUBA_LIF_EULER", "RLEAKY_ZERO", "CUBA_LIF_MODELS", "ALIF_MODEL", "LIF_MODELS", "SPIKINGJELLY_MODELS",
-           "SPIKINGJELLY_PRE_RESET_MODELS"]  # fmt: skip
+__all__ = [
+    "NeuronModel",
+    "FUNCTIONS",
+    "WHERE",
+    "Derivatives",
+    "CUBA_LIF",
+    "CUBA_LIF_ZERO",
+    "CUBA_LIF_HARD",
+    "CUBA_LIF_NO_RESET",
+    "CUBA_LIF_EULER",
+    "RLEAKY_ZERO",
+    "CUBA_LIF_MODELS",
+    "ALIF_MODEL",
+    "LIF_MODELS",
+    "SPIKINGJELLY_MODELS",
+    "SPIKINGJELLY_PRE_RESET_MODELS",
+]

@@ -46,8 +46,16 @@ _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
 
 
 def _lif(name: str, step: str, strict: bool = False) -> NeuronModel:
-    return NeuronModel(name=name, states=("v",), params=_PARAMS, step=(("v", step),), fire="v - threshold",
-                       strict=strict, defaults=_DEFAULTS, equations=f"v[t] = {step};  s[t] = H(v[t] - threshold)")
+    return NeuronModel(
+        name=name,
+        states=("v",),
+        params=_PARAMS,
+        step=(("v", step),),
+        fire="v - threshold",
+        strict=strict,
+        defaults=_DEFAULTS,
+        equations=f"v[t] = {step};  s[t] = H(v[t] - threshold)",
+    )
 
 
 #: By (dynamics, reset): dynamics "paper" or "snntorch", reset "hard", "soft" (snnTorch's "zero" and "subtract") or
@@ -79,20 +87,26 @@ def _spikingjelly(reset: str, charge: str, post_reset: bool) -> NeuronModel:
     u, formula = _SJ_RESETS[reset], _SJ_CHARGES[charge]
     handoff = post_reset and reset != "none"  # with no reset the post-reset membrane is the membrane: one model
     return NeuronModel(
-        name=f"sj_{reset}_{charge}" + ("_pre_reset" if not post_reset and reset != "none" else ""), states=("v",),
-        params=_PARAMS, step=(("v", u), ("v", formula)), fire="v - threshold", defaults=_DEFAULTS,
+        name=f"sj_{reset}_{charge}" + ("_pre_reset" if not post_reset and reset != "none" else ""),
+        states=("v",),
+        params=_PARAMS,
+        step=(("v", u), ("v", formula)),
+        fire="v - threshold",
+        defaults=_DEFAULTS,
         handoff=(("v", u),) if handoff else (),
         equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {u if handoff else 'v'}",
-    )  # fmt: skip
+    )
 
 
 #: SpikingJelly's LIF / PLIF / IF forms, by (reset, charge).
-SPIKINGJELLY_MODELS = {(reset, charge): _spikingjelly(reset, charge, True) for reset in _SJ_RESETS
-                       for charge in _SJ_CHARGES}  # fmt: skip
+SPIKINGJELLY_MODELS = {
+    (reset, charge): _spikingjelly(reset, charge, True) for reset in _SJ_RESETS for charge in _SJ_CHARGES
+}
 #: The same forms handing on the membrane before the reset: the reset of
 #: the last step is left to the next call, which applies it to its initial state.
-SPIKINGJELLY_PRE_RESET_MODELS = {(reset, charge): _spikingjelly(reset, charge, False) for reset in _SJ_RESETS
-                                 for charge in _SJ_CHARGES}  # fmt: skip
+SPIKINGJELLY_PRE_RESET_MODELS = {
+    (reset, charge): _spikingjelly(reset, charge, False) for reset in _SJ_RESETS for charge in _SJ_CHARGES
+}
 
 
 @functools.lru_cache(maxsize=1024)  # a layer checks the same values at every call
@@ -101,8 +115,10 @@ def _check_in_compute_dtype(threshold: float, v_reset: float, hard: bool, dtype:
     if not math.isfinite(in_compute_dtype(threshold, dtype)):
         raise ValueError(f"threshold {threshold} is not finite in {name}, the dtype the neurons compute in")
     if hard and in_compute_dtype(v_reset, dtype) >= in_compute_dtype(threshold, dtype):
-        raise ValueError(f"v_reset {v_reset} is not below the threshold {threshold} in {name}, the dtype the neurons "
-                         "compute in: a neuron reset to v_reset would fire again at once")  # fmt: skip
+        raise ValueError(
+            f"v_reset {v_reset} is not below the threshold {threshold} in {name}, the dtype the neurons "
+            "compute in: a neuron reset to v_reset would fire again at once"
+        )
 
 
 @dataclass(frozen=True)

@@ -60,25 +60,46 @@ def _names(expression: str, what: str, where: bool = False) -> set[str]:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as err:
         raise ValueError(f"{what}: {expression!r} is not an expression: {err.msg}") from None
-    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd,
-               ast.Name, ast.Load, ast.Constant, ast.Call)  # fmt: skip
+    allowed = (
+        ast.Expression,
+        ast.BinOp,
+        ast.UnaryOp,
+        ast.Add,
+        ast.Sub,
+        ast.Mult,
+        ast.Div,
+        ast.USub,
+        ast.UAdd,
+        ast.Name,
+        ast.Load,
+        ast.Constant,
+        ast.Call,
+    )
     names = set()
     for node in ast.walk(tree):
         if not isinstance(node, allowed):
-            raise ValueError(f"{what}: {expression!r} uses {type(node).__name__}; expressions may use + - * /, "
-                             f"numbers, names and {', '.join(FUNCTIONS)}")  # fmt: skip
-        if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, (int, float))):
+            raise ValueError(
+                f"{what}: {expression!r} uses {type(node).__name__}; expressions may use + - * /, "
+                f"numbers, names and {', '.join(FUNCTIONS)}"
+            )
+        if isinstance(node, ast.Constant) and (
+            isinstance(node.value, bool) or not isinstance(node.value, (int, float))
+        ):
             raise ValueError(f"{what}: {expression!r} holds the constant {node.value!r}; only numbers")
         if isinstance(node, ast.Call):
             callee = node.func.id if isinstance(node.func, ast.Name) else None
             if where and callee == WHERE:
-                if node.keywords or len(node.args) != 3 or not (isinstance(node.args[0], ast.Name)
-                                                                 and node.args[0].id == "s"):  # fmt: skip
+                if (
+                    node.keywords
+                    or len(node.args) != 3
+                    or not (isinstance(node.args[0], ast.Name) and node.args[0].id == "s")
+                ):
                     raise ValueError(f"{what}: {expression!r}: where takes the spike and two values, where(s, a, b)")
             elif callee not in FUNCTIONS or node.keywords or len(node.args) != 1:
                 also = f", or {WHERE}(s, a, b)" if where else ""
-                raise ValueError(f"{what}: {expression!r} calls something other than {', '.join(FUNCTIONS)} of one "
-                                 f"argument{also}")  # fmt: skip
+                raise ValueError(
+                    f"{what}: {expression!r} calls something other than {', '.join(FUNCTIONS)} of one argument{also}"
+                )
         elif isinstance(node, ast.Name):
             names.add(node.id)
     return names - set(FUNCTIONS) - {WHERE}
@@ -133,32 +154,39 @@ class NeuronModel(Registered):
                 raise ValueError(f"neuron {self.name!r}: it needs at least one state variable")
             for n in names:
                 if not n.isidentifier() or keyword.iskeyword(n) or n in _RESERVED or n.startswith(("old_", "new_")):
-                    raise ValueError(f"neuron {self.name!r}: {kind} name {n!r} is not allowed (identifiers other "
-                                     f"than {sorted(_RESERVED)} and old_*/new_*)")  # fmt: skip
+                    raise ValueError(
+                        f"neuron {self.name!r}: {kind} name {n!r} is not allowed (identifiers other "
+                        f"than {sorted(_RESERVED)} and old_*/new_*)"
+                    )
         if len(set(self.states) | set(self.params)) != len(self.states) + len(self.params):
             raise ValueError(f"neuron {self.name!r}: state and parameter names must be distinct")
         known = set(self.states) | set(self.params) | {"x", "s"}
         for target, expression in self.step:
             if target not in self.states:
-                raise ValueError(f"neuron {self.name!r}: step assigns {target!r}, which is not a state "
-                                 f"({', '.join(self.states)})")  # fmt: skip
+                raise ValueError(
+                    f"neuron {self.name!r}: step assigns {target!r}, which is not a state ({', '.join(self.states)})"
+                )
             unknown = _names(expression, f"neuron {self.name!r}, {target} =", where=True) - known
             if unknown:
-                raise ValueError(f"neuron {self.name!r}: {target} = {expression} reads unknown names "
-                                 f"{sorted(unknown)}")  # fmt: skip
+                raise ValueError(f"neuron {self.name!r}: {target} = {expression} reads unknown names {sorted(unknown)}")
         for target, expression in self.handoff:
             if target not in self.states:
-                raise ValueError(f"neuron {self.name!r}: handoff assigns {target!r}, which is not a state "
-                                 f"({', '.join(self.states)})")  # fmt: skip
+                raise ValueError(
+                    f"neuron {self.name!r}: handoff assigns {target!r}, which is not a state ({', '.join(self.states)})"
+                )
             unknown = _names(expression, f"neuron {self.name!r}, handoff {target} =", where=True) - (known - {"x"})
             if unknown:
-                raise ValueError(f"neuron {self.name!r}: handoff {target} = {expression} reads unknown names "
-                                 f"{sorted(unknown)} (it sees the states after the last step, their spike s and the "
-                                 "parameters)")  # fmt: skip
+                raise ValueError(
+                    f"neuron {self.name!r}: handoff {target} = {expression} reads unknown names "
+                    f"{sorted(unknown)} (it sees the states after the last step, their spike s and the "
+                    "parameters)"
+                )
         unknown = _names(self.fire, f"neuron {self.name!r}, fire") - (set(self.states) | set(self.params))
         if unknown:
-            raise ValueError(f"neuron {self.name!r}: fire = {self.fire} reads unknown names {sorted(unknown)} "
-                             "(it sees the states after the step and the parameters)")  # fmt: skip
+            raise ValueError(
+                f"neuron {self.name!r}: fire = {self.fire} reads unknown names {sorted(unknown)} "
+                "(it sees the states after the step and the parameters)"
+            )
         for name, _ in self.defaults:
             if name not in self.params:
                 raise ValueError(f"neuron {self.name!r}: a default for {name!r}, which is not a parameter")
@@ -170,8 +198,10 @@ class NeuronModel(Registered):
     @property
     def key(self) -> str:
         """A short hash of the dynamics: generated kernels are cached under it."""
-        text = repr((self.name, self.states, self.params, self.step, self.fire, self.strict)
-                    + ((self.handoff,) if self.handoff else ()))  # the keys of neurons without one stay as they were
+        text = repr(
+            (self.name, self.states, self.params, self.step, self.fire, self.strict)
+            + ((self.handoff,) if self.handoff else ())
+        )  # the keys of neurons without one stay as they were
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def initial_value(self, state: str) -> float:
@@ -190,15 +220,18 @@ class NeuronModel(Registered):
         class JoinRecurrent(ast.NodeTransformer):
             def visit_BinOp(self, node):
                 if isinstance(node.op, ast.Add) and isinstance(node.right, ast.Name) and node.right.id == "x":
-                    return ast.BinOp(left=ast.BinOp(left=self.visit(node.left), op=ast.Add(), right=x), op=ast.Add(),
-                                     right=rec)  # fmt: skip
+                    return ast.BinOp(
+                        left=ast.BinOp(left=self.visit(node.left), op=ast.Add(), right=x), op=ast.Add(), right=rec
+                    )
                 return self.generic_visit(node)
 
             def visit_Name(self, node):
                 return ast.BinOp(left=x, op=ast.Add(), right=rec) if node.id == "x" else node
 
-        return tuple((target, ast.unparse(JoinRecurrent().visit(ast.parse(expression, mode="eval"))))
-                     for target, expression in self.step)  # fmt: skip
+        return tuple(
+            (target, ast.unparse(JoinRecurrent().visit(ast.parse(expression, mode="eval"))))
+            for target, expression in self.step
+        )
 
     @functools.cached_property
     def backward_reads_input(self) -> bool:
@@ -216,7 +249,8 @@ class NeuronModel(Registered):
         if param_grads:
             expressions += [*(e for row in d.param for e in row), *d.fire_param]
         read = {symbol.name for e in expressions for symbol in e.free_symbols} | {
-            f"new_{k}" for k in _names(self.fire, "fire")}
+            f"new_{k}" for k in _names(self.fire, "fire")
+        }
         return tuple(k for k in self.states if {f"old_{k}", f"new_{k}"} & read)
 
     @functools.cached_property

@@ -18,9 +18,29 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from ._export import export, fold_batchnorm
 from ._load import LIF_FORMS, NIRNetwork, load
-from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+from .modules import (
+    CubaLeakyIntegrator,
+    CubaLIFNode,
+    EulerLIF,
+    Integrator,
+    LeakyIntegrator,
+    Scale,
+    SumPool2d,
+    Threshold,
+)
 
 __all__ = [
-    "export", "load", "fold_batchnorm", "NIRNetwork", "LIF_FORMS",
-    "EulerLIF", "CubaLIFNode", "CubaLeakyIntegrator", "Integrator", "LeakyIntegrator", "Scale", "SumPool2d", "Threshold",
+    "export",
+    "load",
+    "fold_batchnorm",
+    "NIRNetwork",
+    "LIF_FORMS",
+    "EulerLIF",
+    "CubaLIFNode",
+    "CubaLeakyIntegrator",
+    "Integrator",
+    "LeakyIntegrator",
+    "Scale",
+    "SumPool2d",
+    "Threshold",
 ]

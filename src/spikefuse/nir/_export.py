@@ -14,11 +14,35 @@ from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, Recurrent, SeqToBatch
 from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
 from ._common import check_dt
 from ._trace import INPUT, OUTPUT, trace
-from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold
+from .modules import (
+    CubaLeakyIntegrator,
+    CubaLIFNode,
+    EulerLIF,
+    Integrator,
+    LeakyIntegrator,
+    Scale,
+    SumPool2d,
+    Threshold,
+)
 
 _LAYERS = (
-    SeqToBatch, LIF, Flatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, BatchNormLIF1d, BatchNormLIF2d,
-    Scale, Threshold, LeakyIntegrator, Integrator, EulerLIF, EngineNeuron, CubaLIFNode, CubaLeakyIntegrator,
+    SeqToBatch,
+    LIF,
+    Flatten,
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    BatchNormLIF1d,
+    BatchNormLIF2d,
+    Scale,
+    Threshold,
+    LeakyIntegrator,
+    Integrator,
+    EulerLIF,
+    EngineNeuron,
+    CubaLIFNode,
+    CubaLeakyIntegrator,
 )
 
 
@@ -48,12 +72,18 @@ def _per_step_node(layer: nn.Module, what: str, shape: tuple[int, ...]):
         padding = layer.padding  # 'same' / 'valid', or a tuple of ints
         if isinstance(layer, nn.Conv1d):
             return nir.Conv1d(
-                input_shape=shape[1], stride=layer.stride[0], dilation=layer.dilation[0],
-                padding=padding if isinstance(padding, str) else padding[0], **args,
+                input_shape=shape[1],
+                stride=layer.stride[0],
+                dilation=layer.dilation[0],
+                padding=padding if isinstance(padding, str) else padding[0],
+                **args,
             )
         return nir.Conv2d(
-            input_shape=tuple(shape[1:]), stride=tuple(layer.stride), dilation=tuple(layer.dilation),
-            padding=padding if isinstance(padding, str) else tuple(padding), **args,
+            input_shape=tuple(shape[1:]),
+            stride=tuple(layer.stride),
+            dilation=tuple(layer.dilation),
+            padding=padding if isinstance(padding, str) else tuple(padding),
+            **args,
         )
     if isinstance(layer, nn.AvgPool2d):
         if layer.ceil_mode or layer.divisor_override is not None:
@@ -153,9 +183,15 @@ def _cuba_lif_node(m, what: str, shape: tuple[int, ...], dt: float):
     tau_syn = _channels_to_shape(dt / (1 - alpha), shape)
     tau_mem = _channels_to_shape(dt / (1 - beta), shape)
     # r = tau_mem/dt and w_in = tau_syn/dt make dt*r/tau_mem = dt*w_in/tau_syn = 1: i = alpha*i + x, v = beta*v + i
-    return nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=tau_mem / dt, w_in=tau_syn / dt,
-                       v_leak=np.zeros(shape), v_threshold=_channels_to_shape(_values(m.threshold), shape),
-                       v_reset=np.zeros(shape))  # fmt: skip
+    return nir.CubaLIF(
+        tau_syn=tau_syn,
+        tau_mem=tau_mem,
+        r=tau_mem / dt,
+        w_in=tau_syn / dt,
+        v_leak=np.zeros(shape),
+        v_threshold=_channels_to_shape(_values(m.threshold), shape),
+        v_reset=np.zeros(shape),
+    )
 
 
 def _recurrent_nodes(m: Recurrent, what: str, shape: tuple[int, ...], dt: float) -> tuple:
@@ -163,15 +199,19 @@ def _recurrent_nodes(m: Recurrent, what: str, shape: tuple[int, ...], dt: float)
     connection (an ``Affine``, or a ``Linear`` without bias; one to one: the diagonal matrix), fed by the neuron and
     feeding it (:func:`export` adds the two edges of the cycle)."""
     if m.model is LIF_MODELS[("paper", "soft")]:
-        raise ValueError(f"{what}: soft reset (v_reset=None subtracts the threshold) has no NIR node: NIR's LIF and "
-                         "IF neurons reset to v_reset")  # fmt: skip
+        raise ValueError(
+            f"{what}: soft reset (v_reset=None subtracts the threshold) has no NIR node: NIR's LIF and "
+            "IF neurons reset to v_reset"
+        )
     if m.model is LIF_MODELS[("paper", "hard")]:
         neuron = _lif_node(m, what, shape, dt)
     elif m.model is CUBA_LIF_HARD:
         neuron = _cuba_lif_node(m, what, shape, dt)
     else:
-        raise ValueError(f"{what}: the recurrent neuron model {m.model.name!r} has no NIR node (NIR writes LIF and "
-                         "CubaLIF with its resets)")  # fmt: skip
+        raise ValueError(
+            f"{what}: the recurrent neuron model {m.model.name!r} has no NIR node (NIR writes LIF and "
+            "CubaLIF with its resets)"
+        )
     weight, bias = m.recurrent_weights()
     weight = _array(weight if weight.dim() == 2 else torch.diag(weight))
     return neuron, nir.Linear(weight=weight) if bias is None else nir.Affine(weight=weight, bias=_array(bias))
@@ -191,8 +231,12 @@ def _node(module: nn.Module, name: str, shape: tuple[int, ...], dt: float):
         raise ValueError(f"{what}: the neuron model {module.model.name!r} has no NIR node")
     if isinstance(module, CubaLIFNode):
         scale = 1.0 if dt == module.dt else dt / module.dt  # the same fraction of tau per step with this dt
-        return nir.CubaLIF(**{k: np.broadcast_to(v * scale if k.startswith("tau") else v, shape).copy()
-                              for k, v in module.fields.items()})  # fmt: skip
+        return nir.CubaLIF(
+            **{
+                k: np.broadcast_to(v * scale if k.startswith("tau") else v, shape).copy()
+                for k, v in module.fields.items()
+            }
+        )
     if isinstance(module, (BatchNormLIF1d, BatchNormLIF2d)):
         raise ValueError(
             f"{what}: a fused BatchNorm + LIF layer has no NIR node (NIR has no BatchNorm); build the model with "
@@ -221,8 +265,12 @@ def _node(module: nn.Module, name: str, shape: tuple[int, ...], dt: float):
         )
     if isinstance(module, CubaLeakyIntegrator):
         scale = 1.0 if dt == module.dt else dt / module.dt
-        return nir.CubaLI(**{k: np.broadcast_to(getattr(module, k) * (scale if k.startswith("tau") else 1), shape).copy()
-                             for k in ("tau_syn", "tau_mem", "r", "v_leak", "w_in")})  # fmt: skip
+        return nir.CubaLI(
+            **{
+                k: np.broadcast_to(getattr(module, k) * (scale if k.startswith("tau") else 1), shape).copy()
+                for k in ("tau_syn", "tau_mem", "r", "v_leak", "w_in")
+            }
+        )
     if isinstance(module, EulerLIF):
         tau = module.tau if dt == module.dt else module.tau * (dt / module.dt)
 
@@ -309,8 +357,10 @@ def fold_batchnorm(model: nn.Module, sample_input: torch.Tensor) -> nn.Module:
     """
     batchnorms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if any(bn.training for bn in batchnorms):
-        raise ValueError("fold_batchnorm uses the running statistics, which BatchNorm applies in eval mode only: "
-                         "call model.eval() first")
+        raise ValueError(
+            "fold_batchnorm uses the running statistics, which BatchNorm applies in eval mode only: "
+            "call model.eval() first"
+        )
     if any(bn.running_mean is None for bn in batchnorms):
         raise ValueError("fold_batchnorm needs running statistics (track_running_stats=True)")
     folded = copy.deepcopy(model)

@@ -17,7 +17,17 @@ from ..neurons import CUBA_LIF_EULER, CUBA_LIF_HARD, LIF_MODELS, SPIKINGJELLY_MO
 from ..nn import IF, LIF, Flatten, Recurrent, SeqToBatch
 from ..surrogate import Sigmoid, Surrogate, resolve
 from ._common import check_dt
-from .modules import CubaLeakyIntegrator, CubaLIFNode, EulerLIF, Integrator, LeakyIntegrator, Scale, SumPool2d, Threshold, euler_coefficient
+from .modules import (
+    CubaLeakyIntegrator,
+    CubaLIFNode,
+    EulerLIF,
+    Integrator,
+    LeakyIntegrator,
+    Scale,
+    SumPool2d,
+    Threshold,
+    euler_coefficient,
+)
 
 LIF_FORMS = ("auto", "decay", "euler")
 
@@ -37,8 +47,14 @@ class NIRNetwork(nn.Module):
     ``layers`` maps node names to modules (``'.'`` in a name becomes ``'_'``, as ``nn.ModuleDict`` requires).
     """
 
-    def __init__(self, layers: dict[str, nn.Module], sources: dict[str, list[str]], order: list[str],
-                 input_name: str, output_name: str):
+    def __init__(
+        self,
+        layers: dict[str, nn.Module],
+        sources: dict[str, list[str]],
+        order: list[str],
+        input_name: str,
+        output_name: str,
+    ):
         super().__init__()
         self.layers = nn.ModuleDict()
         self.module_keys: dict[str, str] = {}
@@ -159,12 +175,19 @@ def _lif(what: str, node: nir.LIF, opts: _Options) -> nn.Module:
         )
     decay = 1 - opts.dt / tau
     if decay.ndim == 0:
-        neuron = LIF(decay=float(decay), threshold=threshold, v_reset=0.0, surrogate=opts.surrogate,
-                     backend=opts.backend)
+        neuron = LIF(
+            decay=float(decay), threshold=threshold, v_reset=0.0, surrogate=opts.surrogate, backend=opts.backend
+        )
     else:
         # spikefuse's per-channel decay is a learnable parameter; NIR's time constants are fixed: freeze it.
-        neuron = LIF(threshold=threshold, v_reset=0.0, surrogate=opts.surrogate, backend=opts.backend,
-                     learnable_decay=True, channels=decay.size)
+        neuron = LIF(
+            threshold=threshold,
+            v_reset=0.0,
+            surrogate=opts.surrogate,
+            backend=opts.backend,
+            learnable_decay=True,
+            channels=decay.size,
+        )
         neuron.decay.data = torch.as_tensor(decay, dtype=torch.float32)
         neuron.decay.requires_grad_(False)
     return _after_scale(opts.dt * r / _array(node.tau), neuron)
@@ -177,32 +200,49 @@ def _cuba_lif(what: str, node: nir.CubaLIF, opts: _Options) -> nn.Module:
     v_reset = _uniform(what, "v_reset", node.v_reset)
     if _uniform(what, "v_leak", node.v_leak) != 0:
         raise ValueError(f"{what}: v_leak must be 0: spikefuse's CubaLIF starts from and leaks toward 0")
-    fields = {"tau_syn": _array(node.tau_syn), "tau_mem": _array(node.tau_mem), "r": _array(node.r),
-              "w_in": _array(node.w_in), "v_leak": _array(node.v_leak), "v_threshold": _array(node.v_threshold),
-              "v_reset": _array(node.v_reset)}  # fmt: skip
+    fields = {
+        "tau_syn": _array(node.tau_syn),
+        "tau_mem": _array(node.tau_mem),
+        "r": _array(node.r),
+        "w_in": _array(node.w_in),
+        "v_leak": _array(node.v_leak),
+        "v_threshold": _array(node.v_threshold),
+        "v_reset": _array(node.v_reset),
+    }
 
     def f32(a):
         return torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=torch.float32).reshape(-1)
 
     if opts.lif_form == "euler":
-        params = {"a_syn": euler_coefficient(tau_syn, opts.dt).reshape(-1),
-                  "a_mem": euler_coefficient(tau_mem, opts.dt).reshape(-1),
-                  "w_in": _uniform(what, "w_in", node.w_in), "r": _uniform(what, "r", node.r), "v_leak": 0.0,
-                  "v_threshold": threshold, "v_reset": v_reset}  # fmt: skip
+        params = {
+            "a_syn": euler_coefficient(tau_syn, opts.dt).reshape(-1),
+            "a_mem": euler_coefficient(tau_mem, opts.dt).reshape(-1),
+            "w_in": _uniform(what, "w_in", node.w_in),
+            "r": _uniform(what, "r", node.r),
+            "v_leak": 0.0,
+            "v_threshold": threshold,
+            "v_reset": v_reset,
+        }
         return CubaLIFNode(CUBA_LIF_EULER, params, fields, opts.dt, None, opts.surrogate, opts.backend)
     if v_reset != 0:
-        raise ValueError(f"{what}: v_reset must be 0 for lif_form='decay' (its reset zeroes the membrane); "
-                         "lif_form='euler' resets to any v_reset")  # fmt: skip
+        raise ValueError(
+            f"{what}: v_reset must be 0 for lif_form='decay' (its reset zeroes the membrane); "
+            "lif_form='euler' resets to any v_reset"
+        )
     membrane_scale = (_array(node.r) * opts.dt / _array(node.tau_mem)).astype(np.float32)
     if np.any(membrane_scale != 1):
-        raise ValueError(f"{what}: lif_form='decay' needs r = tau_mem/dt (the current enters the membrane unscaled, "
-                         f"as snnTorch and spikefuse export it), got r*dt/tau_mem = {membrane_scale.reshape(-1)[:4]}; "
-                         "lif_form='euler' takes any r")  # fmt: skip
-    input_scale = _uniform(what, "w_in*dt/tau_syn",
-                           (_array(node.w_in) * opts.dt / _array(node.tau_syn)).astype(np.float32))  # fmt: skip
+        raise ValueError(
+            f"{what}: lif_form='decay' needs r = tau_mem/dt (the current enters the membrane unscaled, "
+            f"as snnTorch and spikefuse export it), got r*dt/tau_mem = {membrane_scale.reshape(-1)[:4]}; "
+            "lif_form='euler' takes any r"
+        )
+    input_scale = _uniform(
+        what, "w_in*dt/tau_syn", (_array(node.w_in) * opts.dt / _array(node.tau_syn)).astype(np.float32)
+    )
     params = {"alpha": f32(1 - opts.dt / tau_syn), "beta": f32(1 - opts.dt / tau_mem), "threshold": threshold}
-    return CubaLIFNode(CUBA_LIF_HARD, params, fields, opts.dt, None if input_scale == 1 else input_scale,
-                       opts.surrogate, opts.backend)  # fmt: skip
+    return CubaLIFNode(
+        CUBA_LIF_HARD, params, fields, opts.dt, None if input_scale == 1 else input_scale, opts.surrogate, opts.backend
+    )
 
 
 def _recurrent(what: str, node, w_rec, opts: _Options) -> nn.Module:
@@ -232,8 +272,9 @@ def _recurrent(what: str, node, w_rec, opts: _Options) -> nn.Module:
             scale = r
         else:
             if np.any(_array(node.v_leak) != 0) or v_reset != 0:
-                raise ValueError(f"{what}: lif_form='decay' needs v_leak = v_reset = 0; lif_form='euler' takes "
-                                 "v_reset = v_leak")  # fmt: skip
+                raise ValueError(
+                    f"{what}: lif_form='decay' needs v_leak = v_reset = 0; lif_form='euler' takes v_reset = v_leak"
+                )
             model = LIF_MODELS[("paper", "hard")]
             params = {"decay": per_neuron(1 - opts.dt / tau), "threshold": threshold, "v_reset": 0.0}
             scale = opts.dt * r / tau
@@ -245,12 +286,21 @@ def _recurrent(what: str, node, w_rec, opts: _Options) -> nn.Module:
         else:
             scale = np.float64(1.0 if cuba.input_scale is None else cuba.input_scale)
     else:
-        raise ValueError(f"{what}: a recurrent connection feeds a {type(node).__name__}; spikefuse's recurrent layers "
-                         "take LIF and CubaLIF neurons")  # fmt: skip
+        raise ValueError(
+            f"{what}: a recurrent connection feeds a {type(node).__name__}; spikefuse's recurrent layers "
+            "take LIF and CubaLIF neurons"
+        )
     scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), (hidden,)).astype(np.float32)
     diagonal = torch.equal(weight, torch.diag(torch.diagonal(weight)))
-    layer = Recurrent(model, hidden, all_to_all=not diagonal, bias=bias is not None, surrogate=opts.surrogate,
-                      backend=opts.backend, **params)  # fmt: skip
+    layer = Recurrent(
+        model,
+        hidden,
+        all_to_all=not diagonal,
+        bias=bias is not None,
+        surrogate=opts.surrogate,
+        backend=opts.backend,
+        **params,
+    )
     factor = torch.as_tensor(scale)
     weight = torch.diagonal(weight) if diagonal else weight
     with torch.no_grad():
@@ -302,9 +352,14 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         weight = _weight(node.weight)
         groups = int(node.groups)
         layer = (nn.Conv1d if d == 1 else nn.Conv2d)(
-            weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
-            stride=_ints(node.stride, d, what, "stride"), padding=_padding(node.padding, d, what),
-            dilation=_ints(node.dilation, d, what, "dilation"), groups=groups, bias=node.bias is not None,
+            weight.shape[1] * groups,
+            weight.shape[0],
+            tuple(weight.shape[2:]),
+            stride=_ints(node.stride, d, what, "stride"),
+            padding=_padding(node.padding, d, what),
+            dilation=_ints(node.dilation, d, what, "dilation"),
+            groups=groups,
+            bias=node.bias is not None,
         )
         layer.weight.data = weight
         if node.bias is not None:
@@ -334,8 +389,14 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
     if isinstance(node, nir.I):
         return Integrator(_array(node.r))
     if isinstance(node, nir.CubaLI):
-        return CubaLeakyIntegrator(_positive(what, "tau_syn", node.tau_syn), _positive(what, "tau_mem", node.tau_mem),
-                                   _array(node.r), _array(node.v_leak), _array(node.w_in), opts.dt)  # fmt: skip
+        return CubaLeakyIntegrator(
+            _positive(what, "tau_syn", node.tau_syn),
+            _positive(what, "tau_mem", node.tau_mem),
+            _array(node.r),
+            _array(node.v_leak),
+            _array(node.w_in),
+            opts.dt,
+        )
     if isinstance(node, nir.LI):
         return LeakyIntegrator(_positive(what, "tau", node.tau), _array(node.r), _array(node.v_leak), opts.dt)
     if isinstance(node, nir.IF):
@@ -408,8 +469,9 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
         what = f"node {name!r} ({type(graph.nodes[name]).__name__})"
         return _in_form(what, lambda o: _recurrent(what, graph.nodes[name], graph.nodes[recurrent[name]], o), opts)
 
-    layers = {name: recurrent_layer(name) if name in recurrent else _module(name, graph.nodes[name], opts)
-              for name in order}  # fmt: skip
+    layers = {
+        name: recurrent_layer(name) if name in recurrent else _module(name, graph.nodes[name], opts) for name in order
+    }
     return NIRNetwork(layers, sources, order, input_name, output_name)
 
 
@@ -433,13 +495,17 @@ def check_file(path) -> None:
         if not isinstance(item, h5py.Dataset):
             return
         if item.is_virtual or item.external:
-            raise ValueError(f"NIR file {path}: dataset {name!r} is stored outside the file "
-                             f"({'virtual' if item.is_virtual else 'external'} storage), which would read other "
-                             "files: refused")  # fmt: skip
+            raise ValueError(
+                f"NIR file {path}: dataset {name!r} is stored outside the file "
+                f"({'virtual' if item.is_virtual else 'external'} storage), which would read other "
+                "files: refused"
+            )
         declared += int(item.size) * item.dtype.itemsize
         if declared > budget:
-            raise ValueError(f"NIR file {path}: its datasets declare more than {budget} bytes (at {name!r}), "
-                             f"{MAX_EXPANSION} times the file's {path.stat().st_size} bytes: refused")  # fmt: skip
+            raise ValueError(
+                f"NIR file {path}: its datasets declare more than {budget} bytes (at {name!r}), "
+                f"{MAX_EXPANSION} times the file's {path.stat().st_size} bytes: refused"
+            )
 
     try:
         with h5py.File(path, "r") as f:

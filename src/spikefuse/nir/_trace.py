@@ -19,8 +19,14 @@ from torch.overrides import TorchFunctionMode
 
 INPUT, OUTPUT = "input", "output"
 
-_ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.add_,
-         torch.Tensor.__iadd__}
+_ADDS = {
+    torch.add,
+    torch.Tensor.add,
+    torch.Tensor.__add__,
+    torch.Tensor.__radd__,
+    torch.Tensor.add_,
+    torch.Tensor.__iadd__,
+}
 
 
 def _tensors(value):

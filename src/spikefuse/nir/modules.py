@@ -22,7 +22,16 @@ from ..functional import run_lif
 from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
 from ..surrogate import Sigmoid, resolve
 
-__all__ = ["Scale", "Threshold", "SumPool2d", "LeakyIntegrator", "Integrator", "EulerLIF", "CubaLIFNode", "CubaLeakyIntegrator"]
+__all__ = [
+    "Scale",
+    "Threshold",
+    "SumPool2d",
+    "LeakyIntegrator",
+    "Integrator",
+    "EulerLIF",
+    "CubaLIFNode",
+    "CubaLeakyIntegrator",
+]
 
 
 def _float32(values) -> torch.Tensor:
@@ -231,8 +240,9 @@ class CubaLIFNode(nn.Module):
     (None: not scaled). ``fields`` keeps the NIR node's parameters, so that :func:`spikefuse.nir.export` writes the
     same node back; :func:`spikefuse.nir.load` builds it (see there for the mapping)."""
 
-    def __init__(self, model, params: dict, fields: dict, dt: float, input_scale=None, surrogate=Sigmoid(4.0),
-                 backend="auto"):  # fmt: skip
+    def __init__(
+        self, model, params: dict, fields: dict, dt: float, input_scale=None, surrogate=Sigmoid(4.0), backend="auto"
+    ):
         super().__init__()
         self.model, self.fields, self.dt = model, {k: _float64(v) for k, v in fields.items()}, float(dt)
         self.surrogate, self.backend = resolve(surrogate), backend
@@ -253,5 +263,3 @@ class CubaLIFNode(nn.Module):
 
     def extra_repr(self) -> str:
         return f"model={self.model.name}, dt={self.dt}, surrogate={self.surrogate}, backend={self.backend!r}"
-
-

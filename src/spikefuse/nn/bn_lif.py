@@ -39,8 +39,15 @@ def batchnorm_call_args(bn: _NormBase) -> tuple:
     factor = running_average_factor(bn)
     bn_training = bn.training or (bn.running_mean is None and bn.running_var is None)
     track = not bn.training or bn.track_running_stats
-    return (bn.running_mean if track else None, bn.running_var if track else None, bn.weight, bn.bias, bn_training,
-            factor, bn.eps)  # fmt: skip
+    return (
+        bn.running_mean if track else None,
+        bn.running_var if track else None,
+        bn.weight,
+        bn.bias,
+        bn_training,
+        factor,
+        bn.eps,
+    )
 
 
 class _BatchNormLIF(_LIFModuleOptions, _NormBase):
@@ -97,9 +104,12 @@ class _BatchNormLIF(_LIFModuleOptions, _NormBase):
         if residual_binary and residual is not None and debug_enabled():
             check_binary(self, residual, "residual")
         spikes, state = batchnorm_lif(
-            x, *self._batchnorm_args(), residual=residual, residual_binary=residual_binary,
+            x,
+            *self._batchnorm_args(),
+            residual=residual,
+            residual_binary=residual_binary,
             **self._neuron_call_kwargs(x),
-        )  # fmt: skip
+        )
         if self.stateful:
             self.state = state.detach()
         return spikes
@@ -139,15 +149,19 @@ class ConvBatchNormLIF(torch.nn.Module):
         if not isinstance(conv, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
             raise TypeError(f"conv must be an nn.Conv1d, Conv2d or Conv3d, got {type(conv).__name__}")
         if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-            raise ValueError(f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
-                             f"padding_mode={conv.padding_mode!r}")  # fmt: skip
+            raise ValueError(
+                f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
+                f"padding_mode={conv.padding_mode!r}"
+            )
         if not isinstance(bn_lif, _BatchNormLIF):
             raise TypeError(f"bn_lif must be a BatchNormLIF1d or BatchNormLIF2d, got {type(bn_lif).__name__}")
         if bn_lif.num_features != conv.out_channels:
             raise ValueError(f"bn_lif has {bn_lif.num_features} channels but conv gives {conv.out_channels}")
         if bn_lif.stateful:
-            raise ValueError("a stateful BatchNormLIF keeps its state between calls; ConvBatchNormLIF starts every "
-                             "call from the reset value: use the two modules in sequence")  # fmt: skip
+            raise ValueError(
+                "a stateful BatchNormLIF keeps its state between calls; ConvBatchNormLIF starts every "
+                "call from the reset value: use the two modules in sequence"
+            )
         self.conv = conv
         self.bn_lif = bn_lif
         self.training = bn_lif.training
@@ -157,8 +171,9 @@ class ConvBatchNormLIF(torch.nn.Module):
         neuron = self.bn_lif._neuron_call_kwargs(x)
         for key in ("v_init", "return_state"):
             del neuron[key]
-        return conv_batchnorm_lif(x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups,
-                                  *self.bn_lif._batchnorm_args(), **neuron)  # fmt: skip
+        return conv_batchnorm_lif(
+            x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups, *self.bn_lif._batchnorm_args(), **neuron
+        )
 
 
 class BatchNormNeuron(torch.nn.Module):
@@ -174,8 +189,9 @@ class BatchNormNeuron(torch.nn.Module):
         if not isinstance(bn, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
             raise TypeError(f"bn must be an nn.BatchNorm1d or BatchNorm2d, got {type(bn).__name__}")
         if not isinstance(neuron, EngineNeuron):
-            raise TypeError(f"neuron must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got "
-                            f"{type(neuron).__name__}")  # fmt: skip
+            raise TypeError(
+                f"neuron must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got {type(neuron).__name__}"
+            )
         self.bn = bn
         self.neuron = neuron
 
@@ -184,12 +200,20 @@ class BatchNormNeuron(torch.nn.Module):
     ) -> torch.Tensor:
         ndims = (BatchNormLIF2d if isinstance(self.bn, torch.nn.BatchNorm2d) else BatchNormLIF1d)._ndims
         if x.dim() not in ndims:
-            raise ValueError(f"{type(self).__name__} with {type(self.bn).__name__} expects multi-step input "
-                             f"[T, B, C, ...] of {' or '.join(map(str, ndims))} dims, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{type(self).__name__} with {type(self.bn).__name__} expects multi-step input "
+                f"[T, B, C, ...] of {' or '.join(map(str, ndims))} dims, got shape {tuple(x.shape)}"
+            )
         if residual_binary and residual is not None and debug_enabled():
             check_binary(self, residual, "residual")
-        spikes, final = batchnorm_neuron(x, *batchnorm_call_args(self.bn), model=self.neuron.model,
-                                         return_state=True, residual=residual, residual_binary=residual_binary,
-                                         **self.neuron.call_arguments(x))  # fmt: skip
+        spikes, final = batchnorm_neuron(
+            x,
+            *batchnorm_call_args(self.bn),
+            model=self.neuron.model,
+            return_state=True,
+            residual=residual,
+            residual_binary=residual_binary,
+            **self.neuron.call_arguments(x),
+        )
         self.neuron.keep_state(final)
         return spikes

@@ -39,9 +39,19 @@ class EngineNeuron(nn.Module):
     #: Parameters that must lie in [0, 1] (decays), checked at construction and, when learnable, at every call.
     unit_interval: tuple[str, ...] = ()
 
-    def __init__(self, model: NeuronModel, *, surrogate="atan", detach_reset: bool = False, learnable=(),
-                 channels: int | None = None, stateful: bool = False, backend: str = "auto", memory: str = "recompute",
-                 **params):  # fmt: skip
+    def __init__(
+        self,
+        model: NeuronModel,
+        *,
+        surrogate="atan",
+        detach_reset: bool = False,
+        learnable=(),
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "recompute",
+        **params,
+    ):
         super().__init__()
         if not isinstance(model, NeuronModel):
             raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
@@ -56,12 +66,17 @@ class EngineNeuron(nn.Module):
         learnable = tuple(learnable)
         unknown = (set(params) | set(learnable)) - set(model.params)
         if unknown:
-            raise TypeError(f"{type(self).__name__}: no parameter {sorted(unknown)[0]!r}; the parameters of "
-                            f"{model.name}: {', '.join(model.params)}")  # fmt: skip
-        if channels is not None and (not learnable or isinstance(channels, bool) or not isinstance(channels, int)
-                                     or channels < 1):  # fmt: skip
-            raise ValueError(f"channels sets the size of learnable per-channel parameters: a positive int with "
-                             f"learnable=..., got channels={channels!r}, learnable={learnable}")  # fmt: skip
+            raise TypeError(
+                f"{type(self).__name__}: no parameter {sorted(unknown)[0]!r}; the parameters of "
+                f"{model.name}: {', '.join(model.params)}"
+            )
+        if channels is not None and (
+            not learnable or isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
+        ):
+            raise ValueError(
+                f"channels sets the size of learnable per-channel parameters: a positive int with "
+                f"learnable=..., got channels={channels!r}, learnable={learnable}"
+            )
         values = {**dict(model.defaults), **params}
         for name in model.params:
             if name not in values:
@@ -104,10 +119,13 @@ class EngineNeuron(nn.Module):
                 check_decay(params[name], name)
         state = self.state if self.stateful else None
         if state is not None and state[0].shape != x.shape[1:]:
-            raise ValueError(f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
-                             f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape")  # fmt: skip
-        return dict(surrogate=self.surrogate, detach_reset=self.detach_reset, state=state, backend=self.backend,
-                    **params)  # fmt: skip
+            raise ValueError(
+                f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
+                f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape"
+            )
+        return dict(
+            surrogate=self.surrogate, detach_reset=self.detach_reset, state=state, backend=self.backend, **params
+        )
 
     def keep_state(self, final: tuple) -> None:
         """Keep the final states of a call (a stateful layer), detached."""
@@ -116,13 +134,17 @@ class EngineNeuron(nn.Module):
 
     def extra_repr(self) -> str:
         params = ", ".join(
-            f"{p}={getattr(self, p)}" if isinstance(getattr(self, p), float)
-            else f"{p}=learnable{tuple(getattr(self, p).shape)}" if isinstance(getattr(self, p), nn.Parameter)
+            f"{p}={getattr(self, p)}"
+            if isinstance(getattr(self, p), float)
+            else f"{p}=learnable{tuple(getattr(self, p).shape)}"
+            if isinstance(getattr(self, p), nn.Parameter)
             else f"{p}=fixed{tuple(getattr(self, p).shape)}"
             for p in self.model.params
-        )  # fmt: skip
-        return (f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
-                f"backend={self.backend!r}, memory={self.memory!r}")  # fmt: skip
+        )
+        return (
+            f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
+            f"backend={self.backend!r}, memory={self.memory!r}"
+        )
 
 
 class CubaLIF(EngineNeuron):
@@ -134,17 +156,38 @@ class CubaLIF(EngineNeuron):
 
     unit_interval = ("alpha", "beta")
 
-    def __init__(self, alpha: float, beta: float, threshold: float = 1.0, reset: str = "subtract",
-                 surrogate=ATan(2.0), detach_reset: bool = False, learnable=(), channels: int | None = None,
-                 stateful: bool = False, backend: str = "auto", memory: str = "recompute"):  # fmt: skip
+    def __init__(
+        self,
+        alpha: float,
+        beta: float,
+        threshold: float = 1.0,
+        reset: str = "subtract",
+        surrogate=ATan(2.0),
+        detach_reset: bool = False,
+        learnable=(),
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "recompute",
+    ):
         if reset not in CUBA_LIF_MODELS:
             raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
         if not (isinstance(threshold, numbers.Real) and threshold > 0):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         self.reset = reset
-        super().__init__(CUBA_LIF_MODELS[reset], surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
-                         channels=channels, stateful=stateful, backend=backend, memory=memory, alpha=alpha,
-                         beta=beta, threshold=threshold)  # fmt: skip
+        super().__init__(
+            CUBA_LIF_MODELS[reset],
+            surrogate=surrogate,
+            detach_reset=detach_reset,
+            learnable=learnable,
+            channels=channels,
+            stateful=stateful,
+            backend=backend,
+            memory=memory,
+            alpha=alpha,
+            beta=beta,
+            threshold=threshold,
+        )
 
 
 class ALIF(EngineNeuron):
@@ -154,11 +197,33 @@ class ALIF(EngineNeuron):
 
     unit_interval = ("decay", "rho")
 
-    def __init__(self, decay: float, rho: float, b0: float = 1.0, beta: float = 1.8, surrogate=Sigmoid(4.0),
-                 detach_reset: bool = False, learnable=(), channels: int | None = None, stateful: bool = False,
-                 backend: str = "auto", memory: str = "recompute"):  # fmt: skip
+    def __init__(
+        self,
+        decay: float,
+        rho: float,
+        b0: float = 1.0,
+        beta: float = 1.8,
+        surrogate=Sigmoid(4.0),
+        detach_reset: bool = False,
+        learnable=(),
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "recompute",
+    ):
         if not (isinstance(b0, numbers.Real) and b0 > 0):
             raise ValueError(f"b0 (the baseline threshold) must be a positive number, got {b0!r}")
-        super().__init__(ALIF_MODEL, surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
-                         channels=channels, stateful=stateful, backend=backend, memory=memory, decay=decay, rho=rho,
-                         b0=b0, beta=beta)  # fmt: skip
+        super().__init__(
+            ALIF_MODEL,
+            surrogate=surrogate,
+            detach_reset=detach_reset,
+            learnable=learnable,
+            channels=channels,
+            stateful=stateful,
+            backend=backend,
+            memory=memory,
+            decay=decay,
+            rho=rho,
+            b0=b0,
+            beta=beta,
+        )

@@ -65,8 +65,17 @@ from .spike_layers import (
     SpikeMaxPool3d,
 )
 
-__all__ = ["to_lean", "ShapeOnlyAvgPool2d", "spike_layer_from", "spike_max_pool_from", "batchnorm_lif_from",
-           "fused_batchnorm_from", "conv_batchnorm_lif_from", "LEAN_COUNTS", "RECOMPUTE_MAX_MACS"]
+__all__ = [
+    "to_lean",
+    "ShapeOnlyAvgPool2d",
+    "spike_layer_from",
+    "spike_max_pool_from",
+    "batchnorm_lif_from",
+    "fused_batchnorm_from",
+    "conv_batchnorm_lif_from",
+    "LEAN_COUNTS",
+    "RECOMPUTE_MAX_MACS",
+]
 
 #: The keys of the report :func:`to_lean` returns.
 LEAN_COUNTS = ("bn_lif", "bn_add_lif", "conv_bn_lif", "spike_layers", "recompute_neurons", "pools")
@@ -103,8 +112,17 @@ def spike_layer_from(layer: nn.Module) -> nn.Module | None:
     if cls is SpikeLinear:
         new = SpikeLinear(m.in_features, m.out_features, m.bias is not None)
     else:
-        new = cls(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
-                  m.bias is not None, m.padding_mode)  # fmt: skip
+        new = cls(
+            m.in_channels,
+            m.out_channels,
+            m.kernel_size,
+            m.stride,
+            m.padding,
+            m.dilation,
+            m.groups,
+            m.bias is not None,
+            m.padding_mode,
+        )
     _like(new, m).load_state_dict(m.state_dict())
     return new
 
@@ -129,10 +147,22 @@ def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None
     learnable = isinstance(neuron.decay, nn.Parameter)
     decay = float(neuron.decay.detach().flatten()[0]) if learnable else neuron.decay
     channels = neuron.decay.numel() if learnable and neuron.decay.dim() == 1 else None
-    new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, decay=decay,
-              threshold=neuron.threshold, v_reset=neuron.v_reset, surrogate=neuron.surrogate,
-              detach_reset=neuron.detach_reset, learnable_decay=learnable, channels=channels,
-              stateful=neuron.stateful, backend=neuron.backend)  # fmt: skip
+    new = cls(
+        bn.num_features,
+        bn.eps,
+        bn.momentum,
+        bn.affine,
+        bn.track_running_stats,
+        decay=decay,
+        threshold=neuron.threshold,
+        v_reset=neuron.v_reset,
+        surrogate=neuron.surrogate,
+        detach_reset=neuron.detach_reset,
+        learnable_decay=learnable,
+        channels=channels,
+        stateful=neuron.stateful,
+        backend=neuron.backend,
+    )
     _like(new, bn).load_state_dict(bn.state_dict(), strict=False)
     if learnable:
         new.decay = nn.Parameter(neuron.decay.detach().clone(), requires_grad=neuron.decay.requires_grad)
@@ -186,8 +216,15 @@ class ShapeOnlyAvgPool2d(nn.AvgPool2d):
         def pair(v):
             return [v, v] if isinstance(v, int) else list(v)
 
-        return _ShapeOnlyAvgPool.apply(x, pair(self.kernel_size), pair(self.stride), pair(self.padding),
-                                       self.ceil_mode, self.count_include_pad, self.divisor_override)  # fmt: skip
+        return _ShapeOnlyAvgPool.apply(
+            x,
+            pair(self.kernel_size),
+            pair(self.stride),
+            pair(self.padding),
+            self.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+        )
 
 
 #: The modules whose output is spikes.
@@ -228,8 +265,9 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
     for m in items:
         if isinstance(m, SeqToBatch) and type(m.module) is nn.AvgPool2d:
             p = m.module
-            m.module = ShapeOnlyAvgPool2d(p.kernel_size, p.stride, p.padding, p.ceil_mode, p.count_include_pad,
-                                          p.divisor_override)  # fmt: skip
+            m.module = ShapeOnlyAvgPool2d(
+                p.kernel_size, p.stride, p.padding, p.ceil_mode, p.count_include_pad, p.divisor_override
+            )
             counts["pools"] += 1
 
 

@@ -79,8 +79,18 @@ class _LIFModuleOptions:
     :meth:`_set_neuron_options` after ``nn.Module.__init__``."""
 
     def _set_neuron_options(
-        self, decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
-        device=None, memory="potential",
+        self,
+        decay,
+        threshold,
+        v_reset,
+        surrogate,
+        detach_reset,
+        learnable_decay,
+        channels,
+        stateful,
+        backend,
+        device=None,
+        memory="potential",
     ) -> None:
         # Checked where the options are set, so a bad option fails at construction, not at the first call.
         options = LIFOptions(decay, threshold, v_reset, surrogate, detach_reset, backend, memory)
@@ -168,7 +178,15 @@ class LIF(_LIFModuleOptions, nn.Module):
     ):
         super().__init__()
         self._set_neuron_options(
-            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend,
+            decay,
+            threshold,
+            v_reset,
+            surrogate,
+            detach_reset,
+            learnable_decay,
+            channels,
+            stateful,
+            backend,
             memory=memory,
         )
         self.memory = memory

@@ -35,13 +35,35 @@ class Recurrent(EngineNeuron):
             states the backward reads are kept).
     """
 
-    def __init__(self, model: NeuronModel, hidden_size: int, *, all_to_all: bool = True, bias: bool = True,
-                 surrogate="atan", detach_reset: bool = False, learnable=(), channels: int | None = None,
-                 stateful: bool = False, backend: str = "auto", memory: str = "recompute", **params):  # fmt: skip
+    def __init__(
+        self,
+        model: NeuronModel,
+        hidden_size: int,
+        *,
+        all_to_all: bool = True,
+        bias: bool = True,
+        surrogate="atan",
+        detach_reset: bool = False,
+        learnable=(),
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "recompute",
+        **params,
+    ):
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
-        super().__init__(model, surrogate=surrogate, detach_reset=detach_reset, learnable=learnable,
-                         channels=channels, stateful=stateful, backend=backend, memory=memory, **params)  # fmt: skip
+        super().__init__(
+            model,
+            surrogate=surrogate,
+            detach_reset=detach_reset,
+            learnable=learnable,
+            channels=channels,
+            stateful=stateful,
+            backend=backend,
+            memory=memory,
+            **params,
+        )
         self.hidden_size = int(hidden_size)
         self.all_to_all = bool(all_to_all)
         if self.all_to_all:
@@ -58,8 +80,9 @@ class Recurrent(EngineNeuron):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 3 or x.shape[2] != self.hidden_size:
-            raise ValueError(f"{type(self).__name__} takes input currents [T, B, {self.hidden_size}], got "
-                             f"{tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__} takes input currents [T, B, {self.hidden_size}], got {tuple(x.shape)}"
+            )
         weight, bias = self.recurrent_weights()
         arguments = self.call_arguments(x)
         spikes, final = recurrent(x, self.model, weight, bias, return_state=True, memory=self.memory, **arguments)
@@ -77,8 +100,16 @@ class RecurrentLIF(Recurrent):
 
     unit_interval = ("decay",)
 
-    def __init__(self, hidden_size: int, decay: float, threshold: float = 1.0, v_reset: float | None = 0.0, *,
-                 surrogate=Sigmoid(4.0), **options):  # fmt: skip
+    def __init__(
+        self,
+        hidden_size: int,
+        decay: float,
+        threshold: float = 1.0,
+        v_reset: float | None = 0.0,
+        *,
+        surrogate=Sigmoid(4.0),
+        **options,
+    ):
         if not (isinstance(threshold, numbers.Real) and threshold > 0):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         model = LIF_MODELS[("paper", "soft" if v_reset is None else "hard")]
@@ -92,13 +123,29 @@ class RecurrentCubaLIF(Recurrent):
 
     unit_interval = CubaLIF.unit_interval
 
-    def __init__(self, hidden_size: int, alpha: float, beta: float, threshold: float = 1.0, reset: str = "subtract",
-                 *, surrogate=ATan(2.0), **options):  # fmt: skip
+    def __init__(
+        self,
+        hidden_size: int,
+        alpha: float,
+        beta: float,
+        threshold: float = 1.0,
+        reset: str = "subtract",
+        *,
+        surrogate=ATan(2.0),
+        **options,
+    ):
         if reset not in CUBA_LIF_MODELS:
             raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
         self.reset = reset
-        super().__init__(CUBA_LIF_MODELS[reset], hidden_size, surrogate=surrogate, alpha=alpha, beta=beta,
-                         threshold=threshold, **options)  # fmt: skip
+        super().__init__(
+            CUBA_LIF_MODELS[reset],
+            hidden_size,
+            surrogate=surrogate,
+            alpha=alpha,
+            beta=beta,
+            threshold=threshold,
+            **options,
+        )
 
 
 class RecurrentALIF(Recurrent):
@@ -107,7 +154,17 @@ class RecurrentALIF(Recurrent):
 
     unit_interval = ALIF.unit_interval
 
-    def __init__(self, hidden_size: int, decay: float, rho: float, b0: float = 1.0, beta: float = 1.8, *,
-                 surrogate=Sigmoid(4.0), **options):  # fmt: skip
-        super().__init__(ALIF_MODEL, hidden_size, surrogate=surrogate, decay=decay, rho=rho, b0=b0, beta=beta,
-                         **options)  # fmt: skip
+    def __init__(
+        self,
+        hidden_size: int,
+        decay: float,
+        rho: float,
+        b0: float = 1.0,
+        beta: float = 1.8,
+        *,
+        surrogate=Sigmoid(4.0),
+        **options,
+    ):
+        super().__init__(
+            ALIF_MODEL, hidden_size, surrogate=surrogate, decay=decay, rho=rho, b0=b0, beta=beta, **options
+        )

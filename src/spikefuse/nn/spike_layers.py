@@ -33,8 +33,17 @@ from ..ops import bitpack, maxpool_cpu
 from ..ops.common import refuse_double_backward
 from ..ops.bitpack import pack, unpack
 
-__all__ = ["SpikeLinear", "SpikeConv1d", "SpikeConv2d", "SpikeConv3d", "SpikeMaxPool1d", "SpikeMaxPool2d",
-           "SpikeMaxPool3d", "set_debug", "debug_enabled"]
+__all__ = [
+    "SpikeLinear",
+    "SpikeConv1d",
+    "SpikeConv2d",
+    "SpikeConv3d",
+    "SpikeMaxPool1d",
+    "SpikeMaxPool2d",
+    "SpikeMaxPool3d",
+    "set_debug",
+    "debug_enabled",
+]
 
 
 def _env_flag(name: str) -> bool:
@@ -137,8 +146,10 @@ class _SpikeLinearFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
         # silently giving no second-order terms
-        refuse_double_backward("SpikeLinear", "the layer keeps its input as bits; use torch.nn.Linear where a gradient of the "
-                               "gradient is needed")
+        refuse_double_backward(
+            "SpikeLinear",
+            "the layer keeps its input as bits; use torch.nn.Linear where a gradient of the gradient is needed",
+        )
         packed, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
@@ -192,8 +203,10 @@ class _SpikeConvFn(torch.autograd.Function):
             packed, shape, dtype, perm = _pack_saved(x)
             saved[0] = packed
         else:
-            x_cl = not x.is_contiguous() and x.dim() in (4, 5) and x.is_contiguous(
-                memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            x_cl = (
+                not x.is_contiguous()
+                and x.dim() in (4, 5)
+                and x.is_contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
             )
             perm = ((0, 2, 3, 1) if x.dim() == 4 else (0, 2, 3, 4, 1)) if x_cl else None
             shape = x.permute(perm).shape if perm else x.shape
@@ -207,8 +220,10 @@ class _SpikeConvFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
         # silently giving no second-order terms
-        refuse_double_backward("SpikeConv1d/2d/3d", "the layer keeps its input as bits; use torch.nn.Conv1d/2d/3d where a gradient of the "
-                               "gradient is needed")
+        refuse_double_backward(
+            "SpikeConv1d/2d/3d",
+            "the layer keeps its input as bits; use torch.nn.Conv1d/2d/3d where a gradient of the gradient is needed",
+        )
         packed, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         stride, padding, dilation, groups, pre_pad, pre_mode, has_bias = ctx.conv
@@ -220,7 +235,16 @@ class _SpikeConvFn(torch.autograd.Function):
         xp = F.pad(x, pre_pad, mode=pre_mode) if pre_pad is not None else x
         bias_sizes = [weight.shape[0]] if has_bias else None
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad_y, xp, weight, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups,
+            grad_y,
+            xp,
+            weight,
+            bias_sizes,
+            stride,
+            padding,
+            dilation,
+            False,
+            [0] * len(stride),
+            groups,
             [need_x, need_w, need_b],
         )
         if need_x and pre_pad is not None:
@@ -277,6 +301,7 @@ class _SpikeConvNd:
 class SpikeConv1d(_SpikeConvNd, nn.Conv1d):
     """:class:`SpikeConv2d` in one dimension: :class:`torch.nn.Conv1d` on multi-step spikes ``[T, B, C, L]`` that
     saves its input for backward as bits; the input must be binary (0/1)."""
+
     forward = _SpikeConvNd.forward
 
 
@@ -291,12 +316,14 @@ class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
     With ``padding_mode`` other than ``'zeros'`` the padded input is made again in backward from the bits.
     See :mod:`spikefuse.nn.spike_layers`.
     """
+
     forward = _SpikeConvNd.forward
 
 
 class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
     """:class:`SpikeConv2d` in three dimensions: :class:`torch.nn.Conv3d` on multi-step spikes ``[T, B, C, D, H,
     W]`` that saves its input for backward as bits; the input must be binary (0/1)."""
+
     forward = _SpikeConvNd.forward
 
 
@@ -332,8 +359,11 @@ class _SpikeMaxPoolFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
         # silently giving no second-order terms
-        refuse_double_backward("SpikeMaxPool1d/2d/3d", "the layer keeps its input as bits; use torch.nn.MaxPool1d/2d/3d where a gradient of the "
-                               "gradient is needed")
+        refuse_double_backward(
+            "SpikeMaxPool1d/2d/3d",
+            "the layer keeps its input as bits; use torch.nn.MaxPool1d/2d/3d where a gradient of the "
+            "gradient is needed",
+        )
         (packed,) = ctx.saved_tensors
         if ctx.numba:
             shape = ctx.meta[0]
@@ -375,6 +405,7 @@ class _SpikeMaxPoolNd:
 
 class SpikeMaxPool1d(_SpikeMaxPoolNd, nn.MaxPool1d):
     """:class:`SpikeMaxPool2d` in one dimension (``[N, C, L]``): saves its binary input as bits and no indices."""
+
     _pool = staticmethod(F.max_pool1d)
     forward = _SpikeMaxPoolNd.forward
 
@@ -389,6 +420,7 @@ class SpikeMaxPool2d(_SpikeMaxPoolNd, nn.MaxPool2d):
     ``[N, C, H, W]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
     binary (0/1)**, as for :class:`SpikeConv2d`: checked only in debug mode.
     """
+
     _pool = staticmethod(F.max_pool2d)
     forward = _SpikeMaxPoolNd.forward
 
@@ -396,5 +428,6 @@ class SpikeMaxPool2d(_SpikeMaxPoolNd, nn.MaxPool2d):
 class SpikeMaxPool3d(_SpikeMaxPoolNd, nn.MaxPool3d):
     """:class:`SpikeMaxPool2d` in three dimensions (``[N, C, D, H, W]``): saves its binary input as bits and no
     indices."""
+
     _pool = staticmethod(F.max_pool3d)
     forward = _SpikeMaxPoolNd.forward

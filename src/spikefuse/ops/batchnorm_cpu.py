@@ -43,8 +43,18 @@ from ..threads import match_numba_threads
 from . import buffers
 from .numba_common import channel_row, fma, rows_apart, unpack_bits
 
-__all__ = ["Normalization", "affine_factors", "backward", "source_args", "source_factors", "source_row",
-           "source_tile", "statistics", "statistics_supported", "SUPPORTED_DTYPES"]
+__all__ = [
+    "Normalization",
+    "affine_factors",
+    "backward",
+    "source_args",
+    "source_factors",
+    "source_row",
+    "source_tile",
+    "statistics",
+    "statistics_supported",
+    "SUPPORTED_DTYPES",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -159,8 +169,9 @@ def _finish_statistics(mean, var_sum, n, momentum, eps, running_mean, running_va
             running_var[c] = F(np.float64(F(momentum)) * unbiased + np.float64(keep * running_var[c]))
 
 
-def statistics_supported(x: torch.Tensor, running_mean: torch.Tensor | None, weight: torch.Tensor | None,
-                         bias: torch.Tensor | None) -> bool:  # fmt: skip
+def statistics_supported(
+    x: torch.Tensor, running_mean: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> bool:
     """Whether :func:`statistics` (and the forward's fused normalization) takes this training-mode BatchNorm: float32
     CPU input ``[B', C, ...]`` of more than one element per sample and channel, parameters and running statistics
     float32 or None."""
@@ -171,8 +182,9 @@ def statistics_supported(x: torch.Tensor, running_mean: torch.Tensor | None, wei
     return all(t is None or t.dtype == torch.float32 for t in (running_mean, weight, bias))
 
 
-def statistics(x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float,
-               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+def statistics(
+    x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(mean, invstd, new running_mean, new running_var)`` of training-mode BatchNorm over contiguous ``x`` (see
     :func:`statistics_supported`): ``native_batch_norm``'s ``save_mean``/``save_invstd`` and its update of the running
     statistics bit for bit, the update made on copies (None without running statistics)."""
@@ -186,8 +198,17 @@ def statistics(x: torch.Tensor, running_mean: torch.Tensor | None, running_var: 
     has_running = running_mean is not None
     rm = running_mean.detach().clone() if has_running else mean.new_empty(channels)
     rv = running_var.detach().clone() if has_running else mean.new_empty(channels)
-    _finish_statistics(mean.numpy(), var_sum.numpy(), samples * size, float(momentum), float(eps), rm.numpy(),
-                       rv.numpy(), has_running, invstd.numpy())  # fmt: skip
+    _finish_statistics(
+        mean.numpy(),
+        var_sum.numpy(),
+        samples * size,
+        float(momentum),
+        float(eps),
+        rm.numpy(),
+        rv.numpy(),
+        has_running,
+        invstd.numpy(),
+    )
     return mean, invstd, (rm if has_running else None), (rv if has_running else None)
 
 
@@ -304,8 +325,13 @@ def _column_chunk_kernel(x, gy, mean, invstd, weight, has_weight, channels, size
         col_sum = np.zeros(width, x.dtype)
         col_dot = np.zeros(width, x.dtype)
         for i in range(samples):
-            _column_sums(x[i * row + j0 : i * row + j0 + width], gy[i * row + j0 : i * row + j0 + width], col_mean,
-                         col_sum, col_dot)  # fmt: skip
+            _column_sums(
+                x[i * row + j0 : i * row + j0 + width],
+                gy[i * row + j0 : i * row + j0 + width],
+                col_mean,
+                col_sum,
+                col_dot,
+            )
         k = np.empty(cn, x.dtype)
         gm = np.empty(cn, x.dtype)
         a = np.empty(cn, x.dtype)
@@ -369,8 +395,18 @@ def backward(
     if size >= _CHANNEL_LOOP_MIN_SIZE:
         _per_channel_kernel(xf, gyf, mean_np, *scale, channels, size, total.numpy(), dotp.numpy(), outf)
     else:
-        _column_chunk_kernel(xf, gyf, mean_np, *scale, channels, size, _channels_per_chunk(samples, channels, size,
-                             threads), total.numpy(), dotp.numpy(), outf)  # fmt: skip
+        _column_chunk_kernel(
+            xf,
+            gyf,
+            mean_np,
+            *scale,
+            channels,
+            size,
+            _channels_per_chunk(samples, channels, size, threads),
+            total.numpy(),
+            dotp.numpy(),
+            outf,
+        )
     if not (need_affine and weight is not None):
         return out, None, None
     return out, (dotp * inv).to(weight.dtype), total.to(weight.dtype)
@@ -412,9 +448,15 @@ def affine_factors(norm: Normalization, dtype: torch.dtype) -> tuple[np.ndarray,
     mean = _per_channel(norm.mean, dtype)
     alpha, beta = np.empty(mean.shape[0], mean.dtype), np.empty(mean.shape[0], mean.dtype)
     _affine_kernel(
-        mean, _per_channel(norm.invstd, dtype), _per_channel(norm.weight, dtype), _per_channel(norm.bias, dtype),
-        norm.weight is not None, norm.bias is not None, alpha, beta,
-    )  # fmt: skip
+        mean,
+        _per_channel(norm.invstd, dtype),
+        _per_channel(norm.weight, dtype),
+        _per_channel(norm.bias, dtype),
+        norm.weight is not None,
+        norm.bias is not None,
+        alpha,
+        beta,
+    )
     return alpha, beta
 
 

@@ -185,8 +185,13 @@ def _owner_of_all(x: torch.Tensor) -> torch.Tensor | None:
     if torch.compiler.is_compiling() or x.is_inference():
         return None
     owner = x if x._base is None else x._base
-    whole = (x.dtype == owner.dtype and x.numel() == owner.numel() and x.storage_offset() == owner.storage_offset()
-             and x.is_contiguous() and owner.is_contiguous())  # fmt: skip
+    whole = (
+        x.dtype == owner.dtype
+        and x.numel() == owner.numel()
+        and x.storage_offset() == owner.storage_offset()
+        and x.is_contiguous()
+        and owner.is_contiguous()
+    )
     return owner if whole else None
 
 
@@ -294,9 +299,7 @@ def _bench(shape=(32, 64, 128, 16, 16), p: float = 0.2, repeat: int = 5) -> dict
     packed, _ = pack(x)
     results["pack numba"] = best(lambda: _pack_cpu(x))
     results["pack torch"] = best(lambda: pack_torch(x))
-    results["pack numpy.packbits"] = best(
-        lambda: np.packbits(x.view(-1).numpy() != 0, bitorder="little")
-    )
+    results["pack numpy.packbits"] = best(lambda: np.packbits(x.view(-1).numpy() != 0, bitorder="little"))
     results["unpack numba"] = best(lambda: _unpack_cpu(packed, x.shape, x.dtype))
     results["unpack torch"] = best(lambda: unpack_torch(packed, x.shape, x.dtype))
     results["copy x (memory-bound floor)"] = best(lambda: x.clone())

@@ -66,6 +66,7 @@ def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
     flat = out.view(-1).view(view)
     if flat.numel():
         with device_guard(packed.device):
-            _unpack_kernel[(triton.cdiv(flat.numel(), _UNPACK_ELEMENTS),)](packed.contiguous(), flat, int(one),
-                                                                           flat.numel(), BLOCK=_UNPACK_ELEMENTS)
+            _unpack_kernel[(triton.cdiv(flat.numel(), _UNPACK_ELEMENTS),)](
+                packed.contiguous(), flat, int(one), flat.numel(), BLOCK=_UNPACK_ELEMENTS
+            )
     return out

@@ -71,8 +71,15 @@ from . import batchnorm_cpu, engine
 from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
-__all__ = ["EngineNeuron", "engine_neuron_key", "bn_neuron", "bn_lif", "bn_lif_backward_from_stats",
-           "bn_lif_forward", "bn_lif_backward"]
+__all__ = [
+    "EngineNeuron",
+    "engine_neuron_key",
+    "bn_neuron",
+    "bn_lif",
+    "bn_lif_backward_from_stats",
+    "bn_lif_forward",
+    "bn_lif_backward",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,25 +95,54 @@ class EngineNeuron:
     def name(self) -> str:
         return self.model.name
 
-    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list,
-                **input_kw) -> tuple[Tensor, list]:  # fmt: skip
+    def forward(
+        self, backend: str, y2: Tensor, params: list, inner: int, init: list, **input_kw
+    ) -> tuple[Tensor, list]:
         """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm`` and ``spike_bits``."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype
         kernels = engine.module(backend)
-        spikes, final, _ = kernels.forward(self.model, engine.stream(kernels, y2), params, inner, init, self.surrogate,
-                                           self.detach_reset, spike_dtype=y2.dtype, **input_kw)  # fmt: skip
+        spikes, final, _ = kernels.forward(
+            self.model,
+            engine.stream(kernels, y2),
+            params,
+            inner,
+            init,
+            self.surrogate,
+            self.detach_reset,
+            spike_dtype=y2.dtype,
+            **input_kw,
+        )
         return spikes, final
 
-    def backward(self, backend: str, grad_spikes: Tensor, grad_final: list, x2: Tensor, params: list, inner: int,
-                 init: list, need_param_grads: list, **input_kw) -> tuple[Tensor, list, list]:  # fmt: skip
+    def backward(
+        self,
+        backend: str,
+        grad_spikes: Tensor,
+        grad_final: list,
+        x2: Tensor,
+        params: list,
+        inner: int,
+        init: list,
+        need_param_grads: list,
+        **input_kw,
+    ) -> tuple[Tensor, list, list]:
         """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``overwrite_x``, or the cpu
         backend's ``batch_norm``."""
         kernels = engine.module(backend)
         return kernels.backward(
-            self.model, engine.stream(kernels, grad_spikes), grad_final, engine.stream(kernels, x2), params, inner,
-            init, self.surrogate, self.detach_reset, need_param_grads, **input_kw,
-        )  # fmt: skip
+            self.model,
+            engine.stream(kernels, grad_spikes),
+            grad_final,
+            engine.stream(kernels, x2),
+            params,
+            inner,
+            init,
+            self.surrogate,
+            self.detach_reset,
+            need_param_grads,
+            **input_kw,
+        )
 
 
 def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
@@ -138,28 +174,42 @@ _engine_neuron_key._dynamo_marked_constant = True
 _NATIVE_IMPL, _CUDNN_IMPL = 0, 1
 
 
-def _torch_batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float,
-                      eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:  # fmt: skip
+def _torch_batch_norm(
+    xb: Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """``(y, mean, invstd, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` from the implementation
     ``F.batch_norm`` picks (cuDNN on CUDA: its ``y`` differs from ``native_batch_norm``'s in the last bit in places,
     enough to flip a spike that lands on the threshold), updating the running statistics in place in training mode;
     ``mean`` and ``invstd`` are empty in eval mode; ``reserve`` and ``impl`` are what :func:`_torch_batch_norm_backward`
     takes."""
-    return torch._batch_norm_impl_index(xb, weight, bias, running_mean, running_var, training, momentum, eps,
-                                        torch.backends.cudnn.enabled)  # fmt: skip
+    return torch._batch_norm_impl_index(
+        xb, weight, bias, running_mean, running_var, training, momentum, eps, torch.backends.cudnn.enabled
+    )
 
 
-def _batch_norm(xb: Tensor, weight, bias, running_mean, running_var, training: bool,
-                eps: float) -> tuple[Tensor, Tensor, int]:  # fmt: skip
+def _batch_norm(
+    xb: Tensor, weight, bias, running_mean, running_var, training: bool, eps: float
+) -> tuple[Tensor, Tensor, int]:
     """``(y, reserve, impl)`` of BatchNorm on ``xb [T*B, C, ...]`` (no running-statistics update)."""
     running = (None, None) if training else (running_mean, running_var)
     y, _, _, reserve, impl = _torch_batch_norm(xb, weight, bias, *running, training, 0.0, eps)
     return y, reserve, impl
 
 
-def _torch_batch_norm_backward(grad_y: Tensor, xb: Tensor, weight, running_mean, running_var, mean, invstd,
-                               training: bool, eps: float, affine: bool, reserve: Tensor,
-                               impl: int) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def _torch_batch_norm_backward(
+    grad_y: Tensor,
+    xb: Tensor,
+    weight,
+    running_mean,
+    running_var,
+    mean,
+    invstd,
+    training: bool,
+    eps: float,
+    affine: bool,
+    reserve: Tensor,
+    impl: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(grad_x, grad_weight, grad_bias)``: the backward ``nn.BatchNorm``'s autograd runs after
     :func:`_torch_batch_norm` -- cuDNN's in training on CUDA (from the ``reserve`` of the recomputing call), torch's
     native one otherwise -- so the gradients are the composition's bit for bit there too."""
@@ -168,9 +218,19 @@ def _torch_batch_norm_backward(grad_y: Tensor, xb: Tensor, weight, running_mean,
     else:
         impl = _NATIVE_IMPL
     return torch.ops.aten._batch_norm_impl_index_backward(
-        impl, xb, grad_y, weight, None if training else running_mean, None if training else running_var,
-        mean if training else None, invstd if training else None, training, eps, [True, affine, affine], reserve,
-    )  # fmt: skip
+        impl,
+        xb,
+        grad_y,
+        weight,
+        None if training else running_mean,
+        None if training else running_var,
+        mean if training else None,
+        invstd if training else None,
+        training,
+        eps,
+        [True, affine, affine],
+        reserve,
+    )
 
 
 def _forward(
@@ -202,42 +262,92 @@ def _forward(
     it writes for the layers that save them as bits."""
     # in training the cpu kernel (an option of its only) packs the spikes for the layers that save them as bits
     neuron_kw = {"spike_bits": True} if eager and training and backend == "cpu" else {}
-    bits = (pack(residual, reuse=eager)[0] if residual is not None and pack_residual
-            else xb.new_empty(0, dtype=torch.uint8))  # fmt: skip
+    bits = (
+        pack(residual, reuse=eager)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
+    )
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
         mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
-        spikes, final = OBJECTS[neuron].forward(backend, xb.reshape(t_steps, -1), list(params), inner, list(init),
-                                                batch_norm=norm, **neuron_kw)  # fmt: skip
+        spikes, final = OBJECTS[neuron].forward(
+            backend, xb.reshape(t_steps, -1), list(params), inner, list(init), batch_norm=norm, **neuron_kw
+        )
     else:
         rm = running_mean.clone() if running_mean is not None else None
         rv = running_var.clone() if running_var is not None else None
         y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
-        spikes, final = OBJECTS[neuron].forward(backend, y.reshape(t_steps, -1), list(params), inner, list(init),
-                                                **neuron_kw)  # fmt: skip
+        spikes, final = OBJECTS[neuron].forward(
+            backend, y.reshape(t_steps, -1), list(params), inner, list(init), **neuron_kw
+        )
         del y
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
 
 
-def _forward_impl(xb: Tensor, residual: Tensor | None, pack_residual: bool, weight: Tensor | None, bias: Tensor | None,
-                  running_mean: Tensor | None, running_var: Tensor | None, params: list[Tensor], init: list[Tensor],
-                  training: bool, momentum: float, eps: float, t_steps: int, inner: int, neuron: str,
-                  backend: str) -> list[Tensor]:  # fmt: skip
+def _forward_impl(
+    xb: Tensor,
+    residual: Tensor | None,
+    pack_residual: bool,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    params: list[Tensor],
+    init: list[Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    t_steps: int,
+    inner: int,
+    neuron: str,
+    backend: str,
+) -> list[Tensor]:
     """The custom op's body: :func:`_forward`, not eager."""
-    return _forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
-                    momentum, eps, t_steps, inner, neuron, backend, eager=False)  # fmt: skip
+    return _forward(
+        xb,
+        residual,
+        pack_residual,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        params,
+        init,
+        training,
+        momentum,
+        eps,
+        t_steps,
+        inner,
+        neuron,
+        backend,
+        eager=False,
+    )
 
 
 bn_lif_forward = torch.library.custom_op("spikefuse::bn_lif_forward", _forward_impl, mutates_args=())
 
 
 @bn_lif_forward.register_fake
-def _(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training, momentum, eps,
-      t_steps, inner, neuron, backend):  # fmt: skip
+def _(
+    xb,
+    residual,
+    pack_residual,
+    weight,
+    bias,
+    running_mean,
+    running_var,
+    params,
+    init,
+    training,
+    momentum,
+    eps,
+    t_steps,
+    inner,
+    neuron,
+    backend,
+):
     n = xb.numel() // t_steps
     stat_dtype = weight.dtype if weight is not None else xb.dtype
     stats = (xb.shape[1],) if training else (0,)
@@ -296,19 +406,28 @@ def _backward_impl(
         del y
     del residual
     grad_y, grad_init, grad_params = OBJECTS[neuron].backward(
-        backend, grad_spikes, list(grad_final), neuron_input, list(params), inner, list(init), list(need_param_grads),
+        backend,
+        grad_spikes,
+        list(grad_final),
+        neuron_input,
+        list(params),
+        inner,
+        list(init),
+        list(need_param_grads),
         **input_kw,
-    )  # fmt: skip
+    )
     del neuron_input, input_kw
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
     if fused:
         # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
-        grad_x, grad_w, grad_b = batchnorm_cpu.backward(grad_y, xb, mean, invstd, weight, affine,
-                                                        overwrite_grad_y=not need_residual_grad)  # fmt: skip
+        grad_x, grad_w, grad_b = batchnorm_cpu.backward(
+            grad_y, xb, mean, invstd, weight, affine, overwrite_grad_y=not need_residual_grad
+        )
     else:
-        grad_x, grad_w, grad_b = _torch_batch_norm_backward(grad_y, xb, weight, running_mean, running_var, mean,
-                                                            invstd, training, eps, affine, reserve, impl)  # fmt: skip
+        grad_x, grad_w, grad_b = _torch_batch_norm_backward(
+            grad_y, xb, weight, running_mean, running_var, mean, invstd, training, eps, affine, reserve, impl
+        )
 
     def empty():  # a fresh one each time: outputs of a custom op must not alias each other
         return xb.new_empty(0)
@@ -327,9 +446,29 @@ bn_lif_backward = torch.library.custom_op("spikefuse::bn_lif_backward", _backwar
 
 
 @bn_lif_backward.register_fake
-def _(grad_spikes, grad_final, xb, residual, residual_bits, weight, bias, mean, invstd, running_mean, running_var,
-      params, init, inner, neuron, backend, training, eps, need_param_grads, need_affine_grad,
-      need_residual_grad):  # fmt: skip
+def _(
+    grad_spikes,
+    grad_final,
+    xb,
+    residual,
+    residual_bits,
+    weight,
+    bias,
+    mean,
+    invstd,
+    running_mean,
+    running_var,
+    params,
+    init,
+    inner,
+    neuron,
+    backend,
+    training,
+    eps,
+    need_param_grads,
+    need_affine_grad,
+    need_residual_grad,
+):
     affine = weight is not None and need_affine_grad
     n = grad_spikes.shape[1]
     return [
@@ -349,8 +488,9 @@ def _backward_for(backend: str):
 
 
 # Inputs of bn_lif_forward, by position.
-(_X, _RES, _PACK, _W, _B, _RM, _RV, _PARAMS, _INIT, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _NEURON,
- _BACKEND) = range(16)  # fmt: skip
+(_X, _RES, _PACK, _W, _B, _RM, _RV, _PARAMS, _INIT, _TRAINING, _MOMENTUM, _EPS, _T, _INNER, _NEURON, _BACKEND) = range(
+    16
+)
 _N_OUTPUTS_BEFORE_STATES = 6  # spikes, mean, invstd, running mean, running var, residual bits
 _EAGER_TENSORS = 15  # the position of the first parameter among _EagerBatchNormNeuron.forward's inputs
 
@@ -382,18 +522,37 @@ def _gradients(ctx, grads, need_params, need_affine: bool, need_residual: bool, 
     xb, residual, bits, w, b, mean, invstd, rm, rv, *tensors = ctx.saved_tensors
     params, init = tensors[: ctx.n_params], tensors[ctx.n_params :]
     inner, neuron, backend, training, eps = ctx.args
-    refuse_double_backward(f"the fused BatchNorm+neuron op ({OBJECTS[neuron].name})",
-                           "use torch.nn.BatchNorm and the neuron with backend='reference' instead")
+    refuse_double_backward(
+        f"the fused BatchNorm+neuron op ({OBJECTS[neuron].name})",
+        "use torch.nn.BatchNorm and the neuron with backend='reference' instead",
+    )
     n = xb.numel() // ctx.t_steps
     grad_spikes = grads[0] if grads[0] is not None else torch.zeros((ctx.t_steps, n), dtype=xb.dtype, device=xb.device)
     cdt = compute_dtype(xb.dtype)
     grad_final = [g if g is not None else xb.new_zeros(1, dtype=cdt) for g in grads[_N_OUTPUTS_BEFORE_STATES:]]
     out = backward_op(
-        grad_spikes.contiguous(), [g.contiguous() for g in grad_final], xb,
-        residual if ctx.residual_as_is else None, bits, w if ctx.has_w else None, b if ctx.has_b else None, mean,
-        invstd, rm if rm.numel() else None, rv if rv.numel() else None, list(params), list(init), inner, neuron,
-        backend, training, eps, [bool(need) for need in need_params], need_affine, need_residual,
-    )  # fmt: skip
+        grad_spikes.contiguous(),
+        [g.contiguous() for g in grad_final],
+        xb,
+        residual if ctx.residual_as_is else None,
+        bits,
+        w if ctx.has_w else None,
+        b if ctx.has_b else None,
+        mean,
+        invstd,
+        rm if rm.numel() else None,
+        rv if rv.numel() else None,
+        list(params),
+        list(init),
+        inner,
+        neuron,
+        backend,
+        training,
+        eps,
+        [bool(need) for need in need_params],
+        need_affine,
+        need_residual,
+    )
     grad_x, grad_w, grad_b, grad_res = out[:4]
     grad_init, grad_params = out[4 : 4 + len(init)], out[4 + len(init) :]
     grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
@@ -403,18 +562,42 @@ def _gradients(ctx, grads, need_params, need_affine: bool, need_residual: bool, 
 
 def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
-    _save(ctx, inputs[_X], inputs[_RES], inputs[_W], inputs[_B], inputs[_PARAMS], inputs[_INIT], output,
-          inputs[_TRAINING], inputs[_INNER], inputs[_NEURON], inputs[_BACKEND], inputs[_EPS])  # fmt: skip
+    _save(
+        ctx,
+        inputs[_X],
+        inputs[_RES],
+        inputs[_W],
+        inputs[_B],
+        inputs[_PARAMS],
+        inputs[_INIT],
+        output,
+        inputs[_TRAINING],
+        inputs[_INNER],
+        inputs[_NEURON],
+        inputs[_BACKEND],
+        inputs[_EPS],
+    )
 
 
 def _backward(ctx, grads):
     need = ctx.needs_input_grad
     grad_x, grad_w, grad_b, grad_res, grad_params, grad_init = _gradients(
-        ctx, grads, need[_PARAMS], bool(need[_W] or need[_B]), bool(need[_RES]), _backward_for(ctx.args[2]),
-    )  # fmt: skip
+        ctx,
+        grads,
+        need[_PARAMS],
+        bool(need[_W] or need[_B]),
+        bool(need[_RES]),
+        _backward_for(ctx.args[2]),
+    )
     grads_out = [None] * len(need)
-    for index, grad in ((_X, grad_x), (_W, grad_w), (_B, grad_b), (_RES, grad_res), (_PARAMS, grad_params),
-                        (_INIT, grad_init)):  # fmt: skip
+    for index, grad in (
+        (_X, grad_x),
+        (_W, grad_w),
+        (_B, grad_b),
+        (_RES, grad_res),
+        (_PARAMS, grad_params),
+        (_INIT, grad_init),
+    ):
         grads_out[index] = grad if need[index] else None
     return tuple(grads_out)
 
@@ -428,11 +611,45 @@ class _EagerBatchNormNeuron(torch.autograd.Function):
     states are flat arguments, so that autograd sees them."""
 
     @staticmethod
-    def forward(ctx, xb, residual, pack_residual, weight, bias, running_mean, running_var, training, momentum, eps,
-                t_steps, inner, neuron, backend, n_params, *tensors):  # fmt: skip
+    def forward(
+        ctx,
+        xb,
+        residual,
+        pack_residual,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        training,
+        momentum,
+        eps,
+        t_steps,
+        inner,
+        neuron,
+        backend,
+        n_params,
+        *tensors,
+    ):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        out = _forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
-                       momentum, eps, t_steps, inner, neuron, backend, eager=True)  # fmt: skip
+        out = _forward(
+            xb,
+            residual,
+            pack_residual,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            params,
+            init,
+            training,
+            momentum,
+            eps,
+            t_steps,
+            inner,
+            neuron,
+            backend,
+            eager=True,
+        )
         ctx.set_materialize_grads(False)
         _save(ctx, xb, residual, weight, bias, params, init, out, training, inner, neuron, backend, eps)
         ctx.mark_non_differentiable(*out[1:_N_OUTPUTS_BEFORE_STATES])
@@ -443,22 +660,84 @@ class _EagerBatchNormNeuron(torch.autograd.Function):
         need = ctx.needs_input_grad
         n_params = ctx.n_params
         grad_x, grad_w, grad_b, grad_res, grad_params, grad_init = _gradients(
-            ctx, grads, need[_EAGER_TENSORS : _EAGER_TENSORS + n_params], bool(need[3] or need[4]), bool(need[1]),
+            ctx,
+            grads,
+            need[_EAGER_TENSORS : _EAGER_TENSORS + n_params],
+            bool(need[3] or need[4]),
+            bool(need[1]),
             _backward_impl,
-        )  # fmt: skip
-        return (grad_x if need[0] else None, grad_res if need[1] else None, None, grad_w if need[3] else None,
-                grad_b if need[4] else None, *([None] * (_EAGER_TENSORS - 5)), *grad_params, *grad_init)  # fmt: skip
+        )
+        return (
+            grad_x if need[0] else None,
+            grad_res if need[1] else None,
+            None,
+            grad_w if need[3] else None,
+            grad_b if need[4] else None,
+            *([None] * (_EAGER_TENSORS - 5)),
+            *grad_params,
+            *grad_init,
+        )
 
 
-def _forward_op(xb, residual, pack_residual, weight, bias, running_mean, running_var, params, init, training,
-                momentum, eps, t_steps, inner, neuron, backend) -> list:  # fmt: skip
+def _forward_op(
+    xb,
+    residual,
+    pack_residual,
+    weight,
+    bias,
+    running_mean,
+    running_var,
+    params,
+    init,
+    training,
+    momentum,
+    eps,
+    t_steps,
+    inner,
+    neuron,
+    backend,
+) -> list:
     """The custom op under ``torch.compile``, the plain Function in eager mode."""
     if torch.compiler.is_compiling():
-        return bn_lif_forward(xb, residual, pack_residual, weight, bias, running_mean, running_var, list(params),
-                              list(init), training, momentum, eps, t_steps, inner, neuron, backend)  # fmt: skip
-    return list(_EagerBatchNormNeuron.apply(xb, residual, pack_residual, weight, bias, running_mean, running_var,
-                                            training, momentum, eps, t_steps, inner, neuron, backend, len(params),
-                                            *params, *init))  # fmt: skip
+        return bn_lif_forward(
+            xb,
+            residual,
+            pack_residual,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            list(params),
+            list(init),
+            training,
+            momentum,
+            eps,
+            t_steps,
+            inner,
+            neuron,
+            backend,
+        )
+    return list(
+        _EagerBatchNormNeuron.apply(
+            xb,
+            residual,
+            pack_residual,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            training,
+            momentum,
+            eps,
+            t_steps,
+            inner,
+            neuron,
+            backend,
+            len(params),
+            *params,
+            *init,
+        )
+    )
 
 
 def bn_neuron(
@@ -492,9 +771,24 @@ def bn_neuron(
     """
     t_steps, trailing = x.shape[0], x.shape[1:]
     rb = None if residual is None else _merged(residual)
-    out = _forward_op(_merged(x), rb, bool(residual_binary), weight, bias, running_mean, running_var, list(params),
-                      list(init), bool(training), float(momentum), float(eps), t_steps, inner, neuron,
-                      backend)  # fmt: skip
+    out = _forward_op(
+        _merged(x),
+        rb,
+        bool(residual_binary),
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        list(params),
+        list(init),
+        bool(training),
+        float(momentum),
+        float(eps),
+        t_steps,
+        inner,
+        neuron,
+        backend,
+    )
     spikes, mean, invstd, new_rm, new_rv = out[:5]
     if training and running_mean is not None:
         with torch.no_grad():
@@ -507,8 +801,11 @@ def bn_neuron(
 def lif_neuron(neuron: LIFNeuron, leak: Tensor, v_init: Tensor | None, x: Tensor) -> tuple:
     """``(neuron key, params, init)`` of :func:`bn_neuron` for a LIF; ``v_init`` None starts every neuron from the
     reset value (one value shared by all: nothing of size N is read)."""
-    return (engine_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset), neuron.params(leak),
-            [neuron.initial_potential(v_init, x)])
+    return (
+        engine_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset),
+        neuron.params(leak),
+        [neuron.initial_potential(v_init, x)],
+    )
 
 
 def bn_lif(
@@ -532,8 +829,24 @@ def bn_lif(
     ``v_init`` of shape ``x.shape[1:]`` or None); returns ``(spikes, state)`` (and the statistics with
     ``return_stats``)."""
     key, params, init = lif_neuron(neuron, leak, v_init, x)
-    out = bn_neuron(x, running_mean, running_var, weight, bias, training, momentum, eps, key, params, init,
-                    _inner(x, leak), backend, residual, residual_binary, return_stats)  # fmt: skip
+    out = bn_neuron(
+        x,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training,
+        momentum,
+        eps,
+        key,
+        params,
+        init,
+        _inner(x, leak),
+        backend,
+        residual,
+        residual_binary,
+        return_stats,
+    )
     return (out[0], out[1][0], *out[2:])
 
 
@@ -565,11 +878,28 @@ def bn_lif_backward_from_stats(
     backward_op = _backward_for(backend) if torch.compiler.is_compiling() else _backward_impl
     need_params = [bool(need_leak)] + [False] * (len(params) - 1)
     out = backward_op(
-        grad_spikes.reshape(t_steps, n).contiguous(), [grad_state.reshape(n).to(cdt).contiguous()], _merged(x), None,
-        x.new_empty(0, dtype=torch.uint8), weight, bias, mean, invstd, None if training else running_mean,
-        None if training else running_var, params, init, _inner(x, leak), key, backend, bool(training),
-        float(eps), need_params, bool(need_affine), False,
-    )  # fmt: skip
+        grad_spikes.reshape(t_steps, n).contiguous(),
+        [grad_state.reshape(n).to(cdt).contiguous()],
+        _merged(x),
+        None,
+        x.new_empty(0, dtype=torch.uint8),
+        weight,
+        bias,
+        mean,
+        invstd,
+        None if training else running_mean,
+        None if training else running_var,
+        params,
+        init,
+        _inner(x, leak),
+        key,
+        backend,
+        bool(training),
+        float(eps),
+        need_params,
+        bool(need_affine),
+        False,
+    )
     grad_x, grad_w, grad_b = out[:3]
     affine = weight is not None and need_affine
     return (

@@ -26,7 +26,15 @@ import threading
 
 import torch
 
-__all__ = ["empty", "full", "cpu_cache_bytes", "cpu_cache_limit", "set_cpu_cache_limit", "empty_cpu_cache", "SettingError"]
+__all__ = [
+    "empty",
+    "full",
+    "cpu_cache_bytes",
+    "cpu_cache_limit",
+    "set_cpu_cache_limit",
+    "empty_cpu_cache",
+    "SettingError",
+]
 
 # Smaller buffers come from glibc's heap, whose pages stay mapped between calls: nothing to gain.
 _MIN_BYTES = 1 << 20
@@ -43,8 +51,10 @@ def _default_limit() -> int:
         try:
             return max(0, int(env)) << 20
         except ValueError:
-            raise SettingError(f"the environment variable SPIKEFUSE_CPU_CACHE_MB must be a whole number of MiB (0: "
-                               f"no cache), got {env!r}") from None  # fmt: skip
+            raise SettingError(
+                f"the environment variable SPIKEFUSE_CPU_CACHE_MB must be a whole number of MiB (0: "
+                f"no cache), got {env!r}"
+            ) from None
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     except (ValueError, OSError, AttributeError):
@@ -57,7 +67,9 @@ class SettingError(ValueError):
 
 _lock = threading.Lock()
 _cache: list[torch.Tensor] = []  # oldest first
-_limit: int | None = None  # read at the first use (cpu_cache_limit): a bad environment value fails a call, not the import
+_limit: int | None = (
+    None  # read at the first use (cpu_cache_limit): a bad environment value fails a call, not the import
+)
 
 
 def fresh(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -97,7 +109,6 @@ def _unheld() -> tuple[int, int]:
         del made
         _UNHELD = _holders(cached)
     return _UNHELD
-
 
 
 def _idle(buffer: torch.Tensor) -> bool:

@@ -99,6 +99,7 @@ def _visit(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)
 @overload(_visit, inline="always")
 def _visit_typed(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
     if src.dtype == types.uint8:
+
         def unpool(src, aux, dst, base, o, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation):
             dst[_first_set(src, base, h_in, w_in, d0, nd, h0, nh, w0, nw, dilation)] += aux[o]
 
@@ -124,8 +125,22 @@ def _windows_kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
         for od in range(osize[0]):
             for oh in range(osize[1]):
                 for ow in range(osize[2]):
-                    _visit(src, aux, dst, p * plane_in, o, isize[1], isize[2], bd[0, od], bd[1, od], bh[0, oh],
-                           bh[1, oh], bw[0, ow], bw[1, ow], dilation)  # fmt: skip
+                    _visit(
+                        src,
+                        aux,
+                        dst,
+                        p * plane_in,
+                        o,
+                        isize[1],
+                        isize[2],
+                        bd[0, od],
+                        bd[1, od],
+                        bh[0, oh],
+                        bh[1, oh],
+                        bw[0, ow],
+                        bw[1, ow],
+                        dilation,
+                    )
                     o += 1
 
 
@@ -248,8 +263,9 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
     return out
 
 
-def forward_from_bits(bits: torch.Tensor, in_shape, out_shape, kernel, stride, padding, dilation,
-                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def forward_from_bits(
+    bits: torch.Tensor, in_shape, out_shape, kernel, stride, padding, dilation, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward` of spikes (every element 0 or 1, ``-0.0`` not among them) of ``in_shape`` given as their
     ``bits`` (:func:`.bitpack.pack`'s layout), rows of at most :data:`WORD_ROW_MAX` elements
     (:func:`reads_rows_as_words`): ``(output of dtype, its bits)``, torch's output bit for bit; the bits None where an
@@ -262,8 +278,18 @@ def forward_from_bits(bits: torch.Tensor, in_shape, out_shape, kernel, stride, p
     if out.numel():
         match_numba_threads(math.prod(in_shape), _SERIAL_WORK)
         planes, isize, osize, bd, bh, bw, dil = _launch_args(in_shape, out_shape, kernel, stride, padding, dilation)
-        _bits_forward_kernel(bits.numpy(), planes, isize, osize, bd, bh, _window_masks(bw, dil[2]), dil,
-                             out.reshape(-1).numpy(), _NO_BITS if out_bits is None else out_bits.numpy())  # fmt: skip
+        _bits_forward_kernel(
+            bits.numpy(),
+            planes,
+            isize,
+            osize,
+            bd,
+            bh,
+            _window_masks(bw, dil[2]),
+            dil,
+            out.reshape(-1).numpy(),
+            _NO_BITS if out_bits is None else out_bits.numpy(),
+        )
     return out, out_bits
 
 
@@ -280,8 +306,20 @@ def backward(grad_y: torch.Tensor, bits: torch.Tensor, in_shape, kernel, stride,
         gy = grad_y.contiguous().reshape(-1).numpy()
         if words:
             planes, isize, osize, bd, bh, bw, dil = args
-            _bits_backward_kernel(bits.numpy(), gy, planes, isize, osize, bd, bh, bw, _window_masks(bw, dil[2]), dil,
-                                  _LOWEST_BIT, grad_x.reshape(-1).numpy())  # fmt: skip
+            _bits_backward_kernel(
+                bits.numpy(),
+                gy,
+                planes,
+                isize,
+                osize,
+                bd,
+                bh,
+                bw,
+                _window_masks(bw, dil[2]),
+                dil,
+                _LOWEST_BIT,
+                grad_x.reshape(-1).numpy(),
+            )
         else:
             _windows_kernel(bits.numpy(), gy, *args, grad_x.reshape(-1).numpy())
     return grad_x

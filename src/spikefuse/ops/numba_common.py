@@ -17,8 +17,22 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["EXP2_DEGREE", "block_for", "channel_row", "exp", "exp2_polynomial", "fma", "horner", "load_row", "muladd",
-           "pack_rows", "pow2", "prefer_wide_vectors", "rows_apart", "unpack_bits"]  # fmt: skip
+__all__ = [
+    "EXP2_DEGREE",
+    "block_for",
+    "channel_row",
+    "exp",
+    "exp2_polynomial",
+    "fma",
+    "horner",
+    "load_row",
+    "muladd",
+    "pack_rows",
+    "pow2",
+    "prefer_wide_vectors",
+    "rows_apart",
+    "unpack_bits",
+]
 
 #: Degree of :func:`exp2_polynomial` per compute dtype: its relative error (1.9e-9 at degree 6, 7.9e-13 at degree 8)
 #: stays below the dtype's own rounding in float32 and ~1e-12 in float64.
@@ -53,8 +67,11 @@ def _float_ternary(name: str, llvm_name: str, doc: str):
 
 
 muladd = _float_ternary("muladd", "llvm.fmuladd", "``a*b + c``, fused into one FMA where the machine has one.")
-fma = _float_ternary("fma", "llvm.fma", "``a*b + c`` with one rounding (always fused, unlike :func:`muladd`), as "
-                     "torch's CPU BatchNorm kernel computes it.")  # fmt: skip
+fma = _float_ternary(
+    "fma",
+    "llvm.fma",
+    "``a*b + c`` with one rounding (always fused, unlike :func:`muladd`), as torch's CPU BatchNorm kernel computes it.",
+)
 
 
 @intrinsic
@@ -116,7 +133,8 @@ def rows_apart(typingctx):
         for arg in builder.function.args:
             pointee = getattr(arg.type, "pointee", None)
             if isinstance(pointee, (llvmir.HalfType, llvmir.FloatType, llvmir.DoubleType)) or (
-                    isinstance(pointee, llvmir.IntType) and pointee.width > 8):
+                isinstance(pointee, llvmir.IntType) and pointee.width > 8
+            ):
                 arg.add_attribute("noalias")
         return context.get_dummy_value()
 

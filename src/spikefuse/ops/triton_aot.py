@@ -32,8 +32,20 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["ARCHS", "DTYPES", "COMPUTE", "NUM_THREADS", "Case", "ENGINE_KERNELS", "engine_case", "case_model",
-           "compile_cases", "traffic", "toolchain", "ptx_accesses"]  # fmt: skip
+__all__ = [
+    "ARCHS",
+    "DTYPES",
+    "COMPUTE",
+    "NUM_THREADS",
+    "Case",
+    "ENGINE_KERNELS",
+    "engine_case",
+    "case_model",
+    "compile_cases",
+    "traffic",
+    "toolchain",
+    "ptx_accesses",
+]
 
 ARCHS = {"sm_80": 80, "sm_90": 90}
 #: Triton's pointer type names of the input dtypes, and the compute dtype of each.
@@ -49,9 +61,21 @@ ENGINE_KERNELS = {"engine-fwd": "forward", "engine-bwd": "backward"}
 ENGINE_X_POINTERS = {"x_ptr", "spikes_ptr", "gs_ptr", "gx_ptr"}
 
 
-def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_channel: bool = True,
-                detach: bool = False, need_params: bool = True, grad_init: bool = True, saved: bool = False,
-                block: int | None = None, T: int = 32, N: int = 1_000_000) -> Case:  # fmt: skip
+def engine_case(
+    model,
+    surrogate: str,
+    kernel: str,
+    xdt: str = "fp32",
+    *,
+    per_channel: bool = True,
+    detach: bool = False,
+    need_params: bool = True,
+    grad_init: bool = True,
+    saved: bool = False,
+    block: int | None = None,
+    T: int = 32,
+    N: int = 1_000_000,
+) -> Case:
     """A generated kernel of ``model`` (a :class:`~spikefuse.neurons.NeuronModel`) with the surrogate class named
     ``surrogate``, as :func:`spikefuse.ops.engine.triton.forward` / ``backward`` launch it: parameters per channel
     (2 channels) or all scalar (``SCALAR``), initial states and final-state gradients per neuron, every parameter
@@ -75,11 +99,21 @@ def engine_case(model, surrogate: str, kernel: str, xdt: str = "fp32", *, per_ch
         const.update({f"NEED_{p}": need_params for p in model.params})
         const.update({f"GRAD_INIT_{k}": grad_init for k in model.states})
         ints.update({f"gsize_{k}": N for k in model.states})
-    group = (f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar")
-             + ("-potential" if saved else "-recompute"))  # fmt: skip
+    group = (
+        f"{model.name}-{surrogate}" + ("-pc" if per_channel else "-scalar") + ("-potential" if saved else "-recompute")
+    )
     cid = f"{kernel}-{xdt}-B{block}-{group}"
-    return {"id": cid, "kernel": kernel, "xdt": xdt, "const": const, "ints": ints, "aligned": True, "group": group,
-            "model": arguments(model), "surrogate": surrogate}
+    return {
+        "id": cid,
+        "kernel": kernel,
+        "xdt": xdt,
+        "const": const,
+        "ints": ints,
+        "aligned": True,
+        "group": group,
+        "model": arguments(model),
+        "surrogate": surrogate,
+    }
 
 
 def _torch_dtype(xdt: str):
@@ -93,8 +127,10 @@ def case_model(case: Case):
     """The :class:`~spikefuse.neurons.NeuronModel` a case carries."""
     from ..neurons import NeuronModel
 
-    fields = {k: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
-              for k, value in case["model"].items()}  # fmt: skip (JSON turned the tuples into lists)
+    fields = {
+        k: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
+        for k, value in case["model"].items()
+    }  # JSON turned the tuples into lists
     return NeuronModel(**fields)
 
 
@@ -210,8 +246,9 @@ def _resource_usage(cubin: bytes, cuobjdump: str, name: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
+        text = subprocess.run(
+            [cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     block = text.split(f"Function {name}:", 1)[-1]
     usage = {}
@@ -317,8 +354,16 @@ def _compile_star(args):
     return compile_one(*args)
 
 
-def compile_cases(cases: list[Case], archs=(80, 90), *, work: list | None = None, jobs: int = 1,
-                  cache_dir: str | None = None, timeout: float | None = None, progress=None) -> dict:  # fmt: skip
+def compile_cases(
+    cases: list[Case],
+    archs=(80, 90),
+    *,
+    work: list | None = None,
+    jobs: int = 1,
+    cache_dir: str | None = None,
+    timeout: float | None = None,
+    progress=None,
+) -> dict:
     """Compile every case for every arch (or the ``(case, arch)`` pairs of ``work``) in one subprocess (``jobs``
     compiler processes inside it) with a clean environment; returns ``{(case_id, arch): result}``. ``cache_dir``
     is Triton's cache (default: Triton's own)."""
@@ -330,8 +375,12 @@ def compile_cases(cases: list[Case], archs=(80, 90), *, work: list | None = None
     env["PYTHONPATH"] = src_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen(
         [sys.executable, "-m", "spikefuse.ops.triton_aot", "--jobs", str(jobs)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     proc.stdin.write(json.dumps({"work": work}))
     proc.stdin.close()
     results = {}

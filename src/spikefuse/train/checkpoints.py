@@ -64,8 +64,12 @@ def rng_states(gens: dict[str, torch.Generator]) -> dict:
     states = {
         "torch": torch.get_rng_state(),
         # stored as a tensor + plain values so the checkpoint loads with torch.load(weights_only=True)
-        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "key": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": random.getstate(),
         "generators": {name: g.get_state() for name, g in gens.items()},
     }
@@ -98,7 +102,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files: the run's files get the usual mode
             os.fsync(fd)
         finally:
@@ -108,7 +112,9 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise ConfigError(f"cannot write {path}: {err.strerror or err}; the previous {path.name} is intact") from None
+            raise ConfigError(
+                f"cannot write {path}: {err.strerror or err}; the previous {path.name} is intact"
+            ) from None
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -179,8 +185,9 @@ def load_model_state(model: torch.nn.Module, ckpt: dict, path) -> None:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as err:
         first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
-        raise ConfigError(f"the weights in {path} do not fit the model {ckpt['config'].get('model')!r} of its "
-                          f"config: {first}") from None
+        raise ConfigError(
+            f"the weights in {path} do not fit the model {ckpt['config'].get('model')!r} of its config: {first}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -249,8 +256,10 @@ def lock_out_dir(out: Path) -> None:
     except OSError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise ConfigError(f"--out {out} is in use by another spikefuse train (process {holder}): wait for it to end, "
-                          "or choose another --out") from None  # fmt: skip
+        raise ConfigError(
+            f"--out {out} is in use by another spikefuse train (process {holder}): wait for it to end, "
+            "or choose another --out"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _held[out.resolve()] = fd

@@ -86,8 +86,10 @@ class TrainConfig:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         cores = os.cpu_count() or 1
         if self.threads is not None and self.threads > MAX_THREADS_PER_CORE * cores:
-            raise ConfigError(f"--threads {self.threads} is more than {MAX_THREADS_PER_CORE} per core of this machine's "
-                              f"{cores}: use at most {MAX_THREADS_PER_CORE * cores}")  # fmt: skip
+            raise ConfigError(
+                f"--threads {self.threads} is more than {MAX_THREADS_PER_CORE} per core of this machine's "
+                f"{cores}: use at most {MAX_THREADS_PER_CORE * cores}"
+            )
         if self.image_size is not None and not 1 <= self.image_size <= MAX_IMAGE_SIZE:
             raise ConfigError(f"--image-size must lie in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         if self.encoding not in ("direct", "poisson"):
@@ -97,17 +99,21 @@ class TrainConfig:
         if self.stem not in ("auto", "cifar", "imagenet"):
             raise ConfigError(f"--stem must be auto, cifar or imagenet, got {self.stem!r}")
         if self.width is not None and (self.width < 1 or not self.model.startswith("resnet")):
-            raise ConfigError(f"--width sets the channels of a ResNet's first stage (>= 1); got {self.width} for "
-                              f"--model {self.model}")
+            raise ConfigError(
+                f"--width sets the channels of a ResNet's first stage (>= 1); got {self.width} for --model {self.model}"
+            )
         from ..models import RECURRENT_MODELS
         from ..models.srnn import CELLS
 
         if self.model not in RECURRENT_MODELS and (self.hidden, self.layers, self.cell) != (256, 1, "lif"):
-            raise ConfigError(f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model "
-                              f"{self.model}")  # fmt: skip
+            raise ConfigError(
+                f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model {self.model}"
+            )
         if self.hidden < 1 or self.layers < 1 or self.cell not in CELLS:
-            raise ConfigError(f"--hidden and --layers must be >= 1 and --cell one of {', '.join(CELLS)}; got "
-                              f"{self.hidden}, {self.layers}, {self.cell!r}")  # fmt: skip
+            raise ConfigError(
+                f"--hidden and --layers must be >= 1 and --cell one of {', '.join(CELLS)}; got "
+                f"{self.hidden}, {self.layers}, {self.cell!r}"
+            )
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -118,8 +124,10 @@ class TrainConfig:
         if self.memory not in MEMORY_FORMS:
             raise ConfigError(f"--memory must be one of {', '.join(MEMORY_FORMS)}, got {self.memory!r}")
         if self.memory == "lean" and self.neurons != "spikefuse":
-            raise ConfigError("--memory lean fuses BatchNorm with spikefuse's neurons; --neurons spikingjelly keeps "
-                              "SpikingJelly's: use --memory fused with it")
+            raise ConfigError(
+                "--memory lean fuses BatchNorm with spikefuse's neurons; --neurons spikingjelly keeps "
+                "SpikingJelly's: use --memory fused with it"
+            )
 
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
@@ -130,12 +138,16 @@ class TrainConfig:
         except RuntimeError as err:
             raise ConfigError(f"bad --device {self.device!r}: {err}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device {self.device} requested but CUDA is not available (this torch: {torch.__version__})")
+            raise ConfigError(
+                f"--device {self.device} requested but CUDA is not available (this torch: {torch.__version__})"
+            )
         if self.neurons == "spikefuse":
             try:
                 resolve_backend(self.neuron_backend, device)
             except ValueError as err:
-                raise ConfigError(f"--neuron-backend {self.neuron_backend} cannot run on --device {self.device}: {err}") from None
+                raise ConfigError(
+                    f"--neuron-backend {self.neuron_backend} cannot run on --device {self.device}: {err}"
+                ) from None
 
     def check_data_kind(self, kind: str) -> None:
         """Settings that depend on the data set: Poisson coding applies to images, not to event frames or sequences;
@@ -144,11 +156,14 @@ class TrainConfig:
 
         if kind != "static" and self.encoding != "direct":
             what = "event data (already spikes per frame)" if kind == "event" else "a sequence (its own steps)"
-            raise ConfigError(f"--encoding {self.encoding} encodes static images; {self.dataset} is {what}: leave "
-                              "--encoding out")  # fmt: skip
+            raise ConfigError(
+                f"--encoding {self.encoding} encodes static images; {self.dataset} is {what}: leave --encoding out"
+            )
         if kind == "sequence" and self.model not in RECURRENT_MODELS:
-            raise ConfigError(f"{self.dataset} is a sequence [T, features]: train it with a recurrent network "
-                              f"(--model {' or '.join(RECURRENT_MODELS)}), not --model {self.model}")  # fmt: skip
+            raise ConfigError(
+                f"{self.dataset} is a sequence [T, features]: train it with a recurrent network "
+                f"(--model {' or '.join(RECURRENT_MODELS)}), not --model {self.model}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -173,5 +188,6 @@ def check_resume(saved: dict, cfg: TrainConfig) -> None:
 
 def check_batch_split(batch_size: int, world: int) -> None:
     if batch_size % world:
-        raise ConfigError(f"--batch-size {batch_size} (the global batch) must be divisible by the number of "
-                          f"processes ({world})")
+        raise ConfigError(
+            f"--batch-size {batch_size} (the global batch) must be divisible by the number of processes ({world})"
+        )

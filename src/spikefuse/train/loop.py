@@ -69,8 +69,10 @@ def _load_data(cfg: TrainConfig):
     test_ds = _subset(test_ds, cfg.test_subset, cfg.seed + 1)
     for split, verb, ds in (("training", "train", train_ds), ("test", "test", test_ds)):
         if len(ds) == 0:
-            raise ConfigError(f"the {split} split of {cfg.dataset} is empty (no samples in "
-                              f"{cfg.data_dir or 'the data folder'}): nothing to {verb} on; check the files")  # fmt: skip
+            raise ConfigError(
+                f"the {split} split of {cfg.dataset} is empty (no samples in "
+                f"{cfg.data_dir or 'the data folder'}): nothing to {verb} on; check the files"
+            )
     return train_ds, test_ds, info
 
 
@@ -82,7 +84,9 @@ def _subset(ds, n: int | None, seed: int):
     return torch.utils.data.Subset(ds, idx)
 
 
-def _to_time_major(x: torch.Tensor, kind: str, T: int, encoding: str, generator: torch.Generator | None) -> torch.Tensor:
+def _to_time_major(
+    x: torch.Tensor, kind: str, T: int, encoding: str, generator: torch.Generator | None
+) -> torch.Tensor:
     """A batch from the loader -> ``[T, B, C, H, W]`` (sequences: ``[T, B, F]``)."""
     if kind in ("event", "sequence"):
         if x.ndim != (5 if kind == "event" else 3):
@@ -110,19 +114,31 @@ def _resolved_stem(cfg: TrainConfig, info: dict) -> str:
 def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     """Build ``cfg.model`` for the data set described by ``info`` (seed the RNGs first for a reproducible init)."""
     if cfg.model in RECURRENT_MODELS:  # the features of a step: a sequence's, or an event frame's flattened
-        kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell, "spike_inputs": info["kind"] == "event"
-                    or info["name"] in ("shd", "ssc")}  # fmt: skip
+        kw: dict = {
+            "hidden": cfg.hidden,
+            "layers": cfg.layers,
+            "cell": cfg.cell,
+            "spike_inputs": info["kind"] == "event" or info["name"] in ("shd", "ssc"),
+        }
         in_features = info["in_channels"] * info["height"] * info["width"]
-        return build_model(cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend,
-                           memory=cfg.memory, **kw)  # fmt: skip
+        return build_model(
+            cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw
+        )
     kw = {"image_size": (info["height"], info["width"])}
     if cfg.model.startswith("resnet"):
         kw["stem"] = _resolved_stem(cfg, info)
         if cfg.width is not None:
             kw["width"] = cfg.width
     neuron = None if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
-    model = build_model(cfg.model, info["in_channels"], info["num_classes"], neuron=neuron,
-                        neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw)
+    model = build_model(
+        cfg.model,
+        info["in_channels"],
+        info["num_classes"],
+        neuron=neuron,
+        neuron_backend=cfg.neuron_backend,
+        memory=cfg.memory,
+        **kw,
+    )
     if cfg.neurons == "spikingjelly":
         from ..compat.spikingjelly import use_spikingjelly_neurons
 
@@ -185,8 +201,15 @@ def run_epoch(
 
         def new_bar(note: str = "", initial: int = 0):
             # disable=None: no bar where stderr is no terminal (a log file, a pipe): one line per epoch there
-            return tqdm(total=len(loader.dataset), desc=desc + note, initial=initial, unit="sample", leave=False,
-                        dynamic_ncols=True, disable=None)
+            return tqdm(
+                total=len(loader.dataset),
+                desc=desc + note,
+                initial=initial,
+                unit="sample",
+                leave=False,
+                dynamic_ncols=True,
+                disable=None,
+            )
 
         bar = new_bar(FIRST_BATCH_NOTE if first_run else "")
     if device.type == "cuda":
@@ -395,21 +418,39 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
         f"threads {torch.get_num_threads()}{' per rank' if world > 1 else ''}, seed {cfg.seed}"
     )
     if world > 1 and 0 < len(train_ds) % cfg.batch_size < world:
-        log(f"note: the last training batch ({len(train_ds) % cfg.batch_size} samples) has fewer samples than ranks "
-            f"and is skipped every epoch")
+        log(
+            f"note: the last training batch ({len(train_ds) % cfg.batch_size} samples) has fewer samples than ranks "
+            f"and is skipped every epoch"
+        )
     common = dict(kind=info["kind"], T=cfg.T, encoding=cfg.encoding, device=device, data_parallel=world > 1)
     config_dict = asdict(cfg)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            tr = run_epoch(model, train_loader, optimizer=optimizer, generator=enc_gen, progress=cfg.progress and main,
-                           desc=f"epoch {epoch}/{cfg.epochs}", first_run=epoch == start_epoch + 1, **common)
+            tr = run_epoch(
+                model,
+                train_loader,
+                optimizer=optimizer,
+                generator=enc_gen,
+                progress=cfg.progress and main,
+                desc=f"epoch {epoch}/{cfg.epochs}",
+                first_run=epoch == start_epoch + 1,
+                **common,
+            )
             if not all(bool(torch.isfinite(p).all()) for p in core.parameters()):
-                raise ConfigError(f"training diverged: the weights hold NaN or inf after epoch {epoch}; lower --lr "
-                                  "(Adam's learning rate)")
-            te = run_epoch(core, test_loader, generator=_test_generator(cfg.seed), progress=cfg.progress and main,
-                           desc=f"test {epoch}/{cfg.epochs}", **common)
+                raise ConfigError(
+                    f"training diverged: the weights hold NaN or inf after epoch {epoch}; lower --lr "
+                    "(Adam's learning rate)"
+                )
+            te = run_epoch(
+                core,
+                test_loader,
+                generator=_test_generator(cfg.seed),
+                progress=cfg.progress and main,
+                desc=f"test {epoch}/{cfg.epochs}",
+                **common,
+            )
         except ConfigError as err:
             kept = f"epoch {epoch - 1} in {out / CHECKPOINT_NAME}" if epoch > 1 else "none was written"
             raise ConfigError(f"{err}. The last good checkpoint is kept ({kept})") from None
@@ -490,9 +531,26 @@ def evaluate_checkpoint(
     from torch.utils.data import DataLoader
 
     loader = DataLoader(test_ds, batch_size=cfg.batch_size, shuffle=False, num_workers=0)
-    res = run_epoch(model, loader, kind=info["kind"], T=cfg.T, encoding=cfg.encoding, device=dev,
-                    generator=_test_generator(cfg.seed), progress=progress, desc="test")
+    res = run_epoch(
+        model,
+        loader,
+        kind=info["kind"],
+        T=cfg.T,
+        encoding=cfg.encoding,
+        device=dev,
+        generator=_test_generator(cfg.seed),
+        progress=progress,
+        desc="test",
+    )
     rss, cuda = peak_memory_mb(dev)
-    return {"epoch": int(ckpt["epoch"]), "model": cfg.model, "dataset": info["name"], "test_loss": res["loss"],
-            "test_acc": res["acc"], "test_time_s": res["time_s"], "samples": res["samples"], "peak_rss_mb": rss,
-            "peak_cuda_mb": cuda}
+    return {
+        "epoch": int(ckpt["epoch"]),
+        "model": cfg.model,
+        "dataset": info["name"],
+        "test_loss": res["loss"],
+        "test_acc": res["acc"],
+        "test_time_s": res["time_s"],
+        "samples": res["samples"],
+        "peak_rss_mb": rss,
+        "peak_cuda_mb": cuda,
+    }

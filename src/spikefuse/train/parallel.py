@@ -55,5 +55,6 @@ def fit_data_parallel(
         if resume:
             load_resume_checkpoint(Path(cfg.out) / CHECKPOINT_NAME if resume is True else resume, cfg)
     backend = "nccl" if torch.device(cfg.device).type == "cuda" else "gloo"
-    return ddp.run_data_parallel(_fit_rank, nproc, (cfg, resume, log, overwrite), backend=backend, timeout=timeout,
-                                 threads=cfg.threads)
+    return ddp.run_data_parallel(
+        _fit_rank, nproc, (cfg, resume, log, overwrite), backend=backend, timeout=timeout, threads=cfg.threads
+    )

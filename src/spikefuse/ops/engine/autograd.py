@@ -25,12 +25,30 @@ from ..common import compute_dtype, keeps_graph, refuse_double_backward, saved_t
 from . import module, reference, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 
-def _forward_impl(x2: Tensor, params: list[Tensor], init: list[Tensor], inner: int, model: str, surrogate: str,
-                  detach_reset: bool, backend: str, save: bool) -> list[Tensor]:  # fmt: skip
+
+def _forward_impl(
+    x2: Tensor,
+    params: list[Tensor],
+    init: list[Tensor],
+    inner: int,
+    model: str,
+    surrogate: str,
+    detach_reset: bool,
+    backend: str,
+    save: bool,
+) -> list[Tensor]:
     backend_module = module(backend)
-    spikes, final, saved = backend_module.forward(OBJECTS[model], stream(backend_module, x2), list(params), inner,
-                                                  list(init), OBJECTS[surrogate], detach_reset, save,
-                                                  spike_dtype=x2.dtype)  # fmt: skip
+    spikes, final, saved = backend_module.forward(
+        OBJECTS[model],
+        stream(backend_module, x2),
+        list(params),
+        inner,
+        list(init),
+        OBJECTS[surrogate],
+        detach_reset,
+        save,
+        spike_dtype=x2.dtype,
+    )
     return [spikes, *final, *saved]
 
 
@@ -44,40 +62,91 @@ def _(x2, params, init, inner, model, surrogate, detach_reset, backend, save):
     return [torch.empty_like(x2)] + [x2.new_empty(x2.shape[1], dtype=cdt) for _ in init] + saved
 
 
-def _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
-                  need_param_grads, saved, overwrite_saved=False) -> list[Tensor]:  # fmt: skip
+def _run_backward(
+    grad_spikes,
+    grad_final,
+    x2,
+    params,
+    init,
+    inner,
+    model,
+    surrogate,
+    detach_reset,
+    backend,
+    need_param_grads,
+    saved,
+    overwrite_saved=False,
+) -> list[Tensor]:
     cdt = compute_dtype(grad_spikes.dtype)
     backend_module = module(backend)
     grad_spikes_c = stream(backend_module, grad_spikes)
     # x empty: it was not kept (see _save), and the kernels take a [T, N] buffer there that they do not read
     xc = stream(backend_module, x2) if x2.numel() else grad_spikes_c
     grad_x, grad_init, grad_params = backend_module.backward(
-        OBJECTS[model], grad_spikes_c, list(grad_final), xc, list(params), inner, list(init), OBJECTS[surrogate],
-        detach_reset, list(need_param_grads), list(saved), overwrite_saved,
-    )  # fmt: skip
+        OBJECTS[model],
+        grad_spikes_c,
+        list(grad_final),
+        xc,
+        list(params),
+        inner,
+        list(init),
+        OBJECTS[surrogate],
+        detach_reset,
+        list(need_param_grads),
+        list(saved),
+        overwrite_saved,
+    )
     # a custom op's outputs may not alias each other: a fresh empty tensor per missing gradient
     missing = grad_spikes.new_empty(0, dtype=cdt)
-    return [grad_x.to(grad_spikes.dtype),
-            *(torch.empty_like(missing) if g is None else g for g in (*grad_init, *grad_params))]
+    return [
+        grad_x.to(grad_spikes.dtype),
+        *(torch.empty_like(missing) if g is None else g for g in (*grad_init, *grad_params)),
+    ]
 
 
-def _backward_impl(grad_spikes: Tensor, grad_final: list[Tensor], x2: Tensor, params: list[Tensor],
-                   init: list[Tensor], inner: int, model: str, surrogate: str, detach_reset: bool, backend: str,
-                   need_param_grads: list[bool], saved: list[Tensor]) -> list[Tensor]:  # fmt: skip
-    return _run_backward(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend,
-                         need_param_grads, saved)  # fmt: skip
+def _backward_impl(
+    grad_spikes: Tensor,
+    grad_final: list[Tensor],
+    x2: Tensor,
+    params: list[Tensor],
+    init: list[Tensor],
+    inner: int,
+    model: str,
+    surrogate: str,
+    detach_reset: bool,
+    backend: str,
+    need_param_grads: list[bool],
+    saved: list[Tensor],
+) -> list[Tensor]:
+    return _run_backward(
+        grad_spikes,
+        grad_final,
+        x2,
+        params,
+        init,
+        inner,
+        model,
+        surrogate,
+        detach_reset,
+        backend,
+        need_param_grads,
+        saved,
+    )
 
 
 engine_backward = torch.library.custom_op("spikefuse::engine_backward", mutates_args=())(_backward_impl)
 
 
 @engine_backward.register_fake
-def _(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads,
-      saved):  # fmt: skip
+def _(
+    grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset, backend, need_param_grads, saved
+):
     n, cdt = grad_spikes.shape[1], compute_dtype(grad_spikes.dtype)  # (x2 may be empty: not kept)
     grad_init = [grad_spikes.new_empty(n if v.shape[0] == n else 0, dtype=cdt) for v in init]
-    grad_params = [torch.empty_like(p) if need else grad_spikes.new_empty(0, dtype=cdt)
-                   for p, need in zip(params, need_param_grads)]  # fmt: skip
+    grad_params = [
+        torch.empty_like(p) if need else grad_spikes.new_empty(0, dtype=cdt)
+        for p, need in zip(params, need_param_grads)
+    ]
     return [torch.empty_like(grad_spikes), *grad_init, *grad_params]
 
 
@@ -87,8 +156,13 @@ def _save(ctx, x2, params, init, inner, model, surrogate, detach_reset, backend,
     ctx.set_materialize_grads(False)
     # With the states saved, a generated backward reads x only where a derivative does (the reference recomputes
     # from x): the input is not kept alive for nothing, as a layer's whole [T, N] input would be.
-    needs_x = not saved or backend == "reference" or module(backend).kernels(
-        OBJECTS[model], type(OBJECTS[surrogate]), stream_dtype(module(backend), x2.dtype)).BACKWARD_READS_INPUT
+    needs_x = (
+        not saved
+        or backend == "reference"
+        or module(backend)
+        .kernels(OBJECTS[model], type(OBJECTS[surrogate]), stream_dtype(module(backend), x2.dtype))
+        .BACKWARD_READS_INPUT
+    )
     ctx.save_for_backward(x2 if needs_x else x2.new_empty(0), *params, *init, *saved)
 
 
@@ -98,19 +172,35 @@ def _gradients(ctx, grads, need_params, need_init, backward_op):
     grad_spikes, *grad_final = grads[: 1 + n_init]  # (none for the saved states)
     inner, model, surrogate, detach_reset, backend = ctx.args
     x2, *tensors = saved_tensors(ctx, f"the {OBJECTS[model].name} neurons")
-    refuse_double_backward(f"the {OBJECTS[model].name} neurons ({backend!r} backend)",
-                           "the fused kernels compute first-order gradients only; the layers with "
-                           "backend='reference' run plain PyTorch ops, which autograd differentiates twice")  # fmt: skip
+    refuse_double_backward(
+        f"the {OBJECTS[model].name} neurons ({backend!r} backend)",
+        "the fused kernels compute first-order gradients only; the layers with "
+        "backend='reference' run plain PyTorch ops, which autograd differentiates twice",
+    )
     params, init = list(tensors[:n_params]), list(tensors[n_params : n_params + n_init])
     saved = list(tensors[n_params + n_init :])
     if grad_spikes is None:  # only the states were used
         grad_spikes = torch.zeros(ctx.x_shape, dtype=x2.dtype, device=x2.device)
     grad_spikes = grad_spikes.contiguous()
-    grad_final = [grad_spikes.new_zeros(1, dtype=compute_dtype(grad_spikes.dtype)) if g is None else g.contiguous()
-                  for g in grad_final]  # fmt: skip
-    out = backward_op(grad_spikes, grad_final, x2, params, init, inner, model, surrogate, detach_reset,
-                      backend, [bool(n) for n in need_params], saved)  # fmt: skip
-    grad_x, grad_init, grad_params = out[0], out[1:1 + len(init)], out[1 + len(init):]
+    grad_final = [
+        grad_spikes.new_zeros(1, dtype=compute_dtype(grad_spikes.dtype)) if g is None else g.contiguous()
+        for g in grad_final
+    ]
+    out = backward_op(
+        grad_spikes,
+        grad_final,
+        x2,
+        params,
+        init,
+        inner,
+        model,
+        surrogate,
+        detach_reset,
+        backend,
+        [bool(n) for n in need_params],
+        saved,
+    )
+    grad_x, grad_init, grad_params = out[0], out[1 : 1 + len(init)], out[1 + len(init) :]
     grad_params = [g if need else None for g, need in zip(grad_params, need_params)]
     grad_init = [g if need and g.numel() else None for g, need in zip(grad_init, need_init)]
     return grad_x, grad_params, grad_init
@@ -122,8 +212,9 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grads):
-    grad_x, grad_params, grad_init = _gradients(ctx, grads, ctx.needs_input_grad[1], ctx.needs_input_grad[2],
-                                                engine_backward)  # fmt: skip
+    grad_x, grad_params, grad_init = _gradients(
+        ctx, grads, ctx.needs_input_grad[1], ctx.needs_input_grad[2], engine_backward
+    )
     return grad_x, grad_params, grad_init, None, None, None, None, None, None
 
 
@@ -150,27 +241,34 @@ class _EagerEngineNeuron(torch.autograd.Function):
         # once this graph is freed nobody reads the saved states again: grad_x may go over them (memory="potential")
         overwrite_saved = not keeps_graph()
         grad_x, grad_params, grad_init = _gradients(
-            ctx, grads, need[:n_params], need[n_params:],
+            ctx,
+            grads,
+            need[:n_params],
+            need[n_params:],
             lambda *args: _run_backward(*args, overwrite_saved=overwrite_saved),
-        )  # fmt: skip
+        )
         return (grad_x, None, None, None, None, None, None, None, *grad_params, *grad_init)
 
 
-def neuron(x2, params: list, init: list, inner: int, model, surrogate, detach_reset: bool, backend: str,
-           save: bool = False) -> list:  # fmt: skip
+def neuron(
+    x2, params: list, init: list, inner: int, model, surrogate, detach_reset: bool, backend: str, save: bool = False
+) -> list:
     """Run ``model`` on ``backend`` with autograd: ``[spikes, *final states]``; ``save``: keep every step's states
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
     plain Function in eager mode; the reference (and a layer of no neurons) as its differentiable loop."""
     if backend == "reference" or x2.shape[1] == 0:
         # the oracle as plain differentiable ops, which autograd differentiates twice and torch.func transforms
-        spikes, final = reference.run(model, x2.to(compute_dtype(x2.dtype)), list(params), inner, list(init),
-                                      surrogate, bool(detach_reset))  # fmt: skip
+        spikes, final = reference.run(
+            model, x2.to(compute_dtype(x2.dtype)), list(params), inner, list(init), surrogate, bool(detach_reset)
+        )
         return [spikes.to(x2.dtype), *final]
     model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
-        out = engine_forward(x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset),
-                             backend, bool(save))  # fmt: skip
+        out = engine_forward(
+            x2, list(params), list(init), inner, model_key, surrogate_key, bool(detach_reset), backend, bool(save)
+        )
     else:
-        out = _EagerEngineNeuron.apply(x2, inner, model_key, surrogate_key, bool(detach_reset), backend, bool(save),
-                                       len(params), *params, *init)  # fmt: skip
+        out = _EagerEngineNeuron.apply(
+            x2, inner, model_key, surrogate_key, bool(detach_reset), backend, bool(save), len(params), *params, *init
+        )
     return list(out[: 1 + len(init)])

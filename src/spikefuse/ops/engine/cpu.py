@@ -91,8 +91,9 @@ _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}  # the compu
 _ONE_BITS = {torch.float16: 0x3C00, torch.bfloat16: 0x3F80}  # 1.0 in the half-precision spike outputs' 16 bits
 _NO_BITS = np.empty((0, 0), dtype=np.uint8)  # the forward kernels' bits when they pack none
 # The generator's version: this file, the emitters and the code the kernels call.
-_GENERATOR = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common, batchnorm_cpu))
-                            + Path(__file__).read_bytes()).hexdigest()[:12]  # fmt: skip
+_GENERATOR = hashlib.sha256(
+    b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common, batchnorm_cpu)) + Path(__file__).read_bytes()
+).hexdigest()[:12]
 
 
 #: How the numba kernels spell a neuron's step (numbers cast to the compute dtype ``F``).
@@ -141,8 +142,12 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     def in_passes(call) -> list[str]:
         """A block's loop forward in time over ``T`` steps from ``t``: ``call(steps)`` (the line running steps
         t..t+steps-1) with :func:`row_steps` steps per pass, then with one for each step left over."""
-        return [f"    for t in range(0, T - {per_pass - 1}, {per_pass}):", call(per_pass),
-                f"    for t in range(T - T % {per_pass}, T):", call(1)]
+        return [
+            f"    for t in range(0, T - {per_pass - 1}, {per_pass}):",
+            call(per_pass),
+            f"    for t in range(T - T % {per_pass}, T):",
+            call(1),
+        ]
 
     def args(prefix: str, names) -> str:
         return "".join(f"{prefix}{n}, " for n in names)
@@ -198,16 +203,28 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
         def last_states(rows: str, indent: str) -> list[str]:
             """Neuron ``j``'s parameters, its states after the last step (from ``rows``) in ``v_*`` and their spike."""
-            return [*param_locals(indent), *[f"{indent}v_{k} = {rows.format(k=k, i=i)}" for i, k in enumerate(S)],
-                    *fire_old(indent, after_step=True)]
+            return [
+                *param_locals(indent),
+                *[f"{indent}v_{k} = {rows.format(k=k, i=i)}" for i, k in enumerate(S)],
+                *fire_old(indent, after_step=True),
+            ]
 
         def hand_off(rows: str, indent: str) -> list[str]:
             """Neuron ``j``'s states handed out, from the states after the last step in ``rows`` into ``v_*``."""
-            return [*last_states(rows, indent),
-                    *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff]]
+            return [
+                *last_states(rows, indent),
+                *[f"{indent}v_{t} = {emit.step_source(e, step_names, NUMBA)}" for t, e in model.handoff],
+            ]
 
-        def step_row(name: str, old: str, new: str, spikes: bool, save: bool = False,
-                     carried: tuple[str, ...] = (), steps: int = 1) -> list[str]:
+        def step_row(
+            name: str,
+            old: str,
+            new: str,
+            spikes: bool,
+            save: bool = False,
+            carried: tuple[str, ...] = (),
+            steps: int = 1,
+        ) -> list[str]:
             """One step of a block: the states from rows ``old`` to rows ``new`` (the same rows, one pointer each,
             for an update in place; likewise for the ``carried`` states, rows ``c_``), with ``spikes`` the spike row
             ``sr``, with ``save`` copies of the new states into rows ``sv_``. With ``steps`` > 1 (suffix ``_x<steps>``)
@@ -255,8 +272,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
             if not model.handoff:
                 return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S]]
-            return ["    for j in range(m):", *hand_off("st_{k}[j]", "        "),
-                    *[f"        final_{k}[n0 + j] = v_{k}" for k in S]]
+            return [
+                "    for j in range(m):",
+                *hand_off("st_{k}[j]", "        "),
+                *[f"        final_{k}[n0 + j] = v_{k}" for k in S],
+            ]
 
         def made_rows_setup(steps: int) -> list[str]:
             """A block's BatchNorm factor rows and ``steps`` rows to make its input rows in (a fused BatchNorm)."""
@@ -285,13 +305,27 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return ["    T = x.shape[0]", *in_passes(call)]
 
         forward = [
-            *(line for steps in (1, per_pass) for line in (
-                *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
-                *(line for g in ("", "_grads")
-                  for line in step_row(f"_recompute_row{g}", "o_", "w_", spikes=False, steps=steps,
-                                       carried=tuple(k for k in S if k not in replayed(bool(g))))),
-                # memory="potential": the forward also writes every step's states out (rows of `saved`)
-                *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True, steps=steps))),
+            *(
+                line
+                for steps in (1, per_pass)
+                for line in (
+                    *step_row("_forward_row", "st_", "st_", spikes=True, steps=steps),
+                    *(
+                        line
+                        for g in ("", "_grads")
+                        for line in step_row(
+                            f"_recompute_row{g}",
+                            "o_",
+                            "w_",
+                            spikes=False,
+                            steps=steps,
+                            carried=tuple(k for k in S if k not in replayed(bool(g))),
+                        )
+                    ),
+                    # memory="potential": the forward also writes every step's states out (rows of `saved`)
+                    *step_row("_forward_save_row", "st_", "st_", spikes=True, save=True, steps=steps),
+                )
+            ),
             "@njit(cache=True, error_model='numpy')",
             f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
             *load_params("    "),
@@ -384,9 +418,15 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     f"{ind}g_s = g{u}[j] + {carried_s}",
                     *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=carried.format(k=k)) for k in S],
                     f"{ind}gx_{u} = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-                    *([f"{ind}a{u}_{p} = {acc_in[p]} + " + chain([("g_s * sg_", f"dF_{p}")]
-                                                                 + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-                       for p in P] if grads else []),  # fmt: skip
+                    *(
+                        [
+                            f"{ind}a{u}_{p} = {acc_in[p]} + "
+                            + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+                            for p in P
+                        ]
+                        if grads
+                        else []
+                    ),
                     *[f"{ind}gS{u}_{old_k} = " + chain([(f"g_{k}", f"dS_{k}_{old_k}") for k in S]) for old_k in S],
                     f"{ind}gs{u} = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
                 ]
@@ -422,14 +462,16 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             after the last step (``gS_*``), its spike (``gs``) and the parameters (``acc_*``)."""
             last = "saved_{k}[T - 1, n0 + j]" if saved else f"hist[T * {len(S)} + {{i}}, j]"  # all replayed
             sums = [f"{ind}gS_{i}[j] = " + chain([(f"gH_{k}", f"dH_{k}_{i}") for k in S]) for i in S]
-            sums.append(f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}")
-                                                                         for k in S]))  # fmt: skip
+            sums.append(f"{ind}gs[j] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]))
             if grads:
-                sums += [f"{ind}acc_{p}[j] = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
-                         for p in P]  # fmt: skip
-            return ["    for j in range(m):", *[f"{ind}gH_{k} = gS_{k}[j]" for k in S],
-                    *last_states(last, ind),
-                    *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_GRAD), *sums]
+                sums += [f"{ind}acc_{p}[j] = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S]) for p in P]
+            return [
+                "    for j in range(m):",
+                *[f"{ind}gH_{k} = gS_{k}[j]" for k in S],
+                *last_states(last, ind),
+                *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_GRAD),
+                *sums,
+            ]
 
         def initial_grads(grads: bool, kept: tuple[str, ...]) -> list[str]:
             """The initial states' (and the parameters') gradients, where the first step's spike is that of the
@@ -437,20 +479,36 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             flows into them; with a handoff the first step sees no spike."""
             lines = ["    for j in range(m):", "        n = n0 + j"]
             if model.handoff:
-                return [*lines,
-                        *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j]" for k in S],
-                        *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j]"
-                           for pi, p in enumerate(P)] if grads else [])]  # fmt: skip
+                return [
+                    *lines,
+                    *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j]" for k in S],
+                    *(
+                        [
+                            f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j]"
+                            for pi, p in enumerate(P)
+                        ]
+                        if grads
+                        else []
+                    ),
+                ]
             return [
                 *lines,
                 *[f"        p_{p} = pv_{p}[j]" for p in ([] if scalar else P)],
                 *[f"        v_{k} = hist[{i}, j]" for i, k in enumerate(kept)],
                 f"        u_ = {fire}",
                 *emit.assignments(fire_derivs, sym_names, "        ", NUMBA_GRAD),
-                *[f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
-                  for k in S],
-                *([f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j] + gs[j] * sg_ * dF_{p}"
-                   for pi, p in enumerate(P)] if grads else []),
+                *[
+                    f"        if ginit_{k}.shape[0] == N:\n            ginit_{k}[n] = gS_{k}[j] + gs[j] * sg_ * df_{k}"
+                    for k in S
+                ],
+                *(
+                    [
+                        f"        if need_params[{pi}]:\n            gpar_{p}[n] = acc_{p}[j] + gs[j] * sg_ * dF_{p}"
+                        for pi, p in enumerate(P)
+                    ]
+                    if grads
+                    else []
+                ),
             ]
 
         def backward(grads: bool, saved: bool, over: str = "", tile: bool = False) -> list[str]:
@@ -466,23 +524,31 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             by_row = tile and not model.backward_reads_input
             mode = ("_saved" if saved else "") + OVER_SUFFIX[over] + ("_src" if tile else "")
             acc = args("acc_", P) if grads else ""
-            bwd_args = (f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
-                        "sg_p2, detach, inner, " + ("need_params, " if grads else "") + ("" if over else "grad_x, ")
-                        + ginit + (args("gpar_", P) if grads else ""))  # fmt: skip
+            bwd_args = (
+                f"grad_spikes, {gfin}x, {'src, ' if tile else ''}{par}{init}{sav if saved else ''}sg_p1, "
+                "sg_p2, detach, inner, "
+                + ("need_params, " if grads else "")
+                + ("" if over else "grad_x, ")
+                + ginit
+                + (args("gpar_", P) if grads else "")
+            )
             row = f"_reverse_rows{OVER_SUFFIX[over]}{g}{sfx}"
 
             def xrow(t: str) -> str:
                 """The block's input row of step ``t`` (by rows: a made row the reverse pass does not read)."""
                 return "xs[0]" if by_row else f"xs[{t}]" if tile else f"x[{t}, n0:n0 + m]"
 
-            def call(xs: list[str], gys: list[str], gxs: list[str], old: list[str], news: list[list[str]],
-                     flags: str) -> str:
+            def call(
+                xs: list[str], gys: list[str], gxs: list[str], old: list[str], news: list[list[str]], flags: str
+            ) -> str:
                 """The row function's call on its steps' rows (``xs``, ``gys``, ``gxs``: input, spike gradient and
                 grad_x, one per step), the states before the last step and after each (``old``, ``news``) and the
                 trailing flags (``fresh<u>``, ``valid``)."""
-                return (f"{row}({args('', xs)}{args('', gys)}{'' if over else args('', gxs)}"
-                        f"{args('', old + [r for new in news for r in new])}{args('gS_', S)}gs, {acc}{prow}sg_p1, "
-                        f"sg_p2, detach, {flags}m)")
+                return (
+                    f"{row}({args('', xs)}{args('', gys)}{'' if over else args('', gxs)}"
+                    f"{args('', old + [r for new in news for r in new])}{args('gS_', S)}gs, {acc}{prow}sg_p1, "
+                    f"sg_p2, detach, {flags}m)"
+                )
 
             def step_rows(t: str) -> tuple[str, str, str]:
                 """The block's input, spike-gradient and grad_x rows of step ``t``."""
@@ -517,9 +583,12 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 def spare_out(u: int) -> str:
                     return f"spare[{len(S) + u}]"
 
-                lines = ["    if T % " + str(n) + ":", f"        spare = np.zeros(({len(S) + n}, m), F)",
-                         "        for j in range(m):",
-                         *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(initial)]]  # fmt: skip
+                lines = [
+                    "    if T % " + str(n) + ":",
+                    f"        spare = np.zeros(({len(S) + n}, m), F)",
+                    "        for j in range(m):",
+                    *[f"            spare[{i}, j] = {r}[j]" for i, r in enumerate(initial)],
+                ]
                 for k in range(1, n):
                     rows, news = [], []
                     for u in range(n):
@@ -532,41 +601,58 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                     old = [spare_in] + copies[1:] if over == "state" else copies
                     xs, gys, gxs = (list(r) for r in zip(*rows))
                     flags = "".join(first(str(k - 1 - u)) for u in range(n)) + f"T % {n}, "
-                    lines += [f"        {'if' if k == 1 else 'elif'} T % {n} == {k}:",
-                              "            " + call(xs, gys, gxs, old, news, flags)]
+                    lines += [
+                        f"        {'if' if k == 1 else 'elif'} T % {n} == {k}:",
+                        "            " + call(xs, gys, gxs, old, news, flags),
+                    ]
                 return lines
 
             if saved:  # hist: the initial states only; the others are the forward's
-                states = [f"    hist = np.empty(({len(S)}, m), F)",
-                          *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    ")]
+                states = [
+                    f"    hist = np.empty(({len(S)}, m), F)",
+                    *load_rows([f"hist[{i}]" for i in range(len(S))], [f"init_{k}" for k in S], "    "),
+                ]
                 bottom = f"    {group(str(n - 1), row_list('0', S))}"
-                steps = [f"    for t in range(T - 1, {n - 1}, -{n}):", f"        {group('t', saved_list(f't - {n}'))}",
-                         *([bottom] if n == 1 else [f"    if T % {n} == 0:", "    " + bottom]),
-                         *steps_left(row_list("0", S))]
+                steps = [
+                    f"    for t in range(T - 1, {n - 1}, -{n}):",
+                    f"        {group('t', saved_list(f't - {n}'))}",
+                    *([bottom] if n == 1 else [f"    if T % {n} == 0:", "    " + bottom]),
+                    *steps_left(row_list("0", S)),
+                ]
             else:
                 carried = [k for k in S if k not in kept]
 
                 def recompute(steps: int) -> str:
                     """The recompute of steps t..t+steps-1 into their rows of ``hist``."""
-                    new_rows = "".join(f"hist[(t + {u + 1}) * {len(kept)} + {i}], "
-                                       for u in range(steps) for i in range(len(kept)))  # fmt: skip
+                    new_rows = "".join(
+                        f"hist[(t + {u + 1}) * {len(kept)} + {i}], " for u in range(steps) for i in range(len(kept))
+                    )
                     suffix = f"_x{steps}" if steps > 1 else ""
                     if by_row:
                         made, inputs = made_rows(steps), args("", [f"xs[{u}]" for u in range(steps)])
                     else:
                         made, inputs = "", args("", [xrow(f"t + {u}") for u in range(steps)])
-                    return (f"{made}        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
-                            f"{first('t')}m)")
+                    return (
+                        f"{made}        _recompute_row{g}{suffix}{sfx}({inputs}{rows('t', kept)}{new_rows}{prow}"
+                        f"{first('t')}m)"
+                    )
 
-                states = [*(made_rows_setup(per_pass) if by_row else ["    xs = source_tile(x, n0, m, src)"] if tile
-                            else []),
-                          f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
-                          *[f"    c_{k} = np.empty(m, F)" for k in carried],
-                          *load_rows([f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
-                                     [f"init_{k}" for k in (*kept, *carried)], "    "),
-                          *in_passes(recompute)]
-                steps = [f"    for t in range(T - 1, {n - 2}, -{n}):", f"        {group('t', after(f't - {n}'))}",
-                         *steps_left(row_list("0", kept))]
+                states = [
+                    *(made_rows_setup(per_pass) if by_row else ["    xs = source_tile(x, n0, m, src)"] if tile else []),
+                    f"    hist = np.empty(((T + 1) * {len(kept)}, m), F)",
+                    *[f"    c_{k} = np.empty(m, F)" for k in carried],
+                    *load_rows(
+                        [f"hist[{i}]" for i in range(len(kept))] + [f"c_{k}" for k in carried],
+                        [f"init_{k}" for k in (*kept, *carried)],
+                        "    ",
+                    ),
+                    *in_passes(recompute),
+                ]
+                steps = [
+                    f"    for t in range(T - 1, {n - 2}, -{n}):",
+                    f"        {group('t', after(f't - {n}'))}",
+                    *steps_left(row_list("0", kept)),
+                ]
             return [
                 "@njit(cache=True, error_model='numpy')",
                 f"def _backward_block{mode}{g}{sfx}({bwd_args}n0, m):",
@@ -604,8 +690,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
-        ("from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, pack_rows, prefer_wide_vectors, "
-         "rows_apart"),
+        (
+            "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, pack_rows, prefer_wide_vectors, "
+            "rows_apart"
+        ),
         f"F = {np_dtype}",
         "",
         *emit.model_facts(model),
@@ -619,8 +707,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s kernels (generated on first use, then cached on disk)."""
     tag = _NP_DTYPES[dtype].__name__
-    return emit.load_generated("cpu", model, surrogate_type, tag, _GENERATOR,
-                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
+    return emit.load_generated(
+        "cpu", model, surrogate_type, tag, _GENERATOR, lambda: kernel_source(model, surrogate_type, dtype)
+    )
 
 
 # --------------------------------------------------------------------------------------------------- entry points
@@ -651,8 +740,20 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None, *,
-            batch_norm=None, spike_bits=False):
+def forward(
+    model,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate,
+    detach_reset,
+    save=False,
+    spike_dtype=None,
+    *,
+    batch_norm=None,
+    spike_bits=False,
+):
     """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
     input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
     a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`).
@@ -681,16 +782,40 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
     getattr(module, name + suffix)(
-        _np(x2), *src, *par, *(_np(v) for v in init), int(inner), spike_array, one, *bits_arg,
-        *(f.numpy() for f in final), *(v.numpy() for v in saved), _block(n, threads),
-    )  # fmt: skip
+        _np(x2),
+        *src,
+        *par,
+        *(_np(v) for v in init),
+        int(inner),
+        spike_array,
+        one,
+        *bits_arg,
+        *(f.numpy() for f in final),
+        *(v.numpy() for v in saved),
+        _block(n, threads),
+    )
     if bits is not None:
         bitpack.remember(spikes, bits.view(-1), spikes=True)
     return spikes, final, saved
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False, *, overwrite_x=False, batch_norm=None):  # fmt: skip
+def backward(
+    model,
+    grad_spikes,
+    grad_final,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate,
+    detach_reset,
+    need_param_grads,
+    saved=(),
+    overwrite_saved=False,
+    *,
+    overwrite_x=False,
+    batch_norm=None,
+):
     """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over its first state
     (no fresh ``[T, N]`` buffer); likewise ``overwrite_x`` for ``x2`` when the states are recomputed (a transient of
     the caller's, e.g. a BatchNorm's output). ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`
@@ -708,9 +833,18 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
     src = () if batch_norm is None else (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
-    head = (_np(grad_spikes), *(_np(g) for g in grad_final), _np(x2), *src, *par, *(_np(v) for v in init),
-            *(_np(v) for v in saved), *_surrogate_args(surrogate, x2.dtype), bool(detach_reset),
-            int(inner))  # fmt: skip
+    head = (
+        _np(grad_spikes),
+        *(_np(g) for g in grad_final),
+        _np(x2),
+        *src,
+        *par,
+        *(_np(v) for v in init),
+        *(_np(v) for v in saved),
+        *_surrogate_args(surrogate, x2.dtype),
+        bool(detach_reset),
+        int(inner),
+    )
     outputs = (*(() if over or over_x else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))
     # per neuron of a block: the recomputed states, and the input rows of a fused BatchNorm (every step's, when the
     # reverse pass reads them)
@@ -718,11 +852,17 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
     made_rows = (t_steps if module.BACKWARD_READS_INPUT else row_steps(model)) if src else 0
     scratch = 0 if saved else ((t_steps + 1) * replayed + made_rows) * x2.element_size()
     block = _block(n, threads, scratch, SOURCE_SCRATCH_BYTES if src else SCRATCH_BYTES)
-    name = ("backward" + ("_saved" if saved else "") + ("_over" if over else "") + ("_over_x" if over_x else "")
-            + ("_src" if src else ""))  # fmt: skip
+    name = (
+        "backward"
+        + ("_saved" if saved else "")
+        + ("_over" if over else "")
+        + ("_over_x" if over_x else "")
+        + ("_src" if src else "")
+    )
     if any(need_param_grads):
-        getattr(module, name + "_grads" + suffix)(*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs,
-                                                  *(g.numpy() for g in per_neuron), block)  # fmt: skip
+        getattr(module, name + "_grads" + suffix)(
+            *head, np.asarray(need_param_grads, dtype=np.bool_), *outputs, *(g.numpy() for g in per_neuron), block
+        )
     else:
         getattr(module, name + suffix)(*head, *outputs, block)
     grad_params = [

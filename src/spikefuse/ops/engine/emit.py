@@ -29,8 +29,15 @@ from typing import Callable
 
 from ...neurons.model import WHERE
 
-__all__ = ["Dialect", "step_source", "sympy_source", "assignments", "backward_expressions", "cache_dir",
-           "load_generated"]  # fmt: skip
+__all__ = [
+    "Dialect",
+    "step_source",
+    "sympy_source",
+    "assignments",
+    "backward_expressions",
+    "cache_dir",
+    "load_generated",
+]
 
 
 @dataclass(frozen=True)
@@ -147,11 +154,22 @@ def backward_expressions(model, surrogate_type) -> tuple[dict, dict, dict]:
     import sympy
 
     S, P, d = model.states, model.params, model.derivatives
-    names = {**{f"old_{k}": f"o_{k}" for k in S}, **{f"new_{k}": f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P},
-             "x": "x_", "s": "s_", "u_": "u_", "sg_p1": "sg_p1", "sg_p2": "sg_p2"}  # fmt: skip
+    names = {
+        **{f"old_{k}": f"o_{k}" for k in S},
+        **{f"new_{k}": f"v_{k}" for k in S},
+        **{p: f"p_{p}" for p in P},
+        "x": "x_",
+        "s": "s_",
+        "u_": "u_",
+        "sg_p1": "sg_p1",
+        "sg_p2": "sg_p2",
+    }
     sg = surrogate_type.sympy_derivative(sympy.Symbol("u_"), sympy.Symbol("sg_p1"), sympy.Symbol("sg_p2"))
-    fire = {"sg_": sg, **{f"df_{k}": d.fire[i] for i, k in enumerate(S)},
-            **{f"dF_{p}": d.fire_param[i] for i, p in enumerate(P)}}  # fmt: skip
+    fire = {
+        "sg_": sg,
+        **{f"df_{k}": d.fire[i] for i, k in enumerate(S)},
+        **{f"dF_{p}": d.fire_param[i] for i, p in enumerate(P)},
+    }
     step = {}
     for i, k in enumerate(S):
         step[f"dx_{k}"] = d.input[i]
@@ -211,12 +229,17 @@ def cache_dir() -> Path:
             failure = f"{folder}: {err.strerror or err}"
             continue
         if folder != wanted:
-            warnings.warn(f"spikefuse: cannot write the kernel cache folder {wanted} ({failure}); kernels are cached in "
-                          f"{folder} instead (set SPIKEFUSE_CACHE_DIR to choose)", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"spikefuse: cannot write the kernel cache folder {wanted} ({failure}); kernels are cached in "
+                f"{folder} instead (set SPIKEFUSE_CACHE_DIR to choose)",
+                stacklevel=2,
+            )
         _CACHE_DIRS[base] = folder
         return folder
-    raise RuntimeError(f"spikefuse cannot write a folder for its generated kernels: {wanted} and {failure}; set "
-                       "SPIKEFUSE_CACHE_DIR to a writable folder")  # fmt: skip
+    raise RuntimeError(
+        f"spikefuse cannot write a folder for its generated kernels: {wanted} and {failure}; set "
+        "SPIKEFUSE_CACHE_DIR to a writable folder"
+    )
 
 
 _CACHE_DIRS: dict[str | None, Path] = {}  # by $SPIKEFUSE_CACHE_DIR: checked once per value

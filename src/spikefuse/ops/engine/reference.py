@@ -31,6 +31,7 @@ from ...surrogate import Surrogate
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
 READS_HALF = False
 
+
 class _Fire(torch.autograd.Function):
     """Heaviside of ``u`` (``u > 0`` for a strict model, else ``u >= 0``) forward, the surrogate derivative
     backward, in torch ops with a separate ``setup_context`` so that torch.func can transform it."""
@@ -106,8 +107,17 @@ def initial_spike(model, params, inner, init, n: int) -> torch.Tensor:
     return ((u > 0) if model.strict else (u >= 0)).to(init[0].dtype)
 
 
-def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool, history: list | None = None,
-        recurrent=None):  # fmt: skip
+def run(
+    model,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate: Surrogate,
+    detach_reset: bool,
+    history: list | None = None,
+    recurrent=None,
+):
     """Differentiable serial loop: ``(spikes [T, N], [final state [N] per state])``; appends each step's states to
     ``history`` when given. ``recurrent``: ``(current, spikes)`` for a recurrent layer: each step runs
     :attr:`~spikefuse.neurons.NeuronModel.recurrent_step` with ``x_rec = current(previous spikes)`` (``[N]`` to
@@ -140,8 +150,9 @@ def run(model, x2, params, inner, init, surrogate: Surrogate, detach_reset: bool
         spikes.append(s)
         fed_back = s
     if model.handoff:  # the states handed out: after the last step's reset
-        states = assign(model.handoff, {**_TORCH_FUNCTIONS, **env_params, **states,
-                                        "s": s.detach() if detach_reset else s})  # fmt: skip
+        states = assign(
+            model.handoff, {**_TORCH_FUNCTIONS, **env_params, **states, "s": s.detach() if detach_reset else s}
+        )
     return torch.stack(spikes), [states[name] for name in model.states]
 
 
@@ -156,8 +167,22 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     return spikes, final, [torch.stack([step[i].expand(n) for step in history]) for i in range(len(model.states))]
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False, *, overwrite_x=False):  # fmt: skip
+def backward(
+    model,
+    grad_spikes,
+    grad_final,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate,
+    detach_reset,
+    need_param_grads,
+    saved=(),
+    overwrite_saved=False,
+    *,
+    overwrite_x=False,
+):
     n = x2.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)
@@ -166,8 +191,11 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
         spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset)
         leaves = [x2] + [v for v in init if v.requires_grad] + [p for p in params if p.requires_grad]
         # a final state may not depend on any leaf (ALIF's adaptation with detach_reset from a shared initial value)
-        outputs = [(v, g) for v, g in zip((spikes, *final), (grad_spikes, *(g.expand(n) for g in grad_final)))
-                   if v.requires_grad]  # fmt: skip
+        outputs = [
+            (v, g)
+            for v, g in zip((spikes, *final), (grad_spikes, *(g.expand(n) for g in grad_final)))
+            if v.requires_grad
+        ]
         grads = torch.autograd.grad([v for v, _ in outputs], leaves, [g for _, g in outputs], allow_unused=True)
     grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
     grad_x, rest = grads[0], iter(grads[1:])

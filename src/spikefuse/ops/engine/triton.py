@@ -75,8 +75,9 @@ def dialects(dtype: torch.dtype) -> tuple[Dialect, Dialect]:
         divide=(lambda a, b: f"({a} / {b})") if f64 else (lambda a, b: f"tl.math.div_rn({a}, {b})"),
         **common,
     )
-    fast = Dialect(functions={"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt"}, divide=lambda a, b: f"({a} / {b})",
-                   **common)  # fmt: skip
+    fast = Dialect(
+        functions={"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt"}, divide=lambda a, b: f"({a} / {b})", **common
+    )
     return exact, fast
 
 
@@ -181,16 +182,22 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         """The initial states' (and the parameters') gradients, where the first step's spike is that of the initial
         states and its gradient flows into them; with a handoff the first step sees no spike."""
         if model.handoff:
-            return [*[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k}, mask=mask)" for k in S],
-                    *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p}, mask=mask)" for p in P]]
+            return [
+                *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k}, mask=mask)" for k in S],
+                *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p}, mask=mask)" for p in P],
+            ]
         return [
             *[f"    v_{k} = i_{k}" for k in S],
             f"    {fire}",
             *emit.assignments(fire_d, names_d, "    ", fast),
-            *[f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)"
-              for k in S],
-            *[f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)"
-              for p in P],
+            *[
+                f"    if GRAD_INIT_{k}:\n        tl.store(ginit_{k} + offs, gS_{k} + gs * sg_ * df_{k}, mask=mask)"
+                for k in S
+            ],
+            *[
+                f"    if NEED_{p}:\n        tl.store(gpar_{p} + offs, acc_{p} + gs * sg_ * dF_{p}, mask=mask)"
+                for p in P
+            ],
         ]
 
     flags = "".join(f"NEED_{p}: tl.constexpr, " for p in P) + "".join(f"GRAD_INIT_{k}: tl.constexpr, " for k in S)
@@ -230,8 +237,10 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "        row = tr * N + offs",
         "        prev = tl.maximum(tr - 1, 0)",
         f"{ind}if SAVED:",  # the states before the step: the initial ones, or the previous step's
-        *[f"{ind}    o_{k} = tl.where(tr > 0, tl.load(saved_{k} + prev * N + offs, mask=mask, other=0.0), i_{k})"
-          for k in S],  # fmt: skip
+        *[
+            f"{ind}    o_{k} = tl.where(tr > 0, tl.load(saved_{k} + prev * N + offs, mask=mask, other=0.0), i_{k})"
+            for k in S
+        ],
         f"{ind}else:",
         *[f"{ind}    o_{k} = tl.where(tr > 0, {history(k, 'prev')}, i_{k})" for k in S],
         *[f"{ind}v_{k} = o_{k}" for k in S],
@@ -247,9 +256,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f"{ind}gx_ = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
         *([f"{ind}gx_ = round_to_bfloat16(gx_)"] if dtype == torch.bfloat16 else []),
         f"{ind}tl.store(gx_ptr + row, gx_.to(gx_ptr.dtype.element_ty), mask=mask)",
-        *[f"{ind}if NEED_{p}:\n{ind}    acc_{p} += " + chain([("g_s * sg_", f"dF_{p}")]
-                                                          + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-          for p in P],  # fmt: skip
+        *[
+            f"{ind}if NEED_{p}:\n{ind}    acc_{p} += "
+            + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+            for p in P
+        ],
         *[f"{ind}gS_{old} = " + chain([(f"g_{k}", f"dS_{k}_{old}") for k in S]) for old in S],
         f"{ind}if DETACH:",
         f"{ind}    gs = {zeros}",
@@ -286,8 +297,9 @@ _ROUND_TO_BFLOAT16 = [
 
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s Triton kernels (generated on first use, then cached on disk)."""
-    return emit.load_generated("triton", model, surrogate_type, _TAGS[dtype], _GENERATOR,
-                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
+    return emit.load_generated(
+        "triton", model, surrogate_type, _TAGS[dtype], _GENERATOR, lambda: kernel_source(model, surrogate_type, dtype)
+    )
 
 
 # --------------------------------------------------------------------------------------------------- entry points
@@ -301,8 +313,10 @@ def _check(x2: torch.Tensor, tensors: list, what: str) -> None:
     cdt = compute_dtype(x2.dtype)
     for t in tensors:
         if not t.is_contiguous() or t.dtype != cdt or t.device != x2.device:
-            raise ValueError(f"spikefuse engine Triton backend: every {what} tensor must be contiguous, of dtype "
-                             f"{cdt} and on {x2.device}; got {t.dtype} on {t.device}")  # fmt: skip
+            raise ValueError(
+                f"spikefuse engine Triton backend: every {what} tensor must be contiguous, of dtype "
+                f"{cdt} and on {x2.device}; got {t.dtype} on {t.device}"
+            )
 
 
 def block_size(n: int) -> int:
@@ -347,18 +361,45 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     block = engine_block(n, len(model.states), cdt)
     with device_guard(x2.device):
         module.forward[(triton.cdiv(n, block),)](
-            x2, *par, *(a for v in init for a in (v, v.numel())), spikes, *final, *(saved or final), t_steps, n,
-            int(inner), SCALAR=scalar, SAVE=bool(save), BLOCK=block, **COMPILE_OPTIONS,
-        )  # fmt: skip
+            x2,
+            *par,
+            *(a for v in init for a in (v, v.numel())),
+            spikes,
+            *final,
+            *(saved or final),
+            t_steps,
+            n,
+            int(inner),
+            SCALAR=scalar,
+            SAVE=bool(save),
+            BLOCK=block,
+            **COMPILE_OPTIONS,
+        )
     return spikes, final, saved
 
 
-def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-             saved=(), overwrite_saved=False, *, overwrite_x=False):  # fmt: skip
+def backward(
+    model,
+    grad_spikes,
+    grad_final,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate,
+    detach_reset,
+    need_param_grads,
+    saved=(),
+    overwrite_saved=False,
+    *,
+    overwrite_x=False,
+):
     t_steps, n = x2.shape
     if not (x2.is_contiguous() and grad_spikes.is_contiguous()) or grad_spikes.dtype != x2.dtype:
-        raise ValueError("spikefuse engine Triton backend: the input and the spikes' gradient must be contiguous "
-                         f"and of one dtype, got {x2.dtype} and {grad_spikes.dtype}")  # fmt: skip
+        raise ValueError(
+            "spikefuse engine Triton backend: the input and the spikes' gradient must be contiguous "
+            f"and of one dtype, got {x2.dtype} and {grad_spikes.dtype}"
+        )
     _check(x2, [*grad_final, *params, *init, *saved], "state, gradient and parameter")
     device, cdt = x2.device, compute_dtype(x2.dtype)
     half = cdt != x2.dtype
@@ -377,15 +418,28 @@ def backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate,
         # a buffer that is not written (its flag is off) still needs a valid pointer of its dtype: sg stands in
         with device_guard(device):
             module.backward[(triton.cdiv(n, block),)](
-                grad_spikes, *(a for g in grad_final for a in (g, g.numel())), x2, *par,
-                *(a for v in init for a in (v, v.numel())), sg, hist if hist.numel() else sg,
-                *(saved or [sg] * len(model.states)), grad_x,
-                *(g if g.numel() else sg for g in grad_init), *(g if g.numel() else sg for g in per_neuron),
-                t_steps, n, int(inner), SCALAR=scalar, SAVED=bool(saved), DETACH=bool(detach_reset),
+                grad_spikes,
+                *(a for g in grad_final for a in (g, g.numel())),
+                x2,
+                *par,
+                *(a for v in init for a in (v, v.numel())),
+                sg,
+                hist if hist.numel() else sg,
+                *(saved or [sg] * len(model.states)),
+                grad_x,
+                *(g if g.numel() else sg for g in grad_init),
+                *(g if g.numel() else sg for g in per_neuron),
+                t_steps,
+                n,
+                int(inner),
+                SCALAR=scalar,
+                SAVED=bool(saved),
+                DETACH=bool(detach_reset),
                 **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
                 **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
-                BLOCK=block, **COMPILE_OPTIONS,
-            )  # fmt: skip
+                BLOCK=block,
+                **COMPILE_OPTIONS,
+            )
     grad_params = [
         reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
         for g, p, need in zip(per_neuron, params, need_param_grads)

@@ -77,8 +77,9 @@ class RecurrentFn(torch.autograd.Function):
         hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
         currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
         with torch.no_grad():
-            spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par.contiguous(), init_all,
-                                        spikes0, hist, currents)  # fmt: skip
+            spikes, final = run_forward(
+                ops, model, surrogate, x, weight, bias, par.contiguous(), init_all, spikes0, hist, currents
+            )
         if currents is not None:
             currents += x  # the steps' inputs, which the derivatives read
         bits, _ = bitpack.pack(spikes, reuse=False)
@@ -93,8 +94,10 @@ class RecurrentFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_spikes, *grad_final):
         model, surrogate, detach_reset, backend, potential, n_params, has_bias = ctx.args
-        refuse_double_backward(f"the recurrent {model.name} layer ({backend!r} backend)",
-                               "use backend='reference', which runs plain PyTorch ops")  # fmt: skip
+        refuse_double_backward(
+            f"the recurrent {model.name} layer ({backend!r} backend)",
+            "use backend='reference', which runs plain PyTorch ops",
+        )
         ops = backend_module(backend)
         bits, weight, bias, spikes0, par, init_all, *rest = saved_tensors(ctx, f"the recurrent {model.name} layer")
         t_steps = ctx.t_steps
@@ -117,8 +120,14 @@ class RecurrentFn(torch.autograd.Function):
             ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
             xin = x + currents if model.backward_reads_input else None
         gy = grad_spikes.contiguous() if grad_spikes is not None else torch.zeros(shape, dtype=dtype, device=device)
-        gS = torch.stack([torch.zeros(batch, hidden, dtype=dtype, device=device) if g is None
-                          else g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()  # fmt: skip
+        gS = torch.stack(
+            [
+                torch.zeros(batch, hidden, dtype=dtype, device=device)
+                if g is None
+                else g.to(dtype).expand(batch, hidden)
+                for g in grad_final
+            ]
+        ).contiguous()
         gs = torch.zeros(batch, hidden, dtype=dtype, device=device)
         grec = torch.zeros_like(gs)
         need = [bool(n) for n in ctx.needs_input_grad[10 : 10 + n_params]]
@@ -126,8 +135,22 @@ class RecurrentFn(torch.autograd.Function):
         G = _empty(shape, spikes0)
         if model.handoff:
             ops.handoff_grad(model, surrogate, detach_reset, need, gS, gs, hist, par, acc)
-        step = ops.bind_backward(model, surrogate, detach_reset, need, gy, grec, G, gS, gs, hist, init_all,
-                                 G if xin is None else xin, par, acc)  # fmt: skip
+        step = ops.bind_backward(
+            model,
+            surrogate,
+            detach_reset,
+            need,
+            gy,
+            grec,
+            G,
+            gS,
+            gs,
+            hist,
+            init_all,
+            G if xin is None else xin,
+            par,
+            acc,
+        )
         for t in range(t_steps - 1, -1, -1):
             step(t)
             current_backward(G[t], weight, out=grec)
@@ -144,11 +167,14 @@ class RecurrentFn(torch.autograd.Function):
         if has_bias and ctx.needs_input_grad[2]:
             grad_bias = flat_g.sum(0)
         param_shapes, init_shapes = ctx.shapes
-        grad_params = [None if not need[i] else acc[i].sum().reshape(s) if s.numel() == 1 else acc[i].sum(0)
-                       for i, s in enumerate(param_shapes)]  # fmt: skip
+        grad_params = [
+            None if not need[i] else acc[i].sum().reshape(s) if s.numel() == 1 else acc[i].sum(0)
+            for i, s in enumerate(param_shapes)
+        ]
         need_init = ctx.needs_input_grad[10 + n_params :]
-        grad_init = [None if not need_init[i] else ginit[i] if s == ginit[i].shape else ginit[i].sum().reshape(s)
-                     for i, s in enumerate(init_shapes)]  # fmt: skip
+        grad_init = [
+            None if not need_init[i] else ginit[i] if s == ginit[i].shape else ginit[i].sum().reshape(s)
+            for i, s in enumerate(init_shapes)
+        ]
         grad_spikes0 = grec.clone() if ctx.needs_input_grad[3] else None
-        return (G, grad_weight, grad_bias, grad_spikes0, None, None, None, None, None, None, *grad_params,
-                *grad_init)
+        return (G, grad_weight, grad_bias, grad_spikes0, None, None, None, None, None, None, *grad_params, *grad_init)

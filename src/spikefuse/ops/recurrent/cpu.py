@@ -58,15 +58,25 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
     def loop(head: str, body: list[str]) -> list[str]:
         """``body`` for every neuron of rows b0..b1, its parameters loaded."""
-        return [head, "    H = par.shape[1]", "    for b in range(b0, b1):", "        for h in range(H):",
-                *[f"            p_{p} = par[{i}, h]" for i, p in enumerate(P)], *indented(body, " " * 12)]
+        return [
+            head,
+            "    H = par.shape[1]",
+            "    for b in range(b0, b1):",
+            "        for h in range(H):",
+            *[f"            p_{p} = par[{i}, h]" for i, p in enumerate(P)],
+            *indented(body, " " * 12),
+        ]
 
     def parallel(name: str, args: str) -> list[str]:
         """``<name>_step``: ``<name>_rows`` over batch rows 0..rows in parallel chunks of ``chunk`` rows."""
-        return ["", "", "@njit(parallel=True, cache=True, error_model='numpy')",
-                f"def {name}_step({args}, rows, chunk):",
-                "    for c in prange((rows + chunk - 1) // chunk):",
-                f"        {name}_rows({args}, c * chunk, min(rows, c * chunk + chunk))"]
+        return [
+            "",
+            "",
+            "@njit(parallel=True, cache=True, error_model='numpy')",
+            f"def {name}_step({args}, rows, chunk):",
+            "    for c in prange((rows + chunk - 1) // chunk):",
+            f"        {name}_rows({args}, c * chunk, min(rows, c * chunk + chunk))",
+        ]
 
     jit = "@njit(cache=True, error_model='numpy')"
     # Row functions: one batch row of H neurons, every array a row of its own (rows_apart: LLVM vectorizes their
@@ -75,46 +85,90 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     prow = rows("pv_", P)
     params = [f"        p_{p} = pv_{p}[h]" for p in P]
     fwd_row = [
-        jit, f"def _forward_row(xr, rr, {rows('c_', S)}sr, {rows('h_', kept)}{prow}save, fresh, H):",
-        "    rows_apart()", "    for h in range(H):", *params,
-        *indented([*[f"v_{k} = c_{k}[h]" for k in S], fire, spike,
-                   *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
-                   "x_ = xr[h]", "r_ = rr[h]", *step, fire, spike, *[f"c_{k}[h] = v_{k}" for k in S],
-                   "if save:", *[f"    h_{k}[h] = v_{k}" for k in kept], "sr[h] = s_"], " " * 8)]
+        jit,
+        f"def _forward_row(xr, rr, {rows('c_', S)}sr, {rows('h_', kept)}{prow}save, fresh, H):",
+        "    rows_apart()",
+        "    for h in range(H):",
+        *params,
+        *indented(
+            [
+                *[f"v_{k} = c_{k}[h]" for k in S],
+                fire,
+                spike,
+                *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
+                "x_ = xr[h]",
+                "r_ = rr[h]",
+                *step,
+                fire,
+                spike,
+                *[f"c_{k}[h] = v_{k}" for k in S],
+                "if save:",
+                *[f"    h_{k}[h] = v_{k}" for k in kept],
+                "sr[h] = s_",
+            ],
+            " " * 8,
+        ),
+    ]
     fwd_args = "t, x, r, cur, spikes, hist, par, save"
-    forward = [*fwd_row, "", "", jit, f"def forward_rows({fwd_args}, b0, b1):",
-               "    H = x.shape[2]", "    spare = np.empty(H, x.dtype)",  # the kept rows' stand-in without save
-               "    for b in range(b0, b1):",
-               # the conditional rows as statements: numba's bytecode reader refuses long calls holding them
-               *[f"        h_{j} = hist[t, {j}, b] if save else spare" for j in range(len(kept))],
-               f"        _forward_row(x[t, b], r[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
-               + rows("h_", range(len(kept))) + rows("", [f"par[{i}]" for i in range(len(P))]) + "save, t == 0, H)"]  # fmt: skip
+    forward = [
+        *fwd_row,
+        "",
+        "",
+        jit,
+        f"def forward_rows({fwd_args}, b0, b1):",
+        "    H = x.shape[2]",
+        "    spare = np.empty(H, x.dtype)",  # the kept rows' stand-in without save
+        "    for b in range(b0, b1):",
+        # the conditional rows as statements: numba's bytecode reader refuses long calls holding them
+        *[f"        h_{j} = hist[t, {j}, b] if save else spare" for j in range(len(kept))],
+        f"        _forward_row(x[t, b], r[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
+        + rows("h_", range(len(kept)))
+        + rows("", [f"par[{i}]" for i in range(len(P))])
+        + "save, t == 0, H)",
+    ]
     forward += parallel("forward", fwd_args)
     replay_args = "x, r, cur, spikes, hist, par"
-    replay = [jit, f"def replay_rows({replay_args}, b0, b1):", "    for t in range(x.shape[0]):",
-              "        forward_rows(t, x, r[t], cur, spikes, hist, par, True, b0, b1)"]
+    replay = [
+        jit,
+        f"def replay_rows({replay_args}, b0, b1):",
+        "    for t in range(x.shape[0]):",
+        "        forward_rows(t, x, r[t], cur, spikes, hist, par, True, b0, b1)",
+    ]
     replay += parallel("replay", replay_args)
 
     need = "".join(f"need_{j}, " for j in range(len(P)))
     bwd_row = [
-        jit, f"def _backward_row(gyr, grecr, Gr, {rows('gS_', S)}gsr, {rows('nr_', kept)}{rows('or_', S)}xr, {prow}"
-             f"{rows('acc_', P)}sg_p1, sg_p2, detach, {need}fresh, H):",
-        "    rows_apart()", "    for h in range(H):", *params,
-        *indented([
-            *[f"o_{k} = or_{k}[h]" for k in S], *[f"v_{k} = o_{k}" for k in S], fire, spike,
-            *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
-            *[f"v_{k} = nr_{k}[h]" if k in kept else f"v_{k} = F(0.0)" for k in S], fire,
-            *(["x_ = xr[h]"] if model.backward_reads_input else []),
-            *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
-            "g_s = gyr[h] + grecr[h] + gsr[h]",
-            *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[h]") for k in S],
-            "Gr[h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
-            *[f"if need_{j}:\n    acc_{p}[h] += " + chain([("g_s * sg_", f"dF_{p}")]
-                                                             + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
-              for j, p in enumerate(P)],
-            *[f"gS_{o}[h] = " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) for o in S],
-            "gsr[h] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
-        ], " " * 8)]
+        jit,
+        f"def _backward_row(gyr, grecr, Gr, {rows('gS_', S)}gsr, {rows('nr_', kept)}{rows('or_', S)}xr, {prow}"
+        f"{rows('acc_', P)}sg_p1, sg_p2, detach, {need}fresh, H):",
+        "    rows_apart()",
+        "    for h in range(H):",
+        *params,
+        *indented(
+            [
+                *[f"o_{k} = or_{k}[h]" for k in S],
+                *[f"v_{k} = o_{k}" for k in S],
+                fire,
+                spike,
+                *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
+                *[f"v_{k} = nr_{k}[h]" if k in kept else f"v_{k} = F(0.0)" for k in S],
+                fire,
+                *(["x_ = xr[h]"] if model.backward_reads_input else []),
+                *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
+                "g_s = gyr[h] + grecr[h] + gsr[h]",
+                *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[h]") for k in S],
+                "Gr[h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
+                *[
+                    f"if need_{j}:\n    acc_{p}[h] += "
+                    + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+                    for j, p in enumerate(P)
+                ],
+                *[f"gS_{o}[h] = " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) for o in S],
+                "gsr[h] = F(0.0) if detach else " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
+            ],
+            " " * 8,
+        ),
+    ]
 
     bwd_args = "t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, detach, need"
 
@@ -126,42 +180,88 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             return f"init[{i}, b]"
         return f"hist[t - 1, {kept.index(k)}, b] if t > 0 else init[{i}, b]"
 
-    backward = [*bwd_row, "", "", jit, f"def backward_rows({bwd_args}, b0, b1):",
-                "    H = G.shape[2]",
-                "    for b in range(b0, b1):",
-                *[f"        o_{i} = {old_row(k)}" for i, k in enumerate(S)],
-                *[f"        a_{j} = acc[{j} if need[{j}] else 0, b]" for j in range(len(P))],
-                f"        _backward_row(gy[t, b], grec[b], G[t, b], {rows('', [f'gS[{i}, b]' for i in range(len(S))])}"
-                f"gs[b], {rows('', [f'hist[t, {j}, b]' for j in range(len(kept))])}"
-                + rows("o_", range(len(S))) + "xin[t, b], " + rows("", [f"par[{i}]" for i in range(len(P))])
-                + rows("a_", range(len(P))) + "sgp[0], sgp[1], detach, " + "".join(f"need[{j}], " for j in range(len(P)))
-                + "t == 0, H)"]  # fmt: skip
+    backward = [
+        *bwd_row,
+        "",
+        "",
+        jit,
+        f"def backward_rows({bwd_args}, b0, b1):",
+        "    H = G.shape[2]",
+        "    for b in range(b0, b1):",
+        *[f"        o_{i} = {old_row(k)}" for i, k in enumerate(S)],
+        *[f"        a_{j} = acc[{j} if need[{j}] else 0, b]" for j in range(len(P))],
+        f"        _backward_row(gy[t, b], grec[b], G[t, b], {rows('', [f'gS[{i}, b]' for i in range(len(S))])}"
+        f"gs[b], {rows('', [f'hist[t, {j}, b]' for j in range(len(kept))])}"
+        + rows("o_", range(len(S)))
+        + "xin[t, b], "
+        + rows("", [f"par[{i}]" for i in range(len(P))])
+        + rows("a_", range(len(P)))
+        + "sgp[0], sgp[1], detach, "
+        + "".join(f"need[{j}], " for j in range(len(P)))
+        + "t == 0, H)",
+    ]
     backward += parallel("backward", bwd_args)
 
     # after the reverse loop: the initial states' gradients, through the first step's reset spike (no handoff)
     if model.handoff:
         initial_body = [f"ginit[{i}, b, h] = gS[{i}, b, h]" for i in range(len(S))]
     else:
-        initial_body = [*[f"v_{k} = init[{i}, b, h]" for i, k in enumerate(S)], fire,
-                        *emit.assignments(fire_d, sym, "", grad_dialect),
-                        *[f"ginit[{i}, b, h] = gS[{i}, b, h] + gs[b, h] * sg_ * df_{k}" for i, k in enumerate(S)],
-                        *[f"if need[{j}]:\n    acc[{j}, b, h] += gs[b, h] * sg_ * dF_{p}" for j, p in enumerate(P)]]
-    initial = [jit, *loop("def initial_rows(gS, gs, ginit, init, par, sgp, acc, need, b0, b1):",
-                          ["sg_p1 = sgp[0]", "sg_p2 = sgp[1]", *initial_body])]
+        initial_body = [
+            *[f"v_{k} = init[{i}, b, h]" for i, k in enumerate(S)],
+            fire,
+            *emit.assignments(fire_d, sym, "", grad_dialect),
+            *[f"ginit[{i}, b, h] = gS[{i}, b, h] + gs[b, h] * sg_ * df_{k}" for i, k in enumerate(S)],
+            *[f"if need[{j}]:\n    acc[{j}, b, h] += gs[b, h] * sg_ * dF_{p}" for j, p in enumerate(P)],
+        ]
+    initial = [
+        jit,
+        *loop(
+            "def initial_rows(gS, gs, ginit, init, par, sgp, acc, need, b0, b1):",
+            ["sg_p1 = sgp[0]", "sg_p2 = sgp[1]", *initial_body],
+        ),
+    ]
     parts = [forward, replay, backward, initial]
     if model.handoff:
         last = "hist.shape[0] - 1"
-        parts.append([jit, *loop("def handoff_rows(cur, par, b0, b1):", [
-            *[f"v_{k} = cur[{i}, b, h]" for i, k in enumerate(S)], fire, spike, *handoff,
-            *[f"cur[{i}, b, h] = v_{k}" for i, k in enumerate(S)]])])
-        parts.append([jit, *loop("def handoff_grad_rows(gS, gs, hist, par, acc, detach, need, b0, b1):", [
-            *[f"v_{k} = hist[{last}, {kept.index(k)}, b, h]" for k in S], fire, spike,
-            *emit.assignments(handoff_d, sym, "", grad_dialect),
-            *[f"gH_{k} = gS[{i}, b, h]" for i, k in enumerate(S)],
-            *[f"gS[{i}, b, h] = " + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S]) for i, n in enumerate(S)],
-            "gs[b, h] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]),
-            *[f"if need[{j}]:\n    acc[{j}, b, h] += " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
-              for j, p in enumerate(P)]])])
+        parts.append(
+            [
+                jit,
+                *loop(
+                    "def handoff_rows(cur, par, b0, b1):",
+                    [
+                        *[f"v_{k} = cur[{i}, b, h]" for i, k in enumerate(S)],
+                        fire,
+                        spike,
+                        *handoff,
+                        *[f"cur[{i}, b, h] = v_{k}" for i, k in enumerate(S)],
+                    ],
+                ),
+            ]
+        )
+        parts.append(
+            [
+                jit,
+                *loop(
+                    "def handoff_grad_rows(gS, gs, hist, par, acc, detach, need, b0, b1):",
+                    [
+                        *[f"v_{k} = hist[{last}, {kept.index(k)}, b, h]" for k in S],
+                        fire,
+                        spike,
+                        *emit.assignments(handoff_d, sym, "", grad_dialect),
+                        *[f"gH_{k} = gS[{i}, b, h]" for i, k in enumerate(S)],
+                        *[
+                            f"gS[{i}, b, h] = " + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S])
+                            for i, n in enumerate(S)
+                        ],
+                        "gs[b, h] = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]),
+                        *[
+                            f"if need[{j}]:\n    acc[{j}, b, h] += " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
+                            for j, p in enumerate(P)
+                        ],
+                    ],
+                ),
+            ]
+        )
     header = [
         f'"""Generated by spikefuse.ops.recurrent.cpu for the neuron {model.name!r} ({model.key}), surrogate '
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
@@ -181,8 +281,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s recurrent step kernels (generated on first use, then cached on disk)."""
     tag = engine_cpu._NP_DTYPES[dtype].__name__
-    return emit.load_generated("cpu_recurrent", model, surrogate_type, tag, _GENERATOR,
-                               lambda: kernel_source(model, surrogate_type, dtype))  # fmt: skip
+    return emit.load_generated(
+        "cpu_recurrent", model, surrogate_type, tag, _GENERATOR, lambda: kernel_source(model, surrogate_type, dtype)
+    )
 
 
 # --------------------------------------------------------------------------------------------------- entry points
@@ -234,8 +335,9 @@ def bind_backward(model, surrogate, detach, need, gy, grec, G, gS, gs, hist, ini
 def initial(model, surrogate, need, gS, gs, ginit, init, par, acc) -> None:
     module = kernels(model, type(surrogate), gS.dtype)
     sgp = np.asarray(surrogate.params(), dtype=_np(gS).dtype)
-    module.initial_rows(*(_np(a) for a in (gS, gs, ginit, init, par)), sgp, _np(acc), np.asarray(need, dtype=np.bool_),
-                        0, gS.shape[1])  # fmt: skip
+    module.initial_rows(
+        *(_np(a) for a in (gS, gs, ginit, init, par)), sgp, _np(acc), np.asarray(need, dtype=np.bool_), 0, gS.shape[1]
+    )
 
 
 def handoff(model, surrogate, cur, par) -> None:
@@ -244,4 +346,5 @@ def handoff(model, surrogate, cur, par) -> None:
 
 def handoff_grad(model, surrogate, detach, need, gS, gs, hist, par, acc) -> None:
     kernels(model, type(surrogate), gS.dtype).handoff_grad_rows(
-        *(_np(a) for a in (gS, gs, hist, par, acc)), bool(detach), np.asarray(need, dtype=np.bool_), 0, gS.shape[1])
+        *(_np(a) for a in (gS, gs, hist, par, acc)), bool(detach), np.asarray(need, dtype=np.bool_), 0, gS.shape[1]
+    )

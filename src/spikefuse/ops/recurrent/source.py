@@ -33,12 +33,20 @@ class StepSource(NamedTuple):
 def step_source(model, surrogate_type, dialect: emit.Dialect) -> StepSource:
     """The forward statements in ``dialect`` (states ``v_<name>``, parameters ``p_<name>``, the input ``x_``, the
     previous spike ``s_``, the recurrent current ``r_``) and the derivatives of ``model``'s recurrent step."""
-    names = {**{k: f"v_{k}" for k in model.states}, **{p: f"p_{p}" for p in model.params}, "x": "x_", "s": "s_",
-             RECURRENT_INPUT: "r_"}  # fmt: skip
+    names = {
+        **{k: f"v_{k}" for k in model.states},
+        **{p: f"p_{p}" for p in model.params},
+        "x": "x_",
+        "s": "s_",
+        RECURRENT_INPUT: "r_",
+    }
     sym, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
     return StepSource(
         fire=f"u_ = {emit.step_source(model.fire, names, dialect)}",
         step=[f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.recurrent_step],
         handoff=[f"v_{k} = {emit.step_source(e, names, dialect)}" for k, e in model.handoff],
-        sym=sym, fire_d=fire_d, step_d=step_d, handoff_d=emit.handoff_expressions(model),
-    )  # fmt: skip
+        sym=sym,
+        fire_d=fire_d,
+        step_d=step_d,
+        handoff_d=emit.handoff_expressions(model),
+    )

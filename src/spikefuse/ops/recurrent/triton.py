@@ -46,99 +46,197 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
     def kernel(signature: str, body: list[str]) -> list[str]:
         """A kernel over the program's neurons ``offs`` of ``N``, its parameters (``par`` ``[P, H]``) loaded."""
-        return ["@triton.jit", f"def {signature}:", "    pid = tl.program_id(0)",
-                "    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "    mask = offs < N", "    h = offs % H",
-                *[f"    p_{p} = {load('par', f'{i} * H + h')}" for i, p in enumerate(P)],
-                *[f"    {line}" for line in body], "", ""]  # fmt: skip
+        return [
+            "@triton.jit",
+            f"def {signature}:",
+            "    pid = tl.program_id(0)",
+            "    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+            "    mask = offs < N",
+            "    h = offs % H",
+            *[f"    p_{p} = {load('par', f'{i} * H + h')}" for i, p in enumerate(P)],
+            *[f"    {line}" for line in body],
+            "",
+            "",
+        ]
 
     def row(t: str, k: str, rows: str = "hist", width: int = len(kept)) -> str:
         return f"(({t}) * {width} + {kept.index(k)}) * N + offs" if rows == "hist" else f"{S.index(k)} * N + offs"
 
     save = "".join(f"\n        tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept)
-    forward = kernel("forward_step(t, x, r, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)", [
-        "t64 = tl.cast(t, tl.int64)",  # row offsets in 64 bits: T * N may pass 2^31
-        *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)], fire, spike,
-        *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
-        f"x_ = {load('x', 't64 * N + offs')}.to({dt})", f"r_ = {load('r', 'offs')}", *step, fire, spike,
-        *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
-        f"if SAVE:{save}", "tl.store(spikes + t64 * N + offs, s_, mask=mask)"])
-    replay = kernel("replay(x, r, cur, spikes, hist, par, T, N, H, BLOCK: tl.constexpr)", [
-        *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
-        "for t in range(0, T):", "    t64 = tl.cast(t, tl.int64)", f"    {fire}", f"    {spike}",
-        *([f"    s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
-        f"    x_ = {load('x', 't64 * N + offs')}.to({dt})", f"    r_ = {load('r', 't64 * N + offs')}",
-        *[f"    {line}" for line in step],
-        *[f"    tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept],
-        *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)]])
+    forward = kernel(
+        "forward_step(t, x, r, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)",
+        [
+            "t64 = tl.cast(t, tl.int64)",  # row offsets in 64 bits: T * N may pass 2^31
+            *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
+            fire,
+            spike,
+            *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+            f"x_ = {load('x', 't64 * N + offs')}.to({dt})",
+            f"r_ = {load('r', 'offs')}",
+            *step,
+            fire,
+            spike,
+            *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+            f"if SAVE:{save}",
+            "tl.store(spikes + t64 * N + offs, s_, mask=mask)",
+        ],
+    )
+    replay = kernel(
+        "replay(x, r, cur, spikes, hist, par, T, N, H, BLOCK: tl.constexpr)",
+        [
+            *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
+            "for t in range(0, T):",
+            "    t64 = tl.cast(t, tl.int64)",
+            f"    {fire}",
+            f"    {spike}",
+            *([f"    s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+            f"    x_ = {load('x', 't64 * N + offs')}.to({dt})",
+            f"    r_ = {load('r', 't64 * N + offs')}",
+            *[f"    {line}" for line in step],
+            *[f"    tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept],
+            *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+        ],
+    )
 
     needs = "".join(f"NEED_{p}: tl.constexpr, " for p in P)
-    accumulate = [f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
-                  + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S]) + ", mask=mask)"
-                  for j, p in enumerate(P)]  # fmt: skip
-    backward = kernel(f"backward_step(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, N, H, "
-                      f"DETACH: tl.constexpr, {needs}BLOCK: tl.constexpr)", [  # fmt: skip
-        "sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", "t64 = tl.cast(t, tl.int64)",
-        "prev = tl.maximum(t64 - 1, 0)",
-        *[f"o_{k} = tl.where(t > 0, {load('hist', row('prev', k))}, {load('init', f'{i} * N + offs')})"
-          if k in kept else f"o_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)],
-        *[f"v_{k} = o_{k}" for k in S], fire, spike,
-        *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
-        *[f"v_{k} = {load('hist', row('t64', k))}" if k in kept else f"v_{k} = {zeros}" for k in S], fire,
-        *([f"x_ = {load('xin', 't64 * N + offs')}"] if model.backward_reads_input else []),
-        *emit.assignments({**fire_d, **step_d}, sym, "", fast),
-        f"g_s = {load('gy', 't64 * N + offs')}.to({dt}) + {load('grec', 'offs')} + {load('gs', 'offs')}",
-        *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=load("gS", f"{i} * N + offs"))
-          for i, k in enumerate(S)],
-        "tl.store(G + t64 * N + offs, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
-        *accumulate,
-        *[f"tl.store(gS + {i} * N + offs, " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) + ", mask=mask)"
-          for i, o in enumerate(S)],
-        "if DETACH:", f"    tl.store(gs + offs, {zeros}, mask=mask)",
-        "else:", "    tl.store(gs + offs, " + chain([(f"g_{k}", f"ds_{k}") for k in S]) + ", mask=mask)"])
+    accumulate = [
+        f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
+        + chain([("g_s * sg_", f"dF_{p}")] + [(f"g_{k}", f"dP_{k}_{p}") for k in S])
+        + ", mask=mask)"
+        for j, p in enumerate(P)
+    ]
+    backward = kernel(
+        f"backward_step(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, N, H, "
+        f"DETACH: tl.constexpr, {needs}BLOCK: tl.constexpr)",
+        [
+            "sg_p1 = tl.load(sgp)",
+            "sg_p2 = tl.load(sgp + 1)",
+            "t64 = tl.cast(t, tl.int64)",
+            "prev = tl.maximum(t64 - 1, 0)",
+            *[
+                f"o_{k} = tl.where(t > 0, {load('hist', row('prev', k))}, {load('init', f'{i} * N + offs')})"
+                if k in kept
+                else f"o_{k} = {load('init', f'{i} * N + offs')}"
+                for i, k in enumerate(S)
+            ],
+            *[f"v_{k} = o_{k}" for k in S],
+            fire,
+            spike,
+            *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
+            *[f"v_{k} = {load('hist', row('t64', k))}" if k in kept else f"v_{k} = {zeros}" for k in S],
+            fire,
+            *([f"x_ = {load('xin', 't64 * N + offs')}"] if model.backward_reads_input else []),
+            *emit.assignments({**fire_d, **step_d}, sym, "", fast),
+            f"g_s = {load('gy', 't64 * N + offs')}.to({dt}) + {load('grec', 'offs')} + {load('gs', 'offs')}",
+            *[
+                f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=load("gS", f"{i} * N + offs"))
+                for i, k in enumerate(S)
+            ],
+            "tl.store(G + t64 * N + offs, " + chain([(f"g_{k}", f"dx_{k}") for k in S]) + ", mask=mask)",
+            *accumulate,
+            *[
+                f"tl.store(gS + {i} * N + offs, " + chain([(f"g_{k}", f"dS_{k}_{o}") for k in S]) + ", mask=mask)"
+                for i, o in enumerate(S)
+            ],
+            "if DETACH:",
+            f"    tl.store(gs + offs, {zeros}, mask=mask)",
+            "else:",
+            "    tl.store(gs + offs, " + chain([(f"g_{k}", f"ds_{k}") for k in S]) + ", mask=mask)",
+        ],
+    )
     if model.handoff:
-        initial_body = [f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')}, mask=mask)"
-                        for i in range(len(S))]
+        initial_body = [
+            f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')}, mask=mask)" for i in range(len(S))
+        ]
     else:
         initial_body = [
-            *[f"v_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)], fire,
-            *emit.assignments(fire_d, sym, "", fast), f"g_ = {load('gs', 'offs')} * sg_",
-            *[f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')} + g_ * df_{k}, mask=mask)"
-              for i, k in enumerate(S)],
-            *[f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + g_ * dF_{p}, "
-              "mask=mask)" for j, p in enumerate(P)]]  # fmt: skip
-    initial = kernel(f"initial(gS, gs, ginit, init, par, sgp, acc, N, H, {needs}BLOCK: tl.constexpr)",
-                     ["sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", *initial_body])
+            *[f"v_{k} = {load('init', f'{i} * N + offs')}" for i, k in enumerate(S)],
+            fire,
+            *emit.assignments(fire_d, sym, "", fast),
+            f"g_ = {load('gs', 'offs')} * sg_",
+            *[
+                f"tl.store(ginit + {i} * N + offs, {load('gS', f'{i} * N + offs')} + g_ * df_{k}, mask=mask)"
+                for i, k in enumerate(S)
+            ],
+            *[
+                f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + g_ * dF_{p}, "
+                "mask=mask)"
+                for j, p in enumerate(P)
+            ],
+        ]
+    initial = kernel(
+        f"initial(gS, gs, ginit, init, par, sgp, acc, N, H, {needs}BLOCK: tl.constexpr)",
+        ["sg_p1 = tl.load(sgp)", "sg_p2 = tl.load(sgp + 1)", *initial_body],
+    )
     parts = [forward, replay, backward, initial]
     if model.handoff:
-        parts.append(kernel("handoff(cur, par, N, H, BLOCK: tl.constexpr)", [
-            *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)], fire, spike, *handoff,
-            *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)]]))
-        parts.append(kernel(f"handoff_grad(gS, gs, hist, par, acc, T, N, H, DETACH: tl.constexpr, {needs}"
-                            "BLOCK: tl.constexpr)", [  # fmt: skip
-            "last = tl.cast(T - 1, tl.int64)",
-            *[f"v_{k} = {load('hist', row('last', k))}" for k in S], fire, spike,
-            *emit.assignments(handoff_d, sym, "", fast),
-            *[f"gH_{k} = {load('gS', f'{i} * N + offs')}" for i, k in enumerate(S)],
-            *[f"tl.store(gS + {i} * N + offs, " + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S]) + ", mask=mask)"
-              for i, n in enumerate(S)],
-            "if DETACH:", f"    tl.store(gs + offs, {zeros}, mask=mask)",
-            "else:", "    tl.store(gs + offs, " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]) + ", mask=mask)",
-            *[f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
-              + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S]) + ", mask=mask)" for j, p in enumerate(P)]]))
+        parts.append(
+            kernel(
+                "handoff(cur, par, N, H, BLOCK: tl.constexpr)",
+                [
+                    *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
+                    fire,
+                    spike,
+                    *handoff,
+                    *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
+                ],
+            )
+        )
+        parts.append(
+            kernel(
+                f"handoff_grad(gS, gs, hist, par, acc, T, N, H, DETACH: tl.constexpr, {needs}BLOCK: tl.constexpr)",
+                [
+                    "last = tl.cast(T - 1, tl.int64)",
+                    *[f"v_{k} = {load('hist', row('last', k))}" for k in S],
+                    fire,
+                    spike,
+                    *emit.assignments(handoff_d, sym, "", fast),
+                    *[f"gH_{k} = {load('gS', f'{i} * N + offs')}" for i, k in enumerate(S)],
+                    *[
+                        f"tl.store(gS + {i} * N + offs, "
+                        + chain([(f"gH_{k}", f"dH_{k}_{n}") for k in S])
+                        + ", mask=mask)"
+                        for i, n in enumerate(S)
+                    ],
+                    "if DETACH:",
+                    f"    tl.store(gs + offs, {zeros}, mask=mask)",
+                    "else:",
+                    "    tl.store(gs + offs, " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]) + ", mask=mask)",
+                    *[
+                        f"if NEED_{p}:\n        tl.store(acc + {j} * N + offs, {load('acc', f'{j} * N + offs')} + "
+                        + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S])
+                        + ", mask=mask)"
+                        for j, p in enumerate(P)
+                    ],
+                ],
+            )
+        )
     header = [
         f'"""Generated by spikefuse.ops.recurrent.triton for the neuron {model.name!r} ({model.key}), surrogate '
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
-        "import triton", "import triton.language as tl", "", "", *emit.model_facts(model),
-        f"KEPT_STATES = {kept!r}", "", "",
-    ]  # fmt: skip
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+        *emit.model_facts(model),
+        f"KEPT_STATES = {kept!r}",
+        "",
+        "",
+    ]
     return "\n".join(header + [line for part in parts for line in part]) + "\n"
 
 
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s recurrent step kernels for the compute dtype ``dtype``."""
     cdt = compute_dtype(dtype)
-    return emit.load_generated("triton_recurrent", model, surrogate_type, engine_triton._TAGS[cdt], _GENERATOR,
-                               lambda: kernel_source(model, surrogate_type, cdt))  # fmt: skip
+    return emit.load_generated(
+        "triton_recurrent",
+        model,
+        surrogate_type,
+        engine_triton._TAGS[cdt],
+        _GENERATOR,
+        lambda: kernel_source(model, surrogate_type, cdt),
+    )
 
 
 # --------------------------------------------------------------------------------------------------- entry points
