@@ -233,7 +233,7 @@ def batchnorm_neuron(
         bool(training),
         float(momentum),
         float(eps),
-        _bn_lif.engine_neuron_key(model, surrogate, detach_reset),
+        _bn_lif.bound_neuron_key(model, surrogate, detach_reset),
         tensors,
         init,
         inner,

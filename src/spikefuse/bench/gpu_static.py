@@ -1,7 +1,7 @@
 """``spikefuse bench gpu-static``: the Triton kernels compiled for A100 (sm_80) and H100 (sm_90) without a GPU.
 
 Compiles the kernels the neuron engine generates (:mod:`spikefuse.ops.engine.triton`, through
-:mod:`spikefuse.ops.triton_aot`) for the shipped neurons (the paper's LIF, CubaLIF, ALIF) in every dtype and memory
+:mod:`spikefuse.bench.triton_aot`) for the shipped neurons (the paper's LIF, CubaLIF, ALIF) in every dtype and memory
 mode, and (standard set) every LIF definition behind the public API with the surrogates cycled, and reports per
 kernel: registers per thread, local memory (spills), the width of the global loads / stores in the time loops of
 the PTX, and the DRAM bytes per neuron-step. From the bytes it estimates the time of one LIF layer (the
@@ -87,7 +87,7 @@ def occupancy(regs: int, gpu: dict, threads: int = 128) -> int:
 
 def kernel_estimate(case: dict, res: dict, gpu: dict, T: int, N: int) -> dict:
     """Bytes, bytes / bandwidth, and the latency-hiding check of one kernel over ``T`` steps of ``N`` neurons."""
-    from ..ops.triton_aot import NUM_THREADS, traffic
+    from .triton_aot import NUM_THREADS, traffic
 
     tr = traffic(case)
     total = T * N * tr["per_step"] + N * tr["per_neuron"]
@@ -123,7 +123,7 @@ def _shipped_models() -> dict:
 def shipped_cases(N: int, dtypes=("fp32", "fp16", "bf16", "fp64"), T: int = 32) -> list[dict]:
     """The shipped neurons' forward and backward in every dtype and memory mode (per-channel parameters, every
     gradient), and the LIF's backward without the decay's gradient (a fixed decay, as SpikingJelly's LIF has)."""
-    from ..ops import triton_aot as A
+    from . import triton_aot as A
 
     cases = []
     for name, model in _shipped_models().items():
@@ -141,7 +141,7 @@ def definition_cases(N: int, dtypes=("fp32",), every_surrogate: bool = False, T:
     """Every LIF definition behind the public API (the paper's, snnTorch's and SpikingJelly's forms), forward and
     recomputing backward, with the surrogates cycled (or each of them), group ``all``."""
     from ..neurons import LIF_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
-    from ..ops import triton_aot as A
+    from . import triton_aot as A
     from ..surrogate import SURROGATES
 
     surrogates = [cls.__name__ for cls in SURROGATES.values()]
@@ -230,7 +230,7 @@ def build_report(
     args, cases, results, tools, seconds, command: str | None = None, machine: str | None = None
 ) -> tuple[str, dict]:
     """The markdown report and the JSON record; ``command`` / ``machine``: an earlier run's (default: this one's)."""
-    from ..ops.triton_aot import ARCHS, traffic
+    from .triton_aot import ARCHS, traffic
     from .common import command_line, machine_info, markdown_table
 
     command = command or command_line()
@@ -468,7 +468,7 @@ def _render(args) -> int:
 
 
 def run(args) -> int:
-    from ..ops import triton_aot as A
+    from . import triton_aot as A
 
     if args.render:
         return _render(args)

@@ -114,7 +114,7 @@ def _sites(cfg: dict) -> list[_Site]:
     distinct (kind, input shape, residual)."""
     import torch
 
-    from ..nn.bn_lif import ConvBatchNormLIF, _BatchNormLIF
+    from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase
     from .memory import make_form, step_input
 
     model, reset = make_form({**cfg, "form": "lean"})
@@ -126,7 +126,7 @@ def _sites(cfg: dict) -> list[_Site]:
     hooks = [
         m.register_forward_pre_hook(record, with_kwargs=True)
         for m in model.modules()
-        if isinstance(m, (_BatchNormLIF, ConvBatchNormLIF))
+        if isinstance(m, (BatchNormLIFBase, ConvBatchNormLIF))
     ]
     stem_inner = {id(m.bn_lif) for m in model.modules() if isinstance(m, ConvBatchNormLIF)}
     x, _ = step_input(cfg)

@@ -275,11 +275,11 @@ def _group(module) -> str | None:
     from torch import nn
 
     from ..nn import LIF, SeqToBatch
-    from ..nn.bn_lif import ConvBatchNormLIF, _BatchNormLIF
+    from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase
 
     if isinstance(module, SeqToBatch):
         module = module.module
-    if isinstance(module, (nn.Conv2d, nn.modules.batchnorm._BatchNorm, LIF, _BatchNormLIF, ConvBatchNormLIF)):
+    if isinstance(module, (nn.Conv2d, nn.modules.batchnorm._BatchNorm, LIF, BatchNormLIFBase, ConvBatchNormLIF)):
         return "stack"
     if isinstance(module, nn.Linear):
         return "linear"  # the readout is "other"; decided by the caller

@@ -54,7 +54,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..nn.bn_lif import ConvBatchNormLIF, _BatchNormLIF, running_average_factor
+from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase, running_average_factor
 from ..nn.containers import SeqToBatch
 from ..nn.neurons import LIF
 from ..ops.common import compute_dtype
@@ -642,7 +642,7 @@ class TimeSplitBatchNormLIF(nn.Module):
     The fused op normalizes inside one custom op that cannot all-reduce; this form can, at a memory cost: the
     normalized input (plus residual) is kept for backward as the neuron's input, as in the unfused network."""
 
-    def __init__(self, fused: _BatchNormLIF, group=None):
+    def __init__(self, fused: BatchNormLIFBase, group=None):
         super().__init__()
         self.bn = TimeSplitBatchNorm.from_batchnorm(fused, group, channel_dim=2)
         self.bn._parameters.pop("decay", None)  # the neuron's, shared with the neuron below
@@ -677,7 +677,7 @@ def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
     fused BatchNorm+LIF modules of the lean form by :class:`TimeSplitBatchNormLIF`, over ``group`` (sharing
     parameters and buffers). Returns the converted module (``module`` itself is changed in place where it is a
     container)."""
-    if isinstance(module, _BatchNormLIF):
+    if isinstance(module, BatchNormLIFBase):
         return TimeSplitBatchNormLIF(module, group)
     if isinstance(module, ConvBatchNormLIF):  # the convolution's output is kept again
         return nn.Sequential(SeqToBatch(module.conv), TimeSplitBatchNormLIF(module.bn_lif, group))
@@ -702,7 +702,7 @@ def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Modu
     """
     if isinstance(module, LIF) and not isinstance(module, TimeSplitLIF):
         return TimeSplitLIF.from_lif(module, group, chunks)
-    if isinstance(module, _BatchNormLIF):
+    if isinstance(module, BatchNormLIFBase):
         module = TimeSplitBatchNormLIF(module, group)  # its neuron is converted below
     if isinstance(module, ConvBatchNormLIF):
         module = nn.Sequential(SeqToBatch(module.conv), module.bn_lif)  # converted below

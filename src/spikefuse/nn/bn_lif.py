@@ -50,7 +50,7 @@ def batchnorm_call_args(bn: _NormBase) -> tuple:
     )
 
 
-class _BatchNormLIF(_LIFModuleOptions, _NormBase):
+class BatchNormLIFBase(_LIFModuleOptions, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
@@ -121,14 +121,14 @@ class _BatchNormLIF(_LIFModuleOptions, _NormBase):
         return f"{super().extra_repr()}, {self._neuron_options_repr()}"
 
 
-class BatchNormLIF1d(_BatchNormLIF):
+class BatchNormLIF1d(BatchNormLIFBase):
     """:class:`torch.nn.BatchNorm1d` over ``[T, B, C]`` or ``[T, B, C, L]`` (T*B merged) fused with LIF neurons."""
 
     _ndims = (3, 4)
     _layout = "[T, B, C] or [T, B, C, L]"
 
 
-class BatchNormLIF2d(_BatchNormLIF):
+class BatchNormLIF2d(BatchNormLIFBase):
     """:class:`torch.nn.BatchNorm2d` over ``[T, B, C, H, W]`` (T*B merged) fused with LIF neurons."""
 
     _ndims = (5,)
@@ -144,7 +144,7 @@ class ConvBatchNormLIF(torch.nn.Module):
     images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.nn.lean`).
     ``conv`` and ``bn_lif`` stay the modules holding the parameters and buffers."""
 
-    def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_lif: _BatchNormLIF):
+    def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_lif: BatchNormLIFBase):
         super().__init__()
         if not isinstance(conv, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
             raise TypeError(f"conv must be an nn.Conv1d, Conv2d or Conv3d, got {type(conv).__name__}")
@@ -153,7 +153,7 @@ class ConvBatchNormLIF(torch.nn.Module):
                 f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
                 f"padding_mode={conv.padding_mode!r}"
             )
-        if not isinstance(bn_lif, _BatchNormLIF):
+        if not isinstance(bn_lif, BatchNormLIFBase):
             raise TypeError(f"bn_lif must be a BatchNormLIF1d or BatchNormLIF2d, got {type(bn_lif).__name__}")
         if bn_lif.num_features != conv.out_channels:
             raise ValueError(f"bn_lif has {bn_lif.num_features} channels but conv gives {conv.out_channels}")

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, _BatchNormLIF
+from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, BatchNormLIFBase
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import EngineNeuron
 from .neurons import LIF
@@ -137,7 +137,7 @@ def spike_max_pool_from(pool: nn.Module) -> nn.Module | None:
     return _like(SeqToBatch(cls(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode)), pool)
 
 
-def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> _BatchNormLIF | None:
+def batchnorm_lif_from(bn_layer: nn.Module, neuron: LIF) -> BatchNormLIFBase | None:
     """One fused BatchNorm+LIF module with the state of ``bn_layer`` (``nn.BatchNorm1d/2d``, bare or in
     ``SeqToBatch``) and the options (and learnable decay) of ``neuron``; None when ``bn_layer`` is not one."""
     bn = _unwrap(bn_layer)
@@ -188,7 +188,7 @@ def conv_batchnorm_lif_from(conv_layer: nn.Module, bn_lif: nn.Module) -> ConvBat
         return None
     if conv.in_channels // conv.groups * math.prod(conv.kernel_size) > RECOMPUTE_MAX_MACS:
         return None
-    if isinstance(conv.padding, str) or not isinstance(bn_lif, _BatchNormLIF) or bn_lif.stateful:
+    if isinstance(conv.padding, str) or not isinstance(bn_lif, BatchNormLIFBase) or bn_lif.stateful:
         return None
     return ConvBatchNormLIF(conv, bn_lif)
 
@@ -228,7 +228,7 @@ class ShapeOnlyAvgPool2d(nn.AvgPool2d):
 
 
 #: The modules whose output is spikes.
-_SPIKING = (LIF, EngineNeuron, _BatchNormLIF, BatchNormNeuron, ConvBatchNormLIF)
+_SPIKING = (LIF, EngineNeuron, BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF)
 
 
 def _keeps_spikes(m: nn.Module) -> bool:

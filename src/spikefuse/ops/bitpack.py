@@ -40,34 +40,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..threads import match_numba_threads
 from . import buffers
+from .bit_layout import int_view, packed_numel
 from .numba_common import unpack_bits
 
 __all__ = ["pack", "unpack", "pack_torch", "unpack_torch", "packed_numel", "remember"]
 
-# Same-width integer views of each supported dtype; the mask keeps the bits that make an element nonzero (for
-# floats every bit but the sign, so -0.0 packs to 0); ONE is the bit pattern of 1 in the dtype.
-_INT_VIEW = {
-    torch.float64: (torch.int64, np.int64(0x7FFFFFFFFFFFFFFF), np.int64(0x3FF0000000000000)),
-    torch.float32: (torch.int32, np.int32(0x7FFFFFFF), np.int32(0x3F800000)),
-    torch.float16: (torch.int16, np.int16(0x7FFF), np.int16(0x3C00)),
-    torch.bfloat16: (torch.int16, np.int16(0x7FFF), np.int16(0x3F80)),
-    torch.int64: (torch.int64, np.int64(-1), np.int64(1)),
-    torch.int32: (torch.int32, np.int32(-1), np.int32(1)),
-    torch.int16: (torch.int16, np.int16(-1), np.int16(1)),
-    torch.int8: (torch.int8, np.int8(-1), np.int8(1)),
-    torch.uint8: (torch.uint8, np.uint8(0xFF), np.uint8(1)),
-    torch.bool: (torch.uint8, np.uint8(0xFF), np.uint8(1)),
-}
 
 # Packed bytes per parallel task of the CPU kernels (32768 elements): small enough that a layer's spikes (a few
 # MB) still split over the threads, as prange gives each thread whole tasks.
 _BYTES_PER_TASK = 1 << 12
 _WORDS_PER_TASK = _BYTES_PER_TASK // 8
-
-
-def packed_numel(numel: int) -> int:
-    """Bytes that :func:`pack` uses for ``numel`` elements: ``ceil(numel / 8)``."""
-    return (int(numel) + 7) // 8
 
 
 # --------------------------------------------------------------------------------------------------- CPU (numba)
@@ -101,16 +83,8 @@ def _unpack_kernel(packed, one, out):
         unpack_bits(packed, e0, out[e0 : min(e0 + per_task, n)], one)
 
 
-def _int_view(dtype: torch.dtype):
-    try:
-        return _INT_VIEW[dtype]
-    except KeyError:
-        supported = ", ".join(map(str, _INT_VIEW))
-        raise TypeError(f"bitpack does not support dtype {dtype}; supported: {supported}") from None
-
-
 def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
-    view, mask, _ = _int_view(x.dtype)
+    view, mask, _ = int_view(x.dtype)
     flat = x.contiguous().view(-1).view(view)
     out = torch.empty(packed_numel(flat.numel()), dtype=torch.uint8)
     if flat.numel():
@@ -123,7 +97,7 @@ def _pack_cpu(x: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_cpu(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    view, _, one = _int_view(dtype)
+    view, _, one = int_view(dtype)
     out = buffers.empty(tuple(shape), dtype)  # a cached buffer: a fresh one faults its pages in while unpack writes it
     if out.numel():
         match_numba_threads()
@@ -134,7 +108,7 @@ def _unpack_cpu(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> 
 # ------------------------------------------------------------------------------------------ any device (torch)
 def pack_torch(x: torch.Tensor) -> torch.Tensor:
     """:func:`pack` in plain torch ops (any device): returns the packed ``uint8`` tensor only."""
-    _int_view(x.dtype)
+    int_view(x.dtype)
     n = x.numel()
     bits = (x.reshape(-1) != 0).view(torch.uint8)
     pad = packed_numel(n) * 8 - n
@@ -149,7 +123,7 @@ def pack_torch(x: torch.Tensor) -> torch.Tensor:
 
 def unpack_torch(packed: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
     """:func:`unpack` in plain torch ops (any device)."""
-    _int_view(dtype)
+    int_view(dtype)
     shape = torch.Size(shape)
     n = shape.numel()
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bitpack import _int_view, packed_numel
+from .bit_layout import int_view, packed_numel
 from .common import device_guard
 
 # Bytes per program of pack (8 elements each) and elements per program of unpack.
@@ -46,7 +46,7 @@ def _unpack_kernel(packed_ptr, out_ptr, one, n, BLOCK: tl.constexpr):
 
 def pack(x: torch.Tensor) -> torch.Tensor:
     """The packed ``uint8`` bytes of ``x != 0`` (``ceil(x.numel() / 8)`` of them, on ``x``'s device)."""
-    _int_view(x.dtype)
+    int_view(x.dtype)
     flat = x.contiguous().view(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
@@ -61,7 +61,7 @@ def pack(x: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """A new contiguous tensor of ``shape`` and ``dtype``: 1 where the bit of ``packed`` is set, 0 elsewhere,
     written as the integer bit patterns of 0 and 1 (exact in every dtype, as the CPU kernel writes them)."""
-    view, _, one = _int_view(dtype)
+    view, _, one = int_view(dtype)
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     flat = out.view(-1).view(view)
     if flat.numel():

@@ -1,7 +1,7 @@
 """BatchNorm (plus an optional residual) fused with a spiking neuron, saving only the BN input ``x`` (and the
 residual) for backward (Liang et al., Alg. 1-4).
 
-The neuron is any neuron of the engine (:class:`EngineNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
+The neuron is any neuron of the engine (:class:`BoundNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
 surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
 :class:`spikefuse.neurons.lif.LIFNeuron`), on any of the engine's backends, its reference too. The op takes it as a
 key, and its parameters and initial states as lists of tensors.
@@ -72,8 +72,8 @@ from .bitpack import pack, packed_numel, unpack
 from .common import compute_dtype, refuse_double_backward
 
 __all__ = [
-    "EngineNeuron",
-    "engine_neuron_key",
+    "BoundNeuron",
+    "bound_neuron_key",
     "bn_neuron",
     "bn_lif",
     "bn_lif_backward_from_stats",
@@ -83,9 +83,10 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineNeuron:
-    """A neuron of the engine (:mod:`spikefuse.ops.engine`) as the op runs it: ``params`` one tensor per parameter
-    of ``model`` (``[1]`` or ``[C]``), ``init`` one per state (``[N]``, or ``[1]`` shared by every neuron)."""
+class BoundNeuron:
+    """A neuron of the engine (:mod:`spikefuse.ops.engine`) bound to its surrogate and ``detach_reset``, as the op runs
+    it: ``params`` one tensor per parameter of ``model`` (``[1]`` or ``[C]``), ``init`` one per state (``[N]``, or
+    ``[1]`` shared by every neuron)."""
 
     model: NeuronModel
     surrogate: Surrogate
@@ -145,29 +146,29 @@ class EngineNeuron:
         )
 
 
-def engine_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
-    """The key of an :class:`EngineNeuron` that :func:`bn_neuron` takes."""
+def bound_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
+    """The key of an :class:`BoundNeuron` that :func:`bn_neuron` takes."""
     parts = (key_of(model), key_of(surrogate), bool(detach_reset))
     if torch.compiler.is_compiling():
-        return _engine_neuron_key(*parts)
-    key = _ENGINE_NEURON_KEYS.get(parts)
+        return _bound_neuron_key(*parts)
+    key = _BOUND_NEURON_KEYS.get(parts)
     if key is None:
-        key = _ENGINE_NEURON_KEYS[parts] = _engine_neuron_key(*parts)
+        key = _BOUND_NEURON_KEYS[parts] = _bound_neuron_key(*parts)
     return key
 
 
-def _engine_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:
-    return register(EngineNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
+def _bound_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:
+    return register(BoundNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
 
 
-# Eager calls' keys of EngineNeurons by their parts' keys: the repr of a new EngineNeuron (its key) costs as much as a
+# Eager calls' keys of EngineNeurons by their parts' keys: the repr of a new BoundNeuron (its key) costs as much as a
 # small layer's kernel, and the parts' keys name registered objects, which stay registered.
-_ENGINE_NEURON_KEYS: dict[tuple, str] = {}
+_BOUND_NEURON_KEYS: dict[tuple, str] = {}
 
 
 # torch.compile calls this as Python and takes its result as a constant (their arguments are strings and tuples
 # of numbers: dynamo of torch 2.11 cannot hand a frozen dataclass to such a function).
-_engine_neuron_key._dynamo_marked_constant = True
+_bound_neuron_key._dynamo_marked_constant = True
 
 
 # aten._batch_norm_impl_index's implementation numbers
@@ -253,7 +254,7 @@ def _forward(
     eager: bool,
 ) -> list[Tensor]:
     """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
-    (``neuron``: the key of an :class:`EngineNeuron` or :class:`ReferenceLIF`); returns ``[spikes [T, N], mean,
+    (``neuron``: the key of an :class:`BoundNeuron`); returns ``[spikes [T, N], mean,
     invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
@@ -759,7 +760,7 @@ def bn_neuron(
     return_stats: bool = False,
 ):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
-    ``neuron`` (the key of an :class:`EngineNeuron`, see :func:`engine_neuron_key`).
+    ``neuron`` (the key of an :class:`BoundNeuron`, see :func:`bound_neuron_key`).
 
     Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
@@ -802,7 +803,7 @@ def lif_neuron(neuron: LIFNeuron, leak: Tensor, v_init: Tensor | None, x: Tensor
     """``(neuron key, params, init)`` of :func:`bn_neuron` for a LIF; ``v_init`` None starts every neuron from the
     reset value (one value shared by all: nothing of size N is read)."""
     return (
-        engine_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset),
+        bound_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset),
         neuron.params(leak),
         [neuron.initial_potential(v_init, x)],
     )

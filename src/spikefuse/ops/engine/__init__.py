@@ -18,9 +18,7 @@ import torch
 
 from ..common import compute_dtype
 
-__all__ = ["BACKENDS", "DTYPES", "module", "stream", "stream_dtype"]
-
-BACKENDS = ("reference", "cpu", "triton")
+__all__ = ["DTYPES", "module", "stream", "stream_dtype"]
 
 #: The input dtypes the engine takes: float32 and float64 compute in their own dtype, float16 and bfloat16 in float32
 #: (parameters and states in float32; the input converted for a backend that does not read half precision).

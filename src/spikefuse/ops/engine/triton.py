@@ -50,7 +50,7 @@ _TAGS = {torch.float32: "float32", torch.float64: "float64", torch.float16: "flo
 # The generator's version: this file and the emitters.
 _GENERATOR = hashlib.sha256(Path(__file__).read_bytes() + Path(emit.__file__).read_bytes()).hexdigest()[:12]
 NUM_WARPS = 4  # 128 threads; a block of at least 128 neurons gives each neuron one thread
-#: The options every kernel is compiled with (:mod:`spikefuse.ops.triton_aot` compiles with the same). No FMA
+#: The options every kernel is compiled with (:mod:`spikefuse.bench.triton_aot` compiles with the same). No FMA
 #: contraction: bit-identical forward (see above). ``maxnreg``: without an explicit register budget ptxas picks a
 #: register target for the occupancy it hopes to reach and spills a few registers to local memory to meet it; with
 #: the hardware's 255 it spills only what cannot fit. These kernels are bound by DRAM bandwidth and keep enough loads

@@ -17,7 +17,7 @@ TTGIR -> LLVM -> PTX -> ``ptxas`` -> cubin) on a machine without a GPU. This mod
   64-bit (TTIR);
 * counts the DRAM bytes each kernel moves per neuron-step and per neuron (:func:`traffic`), for rooflines.
 
-``python -m spikefuse.ops.triton_aot`` is the worker: cases as JSON on stdin, one JSON result per line on stdout.
+``python -m spikefuse.bench.triton_aot`` is the worker: cases as JSON on stdin, one JSON result per line on stdout.
 Nothing here imports triton at module level (the test-suite runs Triton's interpreter in-process).
 """
 
@@ -87,7 +87,7 @@ def engine_case(
     if kernel not in ENGINE_KERNELS:
         raise ValueError(f"kernel must be one of {sorted(ENGINE_KERNELS)}, got {kernel!r}")
     if block is None:
-        from .engine.triton import engine_block
+        from ..ops.engine.triton import engine_block
 
         block = engine_block(N, len(model.states), _torch_dtype(COMPUTE[xdt]))
     const = {"SCALAR": not per_channel, "BLOCK": block, ("SAVED" if kernel == "engine-bwd" else "SAVE"): saved}
@@ -137,7 +137,7 @@ def case_model(case: Case):
 def _engine_kernel(case):
     """The generated ``@triton.jit`` function of an engine case (written into the worker's kernel cache folder)."""
     from ..surrogate import SURROGATES
-    from .engine import triton as E
+    from ..ops.engine import triton as E
 
     model = case_model(case)
     surrogate = {cls.__name__: cls for cls in SURROGATES.values()}[case["surrogate"]]
@@ -374,7 +374,7 @@ def compile_cases(
     src_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spikefuse.ops.triton_aot", "--jobs", str(jobs)],
+        [sys.executable, "-m", "spikefuse.bench.triton_aot", "--jobs", str(jobs)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

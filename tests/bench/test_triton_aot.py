@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels run in the interpreter
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from spikefuse.ops import triton_aot as A  # noqa: E402
+from spikefuse.bench import triton_aot as A  # noqa: E402
 
 pytest.importorskip("triton")
 
