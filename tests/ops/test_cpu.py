@@ -209,12 +209,14 @@ def test_gradcheck_state_detached_reset(combo, per_channel):
 @pytest.mark.parametrize("surrogate", SURROGATES, ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_surrogate_formula_on_grid(surrogate, dtype):
-    """T=1, no reset, v_init=0: grad_x = grad_spikes * surrogate'(x - threshold) -- each formula on a grid."""
-    spec = P.NeuronSpec(threshold=0.5, reset=P.NONE, surrogate=surrogate)
+    """T=1, v_init=0 (no reset yet): grad_x = grad_spikes * surrogate'(x - threshold) -- each formula on a grid, on
+    the paper's LIF with a learnable per-channel decay (in float64 the kernels of ``test_lif_matches_reference``)."""
+    spec = P.NeuronSpec(threshold=0.5, reset=P.HARD, surrogate=surrogate)
     u = torch.linspace(-3, 3, 2001, dtype=torch.float64)
     u = u[(u.abs() - surrogate.params()[0]).abs() > 1e-6] if isinstance(surrogate, Rectangle) else u
-    x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()
-    spikes, _ = P.run(x, 1.0, spec, backend="cpu")
+    x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()  # [T=1, C]
+    decay = torch.full((x.shape[1],), 0.9, dtype=dtype, requires_grad=True)
+    spikes, _ = P.run(x, decay, spec, backend="cpu")
     spikes.backward(torch.ones_like(spikes))
     gx = x.grad
     u = x.detach()[0] - spec.threshold
@@ -223,8 +225,19 @@ def test_surrogate_formula_on_grid(surrogate, dtype):
     torch.testing.assert_close(gx[0].double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-11, atol=1e-30)
 
 
-@pytest.mark.parametrize("combo, dtype", _combo_cases({torch.float32: "f32"}, [torch.float32], {torch.float64: "f64"}))
-def test_potential_exactly_at_the_threshold(combo, dtype):
+def _tie_cases() -> list:
+    """Every form in float64 with a per-channel leak (the kernels of the float64 cases above), the forms of
+    ``_FAMILY_FORMS`` in float32 with a scalar leak too."""
+    cases = []
+    for combo in dynamics_combos():
+        cases.append(pytest.param(combo, torch.float64, True, id=f"{_combo_id(combo)}-channel-f64"))
+        if combo[:3] in _FAMILY_FORMS:
+            cases.append(pytest.param(combo, torch.float32, False, id=f"{_combo_id(combo)}-scalar-f32"))
+    return cases
+
+
+@pytest.mark.parametrize("combo, dtype, per_channel", _tie_cases())
+def test_potential_exactly_at_the_threshold(combo, dtype, per_channel):
     """Ties: the kernels fire by one comparison with a precomputed threshold (nextafter for snnTorch's ``>``).
     Potentials exactly at the threshold and one ulp either side -- at t = 0 (``h = x`` for the paper / snnTorch
     forms with v_init = 0) and as the previous step of t = 1 (its reset) -- give the reference's spikes, states
@@ -233,7 +246,8 @@ def test_potential_exactly_at_the_threshold(combo, dtype):
     th = torch.tensor(spec.threshold, dtype=dtype)
     ties = torch.stack([torch.nextafter(th, th - 1), th, torch.nextafter(th, th + 1)])
     x = torch.stack([ties.repeat(3), ties.repeat_interleave(3)])  # [T=2, 9]: every pair of the three
-    leak = torch.full((1,), 0.5 if combo[2] in (P.CHARGE_MUL, P.CHARGE_MUL_INPUT) else 2.0, dtype=dtype)
+    value = 0.5 if combo[2] in (P.CHARGE_MUL, P.CHARGE_MUL_INPUT) else 2.0
+    leak = torch.full((9 if per_channel else 1,), value, dtype=dtype)
     v = torch.zeros(9, dtype=dtype)
     ref = _api_run(spec, x, leak, v, "spec", "potential")
     got = _api_run(spec, x, leak, v, "cpu", "potential")
