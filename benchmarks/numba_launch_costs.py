@@ -5,7 +5,10 @@ Three launchers of the same block function (``_forward_block_scalar`` of the gen
 
 - ``prange``: the generated ``forward_scalar``, ``@njit(parallel=True)`` with ``prange`` over the blocks (parfor);
 - ``plain``: the same loop with ``range`` and no ``parallel`` (serial: the compile-time floor of a launcher);
-- ``pool``: a nogil ``range`` over a half of the blocks, the other half on a ``ThreadPoolExecutor`` thread.
+- ``pool``: a nogil ``range`` over a half of the blocks, the other half on a ``ThreadPoolExecutor`` thread;
+- ``fnarg``: one prange launcher that takes the block function as an argument, to be shared by kernels of one
+  signature: timed for a first block function and for a second one of the same signature (numba types the argument
+  as that very function, so the launcher compiles again).
 
 Compile times: a fresh process and an empty numba cache per run (the block function's compile included). Launch
 times: medians of repeated forward calls after a warm-up, at T=8 N=4096 and T=32 N=1M.
@@ -56,6 +59,35 @@ if sys.argv[2] == "pool_mod":
 else:
     m.forward_scalar(*a, 64)
 print(time.perf_counter() - t)
+"""
+
+FNARG = """
+import sys, time, numpy as np
+sys.path.insert(0, sys.argv[1])
+from numba import njit, prange, types
+m = __import__("prange_mod")
+f = np.float32
+A2, A1 = types.Array(types.float32, 2, "C"), types.Array(types.float32, 1, "C")
+sig = types.void(A2, types.float32, types.float32, types.float32, A1, types.int64, A2, types.float32,
+                 types.Array(types.uint8, 2, "C"), A1, types.int64, types.int64)
+
+
+@njit(parallel=True)
+def launch(fn, x, a, b, c, init, inner, spikes, one, bits, final, block):
+    N = x.shape[1]
+    for i in prange((N + block - 1) // block):
+        n0 = i * block
+        fn(x, a, b, c, init, inner, spikes, one, bits, final, n0, min(block, N - n0))
+
+
+x = np.random.rand(8, 256).astype(f)
+a = (x, f(0.5), f(0.5), f(0.0), np.zeros(1, f), 1, np.zeros_like(x), f(1.0), np.zeros((8, 32), np.uint8),
+     np.zeros(256, f))
+for _ in range(2):
+    block = njit(sig, nogil=True, error_model="numpy")(m._forward_block_scalar.py_func)  # a new dispatcher
+    t = time.perf_counter()
+    launch(block, *a, 64)
+    print(time.perf_counter() - t)
 """
 
 LAUNCH = """
@@ -125,6 +157,11 @@ def main() -> None:
             out = subprocess.run([sys.executable, "-c", COMPILE, str(folder), f"{name}_mod"], env=env, check=True,
                                  capture_output=True, text=True)  # fmt: skip
             compile_s[name].append(float(out.stdout.split()[-1]))
+    env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp())
+    fnarg = subprocess.run(
+        [sys.executable, "-c", FNARG, str(folder)], env=env, check=True, capture_output=True, text=True
+    )
+    first, second = (float(v) for v in fnarg.stdout.split()[-2:])
     launch = subprocess.run([sys.executable, "-c", LAUNCH, str(folder)], check=True, capture_output=True, text=True)
     rows = [line.split() for line in launch.stdout.strip().splitlines()]
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
@@ -139,6 +176,9 @@ def main() -> None:
         "| launcher | compile s (each run) |",
         "|---|---|",
         *[f"| {name} | {' / '.join(f'{t:.2f}' for t in times)} |" for name, times in compile_s.items()],
+        "",
+        f"fnarg: the launcher's compile for a first block function {first:.2f} s, for a second one of the same",
+        f"signature {second:.2f} s (the block functions compiled beforehand, not counted).",
         "",
         "| T | N | launcher | forward us (median) |",
         "|---|---|---|---|",
