@@ -29,6 +29,7 @@ from spikefuse.neurons.lif import LIFNeuron
 from spikefuse.ops.common import compute_dtype
 from spikefuse.ops.engine.reference import _Fire
 from spikefuse.surrogate import Sigmoid, Surrogate
+from spikefuse.validation import channel_layout
 
 PAPER, SNNTORCH, SPIKINGJELLY = "paper", "snntorch", "spikingjelly"
 HARD, SOFT, NONE = "hard", "soft", "none"
@@ -121,28 +122,18 @@ def loop(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor,
     return torch.stack(spikes), state, torch.stack(potentials)
 
 
-def leak_layout(x: torch.Tensor, leak) -> tuple[torch.Tensor, int]:
-    """``(leak [C], inner)`` for ``x [T, *]``: channels in dim 2 of ``[T, B, C, ...]`` or dim 1 of ``[T, C]``."""
-    k = torch.as_tensor(leak, dtype=compute_dtype(x.dtype)).reshape(-1)
-    if k.numel() == 1:
-        return k, 1
-    dim = 2 if x.ndim >= 3 else 1
-    return k, math.prod(x.shape[dim + 1 :])
-
-
 def run(x, leak, spec: NeuronSpec, *, v_init=None, backend: str = "spec", memory: str = "potential"):
     """``(spikes, state)`` of ``spec`` over ``x [T, *]``: the loop of this module for ``backend="spec"``, else the
     library's runner of the spec's LIF definition on ``backend``."""
     if backend != "spec":
         return run_lif(x, leak, spec.neuron(), v_init=v_init, backend=backend, memory=memory)
-    k, inner = leak_layout(x, leak)
-    if isinstance(leak, torch.Tensor):
-        k = leak.reshape(-1).to(compute_dtype(x.dtype))
+    cdt = compute_dtype(x.dtype)
+    k = leak.reshape(-1).to(cdt) if isinstance(leak, torch.Tensor) else torch.full((1,), float(leak), dtype=cdt)
     n = math.prod(x.shape[1:])
     v0 = (
-        torch.full((1,), spec.v_reset if spec.reset == HARD else 0.0, dtype=compute_dtype(x.dtype))
+        torch.full((1,), spec.v_reset if spec.reset == HARD else 0.0, dtype=cdt)
         if v_init is None
         else v_init.reshape(n)
     )
-    spikes, state, _ = loop(x.reshape(x.shape[0], n), k, inner, v0, spec)
+    spikes, state, _ = loop(x.reshape(x.shape[0], n), k, channel_layout(x.shape, k.numel()), v0, spec)
     return spikes.reshape(x.shape), state.reshape(x.shape[1:])

@@ -36,6 +36,7 @@ PUBLIC_MODULES = [
 ]
 
 
+@functools.lru_cache(maxsize=1)
 def _rendered() -> dict[str, set | None]:
     """``{module: names}`` rendered by the API pages: None for every public member, else the ``members`` list."""
     rendered = {}

@@ -254,7 +254,7 @@ def _forward(
     eager: bool,
 ) -> list[Tensor]:
     """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
-    (``neuron``: the key of an :class:`BoundNeuron`); returns ``[spikes [T, N], mean,
+    (``neuron``: the key of a :class:`BoundNeuron`); returns ``[spikes [T, N], mean,
     invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
@@ -760,7 +760,7 @@ def bn_neuron(
     return_stats: bool = False,
 ):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
-    ``neuron`` (the key of an :class:`BoundNeuron`, see :func:`bound_neuron_key`).
+    ``neuron`` (the key of a :class:`BoundNeuron`, see :func:`bound_neuron_key`).
 
     Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
