@@ -27,6 +27,7 @@ from spikefuse.neurons import (
     CUBA_LIF_ZERO,
     LIF_MODELS,
     SPIKINGJELLY_MODELS,
+    SYNAPTIC_NO_DELAY_MODELS,
     NeuronModel,
 )
 from spikefuse.ops.engine import cpu, reference, triton
@@ -67,6 +68,8 @@ MODELS = {
         {"decay": 0.6, "threshold": 0.7, "v_reset": -0.1},
     ),
     "cuba_post_reset": (CUBA_POST_RESET, {"alpha": 0.7, "beta": 0.8, "threshold": 0.6, "v_reset": 0.1}),
+    # heaviside (in the step and its derivatives), a constant in the handoff, three states
+    "synaptic_zero_no_delay": (SYNAPTIC_NO_DELAY_MODELS["zero"], {"alpha": 0.7, "beta": 0.8, "threshold": 0.6}),
 }
 BACKENDS = {"cpu": cpu, "triton": triton}
 

@@ -4,6 +4,7 @@ import pytest
 import sympy
 
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, CUBA_LIF_ZERO, NeuronModel
+from spikefuse.neurons.model import sympy_heaviside
 
 
 def _model(**kw):
@@ -23,7 +24,12 @@ def _model(**kw):
         (dict(step=(("v", "k*v + y"),)), r"reads unknown names \['y'\]"),
         (dict(step=(("v", "k*v if x else v"),)), "uses IfExp"),
         (dict(step=(("v", "v ** 2"),)), "uses Pow"),
-        (dict(step=(("v", "sin(v)"),)), "calls something other than exp, log, sqrt"),
+        (dict(step=(("v", "sin(v)"),)), "calls something other than exp, log, sqrt, heaviside"),
+        (
+            dict(step=(("v", "heaviside(v, x)"),)),
+            "calls something other than exp, log, sqrt, heaviside of one argument",
+        ),
+        (dict(states=("heaviside",)), "state name 'heaviside' is not allowed"),
         (dict(step=(("v", "k*v +"),)), "is not an expression"),
         (dict(fire="v - x"), r"fire = v - x reads unknown names \['x'\]"),
         (dict(defaults=(("q", 1.0),)), "a default for 'q', which is not a parameter"),
@@ -79,3 +85,15 @@ def test_handoff_derivatives():
     assert d.handoff_state == ((1 - s,),) and d.handoff_spike == (sympy.Symbol("r") - new_v,)
     assert d.handoff_param == ((0, s),)
     assert _model().derivatives.handoff_state == ()
+
+
+def test_heaviside_has_no_derivative():
+    """heaviside(a) is a reset signal without a gradient: d/da is 0, but its value stays in the derivatives of
+    what it multiplies (d v / d old_v = k*(1 - H(old_v - 1)))."""
+    model = _model(states=("v", "r"), step=(("r", "heaviside(v - 1)"), ("v", "k*(1 - r)*v + x")))
+    d = model.derivatives
+    old_v, k = sympy.symbols("old_v k")
+    h = sympy_heaviside()
+    assert d.state[1] == (0, 0)  # r reads v only through heaviside
+    assert sympy.simplify(d.state[0][0] - k * (1 - h(old_v - 1))) == 0
+    assert h(sympy.Integer(0)) == 0 and h(sympy.Rational(1, 2)) == 1  # 1 where a > 0 only

@@ -16,7 +16,14 @@ import pytest
 import torch
 
 import spikefuse
-from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS, SPIKINGJELLY_MODELS, NeuronModel
+from spikefuse.neurons import (
+    ALIF_MODEL,
+    CUBA_LIF,
+    LIF_MODELS,
+    SNNTORCH_NO_DELAY_MODELS,
+    SPIKINGJELLY_MODELS,
+    NeuronModel,
+)
 from spikefuse.ops.recurrent import autograd as recurrent_autograd
 from spikefuse.surrogate import Rectangle
 
@@ -37,6 +44,8 @@ MODELS = {
     "alif": (ALIF_MODEL, {"decay": 0.8, "rho": 0.9, "b0": 0.6, "beta": 0.4}),
     "sj_hard_mul_input": (SPIKINGJELLY_MODELS[("hard", "mul_input")], {"decay": 0.6, "threshold": 0.7}),
     "gain_lif": (GAIN_LIF, {"decay": 0.85, "gain": 1.3, "threshold": 0.9}),
+    # heaviside in the step and its derivatives, a constant in the handoff
+    "rleaky_zero_no_delay": (SNNTORCH_NO_DELAY_MODELS[("rleaky", "zero")], {"decay": 0.85, "threshold": 0.7}),
 }
 BACKENDS = ("cpu", "triton")
 

@@ -20,8 +20,12 @@ A state kept from a batch whose backward has run (a training loop without ``rese
 the next backward fail with an error that says to reset it; :func:`spikefuse.nn.reset_states` resets every neuron
 of a network.
 
-Not supported (clear errors): ``inhibition``, ``state_quant``, ``reset_delay=False`` (but ``Synaptic`` with
-``reset_mechanism="zero"``, what snnTorch's NIR import builds), recurrent convolutions (``conv2d_channels``), and
+``reset_delay=False`` (the membrane reset in the step of its spike) runs snnTorch's arithmetic of it, with its
+gradient through the spike (:data:`~spikefuse.neurons.SNNTORCH_NO_DELAY_MODELS`,
+:data:`~spikefuse.neurons.SYNAPTIC_NO_DELAY_MODELS`); snnTorch 1.0's ``RSynaptic`` computes that reset into a
+variable it then drops, so its ``reset_delay=False`` gives the delayed reset's spikes and states, and so does ours.
+
+Not supported (clear errors): ``inhibition``, ``state_quant``, recurrent convolutions (``conv2d_channels``), and
 surrogates :func:`to_surrogate` does not know.
 """
 
@@ -34,7 +38,7 @@ import torch
 from torch import nn
 
 from ..neuron_functional import neuron
-from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO
+from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SYNAPTIC_NO_DELAY_MODELS
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 
@@ -89,6 +93,25 @@ def to_surrogate(spike_grad) -> Surrogate:
 
 
 _RESET_VALUES = {"subtract": 0, "zero": 1, "none": 2}  # snnTorch's reset_mechanism_val
+
+_KEPT = {"v": "mem", "i": "syn"}  # the engine's states by snnTorch's names; others (r) start at 0
+
+
+def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
+    """``model``'s initial states ``shape`` from snnTorch's kept ``states``; ``r``, the reset signal of the
+    ``reset_delay=False`` models, is 0 (their first step sees the kept membrane as it is)."""
+    kept = {k: states[name].reshape(shape) for k, name in _KEPT.items() if k in model.states}
+    like = next(iter(kept.values()))
+    kept = {k: v if dtype is None else v.to(dtype) for k, v in kept.items()}
+    return tuple(
+        kept[k] if k in kept else torch.zeros(shape, dtype=dtype or like.dtype, device=like.device)
+        for k in model.states
+    )
+
+
+def _kept_states(model, final, shape) -> dict:
+    """snnTorch's kept states of ``shape`` from ``model``'s final ones."""
+    return {_KEPT[k]: v.reshape(shape) for k, v in zip(model.states, final) if k in _KEPT}
 
 
 class _SpikingNeuron(nn.Module):
@@ -274,11 +297,6 @@ class Leaky(_SpikingNeuron):
         backend="auto",
         memory="recompute",
     ):
-        if not reset_delay:
-            raise NotImplementedError(
-                "reset_delay=False (snnTorch resets in the same step, through the undetached "
-                "spike) is not supported: use the default reset_delay=True"
-            )
         super().__init__(
             threshold,
             spike_grad,
@@ -294,26 +312,31 @@ class Leaky(_SpikingNeuron):
             backend,
             memory,
         )
-        self.reset_delay = True
+        self.reset_delay = bool(reset_delay)
         self._keep("beta", beta, learn_beta)
 
     init_leaky = _SpikingNeuron.reset_mem
 
     def _run(self, x_seq, states):
         view = _neuron_view(x_seq)
-        spikes, (mem,) = neuron(
+        delayed = self.reset_delay or self.reset_mechanism == "none"
+        model = (
+            self._MODELS[self.reset_mechanism] if delayed else SNNTORCH_NO_DELAY_MODELS[("leaky", self.reset_mechanism)]
+        )
+        # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
+        spikes, final = neuron(
             view,
-            self._MODELS[self.reset_mechanism],
+            model,
             surrogate=self._surrogate,
-            detach_reset=True,
-            state=(states["mem"].reshape(view.shape[1:]),),
+            detach_reset=delayed,
+            state=_engine_states(model, states, view.shape[1:]),
             return_state=True,
             backend=self.backend,
             memory=self.memory,
             decay=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
             threshold=_per_neuron(self.threshold, x_seq, "threshold"),
         )
-        return self._graded(spikes.reshape(x_seq.shape)), {"mem": mem.reshape(x_seq.shape[1:])}
+        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
 
 
 class Synaptic(_SpikingNeuron):
@@ -321,9 +344,8 @@ class Synaptic(_SpikingNeuron):
     ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] * threshold`` with the detached reset ``R[t] = (mem[t-1] >
     threshold)`` ("subtract"; "zero" zeroes the membrane of a step after a spike; "none"), ``spk[t] = (mem[t] >
     threshold)``, in snnTorch's order of operations. ``forward(input_, syn=None, mem=None) -> (spk, syn, mem)``.
-
-    ``reset_delay=False`` with ``reset_mechanism="zero"`` (the membrane zeroed in the step of the spike, what
-    snnTorch's NIR import builds for a CubaLIF node) is supported."""
+    ``reset_delay=False``: the membrane reset in the step of its spike (``reset_mechanism="zero"`` with it is what
+    snnTorch's NIR import builds for a CubaLIF node)."""
 
     STATES = RETURNED = ("syn", "mem")
 
@@ -347,11 +369,6 @@ class Synaptic(_SpikingNeuron):
         backend="auto",
         memory="recompute",
     ):
-        if not reset_delay and reset_mechanism != "zero":
-            raise NotImplementedError(
-                "reset_delay=False is supported with reset_mechanism='zero' (what snnTorch's NIR "
-                "import builds), not with 'subtract' or 'none'"
-            )
         super().__init__(
             threshold,
             spike_grad,
@@ -367,9 +384,9 @@ class Synaptic(_SpikingNeuron):
             backend,
             memory,
         )
-        # reset_delay=False zeroes the membrane in the step of the spike: the "hard" CubaLIF
-        self.model = CUBA_LIF_MODELS["hard" if not reset_delay else reset_mechanism]
         self.reset_delay = bool(reset_delay)
+        delayed = self.reset_delay or reset_mechanism == "none"
+        self.model = CUBA_LIF_MODELS[reset_mechanism] if delayed else SYNAPTIC_NO_DELAY_MODELS[reset_mechanism]
         self._keep("beta", beta, learn_beta)
         self._keep("alpha", alpha, learn_alpha)
 
@@ -377,13 +394,13 @@ class Synaptic(_SpikingNeuron):
 
     def _run(self, x_seq, states):
         view = _neuron_view(x_seq)
-        # snnTorch detaches the delayed reset; without the delay its in-step reset keeps the spike's gradient
-        spikes, (syn, mem) = neuron(
+        # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
+        spikes, final = neuron(
             view,
             self.model,
             surrogate=self._surrogate,
-            detach_reset=self.reset_delay,
-            state=tuple(states[k].reshape(view.shape[1:]) for k in ("syn", "mem")),
+            detach_reset=self.model in CUBA_LIF_MODELS.values(),
+            state=_engine_states(self.model, states, view.shape[1:]),
             return_state=True,
             backend=self.backend,
             memory=self.memory,
@@ -391,12 +408,7 @@ class Synaptic(_SpikingNeuron):
             beta=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
             threshold=_per_neuron(self.threshold, x_seq, "threshold"),
         )
-        if not self.reset_delay:  # snnTorch returns the membrane after the in-step reset (the same op as the model's)
-            mem = mem - mem * spikes[-1]
-        return self._graded(spikes.reshape(x_seq.shape)), {
-            "syn": syn.reshape(x_seq.shape[1:]),
-            "mem": mem.reshape(x_seq.shape[1:]),
-        }
+        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(self.model, final, x_seq.shape[1:])
 
 
 class RecurrentOneToOne(nn.Module):
@@ -416,15 +428,12 @@ class _Recurrent(_SpikingNeuron):
     ``recurrent``, or ``V`` and :class:`RecurrentOneToOne`), and the fused recurrent layer
     (:func:`spikefuse.recurrent`) over steps of ``[..., N]`` inputs."""
 
-    MODELS: dict = {}
+    MODELS: dict = {}  # by reset mechanism
+    NO_DELAY_MODELS: dict = {}  # by reset mechanism, those of reset_delay=False where it changes anything
 
     def __init__(
         self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay, **common
     ):
-        if not reset_delay:
-            raise NotImplementedError(
-                f"reset_delay=False is not supported by {type(self).__name__}: use the default reset_delay=True"
-            )
         if conv2d_channels is not None or kernel_size is not None:
             raise NotImplementedError(
                 "recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
@@ -438,7 +447,7 @@ class _Recurrent(_SpikingNeuron):
         self.all_to_all = bool(all_to_all)
         self.learn_recurrent = bool(learn_recurrent)
         self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, None, None
-        self.reset_delay = True
+        self.reset_delay = bool(reset_delay)
         if self.all_to_all:
             self.recurrent = nn.Linear(linear_features, linear_features)
         else:
@@ -463,10 +472,10 @@ class _Recurrent(_SpikingNeuron):
             raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
         neurons = x_seq.shape[-1]
         view = x_seq.reshape(x_seq.shape[0], -1, neurons)
-        model = self.MODELS[self.reset_mechanism]
-        names = [k for k in self.STATES if k != "spk"]
+        delayed = self.reset_delay or self.reset_mechanism not in self.NO_DELAY_MODELS
+        model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[self.reset_mechanism]
         state = (
-            *(states[k].reshape(view.shape[1:]).to(view.dtype) for k in names),
+            *_engine_states(model, states, view.shape[1:], view.dtype),
             states["spk"].reshape(view.shape[1:]).to(view.dtype),
         )
         weight, bias = self._weights(neurons)
@@ -480,7 +489,7 @@ class _Recurrent(_SpikingNeuron):
             weight.to(view.dtype),
             None if bias is None else bias.to(view.dtype),
             surrogate=self._surrogate,
-            detach_reset=True,
+            detach_reset=delayed,  # snnTorch's in-step reset keeps the spike's gradient
             state=state,
             return_state=True,
             backend=self.backend,
@@ -488,8 +497,7 @@ class _Recurrent(_SpikingNeuron):
             **params,
         )
         spikes = self._graded(spikes.reshape(x_seq.shape))
-        kept = {k: v.reshape(x_seq.shape[1:]) for k, v in zip(names, final)}
-        return spikes, {"spk": spikes[-1], **kept}
+        return spikes, {"spk": spikes[-1], **_kept_states(model, final, x_seq.shape[1:])}
 
 
 class RLeaky(_Recurrent):
@@ -505,6 +513,7 @@ class RLeaky(_Recurrent):
         "zero": RLEAKY_ZERO,
         "none": LIF_MODELS[("snntorch", "none")],
     }
+    NO_DELAY_MODELS = {k: SNNTORCH_NO_DELAY_MODELS[("rleaky", k)] for k in ("subtract", "zero")}
     PARAMS = (("decay", "beta"), ("threshold", "threshold"))
 
     def __init__(
@@ -560,7 +569,9 @@ class RSynaptic(_Recurrent):
     """snnTorch's recurrent current-based LIF neuron: :class:`Synaptic` with the recurrent current added to the
     synaptic current, ``syn[t] = (alpha.clamp(0, 1) * syn[t-1] + x[t]) + recurrent(spk[t-1])``. ``forward(input_,
     spk=None, syn=None, mem=None) -> (spk, syn, mem)``, ``sequence(x_seq, spk=None, syn=None, mem=None) -> (spk_seq,
-    syn, mem)``. :meth:`reset_mem` zeros the kept spikes too (snnTorch's ``utils.reset`` leaves them)."""
+    syn, mem)``. :meth:`reset_mem` zeros the kept spikes too (snnTorch's ``utils.reset`` leaves them).
+    ``reset_delay=False`` gives the delayed reset's spikes and states, as snnTorch 1.0's (whose in-step reset is
+    computed into a local variable and dropped)."""
 
     STATES, RETURNED = ("spk", "syn", "mem"), ("syn", "mem")
     MODELS = {k: CUBA_LIF_MODELS[k] for k in ("subtract", "zero", "none")}

@@ -3,13 +3,22 @@ backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :
 """
 
 from .alif import ALIF_MODEL
-from .cuba_lif import CUBA_LIF, CUBA_LIF_EULER, CUBA_LIF_HARD, CUBA_LIF_MODELS, CUBA_LIF_NO_RESET, CUBA_LIF_ZERO
-from .lif import LIF_MODELS, RLEAKY_ZERO, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
-from .model import FUNCTIONS, WHERE, Derivatives, NeuronModel
+from .cuba_lif import (
+    CUBA_LIF,
+    CUBA_LIF_EULER,
+    CUBA_LIF_HARD,
+    CUBA_LIF_MODELS,
+    CUBA_LIF_NO_RESET,
+    CUBA_LIF_ZERO,
+    SYNAPTIC_NO_DELAY_MODELS,
+)
+from .lif import LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
+from .model import FUNCTIONS, HEAVISIDE, WHERE, Derivatives, NeuronModel
 
 __all__ = [
     "NeuronModel",
     "FUNCTIONS",
+    "HEAVISIDE",
     "WHERE",
     "Derivatives",
     "CUBA_LIF",
@@ -19,6 +28,8 @@ __all__ = [
     "CUBA_LIF_EULER",
     "RLEAKY_ZERO",
     "CUBA_LIF_MODELS",
+    "SYNAPTIC_NO_DELAY_MODELS",
+    "SNNTORCH_NO_DELAY_MODELS",
     "ALIF_MODEL",
     "LIF_MODELS",
     "SPIKINGJELLY_MODELS",

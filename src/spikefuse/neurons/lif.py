@@ -39,7 +39,14 @@ from ..ops.common import compute_dtype, finite, in_compute_dtype
 from ..surrogate import Surrogate
 from .model import NeuronModel
 
-__all__ = ["LIF_MODELS", "RLEAKY_ZERO", "SPIKINGJELLY_MODELS", "SPIKINGJELLY_PRE_RESET_MODELS", "LIFNeuron"]
+__all__ = [
+    "LIF_MODELS",
+    "RLEAKY_ZERO",
+    "SNNTORCH_NO_DELAY_MODELS",
+    "SPIKINGJELLY_MODELS",
+    "SPIKINGJELLY_PRE_RESET_MODELS",
+    "LIFNeuron",
+]
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
@@ -72,6 +79,38 @@ LIF_MODELS = {
 #: snnTorch's ``RLeaky(reset_mechanism="zero")``: the whole membrane of a step after a spike is 0, its input too
 #: (``Leaky``'s "zero" zeroes the previous membrane only, before the input is added).
 RLEAKY_ZERO = _lif("rleaky_zero", "where(s, 0, decay*v + x)", strict=True)
+
+
+def _snntorch_no_delay(name: str, reset: str, charge: str) -> NeuronModel:
+    """snnTorch's ``reset_delay=False``: the membrane ``v`` of a step, before its own spike's reset; the state ``r``,
+    the detached reset signal ``heaviside(m - threshold)`` of the membrane ``m`` after that reset, which the next
+    step's charge subtracts (snnTorch's "avoid double reset"). ``reset``: ``m`` of ``v``, the spike ``s`` (with its
+    gradient) and ``r``; handed out: ``m`` and ``r = 0``, what a call's first step, which sees no spike, reads."""
+    return NeuronModel(
+        name=name,
+        states=("v", "r"),
+        params=("decay", "threshold"),
+        step=(("v", reset), ("r", "heaviside(v - threshold)"), ("v", charge)),
+        fire="v - threshold",
+        strict=True,
+        defaults=(("threshold", 1.0),),
+        handoff=(("v", reset), ("r", "0")),
+        equations=f"m = {reset};  r = H(m - threshold);  v[t] = {charge.replace('v', 'm')};  s[t] = H(v[t] - "
+        "threshold);  handed on: m",
+    )
+
+
+#: snnTorch's ``Leaky`` and ``RLeaky`` with ``reset_delay=False`` (the membrane reset in the step of its spike), by
+#: (neuron, reset mechanism), in snnTorch's operations: the states are the membrane before the in-step reset and
+#: the detached reset signal of the membrane after it (see ``_snntorch_no_delay``).
+SNNTORCH_NO_DELAY_MODELS = {
+    ("leaky", "subtract"): _snntorch_no_delay(
+        "leaky_subtract_no_delay", "v - (s - r)*threshold", "(decay*v + x) - r*threshold"
+    ),
+    ("leaky", "zero"): _snntorch_no_delay("leaky_zero_no_delay", "v - (s - r)*v", "decay*((1 - r)*v) + x"),
+    ("rleaky", "zero"): _snntorch_no_delay("rleaky_zero_no_delay", "v - (s - r)*v", "(decay*v + x) - r*(decay*v + x)"),
+}
+SNNTORCH_NO_DELAY_MODELS[("rleaky", "subtract")] = SNNTORCH_NO_DELAY_MODELS[("leaky", "subtract")]
 
 _SJ_RESETS = {"hard": "where(s, v_reset, v)", "soft": "where(s, v - threshold, v)", "none": "v"}
 _SJ_CHARGES = {  # of v = u, the post-reset membrane

@@ -10,8 +10,9 @@ A neuron has state variables (``states``, e.g. the synaptic current ``i`` and th
     s = 1 if u >= 0 else 0                 # u > 0 with strict=True
 
 An expression reads ``x``, ``s``, the parameters and the states (a state assigned earlier in the step has its new
-value, as in Python). Operators ``+ - * /`` and parentheses; the functions of :data:`FUNCTIONS`; and in a step
-``where(s, a, b)``: ``a`` after a spike, else ``b`` (a reset), exactly (no ``s*a + (1-s)*b`` rounding or
+value, as in Python). Operators ``+ - * /`` and parentheses; the functions of :data:`FUNCTIONS`; ``heaviside(a)``:
+1 where ``a > 0``, else 0, without a gradient (a reset signal computed from a state, as snnTorch's detached
+``mem > threshold``); and in a step ``where(s, a, b)``: ``a`` after a spike, else ``b`` (a reset), exactly (no ``s*a + (1-s)*b`` rounding or
 ``0*inf``), with the gradient of ``s*a + (1-s)*b`` (``a - b`` for the spike's). The state handed
 between calls is the states after the last step; the next call's first step sees the spike of that state
 (``s = fire(state)``), so a spike in the last step of one call resets at the start of the next, and a run split
@@ -39,10 +40,13 @@ from dataclasses import dataclass
 
 from ..registry import Registered
 
-__all__ = ["NeuronModel", "FUNCTIONS", "WHERE", "RECURRENT_INPUT", "Derivatives"]
+__all__ = ["NeuronModel", "FUNCTIONS", "HEAVISIDE", "WHERE", "RECURRENT_INPUT", "Derivatives"]
 
 #: The functions an expression may call, with their sympy names.
 FUNCTIONS = {"exp": "exp", "log": "log", "sqrt": "sqrt"}
+
+#: The step function without a gradient, ``heaviside(a)``: 1 where ``a > 0``, else 0.
+HEAVISIDE = "heaviside"
 
 #: The selection on the previous step's spike, in step expressions: ``where(s, a, b)``.
 WHERE = "where"
@@ -50,7 +54,8 @@ WHERE = "where"
 #: The recurrent current of a recurrent layer in :attr:`NeuronModel.recurrent_step`.
 RECURRENT_INPUT = "x_rec"
 
-_RESERVED = {"x", "s", "u", WHERE, RECURRENT_INPUT} | set(FUNCTIONS)
+_RESERVED = {"x", "s", "u", WHERE, HEAVISIDE, RECURRENT_INPUT} | set(FUNCTIONS)
+_CALLABLE = (*FUNCTIONS, HEAVISIDE)  # the functions of one argument
 
 
 def _names(expression: str, what: str, where: bool = False) -> set[str]:
@@ -80,7 +85,7 @@ def _names(expression: str, what: str, where: bool = False) -> set[str]:
         if not isinstance(node, allowed):
             raise ValueError(
                 f"{what}: {expression!r} uses {type(node).__name__}; expressions may use + - * /, "
-                f"numbers, names and {', '.join(FUNCTIONS)}"
+                f"numbers, names and {', '.join(_CALLABLE)}"
             )
         if isinstance(node, ast.Constant) and (
             isinstance(node.value, bool) or not isinstance(node.value, (int, float))
@@ -95,14 +100,14 @@ def _names(expression: str, what: str, where: bool = False) -> set[str]:
                     or not (isinstance(node.args[0], ast.Name) and node.args[0].id == "s")
                 ):
                     raise ValueError(f"{what}: {expression!r}: where takes the spike and two values, where(s, a, b)")
-            elif callee not in FUNCTIONS or node.keywords or len(node.args) != 1:
+            elif callee not in _CALLABLE or node.keywords or len(node.args) != 1:
                 also = f", or {WHERE}(s, a, b)" if where else ""
                 raise ValueError(
-                    f"{what}: {expression!r} calls something other than {', '.join(FUNCTIONS)} of one argument{also}"
+                    f"{what}: {expression!r} calls something other than {', '.join(_CALLABLE)} of one argument{also}"
                 )
         elif isinstance(node, ast.Name):
             names.add(node.id)
-    return names - set(FUNCTIONS) - {WHERE}
+    return names - set(_CALLABLE) - {WHERE}
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,7 @@ class NeuronModel(Registered):
         params = {p: sympy.Symbol(p) for p in self.params}
         x, s = sympy.Symbol("x"), sympy.Symbol("s")
         functions = {name: getattr(sympy, target) for name, target in FUNCTIONS.items()}
+        functions[HEAVISIDE] = sympy_heaviside()
         functions[WHERE] = lambda c, a, b: c * a + (1 - c) * b  # differentiated as the blend it equals for c in {0, 1}
         env = dict(old)
         for target, expression in self.step:
@@ -283,3 +289,21 @@ class NeuronModel(Registered):
             handoff_spike=tuple(sympy.diff(f, s) for f in out),
             handoff_param=tuple(tuple(sympy.diff(f, params[p]) for p in self.params) for f in out),
         )
+
+
+@functools.cache
+def sympy_heaviside():
+    """``heaviside`` for sympy: 1 where the argument is positive, else 0, with the derivative 0 (it has no gradient)."""
+    import sympy
+
+    class heaviside(sympy.Function):  # noqa: N801 (the expression language's name)
+        @classmethod
+        def eval(cls, a):
+            if a.is_number and a.is_real:
+                return sympy.Integer(1) if a > 0 else sympy.Integer(0)
+            return None
+
+        def fdiff(self, argindex=1):
+            return sympy.Integer(0)
+
+    return heaviside

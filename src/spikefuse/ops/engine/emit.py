@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ...neurons.model import WHERE
+from ...neurons.model import HEAVISIDE, WHERE, sympy_heaviside
 
 __all__ = [
     "Dialect",
@@ -76,10 +76,18 @@ def step_source(expression: str, names: dict[str, str], dialect: Dialect) -> str
             if node.func.id == WHERE:  # where(s, a, b): s is 0 or 1
                 s, a, b = (emit(arg) for arg in node.args)
                 return dialect.select(f"({s} != {dialect.number(0.0)})", a, b)
+            if node.func.id == HEAVISIDE:
+                return heaviside(emit(node.args[0]), dialect)
             return f"{dialect.functions[node.func.id]}({emit(node.args[0])})"
         raise ValueError(f"cannot emit {type(node).__name__}")  # NeuronModel admits nothing else
 
     return emit(ast.parse(expression, mode="eval").body)
+
+
+def heaviside(a: str, dialect: Dialect) -> str:
+    """``heaviside(a)``: 1 where ``a > 0``, else 0 (also for a NaN ``a``, as the reference's ``a > 0``)."""
+    zero = dialect.number(0.0)
+    return dialect.select(f"({a} > {zero})", dialect.number(1.0), zero)
 
 
 def sympy_source(e, names: dict[str, str], dialect: Dialect) -> str:
@@ -106,6 +114,8 @@ def sympy_source(e, names: dict[str, str], dialect: Dialect) -> str:
             if dialect.power is None:
                 raise ValueError(f"this backend's kernel generator cannot emit the power {e}")
             return f"{dialect.power}({emit(base)}, {emit(exponent)})"
+        if isinstance(e, sympy_heaviside()):
+            return heaviside(emit(e.args[0]), dialect)
         if isinstance(e, (sympy.exp, sympy.log)):
             return f"{dialect.functions[type(e).__name__]}({emit(e.args[0])})"
         if isinstance(e, sympy.Abs):

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from ...neurons.model import RECURRENT_INPUT, WHERE
+from ...neurons.model import HEAVISIDE, RECURRENT_INPUT, WHERE
 from ...surrogate import Surrogate
 
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
@@ -79,7 +79,11 @@ def _where(s, a, b):
     return _Where.apply(s, a, b)
 
 
-_TORCH_FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, WHERE: _where}
+def _heaviside(a):
+    return (a > 0).to(a.dtype)  # a comparison: no gradient
+
+
+_TORCH_FUNCTIONS = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, WHERE: _where, HEAVISIDE: _heaviside}
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +137,8 @@ def run(
     def assign(assignments, env) -> dict:
         """Run ``assignments`` (a step or the handoff) in ``env``; the states after them."""
         for target, expression in assignments:
-            env[target] = eval(_compiled(expression), {"__builtins__": {}}, env)
+            value = eval(_compiled(expression), {"__builtins__": {}}, env)
+            env[target] = value if isinstance(value, torch.Tensor) else x2.new_full((n,), value)  # a constant
         return {name: env[name] for name in model.states}
 
     s = x2.new_zeros(n) if model.handoff else fire(states)  # post-reset initial states: no spike
