@@ -9,6 +9,7 @@ from .bn_functional import batchnorm_lif, batchnorm_neuron
 from .functional import if_neuron, lif
 from .neuron_functional import neuron
 from .recurrent_functional import recurrent
+from .ops.common import NonFiniteError
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "cpu_cache_limit",
     "empty_cpu_cache",
     "cpu_cache_bytes",
+    "NonFiniteError",
 ]
 __version__ = "0.1.0"

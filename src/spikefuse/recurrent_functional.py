@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from .neurons import NeuronModel
-from .ops.common import compute_dtype
+from .ops.common import check_inputs_finite, compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops.recurrent import current
-from .ops.recurrent.autograd import RecurrentFn
+from .ops.recurrent.autograd import RECURRENT_NON_FINITE, RecurrentFn
 from .surrogate import Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
@@ -103,6 +103,12 @@ def recurrent(
         spikes0 = engine_reference.initial_spike(model, tensors, inner, init, batch * hidden).reshape(batch, hidden)
     spikes0 = spikes0.to(cdt).contiguous()
     if concrete == "reference":
+        check_inputs_finite(
+            xc.reshape(t_steps, -1),
+            init,
+            [t for t in (weight, bias, spikes0) if t is not None],
+            otherwise=RECURRENT_NON_FINITE,
+        )
         flat = lambda s: current(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
         spikes, final = engine_reference.run(
             model,

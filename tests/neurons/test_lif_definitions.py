@@ -129,7 +129,7 @@ def test_where_takes_the_spike_and_two_values():
         NeuronModel(name="bad", states=("v",), params=(), step=(("v", "where(v, 0, v) + x"),), fire="v - 1")
     with pytest.raises(ValueError, match=r"where takes the spike and two values"):
         NeuronModel(name="bad", states=("v",), params=(), step=(("v", "where(s, 0) + x"),), fire="v - 1")
-    with pytest.raises(ValueError, match=r"calls something other than exp, log, sqrt of one argument"):
+    with pytest.raises(ValueError, match=r"calls something other than exp, log, sqrt, heaviside of one argument"):
         NeuronModel(name="bad", states=("v",), params=(), step=(("v", "x"),), fire="where(s, v, 0) - 1")
 
 

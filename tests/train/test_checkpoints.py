@@ -163,7 +163,8 @@ def test_out_that_is_a_file_or_under_a_file(tmp_path):
 def test_divergence_stops_before_a_checkpoint_of_it(tmp_path):
     with pytest.raises(
         ConfigError,
-        match="training diverged: the training loss is nan at epoch 1/1, batch \\d+; lower --lr.*none was written",
+        match="training diverged: NaN or inf reached the spiking neurons at epoch 1/1, batch \\d+ \\(the input holds NaN "
+        "or inf \\(first at step 0, neuron 0 of \\d+\\)\\); lower --lr.*none was written",
     ):
         fit(tiny_config(tmp_path, lr=1e308), log=quiet)
     assert not (tmp_path / "checkpoint.pt").exists() and not (tmp_path / "metrics.csv").exists()

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import RECURRENT_MODELS, LIFOptions, build_model
+from ..ops.common import NonFiniteError
 from ..threads import set_threads
 from .checkpoints import (
     CHECKPOINT_NAME,
@@ -229,7 +230,14 @@ def run_epoch(
                     x, y = ddp.shard(x, dim=1), ddp.shard(y)
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
-            out = model(x).mean(0)
+            try:
+                out = model(x).mean(0)
+            except NonFiniteError as err:  # the weights went NaN or inf in an earlier step, or the data holds them
+                what = "training diverged" if training else "evaluation stopped"
+                raise ConfigError(
+                    f"{what}: NaN or inf reached the spiking neurons at {desc}, batch {batch} ({err.where}); "
+                    + ("lower --lr (Adam's learning rate)" if training else "check the data")
+                ) from None
             n = y.shape[0]
             if world > 1:
                 loss_sum = F.cross_entropy(out, y, reduction="sum")

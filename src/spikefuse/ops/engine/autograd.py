@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common import compute_dtype, keeps_graph, refuse_double_backward, saved_tensors
+from ..common import check_inputs_finite, compute_dtype, keeps_graph, refuse_double_backward, saved_tensors
 from . import module, reference, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 
@@ -257,6 +257,7 @@ def neuron(
     for backward (memory="potential") instead of recomputing them there. The custom op under ``torch.compile``, the
     plain Function in eager mode; the reference (and a layer of no neurons) as its differentiable loop."""
     if backend == "reference" or x2.shape[1] == 0:
+        check_inputs_finite(x2, init)
         # the oracle as plain differentiable ops, which autograd differentiates twice and torch.func transforms
         spikes, final = reference.run(
             model, x2.to(compute_dtype(x2.dtype)), list(params), inner, list(init), surrogate, bool(detach_reset)

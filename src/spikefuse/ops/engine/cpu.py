@@ -50,7 +50,7 @@ import torch
 
 from ...threads import match_numba_threads
 from .. import batchnorm_cpu, bitpack, buffers
-from ..common import reduce_leak_grad
+from ..common import reduce_leak_grad, refuse_flagged
 from .. import numba_common
 from ..numba_common import block_for
 from . import emit
@@ -265,8 +265,8 @@ class _Source:
             return f"{row}{u}" if steps > 1 else row
 
         step_args = [per_step("xr", u) for u in range(steps)]
-        if spikes:
-            step_args += [per_step("sr", u) for u in range(steps)] + ["one"]
+        if spikes:  # a forward row: also `ck`, each neuron's sum of x - x (0, or NaN after a NaN or an inf)
+            step_args += [per_step("sr", u) for u in range(steps)] + ["one", "ck"]
         step_args += src + [per_step(d, u) for u in range(steps) for _, d in moved]
         if save:
             step_args += [per_step(f"sv_{k}", u) for u in range(steps) for k in S]
@@ -275,6 +275,7 @@ class _Source:
             body += [
                 *fire_old("        ", after_step=u > 0),
                 f"        x_ = {per_step('xr', u)}[j]",
+                *(["        c_ = c_ + (x_ - x_)"] if spikes else []),
                 *[f"        {line}" for line in step_lines],
                 *(fire_old("        ", after_step=True) if spikes else []),
                 *[f"        {per_step(d, u)}[j] = v_{k}" for k, d in moved],
@@ -288,22 +289,37 @@ class _Source:
             "    for j in range(m):",
             *param_locals("        "),
             *[f"        v_{k} = {r}[j]" for k, r in zip(S, src)],
+            *(["        c_ = ck[j]"] if spikes else []),
             *body,
             *[f"        {r}[j] = v_{k}" for k, r, d in zip(S, src, dst) if r == d],
+            *(["        ck[j] = c_"] if spikes else []),
             "",
             "",
         ]
 
+    def initial_check(self) -> list[str]:
+        """The block's row ``ck`` of each neuron's sum of ``v - v`` over its initial states: 0 if they are finite
+        (the forward rows add each input's ``x - x``)."""
+        S = self.S
+        return [
+            "    ck = np.empty(m, F)",
+            "    for j in range(m):",
+            "        ck[j] = " + " + ".join(f"(st_{k}[j] - st_{k}[j])" for k in S),
+        ]
+
     def final_states(self) -> list[str]:
-        """The block's final states from its rows ``st_*`` (through the handoff, if any)."""
+        """The block's final states from its rows ``st_*`` (through the handoff, if any), and its flag: whether a
+        neuron read a NaN or an inf (its ``ck`` is not 0)."""
         S, hand_off, model = self.S, self.hand_off, self.model
+        flag = ["        if ck[j] != F(0.0):", "            flags[b] = 1"]
         # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
         if not model.handoff:
-            return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S]]
+            return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S], *flag]
         return [
             "    for j in range(m):",
             *hand_off("st_{k}[j]", "        "),
             *[f"        final_{k}[n0 + j] = v_{k}" for k in S],
+            *flag,
         ]
 
     def made_rows_setup(self, steps: int) -> list[str]:
@@ -331,7 +347,7 @@ class _Source:
 
         def call(steps: int) -> str:
             rows = [f"xs[{u}]" if source else f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
-            rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one"] + [f"st_{k}" for k in S]
+            rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one", "ck"] + [f"st_{k}" for k in S]
             if save:
                 rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
             suffix = f"_x{steps}" if steps > 1 else ""
@@ -730,6 +746,7 @@ class _Source:
             final_states,
             forward_steps,
             init,
+            initial_check,
             load_params,
             load_rows,
             made_rows_setup,
@@ -745,6 +762,7 @@ class _Source:
             self.final_states,
             self.forward_steps,
             self.init,
+            self.initial_check,
             self.load_params,
             self.load_rows,
             self.made_rows_setup,
@@ -778,56 +796,59 @@ class _Source:
                 )
             ),
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
+            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
+            *initial_check(),
             *forward_steps(save=False),
             *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}block):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
+            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, min(block, N - n0))",
             "",
             "",
             # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
+            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, m):",
             *made_rows_setup(per_pass),
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
+            *initial_check(),
             *forward_steps(save=False, source=True),
             *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}block):",
+            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
+            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, min(block, N - n0))",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, m):",
+            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, b, n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
+            *initial_check(),
             *forward_steps(save=True),
             *final_states(),
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}block):",
+            f"def forward_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, block):",
             "    N = x.shape[1]",
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, min(block, N - n0))",
+            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, b, n0, min(block, N - n0))",
         ]
 
     def source(self) -> list[str]:
@@ -941,6 +962,8 @@ def forward(
         name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
+    block = _block(n, threads)
+    flags = np.zeros((n + block - 1) // block, np.uint8)  # per block: a neuron read a NaN or an inf
     getattr(module, name + suffix)(
         _np(x2),
         *src,
@@ -952,7 +975,11 @@ def forward(
         *bits_arg,
         *(f.numpy() for f in final),
         *(v.numpy() for v in saved),
-        _block(n, threads),
+        flags,
+        block,
+    )
+    refuse_flagged(
+        torch.from_numpy(flags), x2, init, "the fused BatchNorm's output (plus its residual, if any) holds NaN or inf"
     )
     if bits is not None:
         bitpack.remember(spikes, bits.view(-1), spikes=True)

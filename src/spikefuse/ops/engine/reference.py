@@ -27,6 +27,7 @@ import torch
 
 from ...neurons.model import HEAVISIDE, RECURRENT_INPUT, WHERE
 from ...surrogate import Surrogate
+from ..common import check_inputs_finite
 
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
 READS_HALF = False
@@ -162,6 +163,7 @@ def run(
 
 
 def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
+    check_inputs_finite(x2, init)
     history = [] if save else None
     with torch.no_grad():
         spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset, history)

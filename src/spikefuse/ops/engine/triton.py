@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import triton
 
-from ..common import compute_dtype, device_guard, reduce_leak_grad
+from ..common import compute_dtype, device_guard, reduce_leak_grad, refuse_flagged
 from . import emit
 from .emit import Dialect
 
@@ -118,22 +118,29 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         return [indent + line for line in lines]
 
     saved_args = "".join(f"saved_{k}, " for k in S)  # memory="potential": every step's states, [T, N] each
+    # ck: each neuron's sum of v - v over its initial states and x - x over its inputs: 0, or NaN once it read a NaN
+    # or an inf; from then on its spikes are NaN (a host-side error would cost a sync per call), and each program
+    # flags whether any of its neurons did
     forward = [
         "@triton.jit",
-        f"def forward(x_ptr, {par_args}{init_args}spikes_ptr, {''.join(f'final_{k}, ' for k in S)}{saved_args}T, N,",
-        "            inner, SCALAR: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):",
+        f"def forward(x_ptr, {par_args}{init_args}spikes_ptr, {''.join(f'final_{k}, ' for k in S)}{saved_args}flags,",
+        "            T, N, inner, SCALAR: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):",
         *head(),
+        "    ck = " + " + ".join(f"(v_{k} - v_{k})" for k in S),
         "    for t in range(0, T):",
         "        row = tl.cast(t, tl.int64) * N + offs",
         f"        x_ = tl.load(x_ptr + row, mask=mask, other=0.0).to({dt})",
+        "        ck += x_ - x_",
         *[f"        {line}" for line in step],
         f"        {fire}",
         f"        {spike}",
-        "        tl.store(spikes_ptr + row, s_.to(spikes_ptr.dtype.element_ty), mask=mask)",
+        "        s_out = tl.where(ck == 0, s_, ck)",
+        "        tl.store(spikes_ptr + row, s_out.to(spikes_ptr.dtype.element_ty), mask=mask)",
         "        if SAVE:",
         *[f"            tl.store(saved_{k} + row, v_{k}, mask=mask)" for k in S],
         *[f"    {line}" for line in handoff],
         *[f"    tl.store(final_{k} + offs, v_{k}, mask=mask)" for k in S],
+        "    tl.store(flags + pid, tl.sum(tl.where(ck == 0, 0, 1), axis=0))",
     ]
 
     names_d, fire_d, step_d = emit.backward_expressions(model, surrogate_type)
@@ -359,6 +366,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), cdt)
+    flags = torch.empty(triton.cdiv(n, block), dtype=torch.int32, device=x2.device)
     with device_guard(x2.device):
         module.forward[(triton.cdiv(n, block),)](
             x2,
@@ -367,6 +375,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
             spikes,
             *final,
             *(saved or final),
+            flags,
             t_steps,
             n,
             int(inner),
@@ -375,6 +384,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
             BLOCK=block,
             **COMPILE_OPTIONS,
         )
+    refuse_flagged(flags, x2, init)
     return spikes, final, saved
 
 

@@ -21,8 +21,12 @@ import importlib
 import torch
 
 from .. import bitpack, buffers
-from ..common import refuse_double_backward, saved_tensors
+from ..common import refuse_double_backward, refuse_flagged, saved_tensors
 from . import current, current_backward
+
+
+#: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
+RECURRENT_NON_FINITE = "the recurrent current (the recurrent weight, its bias or the initial spikes) holds NaN or inf"
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
@@ -45,7 +49,8 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     spikes = _empty(x.shape, x)
     cur = init.clone()
     r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
-    step = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
+    ck = (init - init).sum(0)  # each neuron's check: 0, NaN once it read a NaN or an inf (the steps add theirs)
+    step = ops.bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par)
     previous = spikes0
     for t in range(t_steps):
         current(previous, weight, bias, out=r)
@@ -53,6 +58,7 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
             record_currents[t].copy_(r)
         step(t)
         previous = spikes[t]
+    refuse_flagged(ck, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
     if model.handoff:
         ops.handoff(model, surrogate, cur, par)
     return spikes, cur

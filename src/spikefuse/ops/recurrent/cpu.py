@@ -86,7 +86,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     params = [f"        p_{p} = pv_{p}[h]" for p in P]
     fwd_row = [
         jit,
-        f"def _forward_row(xr, rr, {rows('c_', S)}sr, {rows('h_', kept)}{prow}save, fresh, H):",
+        f"def _forward_row(xr, rr, kr, {rows('c_', S)}sr, {rows('h_', kept)}{prow}save, fresh, H):",
         "    rows_apart()",
         "    for h in range(H):",
         *params,
@@ -98,6 +98,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
                 "x_ = xr[h]",
                 "r_ = rr[h]",
+                "kr[h] = kr[h] + ((x_ - x_) + (r_ - r_))",  # 0, or NaN once the neuron read a NaN or an inf
                 *step,
                 fire,
                 spike,
@@ -109,7 +110,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             " " * 8,
         ),
     ]
-    fwd_args = "t, x, r, cur, spikes, hist, par, save"
+    fwd_args = "t, x, r, ck, cur, spikes, hist, par, save"
     forward = [
         *fwd_row,
         "",
@@ -121,7 +122,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "    for b in range(b0, b1):",
         # the conditional rows as statements: numba's bytecode reader refuses long calls holding them
         *[f"        h_{j} = hist[t, {j}, b] if save else spare" for j in range(len(kept))],
-        f"        _forward_row(x[t, b], r[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
+        f"        _forward_row(x[t, b], r[b], ck[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}spikes[t, b], "
         + rows("h_", range(len(kept)))
         + rows("", [f"par[{i}]" for i in range(len(P))])
         + "save, t == 0, H)",
@@ -131,8 +132,9 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     replay = [
         jit,
         f"def replay_rows({replay_args}, b0, b1):",
+        "    ck = np.zeros(cur.shape[1:], cur.dtype)",  # the replay reads inputs the forward checked
         "    for t in range(x.shape[0]):",
-        "        forward_rows(t, x, r[t], cur, spikes, hist, par, True, b0, b1)",
+        "        forward_rows(t, x, r[t], ck, cur, spikes, hist, par, True, b0, b1)",
     ]
     replay += parallel("replay", replay_args)
 
@@ -306,12 +308,13 @@ def _runner(module, name: str, rows: int, neurons: int):
     return lambda *args: parallel(*args, rows, chunk)
 
 
-def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
-    """``step(t)``: the forward of step t, the current of step t in ``r``; ``hist`` None keeps no states."""
+def bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par):
+    """``step(t)``: the forward of step t, the current of step t in ``r``, each neuron's ``x - x`` and ``r - r``
+    added to ``ck`` ``[B, H]``; ``hist`` None keeps no states."""
     module = kernels(model, type(surrogate), x.dtype)
     run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
     save = hist is not None
-    arrays = [_np(a) for a in (x, r, cur, spikes, hist if save else cur[None], par)]
+    arrays = [_np(a) for a in (x, r, ck, cur, spikes, hist if save else cur[None], par)]
     return lambda t: run(t, *arrays, save)
 
 

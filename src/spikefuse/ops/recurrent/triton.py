@@ -64,7 +64,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
     save = "".join(f"\n        tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept)
     forward = kernel(
-        "forward_step(t, x, r, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)",
+        "forward_step(t, x, r, ck, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)",
         [
             "t64 = tl.cast(t, tl.int64)",  # row offsets in 64 bits: T * N may pass 2^31
             *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
@@ -73,12 +73,15 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
             f"x_ = {load('x', 't64 * N + offs')}.to({dt})",
             f"r_ = {load('r', 'offs')}",
+            # 0, or NaN once the neuron read a NaN or an inf: then its spikes are NaN (see the engine's forward)
+            f"c_ = {load('ck', 'offs')} + ((x_ - x_) + (r_ - r_))",
+            "tl.store(ck + offs, c_, mask=mask)",
             *step,
             fire,
             spike,
             *[f"tl.store(cur + {i} * N + offs, v_{k}, mask=mask)" for i, k in enumerate(S)],
             f"if SAVE:{save}",
-            "tl.store(spikes + t64 * N + offs, s_, mask=mask)",
+            "tl.store(spikes + t64 * N + offs, tl.where(c_ == 0, s_, c_), mask=mask)",
         ],
     )
     replay = kernel(
@@ -253,11 +256,11 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
     return launch
 
 
-def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+def bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par):
     launch = _launch(model, surrogate, cur.dtype, "forward_step", x.shape[1] * x.shape[2], x.shape[2])
     save = hist is not None
     hist = hist if save else cur
-    return lambda t: launch(t, x, r, cur, spikes, hist, par, SAVE=save)
+    return lambda t: launch(t, x, r, ck, cur, spikes, hist, par, SAVE=save)
 
 
 def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
