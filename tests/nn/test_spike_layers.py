@@ -388,3 +388,30 @@ def test_double_backward_is_refused_by_message(make, shape):
     ):
         torch.autograd.grad(layer(x).sum(), x, create_graph=True)
     torch.autograd.grad(layer(x).sum(), x)  # first order as before
+
+
+@pytest.mark.parametrize("edit", ["data", "numpy", "detach"])
+def test_stale_bits_after_an_edit_around_torch(edit):
+    """Spikes whose bits a neuron kernel made, edited in place: through torch (detach() shares the version counter)
+    the bits are dropped and the pooling reads the values; through .data or numpy torch counts nothing, so the
+    layer would read the old bits (as autograd's saved tensors miss such edits): its debug mode re-packs the input
+    and refuses them by message."""
+    from spikefuse.ops import bitpack
+
+    x = spikes((2, 3, 8, 8), seed=9, p=0.3)
+    bitpack.remember(x, bitpack.pack_torch(x), spikes=True)
+    flipped = 1 - x[0, 0, 0, 0]
+    {"data": lambda: x.data[0, 0, 0].fill_(flipped), "numpy": lambda: x.numpy()[0, 0, 0].fill(flipped.item())}.get(
+        edit, lambda: x.detach()[0, 0, 0].fill_(flipped)
+    )()
+    pool = SpikeMaxPool2d(2)
+    if edit == "detach":
+        assert bitpack.spike_bits(x) is None and torch.equal(pool(x), nn.MaxPool2d(2)(x))
+        return
+    assert bitpack.stale(x)
+    previous = sl.set_debug(True)
+    try:
+        with pytest.raises(ValueError, match=r"changed in place where torch does not count it \(through \.data or a "):
+            pool(x)
+    finally:
+        sl.set_debug(previous)

@@ -15,6 +15,8 @@ nothing checks this (a check costs a full pass over the input): a non-binary inp
 input gradient but a **wrong weight gradient**, because backward sees every nonzero element as 1. Turn checking
 on with :func:`set_debug` ``(True)`` or the environment variable ``SPIKEFUSE_DEBUG=1`` (read when this module is
 imported); the layers then raise :class:`ValueError` naming the layer and the first offending value and its index.
+Debug mode also re-packs an input whose bits a neuron kernel made and refuses bits that an edit where torch counts
+nothing (through ``.data`` or a numpy view) left stale; edits through torch drop the bits without it.
 
 The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
 batch, as :class:`spikefuse.nn.SeqToBatch` does. They subclass the torch layers, with the same constructor
@@ -75,6 +77,20 @@ def _apply_as_autocast_would(fn, x: torch.Tensor, weight: torch.Tensor, bias, *a
     dtype = torch.get_autocast_dtype(device)
     with torch.autocast(device, enabled=False):
         return fn.apply(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), *args)
+
+
+def check_input(module: nn.Module, x: torch.Tensor) -> None:
+    """The debug mode's checks of a spike layer's input: binary (:func:`check_binary`), and no bits remembered for it
+    that an edit around torch's version counter (``.data``, numpy) left stale, which the layer would read instead of
+    ``x``."""
+    check_binary(module, x)
+    if bitpack.stale(x):
+        raise ValueError(
+            f"{module._get_name()}({module.extra_repr()}): its input was changed in place where torch does not count "
+            "it (through .data or a numpy view) after a neuron made it, so the bits spikefuse kept of it are stale "
+            "and the layer would read those. Change it through torch (x.detach().copy_(...), x.masked_fill_(...)) "
+            "or make a new tensor"
+        )
 
 
 def check_binary(module: nn.Module, x: torch.Tensor, what: str = "input") -> None:
@@ -182,7 +198,7 @@ class SpikeLinear(nn.Linear):
                 f"got shape {tuple(x.shape)}"
             )
         if _debug:
-            check_binary(self, x)
+            check_input(self, x)
         return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
 
 
@@ -293,7 +309,7 @@ class _SpikeConvNd:
                 f"with {d + 3} dims, got shape {tuple(x.shape)}"
             )
         if _debug:
-            check_binary(self, x)
+            check_input(self, x)
         y = _apply_as_autocast_would(_SpikeConvFn, x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
         return y.unflatten(0, x.shape[:2])
 
@@ -398,7 +414,7 @@ class _SpikeMaxPoolNd:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _debug:
-            check_binary(self, x)
+            check_input(self, x)
         args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
         return _SpikeMaxPoolFn.apply(x, type(self)._pool, args)
 

@@ -205,6 +205,13 @@ def _remembered(x: torch.Tensor) -> torch.Tensor | None:
     return _recall(x, _owner_of_all(x))
 
 
+def stale(x: torch.Tensor) -> bool:
+    """Whether bits remembered for ``x`` no longer hold its content: it was changed where its version counter does
+    not see it (through ``.data`` or a numpy view). A pass over ``x``: for debugging (the spike layers' debug mode)."""
+    packed = _remembered(x)
+    return packed is not None and not torch.equal(packed, pack_torch(x.detach()))
+
+
 def spike_bits(x: torch.Tensor) -> torch.Tensor | None:
     """The bits of ``x`` when they were remembered as those of spikes (``remember(..., spikes=True)``: a neuron
     kernel's output, or a max-pooling of such spikes), which therefore hold all of ``x`` -- a layer may compute from
