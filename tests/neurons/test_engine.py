@@ -309,7 +309,8 @@ def test_without_parameter_gradients(name, backend):
     (CubaLIF's current is carried through the recompute in one row), over several blocks, the last partial."""
     model, params = MODELS[name]
     _check(model, params, (9, 2, 3, 5), torch.float32, backend, Sigmoid(4.0), False, need=False)
-    _check(model, params, (2, 3, 5), torch.float64, backend, Sigmoid(4.0), True, need=False)
+    if name in ("cuba_lif", "alif", "cuba_post_reset"):  # float64 compiles kernels of its own: a model of each kind
+        _check(model, params, (2, 3, 5), torch.float64, backend, Sigmoid(4.0), True, need=False)
     if backend == "cpu":
         _check(model, params, (9, 2 * cpu.MIN_BLOCK + 37), torch.float32, backend, Sigmoid(4.0), False, need=False)
 

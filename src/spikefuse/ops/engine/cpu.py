@@ -50,7 +50,7 @@ import torch
 
 from ...threads import match_numba_threads
 from .. import batchnorm_cpu, bitpack, buffers
-from ..common import reduce_leak_grad, refuse_flagged
+from ..common import reduce_leak_grad, refuse_non_finite
 from .. import numba_common
 from ..numba_common import block_for
 from . import emit
@@ -308,18 +308,26 @@ class _Source:
         ]
 
     def final_states(self) -> list[str]:
-        """The block's final states from its rows ``st_*`` (through the handoff, if any), and its flag: whether a
-        neuron read a NaN or an inf (its ``ck`` is not 0)."""
+        """The block's final states from its rows ``st_*`` (through the handoff, if any), and what the block
+        returns: the number of its neurons that read a NaN or an inf (whose ``ck`` is not 0)."""
         S, hand_off, model = self.S, self.hand_off, self.model
-        flag = ["        if ck[j] != F(0.0):", "            flags[b] = 1"]
+        flag = ["        if ck[j] != F(0.0):", "            bad += 1"]
         # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
         if not model.handoff:
-            return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S], *flag]
+            return [
+                "    bad = 0",
+                "    for j in range(m):",
+                *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
+                *flag,
+                "    return bad",
+            ]
         return [
+            "    bad = 0",
             "    for j in range(m):",
             *hand_off("st_{k}[j]", "        "),
             *[f"        final_{k}[n0 + j] = v_{k}" for k in S],
             *flag,
+            "    return bad",
         ]
 
     def made_rows_setup(self, steps: int) -> list[str]:
@@ -796,7 +804,7 @@ class _Source:
                 )
             ),
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, m):",
+            f"def _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
@@ -806,16 +814,18 @@ class _Source:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, block):",
+            f"def forward{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}block):",
             "    N = x.shape[1]",
+            "    bad = 0",  # neurons that read a NaN or an inf
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, min(block, N - n0))",
+            f"        bad += _forward_block{sfx}(x, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
+            "    return bad",
             "",
             "",
             # the input is the BatchNorm of x (plus a residual), each block normalizing a step's rows right before it
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, m):",
+            f"def _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, m):",
             *made_rows_setup(per_pass),
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
@@ -826,15 +836,17 @@ class _Source:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, block):",
+            f"def forward_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}block):",
             "    N = x.shape[1]",
+            "    bad = 0",  # neurons that read a NaN or an inf
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}flags, b, n0, min(block, N - n0))",
+            f"        bad += _forward_block_src{sfx}(x, src, {par}{init}inner, spikes, one, bits, {fin}n0, min(block, N - n0))",
+            "    return bad",
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, b, n0, m):",
+            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
@@ -844,11 +856,13 @@ class _Source:
             "",
             "",
             "@njit(parallel=True, cache=True, error_model='numpy')",
-            f"def forward_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, block):",
+            f"def forward_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}block):",
             "    N = x.shape[1]",
+            "    bad = 0",  # neurons that read a NaN or an inf
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}flags, b, n0, min(block, N - n0))",
+            f"        bad += _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, min(block, N - n0))",
+            "    return bad",
         ]
 
     def source(self) -> list[str]:
@@ -962,9 +976,7 @@ def forward(
         name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
-    block = _block(n, threads)
-    flags = np.zeros((n + block - 1) // block, np.uint8)  # per block: a neuron read a NaN or an inf
-    getattr(module, name + suffix)(
+    bad = getattr(module, name + suffix)(  # the number of neurons that read a NaN or an inf
         _np(x2),
         *src,
         *par,
@@ -975,12 +987,10 @@ def forward(
         *bits_arg,
         *(f.numpy() for f in final),
         *(v.numpy() for v in saved),
-        flags,
-        block,
+        _block(n, threads),
     )
-    refuse_flagged(
-        torch.from_numpy(flags), x2, init, "the fused BatchNorm's output (plus its residual, if any) holds NaN or inf"
-    )
+    if bad:
+        refuse_non_finite(x2, init, otherwise="the fused BatchNorm's output (plus its residual) holds NaN or inf")
     if bits is not None:
         bitpack.remember(spikes, bits.view(-1), spikes=True)
     return spikes, final, saved
