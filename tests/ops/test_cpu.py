@@ -48,21 +48,30 @@ SPECS = spec_params()
 
 
 def _api_cases() -> list:
-    """``(spec, per_channel, dtype)`` of the runner's tests. The LIF forms run on the neuron engine, whose kernels are
-    generated and compiled per (definition, surrogate type, dtype) and again for a per-channel leak: every form with
-    the sigmoid surrogate and a per-channel leak in float64 (the kernels ``test_gradcheck_state_detached_reset``
-    runs too), ``detach_reset`` by turns; and one form of each family (the paper's, snnTorch's, SpikingJelly's) with
-    a scalar leak in float32. Every form runs in float32 in ``test_potential_exactly_at_the_threshold``; every
+    """``(spec, per_channel, dtype, memory modes)`` of the runner's tests. The LIF forms run on the neuron engine, whose
+    kernels are generated and compiled per (definition, surrogate type, dtype) and again for a per-channel leak, and
+    per memory mode: every form with the sigmoid surrogate and a per-channel leak in float64 (the kernels
+    ``test_gradcheck_state_detached_reset`` runs too), ``detach_reset`` and the memory mode by turns
+    (:func:`_memory_of`); and one form of each family (the paper's, snnTorch's, SpikingJelly's) with a scalar leak in
+    float32, in both memory modes. Every form runs in float32 in ``test_potential_exactly_at_the_threshold``; every
     surrogate in ``test_lif_matches_reference``; ``tests/neurons/test_engine.py`` tests the engine's kernels over
     its models, surrogates and dtypes."""
     cases = []
     for i, combo in enumerate(dynamics_combos()):
         spec = make_spec(*combo, Sigmoid(3.0), i % 2 == 1, variant=i)
-        cases.append(pytest.param(spec, True, torch.float64, id=f"{spec_id(spec)}-channel-f64"))
+        memory = _memory_of(combo)
+        cases.append(pytest.param(spec, True, torch.float64, (memory,), id=f"{spec_id(spec)}-channel-f64-{memory}"))
         if combo[:3] in _FAMILY_FORMS:
             spec = make_spec(*combo, Sigmoid(3.0), False, variant=i + 1)
-            cases.append(pytest.param(spec, False, torch.float32, id=f"{spec_id(spec)}-scalar-f32"))
+            both = ("potential", "recompute")
+            cases.append(pytest.param(spec, False, torch.float32, both, id=f"{spec_id(spec)}-scalar-f32"))
     return cases
+
+
+def _memory_of(combo) -> str:
+    """The memory mode a form's float64 per-channel kernels are tested in, by turns over the forms (both modes in
+    each family): each mode compiles kernels of its own, and what differs between them is the same for all forms."""
+    return ("potential", "recompute")[dynamics_combos().index(combo) % 2]
 
 
 _FAMILY_FORMS = {
@@ -108,11 +117,11 @@ def _api_run(spec, x, leak, v, backend, memory):
     return spikes.detach(), state.detach(), x.grad, v.grad, leak.grad
 
 
-@pytest.mark.parametrize("spec, per_channel, dtype", API_CASES)
-def test_api_autograd_matches_reference(spec, per_channel, dtype):
+@pytest.mark.parametrize("spec, per_channel, dtype, memories", API_CASES)
+def test_api_autograd_matches_reference(spec, per_channel, dtype, memories):
     x, leak, v = _inputs(SHAPE, spec, dtype, 4, per_channel)
     ref = _api_run(spec, x, leak, v, "spec", "potential")
-    for memory in ("potential", "recompute"):
+    for memory in memories:
         got = _api_run(spec, x, leak, v, "cpu", memory)
         assert torch.equal(got[0], ref[0]), "spikes differ"
         assert torch.equal(got[1], ref[1]), "state differs"
@@ -195,14 +204,14 @@ def _combo_cases(values: dict, jelly: list, paper_hard: dict | None = None) -> l
 
 @pytest.mark.parametrize("combo, per_channel", _combo_cases({True: "channel"}, [True], {False: "scalar"}))
 def test_gradcheck_state_detached_reset(combo, per_channel):
-    """The recomputing backward against finite differences (the potential mode's gradients, the same derivatives
-    of saved states, are the reference's in ``test_api_autograd_matches_reference``; gradcheck's retained graph
-    would compile a kernel variant of its own per form)."""
+    """Against finite differences, in the memory mode of the form's kernels in ``test_api_autograd_matches_reference``
+    (:func:`_memory_of`)."""
     spec = make_spec(*combo, Sigmoid(), True, variant=1)
     x, leak, v = make_inputs((4, 2, 3), spec, torch.float64, 7, per_channel=per_channel, margin=1e-2)
+    memory = _memory_of(combo)
 
     def state_of(x, leak, v):
-        return P.run(x, leak, spec, v_init=v, backend="cpu", memory="recompute")[1]
+        return P.run(x, leak, spec, v_init=v, backend="cpu", memory=memory)[1]
 
     inputs = tuple(t.clone().requires_grad_(True) for t in (x, leak, v))
     assert torch.autograd.gradcheck(state_of, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
