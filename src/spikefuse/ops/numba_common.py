@@ -90,6 +90,23 @@ def pow2(typingctx, n):
     return n(n), codegen
 
 
+@intrinsic
+def non_finite(typingctx, x):
+    """1 if the float ``x`` is NaN or infinite (its exponent bits all set), else 0, as an int64: an integer OR of
+    these over a loop vectorizes (a float sum would not, without reassociating it)."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        (v,) = args
+        bits, mask = (32, 0x7F800000) if x.bitwidth == 32 else (64, 0x7FF0000000000000)
+        ity = llvmir.IntType(bits)
+        e = builder.and_(builder.bitcast(v, ity), llvmir.Constant(ity, mask))
+        return builder.zext(builder.icmp_unsigned("==", e, llvmir.Constant(ity, mask)), llvmir.IntType(64))
+
+    return types.int64(x), codegen
+
+
 @njit(error_model="numpy")
 def horner(x, coefficients):
     """The polynomial with ``coefficients`` (highest power first) at ``x``, one FMA per coefficient."""

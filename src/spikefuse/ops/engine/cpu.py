@@ -265,8 +265,8 @@ class _Source:
             return f"{row}{u}" if steps > 1 else row
 
         step_args = [per_step("xr", u) for u in range(steps)]
-        if spikes:  # a forward row: also `ck`, each neuron's sum of x - x (0, or NaN after a NaN or an inf)
-            step_args += [per_step("sr", u) for u in range(steps)] + ["one", "ck"]
+        if spikes:  # a forward row: returns 1 if it read a NaN or an inf, else 0
+            step_args += [per_step("sr", u) for u in range(steps)] + ["one"]
         step_args += src + [per_step(d, u) for u in range(steps) for _, d in moved]
         if save:
             step_args += [per_step(f"sv_{k}", u) for u in range(steps) for k in S]
@@ -275,7 +275,7 @@ class _Source:
             body += [
                 *fire_old("        ", after_step=u > 0),
                 f"        x_ = {per_step('xr', u)}[j]",
-                *(["        c_ = c_ + (x_ - x_)"] if spikes else []),
+                *(["        bad |= non_finite(x_)"] if spikes else []),
                 *[f"        {line}" for line in step_lines],
                 *(fire_old("        ", after_step=True) if spikes else []),
                 *[f"        {per_step(d, u)}[j] = v_{k}" for k, d in moved],
@@ -286,47 +286,36 @@ class _Source:
             "@njit(cache=True, error_model='numpy')",
             f"def {name}{'_x' + str(steps) if steps > 1 else ''}{sfx}({args('', step_args)}{prow}{fresh}m):",
             "    rows_apart()",
+            *(["    bad = 0"] if spikes else []),
             "    for j in range(m):",
             *param_locals("        "),
             *[f"        v_{k} = {r}[j]" for k, r in zip(S, src)],
-            *(["        c_ = ck[j]"] if spikes else []),
             *body,
             *[f"        {r}[j] = v_{k}" for k, r, d in zip(S, src, dst) if r == d],
-            *(["        ck[j] = c_"] if spikes else []),
+            *(["    return bad"] if spikes else []),
             "",
             "",
         ]
 
     def initial_check(self) -> list[str]:
-        """The block's row ``ck`` of each neuron's sum of ``v - v`` over its initial states: 0 if they are finite
-        (the forward rows add each input's ``x - x``)."""
+        """``bad``: 1 if an initial state of the block is NaN or infinite (the forward rows add their inputs')."""
         S = self.S
-        return [
-            "    ck = np.empty(m, F)",
-            "    for j in range(m):",
-            "        ck[j] = " + " + ".join(f"(st_{k}[j] - st_{k}[j])" for k in S),
-        ]
-
-    def final_states(self) -> list[str]:
-        """The block's final states from its rows ``st_*`` (through the handoff, if any), and what the block
-        returns: the number of its neurons that read a NaN or an inf (whose ``ck`` is not 0)."""
-        S, hand_off, model = self.S, self.hand_off, self.model
-        flag = ["        if ck[j] != F(0.0):", "            bad += 1"]
-        # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
-        if not model.handoff:
-            return [
-                "    bad = 0",
-                "    for j in range(m):",
-                *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S],
-                *flag,
-                "    return bad",
-            ]
         return [
             "    bad = 0",
             "    for j in range(m):",
+            "        bad |= " + " | ".join(f"non_finite(st_{k}[j])" for k in S),
+        ]
+
+    def final_states(self) -> list[str]:
+        """The block's final states from its rows ``st_*`` (through the handoff, if any); it returns ``bad``."""
+        S, hand_off, model = self.S, self.hand_off, self.model
+        # a loop, not a slice assignment: numba would compile the string formatting of its size-mismatch error
+        if not model.handoff:
+            return ["    for j in range(m):", *[f"        final_{k}[n0 + j] = st_{k}[j]" for k in S], "    return bad"]
+        return [
+            "    for j in range(m):",
             *hand_off("st_{k}[j]", "        "),
             *[f"        final_{k}[n0 + j] = v_{k}" for k in S],
-            *flag,
             "    return bad",
         ]
 
@@ -355,13 +344,13 @@ class _Source:
 
         def call(steps: int) -> str:
             rows = [f"xs[{u}]" if source else f"x[t + {u}, n0:n0 + m]" for u in range(steps)]
-            rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one", "ck"] + [f"st_{k}" for k in S]
+            rows += [f"spikes[t + {u}, n0:n0 + m]" for u in range(steps)] + ["one"] + [f"st_{k}" for k in S]
             if save:
                 rows += [f"saved_{k}[t + {u}, n0:n0 + m]" for u in range(steps) for k in S]
             suffix = f"_x{steps}" if steps > 1 else ""
             made = made_rows(steps) if source else ""
             packed = "" if save else f"\n        pack_rows(spikes, t, {steps}, n0, m, bits)"
-            return f"{made}        {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m){packed}"
+            return f"{made}        bad |= {name}{suffix}{sfx}({args('', rows)}{prow}{first('t')}m){packed}"
 
         return ["    T = x.shape[0]", *in_passes(call)]
 
@@ -886,8 +875,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "from numba import njit, prange",
         "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
         (
-            "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, pack_rows, prefer_wide_vectors, "
-            "rows_apart"
+            "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, non_finite, pack_rows, "
+            "prefer_wide_vectors, rows_apart"
         ),
         f"F = {per_neuron.np_dtype}",
         "",
@@ -976,7 +965,7 @@ def forward(
         name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
-    bad = getattr(module, name + suffix)(  # the number of neurons that read a NaN or an inf
+    bad = getattr(module, name + suffix)(  # the number of blocks that read a NaN or an inf
         _np(x2),
         *src,
         *par,
