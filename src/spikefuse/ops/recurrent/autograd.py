@@ -49,8 +49,7 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     spikes = _empty(x.shape, x)
     cur = init.clone()
     r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
-    ck = (init - init).sum(0)  # each neuron's check: 0, NaN once it read a NaN or an inf (the steps add theirs)
-    step = ops.bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par)
+    step, flags = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
     previous = spikes0
     for t in range(t_steps):
         current(previous, weight, bias, out=r)
@@ -58,7 +57,7 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
             record_currents[t].copy_(r)
         step(t)
         previous = spikes[t]
-    refuse_flagged(ck, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
+    refuse_flagged(flags, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
     if model.handoff:
         ops.handoff(model, surrogate, cur, par)
     return spikes, cur

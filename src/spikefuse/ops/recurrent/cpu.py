@@ -308,14 +308,16 @@ def _runner(module, name: str, rows: int, neurons: int):
     return lambda *args: parallel(*args, rows, chunk)
 
 
-def bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par):
-    """``step(t)``: the forward of step t, the current of step t in ``r``, each neuron's ``x - x`` and ``r - r``
-    added to ``ck`` ``[B, H]``; ``hist`` None keeps no states."""
+def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+    """``(step, check)``: ``step(t)`` the forward of step t, the current of step t in ``r``; ``hist`` None keeps no
+    states. ``check`` ``[B, H]``: each neuron's sum of ``v - v`` over its initial states and of ``x - x`` and
+    ``r - r`` over the steps run, 0 unless it read a NaN or an inf."""
     module = kernels(model, type(surrogate), x.dtype)
     run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
     save = hist is not None
-    arrays = [_np(a) for a in (x, r, ck, cur, spikes, hist if save else cur[None], par)]
-    return lambda t: run(t, *arrays, save)
+    check = (cur - cur).sum(0)
+    arrays = [_np(a) for a in (x, r, check, cur, spikes, hist if save else cur[None], par)]
+    return (lambda t: run(t, *arrays, save)), check
 
 
 def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:

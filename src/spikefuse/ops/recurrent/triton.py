@@ -64,7 +64,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
     save = "".join(f"\n        tl.store(hist + {row('t64', k)}, v_{k}, mask=mask)" for k in kept)
     forward = kernel(
-        "forward_step(t, x, r, ck, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)",
+        "forward_step(t, x, r, flags, cur, spikes, hist, par, N, H, SAVE: tl.constexpr, BLOCK: tl.constexpr)",
         [
             "t64 = tl.cast(t, tl.int64)",  # row offsets in 64 bits: T * N may pass 2^31
             *[f"v_{k} = {load('cur', f'{i} * N + offs')}" for i, k in enumerate(S)],
@@ -73,9 +73,11 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
             *([f"s_ = tl.where(t == 0, {zero}, s_)"] if model.handoff else []),
             f"x_ = {load('x', 't64 * N + offs')}.to({dt})",
             f"r_ = {load('r', 'offs')}",
-            # 0, or NaN once the neuron read a NaN or an inf: then its spikes are NaN (see the engine's forward)
-            f"c_ = {load('ck', 'offs')} + ((x_ - x_) + (r_ - r_))",
-            "tl.store(ck + offs, c_, mask=mask)",
+            # 0, or NaN where the neuron reads a NaN or an inf (its states, which keep a NaN, its input or its
+            # current): then its spike is NaN (see the engine's forward) and the program flags it
+            "c_ = " + " + ".join(f"(v_{k} - v_{k})" for k in S) + " + ((x_ - x_) + (r_ - r_))",
+            "bad = tl.max(tl.where(c_ == 0, 0, 1), axis=0)",
+            "tl.store(flags + pid, bad, mask=bad > 0)",
             *step,
             fire,
             spike,
@@ -256,11 +258,19 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
     return launch
 
 
-def bind_forward(model, surrogate, x, r, ck, cur, spikes, hist, par):
-    launch = _launch(model, surrogate, cur.dtype, "forward_step", x.shape[1] * x.shape[2], x.shape[2])
+def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+    """``(step, flags)``: ``step(t)`` the forward of step t; ``flags`` per program, not 0 where a neuron read a NaN or
+    an inf (see :func:`spikefuse.ops.common.refuse_flagged`)."""
+    n = x.shape[1] * x.shape[2]
+    launch = _launch(model, surrogate, cur.dtype, "forward_step", n, x.shape[2])
+    flags = torch.zeros(
+        triton.cdiv(max(n, 1), engine_triton.engine_block(n, len(model.states), cur.dtype)),
+        dtype=torch.int32,
+        device=x.device,
+    )
     save = hist is not None
     hist = hist if save else cur
-    return lambda t: launch(t, x, r, ck, cur, spikes, hist, par, SAVE=save)
+    return (lambda t: launch(t, x, r, flags, cur, spikes, hist, par, SAVE=save)), flags
 
 
 def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
