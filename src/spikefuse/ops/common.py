@@ -105,19 +105,18 @@ def refuse_flagged(flags: torch.Tensor, x2: torch.Tensor, init, otherwise: str |
         refuse_non_finite(x2, init, otherwise=otherwise)
 
 
-def refuse_non_finite(x2: torch.Tensor, init, what: str = "the input", otherwise: str | None = None) -> None:
-    """Raise the error of a neuron that read a NaN or an inf (a kernel's flag said so): from ``x2`` (``[T, ...]``;
-    ``what``: what it is) or an initial state in ``init``, saying where first; ``otherwise``: what else it can have
-    come from when both are finite. Such a value leaves no trace in the spikes: a NaN membrane never fires again,
-    an infinite one fires at every step."""
+def refuse_non_finite(x2: torch.Tensor, init, otherwise: str | None = None) -> None:
+    """Raise the error of a neuron that read a NaN or an inf (a kernel's flag said so): from the input ``x2``
+    (``[T, ...]``) or an initial state in ``init``, saying where first; ``otherwise``: what else it can have come from
+    when both are finite."""
     bad = ~torch.isfinite(x2.reshape(x2.shape[0], -1))
     if bad.any():
         t, n = (int(i) for i in bad.nonzero()[0])
-        where = f"{what} holds NaN or inf (first at step {t}, neuron {n} of {bad.shape[1]})"
+        where = f"the input holds NaN or inf (first at step {t}, neuron {n} of {bad.shape[1]})"
     elif any(not bool(torch.isfinite(v).all()) for v in init):
         where = "an initial state (v_init, or a state passed back) holds NaN or inf"
     else:
-        where = otherwise or f"{what} holds NaN or inf"
+        where = otherwise or "the input holds NaN or inf"
     raise NonFiniteError(where)
 
 
