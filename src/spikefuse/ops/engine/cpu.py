@@ -7,7 +7,9 @@ the machine code beside the source, so a call compiles only the kernels it runs:
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
   rows that stay in cache, writing the spikes (and, asked, their bits: :func:`forward`) and the final states;
   nothing is saved for backward
-  (``forward_save``, memory="potential": every step's states are also written out for backward);
+  (``forward_save``, memory="potential": every step's states are also written out for backward). It returns how
+  many blocks read a NaN or an inf (an input or an initial state: each row function ORs
+  :func:`~spikefuse.ops.numba_common.non_finite` of what it reads), which the caller refuses;
 - ``backward`` (``backward_grads`` when a parameter needs a gradient): each task recomputes its block's states over
   the T steps into a block-sized scratch (it stays in cache; a row per step for each state the reverse pass reads,
   :meth:`~spikefuse.neurons.NeuronModel.states_read_backward`, one row for each other, updated in place, which
