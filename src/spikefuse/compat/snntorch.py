@@ -98,15 +98,12 @@ _KEPT = {"v": "mem", "i": "syn"}  # the engine's states by snnTorch's names; oth
 
 
 def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
-    """``model``'s initial states ``shape`` from snnTorch's kept ``states``; ``r``, the reset signal of the
-    ``reset_delay=False`` models, is 0 (their first step sees the kept membrane as it is)."""
+    """``model``'s initial states ``shape`` from snnTorch's kept ``states`` (in ``dtype``, if given); ``r``, the reset
+    signal of the ``reset_delay=False`` models, is 0 (their first step sees the kept membrane as it is)."""
     kept = {k: states[name].reshape(shape) for k, name in _KEPT.items() if k in model.states}
-    like = next(iter(kept.values()))
-    kept = {k: v if dtype is None else v.to(dtype) for k, v in kept.items()}
-    return tuple(
-        kept[k] if k in kept else torch.zeros(shape, dtype=dtype or like.dtype, device=like.device)
-        for k in model.states
-    )
+    if dtype is not None:
+        kept = {k: v.to(dtype) for k, v in kept.items()}
+    return tuple(kept[k] if k in kept else torch.zeros_like(kept["v"]) for k in model.states)
 
 
 def _kept_states(model, final, shape) -> dict:

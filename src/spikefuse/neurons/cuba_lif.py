@@ -16,6 +16,7 @@ operations are written in snnTorch's order, so :class:`spikefuse.compat.snntorch
 spikes and states bit for bit.
 """
 
+from .lif import snntorch_no_delay
 from .model import NeuronModel
 
 __all__ = [
@@ -76,28 +77,14 @@ CUBA_LIF_NO_RESET = NeuronModel(
 CUBA_LIF_MODELS = {"subtract": CUBA_LIF, "zero": CUBA_LIF_ZERO, "hard": CUBA_LIF_HARD, "none": CUBA_LIF_NO_RESET}
 
 
-def _synaptic_no_delay(name: str, reset: str, charge: str) -> NeuronModel:
-    """snnTorch's ``Synaptic(reset_delay=False)``, as its ``Leaky`` (:data:`~spikefuse.neurons.SNNTORCH_NO_DELAY_MODELS`):
-    ``v`` the membrane before the in-step reset, ``r`` the detached reset signal of the membrane after it."""
-    return NeuronModel(
-        name=name,
-        states=("i", "v", "r"),
-        params=("alpha", "beta", "threshold"),
-        step=(("v", reset), ("r", "heaviside(v - threshold)"), ("i", "alpha*i + x"), ("v", charge)),
-        fire="v - threshold",
-        strict=True,
-        defaults=(("threshold", 1.0),),
-        handoff=(("v", reset), ("r", "0")),
-        equations=f"m = {reset};  r = H(m - threshold);  i[t] = alpha i[t-1] + x[t];  "
-        f"v[t] = {charge.replace('v', 'm')};  s[t] = H(v[t] - threshold);  handed on: m",
-    )
-
-
 #: snnTorch's ``Synaptic`` with ``reset_delay=False`` (the membrane reset in the step of its spike), by reset
 #: mechanism, in snnTorch's operations ("zero" leaves the synaptic current as it is).
+_SYNAPTIC = dict(params=("alpha", "beta", "threshold"), before=(("i", "alpha*i + x"),))
 SYNAPTIC_NO_DELAY_MODELS = {
-    "subtract": _synaptic_no_delay("cuba_lif_subtract_no_delay", "v - (s - r)*threshold", "beta*v + i - r*threshold"),
-    "zero": _synaptic_no_delay("cuba_lif_zero_no_delay", "v - (s - r)*v", "(beta*v + i) - (beta*v + i)*r"),
+    "subtract": snntorch_no_delay(
+        "cuba_lif_subtract_no_delay", "v - (s - r)*threshold", "beta*v + i - r*threshold", **_SYNAPTIC
+    ),
+    "zero": snntorch_no_delay("cuba_lif_zero_no_delay", "v - (s - r)*v", "(beta*v + i) - (beta*v + i)*r", **_SYNAPTIC),
 }
 
 #: NIR's CubaLIF integrated by forward Euler as written (``a_syn = dt/tau_syn``, ``a_mem = dt/tau_mem``), with

@@ -81,34 +81,41 @@ LIF_MODELS = {
 RLEAKY_ZERO = _lif("rleaky_zero", "where(s, 0, decay*v + x)", strict=True)
 
 
-def _snntorch_no_delay(name: str, reset: str, charge: str) -> NeuronModel:
+def snntorch_no_delay(
+    name: str, reset: str, charge: str, params: tuple[str, ...] = ("decay", "threshold"), before: tuple = ()
+) -> NeuronModel:
     """snnTorch's ``reset_delay=False``: the membrane ``v`` of a step, before its own spike's reset; the state ``r``,
     the detached reset signal ``heaviside(m - threshold)`` of the membrane ``m`` after that reset, which the next
     step's charge subtracts (snnTorch's "avoid double reset"). ``reset``: ``m`` of ``v``, the spike ``s`` (with its
-    gradient) and ``r``; handed out: ``m`` and ``r = 0``, what a call's first step, which sees no spike, reads."""
+    gradient) and ``r``; ``before``: the assignments of other states ahead of the charge (``Synaptic``'s current);
+    handed out: ``m`` and ``r = 0``, what a call's first step, which sees no spike, reads."""
+    step = (("v", reset), ("r", "heaviside(v - threshold)"), *before, ("v", charge))
     return NeuronModel(
         name=name,
-        states=("v", "r"),
-        params=("decay", "threshold"),
-        step=(("v", reset), ("r", "heaviside(v - threshold)"), ("v", charge)),
+        states=(*(target for target, _ in before), "v", "r"),
+        params=params,
+        step=step,
         fire="v - threshold",
         strict=True,
         defaults=(("threshold", 1.0),),
         handoff=(("v", reset), ("r", "0")),
-        equations=f"m = {reset};  r = H(m - threshold);  v[t] = {charge.replace('v', 'm')};  s[t] = H(v[t] - "
-        "threshold);  handed on: m",
+        equations="m = "
+        + reset
+        + ";  r = H(m - threshold);  "
+        + "".join(f"{target}[t] = {e};  " for target, e in before)
+        + f"v[t] = {charge.replace('v', 'm')};  s[t] = H(v[t] - threshold);  handed on: m",
     )
 
 
 #: snnTorch's ``Leaky`` and ``RLeaky`` with ``reset_delay=False`` (the membrane reset in the step of its spike), by
 #: (neuron, reset mechanism), in snnTorch's operations: the states are the membrane before the in-step reset and
-#: the detached reset signal of the membrane after it (see ``_snntorch_no_delay``).
+#: the detached reset signal of the membrane after it (see :func:`snntorch_no_delay`).
 SNNTORCH_NO_DELAY_MODELS = {
-    ("leaky", "subtract"): _snntorch_no_delay(
+    ("leaky", "subtract"): snntorch_no_delay(
         "leaky_subtract_no_delay", "v - (s - r)*threshold", "(decay*v + x) - r*threshold"
     ),
-    ("leaky", "zero"): _snntorch_no_delay("leaky_zero_no_delay", "v - (s - r)*v", "decay*((1 - r)*v) + x"),
-    ("rleaky", "zero"): _snntorch_no_delay("rleaky_zero_no_delay", "v - (s - r)*v", "(decay*v + x) - r*(decay*v + x)"),
+    ("leaky", "zero"): snntorch_no_delay("leaky_zero_no_delay", "v - (s - r)*v", "decay*((1 - r)*v) + x"),
+    ("rleaky", "zero"): snntorch_no_delay("rleaky_zero_no_delay", "v - (s - r)*v", "(decay*v + x) - r*(decay*v + x)"),
 }
 SNNTORCH_NO_DELAY_MODELS[("rleaky", "subtract")] = SNNTORCH_NO_DELAY_MODELS[("leaky", "subtract")]
 
