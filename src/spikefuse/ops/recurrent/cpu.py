@@ -32,13 +32,15 @@ import numpy as np
 import torch
 
 from ...threads import match_numba_threads
+from .. import numba_common
 from ..engine import cpu as engine_cpu, emit
 from . import source
 from .source import kept_states, step_source
 
-# The generator's version: this file, the parts shared with the Triton generator, and the emitters.
+# The generator's version: this file, the parts shared with the Triton generator, the emitters and the numba helpers
+# the kernels call (numba's cache of a kernel does not notice a change in a function it calls).
 _GENERATOR = hashlib.sha256(
-    b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__))
+    b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__, numba_common.__file__))
 ).hexdigest()[:12]
 
 
@@ -98,7 +100,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *(["if fresh:", "    s_ = F(0.0)"] if model.handoff else []),
                 "x_ = xr[h]",
                 "r_ = rr[h]",
-                "kr[h] = kr[h] + ((x_ - x_) + (r_ - r_))",  # 0, or NaN once the neuron read a NaN or an inf
+                "kr[h] |= non_finite(x_) | non_finite(r_)",  # 1 once the neuron read a NaN or an inf
                 *step,
                 fire,
                 spike,
@@ -132,7 +134,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
     replay = [
         jit,
         f"def replay_rows({replay_args}, b0, b1):",
-        "    ck = np.zeros(cur.shape[1:], cur.dtype)",  # the replay reads inputs the forward checked
+        "    ck = np.zeros(cur.shape[1:], np.uint8)",  # the replay reads inputs the forward checked
         "    for t in range(x.shape[0]):",
         "        forward_rows(t, x, r[t], ck, cur, spikes, hist, par, True, b0, b1)",
     ]
@@ -269,7 +271,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
-        "from spikefuse.ops.numba_common import exp as vexp, rows_apart",
+        "from spikefuse.ops.numba_common import exp as vexp, non_finite, rows_apart",
         f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
         "",
         *emit.model_facts(model),
@@ -310,12 +312,12 @@ def _runner(module, name: str, rows: int, neurons: int):
 
 def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
     """``(step, check)``: ``step(t)`` the forward of step t, the current of step t in ``r``; ``hist`` None keeps no
-    states. ``check`` ``[B, H]``: each neuron's sum of ``v - v`` over its initial states and of ``x - x`` and
-    ``r - r`` over the steps run, 0 unless it read a NaN or an inf."""
+    states. ``check`` ``[B, H]``: 1 where a neuron's initial states, or the input or current of a step run, held a
+    NaN or an inf (:func:`~spikefuse.ops.numba_common.non_finite`, as the engine's forward kernels check), else 0."""
     module = kernels(model, type(surrogate), x.dtype)
     run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
     save = hist is not None
-    check = (cur - cur).sum(0)
+    check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
     arrays = [_np(a) for a in (x, r, check, cur, spikes, hist if save else cur[None], par)]
     return (lambda t: run(t, *arrays, save)), check
 
