@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
 #   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile]
-#       [memory] [bench-quick] [recurrent] [tune]   (default: cuda-tests triton-tests bench)
+#       [memory] [bench-quick] [recurrent] [tune] [step] [table1] [nonfinite]   (default: cuda-tests triton-tests bench)
 # - cuda-tests: tests/ops/test_triton_cuda.py, tests/bench/test_gpu.py and test_memory.py (CUDA tensors through the
 #   public API, a lean ResNet18 trained on the GPU);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
@@ -13,7 +13,12 @@
 #   form in one process (the GPU's memory is read from torch's allocator per step, not from the process).
 # - recurrent: the recurrent layers' CUDA tests (cuBLAS products, compiled Triton step kernels, the snnTorch drop-in)
 #   and their Triton tests on the GPU, then `spikefuse bench recurrent --device cuda` into $OUT;
-# - tune: benchmarks/gpu_tune_engine.py, a sweep of the engine kernels' launch configuration into $OUT.
+# - tune: benchmarks/gpu_tune_engine.py, a sweep of the engine kernels' launch configuration into $OUT;
+# - step: `spikefuse bench memory --device cuda` for ResNet18 at issue 49's size (CIFAR stem, T=8, batch 64), fp32 and
+#   under bf16 autocast, into $OUT/step-fp32 and $OUT/step-bf16;
+# - table1: `spikefuse bench table1 --device cuda` on MNIST (full width, T=32, a timed subset) from $DATA_ROOT
+#   (default .gpudata: copy ../shared/data/mnist there and carry it, since the data is not in the repository);
+# - nonfinite: the NaN/inf tests with their Triton kernels compiled for the GPU.
 # Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site; .whl/ is not
 # tracked by git, so the device tool must be told to carry it: carry [".whl"]).
 set -uo pipefail
@@ -65,9 +70,24 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
       tune)
         timeout "${TUNE_TIMEOUT:-200}" $PY benchmarks/gpu_tune_engine.py 2>&1 | tee "$OUT/tune.log" | tail -45 \
             || status=1 ;;
+      step)
+        for precision in fp32 bf16; do
+          timeout "${STEP_TIMEOUT:-150}" $PY -m spikefuse.cli bench memory --device cuda --in-process --models resnet18 \
+              --forms spikingjelly fused lean floor --stem cifar -T 8 --batch-size 64 --repeats "${STEP_REPEATS:-7}" \
+              --precision $precision --results-dir "$OUT/step-$precision" 2>&1 | tail -12 || status=1
+        done ;;
+      table1)
+        timeout "${TABLE1_TIMEOUT:-240}" $PY -m spikefuse.cli bench table1 --device cuda --datasets mnist \
+            --data-root "${DATA_ROOT:-.gpudata}" --results-dir "$OUT/table1" ${TABLE1_ARGS:-} 2>&1 \
+            | tee "$OUT/table1.log" | tail -16 || status=1 ;;
+      nonfinite)
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${NONFINITE_TIMEOUT:-150}" $PY -m pytest -q -p no:cacheprovider \
+            -n "$workers" tests/ops/test_non_finite.py 2>&1 | tee "$OUT/pytest-nonfinite-cuda.log" | tail -8 \
+            || status=1 ;;
       bench-quick)
         $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
-      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory, bench-quick, recurrent or tune"
+      *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory, bench-quick, recurrent, tune, step,"
+         echo "table1 or nonfinite"
          exit 2 ;;
     esac
   done

@@ -369,7 +369,8 @@ def conv_batchnorm_lif(
     the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes (those the lean
     form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward in backward.
     The neurons start from their reset value (no ``v_init``); ``return_state=True`` also returns the final state,
-    as :func:`batchnorm_lif` does. Not for double backward."""
+    as :func:`batchnorm_lif` does. Under ``torch.autocast`` the convolution runs in autocast's dtype, as
+    ``nn.Conv2d`` does there. Not for double backward."""
     check_input(x)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
         raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")
@@ -391,6 +392,12 @@ def conv_batchnorm_lif(
         return v
 
     conv = (ints(stride, "stride"), ints(padding, "padding"), ints(dilation, "dilation"), int(groups))
+    if torch.is_autocast_enabled(x.device.type):
+        # what autocast does for a convolution (the op calls aten.convolution, which autocast does not see): input,
+        # weight and bias in its dtype; the BatchNorm then reads that output, as nn.BatchNorm reads a conv's
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, conv_weight = x.to(dtype), conv_weight.to(dtype)
+        conv_bias = None if conv_bias is None else conv_bias.to(dtype)
     neuron = dict(threshold=threshold, v_reset=v_reset, surrogate=surrogate, detach_reset=detach_reset, backend=backend)
     spikes, state = _ConvThenBatchNormNeuron.apply(
         x,

@@ -256,6 +256,19 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         "(about a third of the memory saved for backward; same results) (default: %(default)s)",
     )
     p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: convolutions and linear layers under torch.autocast in bfloat16 (the neurons read and write "
+        "bfloat16, their membranes stay float32) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (the fused neurons are custom ops it traces through; the first batches "
+        "compile for a minute or more)",
+    )
+    p.add_argument(
         "--image-size",
         type=_positive_int,
         default=None,
@@ -295,6 +308,8 @@ def config_from_args(args, **overrides):
         neurons=getattr(args, "neurons", "spikefuse"),
         out=getattr(args, "out", "runs/spikefuse"),
         memory=args.memory,
+        precision=args.precision,
+        compile=args.compile,
         hidden=args.hidden,
         layers=args.layers,
         cell=args.cell,

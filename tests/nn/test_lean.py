@@ -106,6 +106,20 @@ def test_every_registered_model(name):
     assert saved_l < 0.45 * saved_p, f"lean saves {saved_l} bytes, the vanilla form {saved_p}"
 
 
+def test_lean_resnet_under_autocast_is_the_default_form():
+    """Under ``torch.autocast`` (bfloat16) the lean form runs its convolutions in bfloat16 as the default form does
+    (the stem's fused conv+BatchNorm+LIF too, which calls aten.convolution, unseen by autocast): same outputs and
+    gradients as nn.BatchNorm + the fused LIF there."""
+    torch.manual_seed(0)
+    plain = build_model("resnet18", 3, 10, neuron_backend="cpu", width=4, stem="cifar")
+    torch.manual_seed(0)
+    lean = build_model("resnet18", 3, 10, neuron_backend="cpu", memory="lean", width=4, stem="cifar")
+    x = torch.rand(3, 2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _assert_same_training(plain, lean, x, torch.tensor([1, 7]))
+        assert lean(x).dtype == plain(x).dtype == torch.bfloat16
+
+
 def test_resnet_counts_and_block_structure():
     _, lean = _pair("resnet18", width=4, stem="cifar")
     counts = to_lean(lean)

@@ -153,6 +153,87 @@ def test_lean_resnet18_on_gpu_trains_as_vanilla(dtype, monkeypatch):
     assert saved_lean < 0.3 * saved_vanilla, f"lean saves {saved_lean} bytes, vanilla {saved_vanilla}"
 
 
+def test_lean_resnet18_under_autocast_on_gpu_trains_as_the_default_form(monkeypatch):
+    """Under ``torch.autocast("cuda", torch.bfloat16)`` (``--precision bf16``): the lean form (its stem's fused
+    conv+BatchNorm+LIF in bfloat16 as nn.Conv2d is there) against the default form (nn.BatchNorm + the fused LIF
+    reading bfloat16): outputs bit-identical, gradients 1e-5, running statistics equal, for two steps."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    forms = []
+    for memory in ("fused", "lean"):
+        torch.manual_seed(0)
+        forms.append(build_model("resnet18", 3, 10, width=8, stem="cifar", memory=memory).cuda())
+    x = torch.rand(4, 3, 3, 16, 16, generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _assert_same_training(*forms, x, torch.tensor([1, 7, 3], device="cuda"))
+        assert forms[1](x).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("memory", ["fused", "lean"])
+def test_training_step_captures_in_a_cuda_graph(memory):
+    """A Spiking-ResNet's forward and backward captured in one CUDA graph (no host sync, no host-side allocation
+    in the fused ops) and replayed on a new input: the outputs and gradients of eager mode from the same state."""
+    import copy
+
+    torch.manual_seed(0)
+    model = build_model("resnet-tiny", 3, 10, memory=memory).cuda()
+    static_x = torch.rand(3, 4, 3, 16, 16, device="cuda")
+
+    def step(m, x):
+        out = m(x)
+        out.mean(0).square().sum().backward()
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph: Triton compiles, cuDNN picks its algorithms
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            step(model, static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_out = step(model, static_x)
+    eager = copy.deepcopy(model)  # the state (running statistics) the replay starts from
+    static_x.copy_(torch.rand_like(static_x))
+    graph.replay()
+    eager.zero_grad(set_to_none=True)
+    want = step(eager, static_x.clone())
+    assert torch.equal(static_out, want)
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        _assert_grads_close(p.grad, q.grad.cpu(), name)
+
+
+def test_a_non_finite_input_on_gpu_makes_that_neurons_spikes_nan():
+    """On CUDA tensors the call does not read the kernels' flags (a host sync per call): the neuron that read the
+    inf spikes NaN from that step on, every other spike is as without it."""
+    x = torch.rand(6, 8, device="cuda") * 1.2
+    x[2, 5] = float("inf")
+    spikes = spikefuse.lif(x, decay=0.7, threshold=0.6)
+    clean = spikefuse.lif(x.nan_to_num(posinf=0.0), decay=0.7, threshold=0.6)
+    assert spikes[2:, 5].isnan().all() and not spikes[:2].isnan().any()
+    others = torch.arange(8, device="cuda") != 5
+    assert torch.equal(spikes[:, others], clean[:, others]) and torch.equal(spikes[:2], clean[:2])
+
+
+def test_whole_model_compiles_fullgraph_on_gpu():
+    """``torch.compile(fullgraph=True)`` of a whole Spiking-ResNet (the fused LIF custom ops inside inductor's
+    graph): the outputs and gradients of eager mode."""
+    torch.manual_seed(0)
+    model = build_model("resnet-tiny", 3, 10).cuda().eval()
+    x = torch.rand(3, 4, 3, 16, 16, device="cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(x)
+    got.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    want = model(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        _assert_grads_close(g, p.grad.cpu(), "compiled grad")
+
+
 @pytest.mark.parametrize(
     "model, params",
     [(CUBA_LIF, dict(alpha=0.8, beta=0.7, threshold=0.5)), (ALIF_MODEL, dict(decay=0.8, rho=0.9, b0=0.5, beta=0.4))],

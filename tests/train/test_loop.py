@@ -106,6 +106,48 @@ def test_lean_training_follows_the_fused_trajectory(tmp_path):
     assert a["model"].keys() != b["model"].keys()  # the lean form's own modules (fused BatchNorm+LIF)
 
 
+def test_bfloat16_precision_trains_the_lean_form_as_the_fused_one(tmp_path, monkeypatch):
+    """--precision bf16: the forward under CPU autocast (the fused neurons read bfloat16), the same trajectory for
+    the lean form as for the fused one; the setting is part of a run's trajectory (a resume with another is
+    refused)."""
+    seen = []
+    real = torch.nn.Conv2d.forward
+    monkeypatch.setattr(torch.nn.Conv2d, "forward", lambda self, x: seen.append(real(self, x).dtype) or real(self, x))
+    cfg = dict(epochs=2, precision="bf16", neuron_backend="cpu")
+    fused = fit(tiny_config(tmp_path / "fused", **cfg), log=quiet)
+    lean = fit(tiny_config(tmp_path / "lean", memory="lean", **cfg), log=quiet)
+    assert set(seen) == {torch.bfloat16}
+    for a, b in zip(fused, lean):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
+    plain = fit(tiny_config(tmp_path / "fp32", epochs=2, neuron_backend="cpu"), log=quiet)
+    assert plain[-1]["train_loss"] != fused[-1]["train_loss"]  # bfloat16 rounding moved the trajectory
+    with pytest.raises(ConfigError, match="precision: checkpoint 'bf16', now 'fp32'"):
+        fit(tiny_config(tmp_path / "fused", epochs=3, neuron_backend="cpu"), resume=True, log=quiet)
+
+
+def test_compiled_model_trains_as_the_eager_one(tmp_path, monkeypatch):
+    """--compile: torch.compile traces the model through the fused neurons' custom ops; the same losses as eager
+    mode (inductor's code generation swapped for aot_eager's, which runs the traced graph: a test of the tracing,
+    not of the C++ compiler)."""
+    compiled = []
+    real = torch.compile
+
+    def compile_spy(model, **kw):
+        compiled.append(model)
+        return real(model, backend="aot_eager", **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    torch._dynamo.reset()
+    eager = fit(tiny_config(tmp_path / "eager", neuron_backend="cpu"), log=quiet)
+    traced = fit(tiny_config(tmp_path / "compiled", neuron_backend="cpu", compile=True), log=quiet)
+    assert len(compiled) == 2  # the training and the evaluation model
+    assert traced[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-6)
+    assert traced[0]["test_loss"] == pytest.approx(eager[0]["test_loss"], rel=1e-6)
+    ckpt = load_checkpoint(tmp_path / "compiled" / "checkpoint.pt")
+    assert not any(k.startswith("_orig_mod") for k in ckpt["model"])  # the plain model's keys
+
+
 def test_evaluate_checkpoint_reproduces_the_test_metrics(tmp_path):
     hist = fit(tiny_config(tmp_path, encoding="poisson"), log=quiet)
     r = evaluate_checkpoint(tmp_path / "checkpoint.pt", threads=2)
@@ -147,6 +189,7 @@ def test_config_validation(tmp_path):
         (dict(neurons="norse"), "--neurons"),
         (dict(memory="tiny"), "--memory must be one of fused, lean, got 'tiny'"),
         (dict(memory="lean", neurons="spikingjelly"), "--memory lean fuses BatchNorm"),
+        (dict(precision="fp16"), "--precision must be one of fp32, bf16, got 'fp16'"),
     ):
         with pytest.raises(ConfigError, match=message):
             tiny_config(tmp_path, **bad).validate()

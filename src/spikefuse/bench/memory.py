@@ -162,6 +162,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="cpu",
         help="where the model trains (default: %(default)s; cuda: peak memory from torch's CUDA allocator)",
     )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: every form's forward and loss under torch.autocast in bfloat16 (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--in-process", action="store_true", help="run every form in this process (no maxrss column; faster start-up)"
@@ -316,6 +322,13 @@ def _training(cfg: dict):
     x, labels = step_input(cfg)
     x, labels = x.to(device), labels.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if cfg.get("optimizer", True) else None
+    from ..train.config import PRECISIONS
+
+    autocast = PRECISIONS[cfg.get("precision", "fp32")]
+
+    def forward():
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            return F.cross_entropy(model(x).mean(0).float(), labels)
 
     def update():
         if optimizer is not None:
@@ -353,11 +366,11 @@ def _training(cfg: dict):
                 return t
 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = F.cross_entropy(model(x).mean(0), labels)
+                loss = forward()
             for h in handles:
                 h.remove()
         else:
-            loss = F.cross_entropy(model(x).mean(0), labels)
+            loss = forward()
         loss.backward()
         return loss, saved
 
@@ -551,6 +564,7 @@ def run(args) -> int:
         "stem": args.stem,
         "optimizer": args.optimizer,
         "device": args.device,
+        "precision": args.precision,
     }
     if args.quick:
         cfg0.update(QUICK)
@@ -665,7 +679,12 @@ def _with_quartiles(row: dict, key: str) -> str:
 def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args, notes: list[str]) -> tuple[Path, Path]:
     out = Path(args.results_dir)
     cuda = cfg["device"] == "cuda"
-    stem = "bench-memory" + ("-cuda" if cuda else "") + ("-quick" if args.quick else "")
+    stem = (
+        "bench-memory"
+        + ("-cuda" if cuda else "")
+        + ("-bf16" if cfg["precision"] == "bf16" else "")
+        + ("-quick" if args.quick else "")
+    )
     csv_path, md_path, cycles_path = out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}-cycles.csv"
     write_csv(csv_path, [{c: row.get(c, "") for c in COLUMNS} for row in rows])
     write_csv(cycles_path, [{c: row[c] for c in CYCLE_COLUMNS} for row in cycle_rows])
@@ -710,6 +729,7 @@ def write_report(rows: list[dict], cycle_rows: list[dict], cfg: dict, args, note
         f"T={cfg['T']}, batch {cfg['batch_size']}, {cfg['image_size']}x{cfg['image_size']}x3 inputs (one random image "
         f"per sample at every step), ResNet18 width {cfg['resnet_width']}, {cfg['stem']} stem; one step = forward, "
         f"cross-entropy of the time-averaged output, backward"
+        f"{' (forward and loss under torch.autocast in bfloat16)' if cfg['precision'] == 'bf16' else ''}"
         f"{', Adam update' if cfg['optimizer'] else ' (no optimizer update)'}; "
         f"memory: {'all forms in this process' if args.in_process else 'each form in a fresh subprocess'}; time: "
         f"{args.rounds} {'round' if args.rounds == 1 else 'rounds'} of {cfg['repeats']} "

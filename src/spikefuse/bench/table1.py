@@ -8,6 +8,9 @@ paper's own numbers (A100, T=32, 5 epochs) beside them. A full-width ResNet18 ep
 hour on a 2-core CPU: the benchmark measures its cost per sample and says so, and trains the network at width 16
 (stages 16-32-64-128; same depth, blocks and neurons). CIFAR-10 and DVS Gesture have no data on this machine.
 
+``--device cuda`` runs the paper's network (full width, T=32) on a GPU, each data set's epochs over a seeded subset
+of its samples (``--train-subset``, ``--test-subset``), and writes ``table1-cuda.md``/``.csv``.
+
 ``--data-root`` holds ``mnist/`` (the four idx .gz files) and ``nmnist-small/`` (or ``nmnist/``: ``Train/`` and
 ``Test/`` of .bin recordings); a data set whose folder is missing is reported as skipped. Writes
 ``<results-dir>/table1.md`` and ``table1.csv`` (one row per data set, implementation and epoch).
@@ -22,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import RESULTS, command_line, machine_info, markdown_table, write_csv
+from .common import RESULTS, command_line, gpu_machine_info, machine_info, markdown_table, write_csv
 from .train import IMPLEMENTATIONS, train_side_by_side
 
 #: Per data set: the folder under --data-root, and the settings that differ from the common ones.
@@ -33,6 +36,8 @@ DATASETS = {
 }
 COMMON = {"model": "resnet18", "width": 16, "T": 4, "lr": 1e-3, "seed": 0, "stem": "cifar"}
 QUICK = {"epochs": 1, "train_subset": 64, "test_subset": 32}
+#: On a GPU: the paper's network (full width, T=32), each data set's epochs over a seeded subset of the samples
+GPU = {"width": 64, "T": 32, "train_subset": 3000, "test_subset": 1000}
 
 #: Table 1 of the paper, Spiking-ResNet18 rows: (accuracy %, train s, test s) per epoch on an A100, T=32.
 PAPER = {
@@ -76,8 +81,31 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=list(IMPLEMENTATIONS),
         help="neuron implementations to compare (default: both)",
     )
-    p.add_argument("--width", type=int, default=COMMON["width"], help="ResNet18 width (default: %(default)s)")
-    p.add_argument("--T", type=int, default=COMMON["T"], help="time steps (default: %(default)s)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda: the paper's full width and T=32, on a timed subset (default: %(default)s)",
+    )
+    p.add_argument(
+        "--width", type=int, default=None, help=f"ResNet18 width (default: {COMMON['width']}; cuda {GPU['width']})"
+    )
+    p.add_argument("--T", type=int, default=None, help=f"time steps (default: {COMMON['T']}; cuda {GPU['T']})")
+    p.add_argument(
+        "--train-subset",
+        type=int,
+        default=None,
+        help=f"training samples per epoch (default: all; cuda {GPU['train_subset']})",
+    )
+    p.add_argument(
+        "--test-subset", type=int, default=None, help=f"test samples (default: all; cuda {GPU['test_subset']})"
+    )
+    p.add_argument("--epochs", type=int, default=None, help="epochs per data set (default: each data set's)")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: both implementations under torch.autocast in bfloat16 (default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch threads per training process (default: %(default)s)")
     p.add_argument(
         "--neuron-backend",
@@ -91,6 +119,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def resolve_defaults(args) -> bool:
+    """Fill the settings left unset with the device's defaults (:data:`COMMON` on the CPU, :data:`GPU` on a GPU);
+    returns whether the device is a GPU."""
+    gpu = args.device.startswith("cuda")
+    for key in ("width", "T"):
+        if getattr(args, key) is None:
+            setattr(args, key, (GPU if gpu else COMMON)[key])
+    if gpu and not args.quick:
+        for key in ("train_subset", "test_subset"):
+            if getattr(args, key) is None:
+                setattr(args, key, GPU[key])
+    return gpu
+
+
 def _data_dir(root: str | None, folders: tuple[str, ...]) -> Path | None:
     for name in folders:
         if root is not None and (Path(root) / name).is_dir():
@@ -101,11 +143,14 @@ def _data_dir(root: str | None, folders: tuple[str, ...]) -> Path | None:
 def _namespace(args, settings: dict, quick: dict, data_dir: Path | None) -> argparse.Namespace:
     """The namespace ``bench train``'s child command reads, for one data set."""
     values = {**COMMON, **settings, **quick}
+    for key in ("width", "T", "train_subset", "test_subset", "epochs"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
     values.update(
-        width=args.width,
-        T=args.T,
         threads=args.threads,
-        device="cpu",
+        device=args.device,
+        precision=args.precision,
+        compile=False,
         neuron_backend=args.neuron_backend,
         impls=args.impls,
         data_dir=None if data_dir is None else str(data_dir),
@@ -148,10 +193,11 @@ def run(args) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="spikefuse-table1-") if args.runs_dir is None else None
     runs_root = Path(tmp.name if tmp is not None else args.runs_dir)
     torch.set_num_threads(args.threads)
-    info, command = machine_info(), command_line()
+    gpu = resolve_defaults(args)
+    info, command = (gpu_machine_info() if gpu else machine_info()), command_line()
     sections, csv_rows, status = [], [], 0
     try:
-        cost = None if args.quick else full_width_cost(args.threads, args.T)
+        cost = None if args.quick or gpu else full_width_cost(args.threads, args.T)
         for dataset in args.datasets:
             folders = DATASETS[dataset]["folders"]
             data_dir = _data_dir(args.data_root, folders)
@@ -173,7 +219,7 @@ def run(args) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
-    stem = results_dir / f"table1{'-quick' if args.quick else ''}"
+    stem = results_dir / f"table1{'-cuda' if gpu else ''}{'-quick' if args.quick else ''}"
     stem.with_suffix(".md").write_text(_report(args, sections, cost, info, command))
     write_csv(stem.with_suffix(".csv"), csv_rows or [{"note": "no data set ran"}])
     print(f"[bench table1] wrote {stem.with_suffix('.md')} and {stem.with_suffix('.csv')}", flush=True)
@@ -188,6 +234,8 @@ def _report(args, sections, cost, info: str, command: str) -> str:
         "final test acc (%)",
         "train s/epoch",
         "test s/epoch",
+        "train ms/sample",
+        "test ms/sample",
         "train speed-up",
         "test speed-up",
         "peak memory (MiB)",
@@ -218,28 +266,31 @@ def _report(args, sections, cost, info: str, command: str) -> str:
                     f"{100 * s['final_test_acc']:.2f}",
                     f"{s['train_s_per_epoch']:.1f}",
                     f"{s['test_s_per_epoch']:.1f}",
+                    f"{1000 / s['train_samples_per_s']:.2f}",
+                    f"{1000 * s['test_s_per_epoch'] / targs.test_subset:.2f}" if targs.test_subset else "",
                     up_train,
                     up_test,
-                    f"{s['peak_rss_mb']:.0f}",
+                    f"{s['peak_rss_mb'] if s['peak_cuda_mb'] is None else s['peak_cuda_mb']:.0f}",
                 ]
             )
     for name, label in NO_DATA.items():
         rows.append([name, f"no data on this machine ({label} is not in the shared data)"] + [""] * (len(header) - 2))
     paper_rows = [
-        [d, impl, f"{a:.2f}", f"{tr:.2f}", f"{te:.2f}"]
+        [d, impl, f"{a:.2f}", f"{tr:.2f}", f"{te:.2f}", f"{tr / 60:.2f}", f"{te / 10:.2f}"]
         for d, impls in PAPER.items()
         for impl, (a, tr, te) in impls.items()
     ]
     lines = [
-        f"# Table 1 at CPU scale{' (quick harness check)' if args.quick else ''}",
+        f"# Table 1 {'on ' + args.device if args.device != 'cpu' else 'at CPU scale'}"
+        f"{' (quick harness check)' if args.quick else ''}",
         "",
         f"Spiking-ResNet18 (SpikingJelly's structure, CIFAR stem) at width {args.width} (stages {args.width}-"
         f"{2 * args.width}-{4 * args.width}-{8 * args.width}), T={args.T}, Adam lr {COMMON['lr']}, seed "
-        f"{COMMON['seed']}, cross-entropy on the time-averaged output, neuron decay 0.2 / threshold 0.3 / V_rest 0 / "
+        f"{COMMON['seed']}, precision {args.precision}, cross-entropy on the time-averaged output, neuron decay 0.2 / threshold 0.3 / V_rest 0 / "
         "sigmoid surrogate alpha 4 (SpikingJelly: tau 1.25). Same seed, initial weights and data order for both "
         "implementations; each trains in its own process. Times are medians over epochs (train includes the Adam "
         "step); the speed-up is SpikingJelly's time over spikefuse's; peak memory is the training process's maximum "
-        "resident set size. Test accuracy is on the whole test split unless a subset is listed below.",
+        f"{'CUDA memory allocated' if args.device != 'cpu' else 'resident set size'}. Test accuracy is on the whole test split unless a subset is listed below.",
         "",
         *settings,
         "",
@@ -256,9 +307,17 @@ def _report(args, sections, cost, info: str, command: str) -> str:
     lines += [
         "The paper's Table 1, Spiking-ResNet18 rows, for reference (one NVIDIA A100, T=32, batch 100, 5 epochs, "
         "Poisson-encoded MNIST, N-MNIST framed by event counts; accuracy is the average best over epochs, times in s per epoch). Not "
-        "comparable in scale with the rows above: other hardware, 8x the time steps, full width.",
+        + (
+            "comparable in scale with the rows above: other hardware, 8x the time steps, full width."
+            if args.device == "cpu"
+            else "comparable in accuracy with the rows above, which train on subsets; the per-sample columns divide "
+            "by the 60,000 training and 10,000 test samples of both data sets."
+        ),
         "",
-        markdown_table(["data set", "implementation", "acc (%)", "train s", "test s"], paper_rows),
+        markdown_table(
+            ["data set", "implementation", "acc (%)", "train s", "test s", "train ms/sample", "test ms/sample"],
+            paper_rows,
+        ),
         "",
         f"Machine: {info}",
         "",

@@ -134,7 +134,11 @@ def _child_command(args, dataset: str, impl: str, out: Path) -> list[str]:
         str(out),
         "--overwrite",
         "--no-progress",
+        "--precision",
+        args.precision,
     ]
+    if args.compile:
+        cmd.append("--compile")
     for opt in ("data_dir", "image_size", "train_subset", "test_subset", "width"):
         value = getattr(args, opt)
         if value is not None:
@@ -301,7 +305,8 @@ def _write_report(args, dataset, summaries, csv_rows, results_dir: Path, info, c
         f"# bench train: {args.model} on {dataset}{' (quick)' if args.quick else ''}",
         "",
         f"T={args.T}, {args.epochs} epoch(s), batch {args.batch_size}, Adam lr {args.lr}, seed {args.seed}, "
-        f"{args.encoding} encoding, device {args.device}{subset}. Same network, seed and data order; only the neurons "
+        f"{args.encoding} encoding, device {args.device}, precision {args.precision}"
+        f"{', torch.compile' if args.compile else ''}{subset}. Same network, seed and data order; only the neurons "
         "differ. Times are medians over epochs; peak memory is each training process's maximum resident set size.",
         "",
         markdown_table(header, table),

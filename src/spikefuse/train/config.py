@@ -26,6 +26,7 @@ TRAJECTORY_KEYS = (
     "image_size",
     "width",
     "memory",
+    "precision",
     "hidden",
     "layers",
     "cell",
@@ -40,6 +41,11 @@ class ConfigError(ValueError):
     """A problem the user can fix: a bad setting, an output folder that holds another run or cannot be written, a
     missing, unreadable or mismatched checkpoint, a full disk, a diverged run. The CLI prints the message on one
     line and exits with code 2."""
+
+
+#: --precision: the dtype torch.autocast runs convolutions and linear layers in (None: float32 throughout); the
+#: neurons' membranes stay float32 either way
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -70,6 +76,8 @@ class TrainConfig:
     layers: int = 1  # srnn: recurrent layers
     cell: str = "lif"  # srnn: the recurrent neurons, "lif" or "alif"
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
+    precision: str = "fp32"  # "bf16": forward and loss under torch.autocast in bfloat16 (PRECISIONS)
+    compile: bool = False  # torch.compile the model
     progress: bool = True
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
 
@@ -121,6 +129,8 @@ class TrainConfig:
         from ..models import MEMORY_FORMS, MODELS
         from ..ops import BACKENDS, resolve_backend
 
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.memory not in MEMORY_FORMS:
             raise ConfigError(f"--memory must be one of {', '.join(MEMORY_FORMS)}, got {self.memory!r}")
         if self.memory == "lean" and self.neurons != "spikefuse":

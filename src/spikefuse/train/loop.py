@@ -36,7 +36,7 @@ from .checkpoints import (
     signals_deferred,
     unlock_out_dir,
 )
-from .config import ConfigError, TrainConfig, check_batch_split
+from .config import PRECISIONS, ConfigError, TrainConfig, check_batch_split
 from .reports import format_epoch, max_over_ranks, peak_memory_mb, plot_curves, write_metrics
 
 __all__ = ["fit", "evaluate_checkpoint", "run_epoch", "make_model", "reset_states", "FIRST_BATCH_NOTE"]
@@ -172,6 +172,7 @@ def run_epoch(
     desc: str = "",
     data_parallel: bool = False,
     first_run: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> dict:
     """One pass over ``loader``: trains when ``optimizer`` is given, else evaluates (no grad, eval-mode BN).
 
@@ -184,6 +185,8 @@ def run_epoch(
     backpropagated is the shard's summed loss times ``world_size / global batch``, so DDP's gradient average is
     the joint batch's mean gradient even when the shards are uneven; a batch smaller than the world is skipped
     in training and run whole on rank 0 in evaluation.
+
+    ``autocast``: run the forward and the loss under ``torch.autocast`` in this dtype (None: as the model is).
 
     ``first_run``: the first batches this process runs, whose kernels compile on first use (numba, Triton; cached
     on disk for later runs): the progress bar says so while the first batch runs, and its rate and ETA count from
@@ -231,7 +234,8 @@ def run_epoch(
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             try:
-                out = model(x).mean(0)
+                with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                    out = model(x).mean(0).float()
             except NonFiniteError as err:  # the weights went NaN or inf in an earlier step, or the data holds them
                 what = "training diverged" if training else "evaluation stopped"
                 raise ConfigError(
@@ -422,7 +426,7 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
         f"spikefuse train: {cfg.model} ({n_params / 1e6:.2f} M params) on {info['name']} ({len(train_ds)} train / "
         f"{len(test_ds)} test, {info['in_channels']}x{info['height']}x{info['width']}, {info['kind']}), T={cfg.T}, "
         f"batch {cfg.batch_size}{par}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, memory "
-        f"{cfg.memory}, device {device}, "
+        f"{cfg.memory}, precision {cfg.precision}{', compiled' if cfg.compile else ''}, device {device}, "
         f"threads {torch.get_num_threads()}{' per rank' if world > 1 else ''}, seed {cfg.seed}"
     )
     if world > 1 and 0 < len(train_ds) % cfg.batch_size < world:
@@ -430,7 +434,16 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
             f"note: the last training batch ({len(train_ds) % cfg.batch_size} samples) has fewer samples than ranks "
             f"and is skipped every epoch"
         )
-    common = dict(kind=info["kind"], T=cfg.T, encoding=cfg.encoding, device=device, data_parallel=world > 1)
+    if cfg.compile:  # the plain modules stay those the checkpoint, the optimizer and the checks above hold
+        model, core = torch.compile(model), torch.compile(core)
+    common = dict(
+        kind=info["kind"],
+        T=cfg.T,
+        encoding=cfg.encoding,
+        device=device,
+        data_parallel=world > 1,
+        autocast=PRECISIONS[cfg.precision],
+    )
     config_dict = asdict(cfg)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         if device.type == "cuda":
@@ -549,6 +562,7 @@ def evaluate_checkpoint(
         generator=_test_generator(cfg.seed),
         progress=progress,
         desc="test",
+        autocast=PRECISIONS[cfg.precision],
     )
     rss, cuda = peak_memory_mb(dev)
     return {
