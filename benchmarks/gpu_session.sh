@@ -15,7 +15,8 @@
 #   and their Triton tests on the GPU, then `spikefuse bench recurrent --device cuda` into $OUT;
 # - tune: benchmarks/gpu_tune_engine.py, a sweep of the engine kernels' launch configuration into $OUT;
 # - step: `spikefuse bench memory --device cuda` for ResNet18 at issue 49's size (CIFAR stem, T=8, batch 64), fp32 and
-#   under bf16 autocast, into $OUT/step-fp32 and $OUT/step-bf16;
+#   under bf16 autocast, into $OUT/step-fp32 and $OUT/step-bf16 (STEP_ARGS=--cuda-graph: the steps replayed from CUDA
+#   graphs);
 # - table1: `spikefuse bench table1 --device cuda` on MNIST (full width, T=32, a timed subset) from $DATA_ROOT
 #   (default .gpudata: copy ../shared/data/mnist there and carry it, since the data is not in the repository);
 # - nonfinite: the NaN/inf tests with their Triton kernels compiled for the GPU.
@@ -74,7 +75,7 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
         for precision in fp32 bf16; do
           timeout "${STEP_TIMEOUT:-150}" $PY -m spikefuse.cli bench memory --device cuda --in-process --models resnet18 \
               --forms spikingjelly fused lean floor --stem cifar -T 8 --batch-size 64 --repeats "${STEP_REPEATS:-7}" \
-              --precision $precision --results-dir "$OUT/step-$precision" 2>&1 | tail -12 || status=1
+              --precision $precision --results-dir "$OUT/step-$precision" ${STEP_ARGS:-} 2>&1 | tail -12 || status=1
         done ;;
       table1)
         timeout "${TABLE1_TIMEOUT:-240}" $PY -m spikefuse.cli bench table1 --device cuda --datasets mnist \

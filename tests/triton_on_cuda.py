@@ -49,6 +49,8 @@ def install() -> None:
             )
 
         result = launch(self, *map(to_gpu, args), grid=grid, warmup=warmup, **{k: to_gpu(v) for k, v in kwargs.items()})
+        if not storages:  # a launch on CUDA tensors (the public API's): as unpatched, no sync (CUDA-graph capture)
+            return result
         torch.cuda.synchronize()
         for host, device in storages.values():
             host.copy_(device)

@@ -125,3 +125,19 @@ def test_bench_memory_quick_on_cuda(tmp_path):
     assert rows["lean"]["maxrss_MiB"] == ""  # the host's RSS says nothing of the GPU's memory
     assert float(rows["fused"]["grad_max_rel_diff"]) < 1e-4
     assert "step peak: `torch.cuda.max_memory_allocated()`" in (tmp_path / "bench-memory-cuda-quick.md").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_bench_memory_times_cuda_graph_replays(tmp_path):
+    """--cuda-graph: every spikefuse form's training step (forward, backward, Adam) captured and replayed."""
+    argv = ["bench", "memory", "--quick", "--in-process", "--device", "cuda", "--models", "resnet18", "--forms"]
+    assert main([*argv, "fused", "lean", "floor", "--cuda-graph", "--results-dir", str(tmp_path)]) == 0
+    rows = {r["form"]: r for r in csv.DictReader((tmp_path / "bench-memory-cuda-graph-quick.csv").open())}
+    assert all(float(rows[form]["step_s"]) > 0 for form in ("vanilla", "fused", "lean", "floor"))
+    report = (tmp_path / "bench-memory-cuda-graph-quick.md").read_text()
+    assert "replays of one CUDA graph" in report and "could not be captured" not in report
+
+
+def test_cuda_graph_needs_a_gpu_in_this_process(tmp_path):
+    with pytest.raises(SystemExit, match="--cuda-graph captures steps on a GPU in this process"):
+        main(["bench", "memory", "--quick", "--cuda-graph", "--results-dir", str(tmp_path)])
