@@ -4,6 +4,7 @@ graphs."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import struct
 
@@ -118,6 +119,17 @@ def refuse_non_finite(x2: torch.Tensor, init, otherwise: str | None = None) -> N
     else:
         where = otherwise or "the input holds NaN or inf"
     raise NonFiniteError(where)
+
+
+def surrogate_params(surrogate, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``surrogate.params()`` as a tensor of ``dtype`` on ``device``, made once: a host-to-device copy at every call
+    would cost a transfer per backward and make the step impossible to capture in a CUDA graph."""
+    return _surrogate_params(tuple(float(v) for v in surrogate.params()), dtype, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _surrogate_params(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def device_guard(device: torch.device):

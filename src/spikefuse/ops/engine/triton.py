@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import triton
 
-from ..common import compute_dtype, device_guard, reduce_leak_grad, refuse_flagged
+from ..common import compute_dtype, device_guard, reduce_leak_grad, refuse_flagged, surrogate_params
 from . import emit
 from .emit import Dialect
 
@@ -424,7 +424,7 @@ def backward(
         block = engine_block(n, len(model.states), cdt)
         kept = len(model.states) - (0 if half else 1)
         hist = torch.empty((0 if saved else t_steps, kept, n), dtype=cdt, device=device)
-        sg = torch.tensor(surrogate.params(), dtype=cdt, device=device)
+        sg = surrogate_params(surrogate, cdt, device)
         # a buffer that is not written (its flag is off) still needs a valid pointer of its dtype: sg stands in
         with device_guard(device):
             module.backward[(triton.cdiv(n, block),)](

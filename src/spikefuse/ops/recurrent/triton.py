@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import triton
 
-from ..common import compute_dtype, device_guard
+from ..common import compute_dtype, device_guard, surrogate_params
 from ..engine import emit, triton as engine_triton
 from . import source
 from .source import kept_states, step_source
@@ -284,13 +284,13 @@ def _needs(model, need) -> dict:
 
 def bind_backward(model, surrogate, detach, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
     launch = _launch(model, surrogate, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
-    sgp = torch.tensor(surrogate.params(), dtype=G.dtype, device=G.device)
+    sgp = surrogate_params(surrogate, G.dtype, G.device)
     flags = dict(DETACH=bool(detach), **_needs(model, need))
     return lambda t: launch(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, **flags)
 
 
 def initial(model, surrogate, need, gS, gs, ginit, init, par, acc) -> None:
-    sgp = torch.tensor(surrogate.params(), dtype=gS.dtype, device=gS.device)
+    sgp = surrogate_params(surrogate, gS.dtype, gS.device)
     launch = _launch(model, surrogate, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
     launch(gS, gs, ginit, init, par, sgp, acc, **_needs(model, need))
 
