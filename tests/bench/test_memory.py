@@ -129,13 +129,15 @@ def test_bench_memory_quick_on_cuda(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_bench_memory_times_cuda_graph_replays(tmp_path):
-    """--cuda-graph: every spikefuse form's training step (forward, backward, Adam) captured and replayed."""
+    """--cuda-graph: every spikefuse form's training step (forward, backward, Adam) captured and replayed; the
+    vanilla form's serial reference reads a value to refuse NaN (a host sync): reported as not captured."""
     argv = ["bench", "memory", "--quick", "--in-process", "--device", "cuda", "--models", "resnet18", "--forms"]
     assert main([*argv, "fused", "lean", "floor", "--cuda-graph", "--results-dir", str(tmp_path)]) == 0
     rows = {r["form"]: r for r in csv.DictReader((tmp_path / "bench-memory-cuda-graph-quick.csv").open())}
-    assert all(float(rows[form]["step_s"]) > 0 for form in ("vanilla", "fused", "lean", "floor"))
+    assert all(float(rows[form]["step_s"]) > 0 for form in ("fused", "lean", "floor"))
     report = (tmp_path / "bench-memory-cuda-graph-quick.md").read_text()
-    assert "replays of one CUDA graph" in report and "could not be captured" not in report
+    assert "replays of one CUDA graph" in report
+    assert [line[2:].split(":")[0] for line in report.splitlines() if "could not be captured" in line] == ["vanilla"]
 
 
 def test_cuda_graph_needs_a_gpu_in_this_process(tmp_path):
