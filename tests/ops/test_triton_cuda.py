@@ -218,9 +218,9 @@ def test_a_non_finite_input_on_gpu_makes_that_neurons_spikes_nan():
 
 def test_whole_model_compiles_fullgraph_on_gpu(monkeypatch):
     """``torch.compile(fullgraph=True)`` of a whole Spiking-ResNet (the fused LIF custom ops inside inductor's
-    graph): the outputs and gradients of eager mode. With inductor's channels-last layout optimization the
-    ResNet's outputs came out wrong on an H200 (a conv-BatchNorm-LIF stack alone did not;
-    ``benchmarks/gpu_compile_check.py``, ``benchmarks/gpu-notes.md``): ``spikefuse train --compile`` turns it off."""
+    graph): the outputs and gradients of eager mode. Inductor's channels-last layout optimization is off: its
+    convolutions round differently from eager mode's, which flips a few spikes near the threshold (2 of 49152 in the
+    first block on an H200) and the flips spread through the network (``benchmarks/gpu_compile_bisect.py``)."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(inductor_config, "layout_optimization", False)

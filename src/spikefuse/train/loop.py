@@ -435,12 +435,6 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
             f"and is skipped every epoch"
         )
     if cfg.compile:  # the plain modules stay those the checkpoint, the optimizer and the checks above hold
-        if device.type == "cuda":
-            # with inductor's channels-last layout optimization a compiled Spiking-ResNet's outputs came out wrong
-            # on an H200 (benchmarks/gpu-notes.md); without it they are eager mode's
-            import torch._inductor.config as inductor_config
-
-            inductor_config.layout_optimization = False
         model, core = torch.compile(model), torch.compile(core)
     common = dict(
         kind=info["kind"],
