@@ -24,7 +24,7 @@ def neuron(
     state=None,
     return_state: bool = False,
     backend: str = "auto",
-    memory: str = "recompute",
+    memory: str = "potential",
     **params,
 ):
     """Run ``model``'s neurons over ``x`` of shape ``[T, *]`` (``[T, B, C, ...]`` or ``[T, C]`` for per-channel
@@ -38,9 +38,9 @@ def neuron(
     derivative in backward (a :mod:`spikefuse.surrogate` instance or name). ``detach_reset``: no gradient through
     the previous step's spike ``s`` in the step. ``backend``: "auto" (the fused kernels generated for the tensors'
     device: numba on the CPU, Triton on CUDA), "cpu", "triton" or "reference" (the serial PyTorch loop, any
-    device). ``memory``: "recompute" (backward recomputes the states from ``x``: nothing but the input is kept) or
-    "potential" (forward keeps every step's states, ``T x`` the input's size per state, and backward reads them:
-    faster, more memory)."""
+    device). ``memory``: "potential" (the default, as :func:`spikefuse.lif`: forward keeps every step's states, ``T x``
+    the input's size per state, and backward reads them) or "recompute" (backward recomputes the states from ``x``:
+    nothing but the input is kept; less memory, slower)."""
     check_input(x)
     check_memory_mode(memory)
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, state, backend, params)

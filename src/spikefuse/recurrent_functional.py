@@ -69,7 +69,7 @@ def recurrent(
     state=None,
     return_state: bool = False,
     backend: str = "auto",
-    memory: str = "recompute",
+    memory: str = "potential",
     **params,
 ):
     """A recurrent layer of ``model``'s neurons over ``x`` ``[T, B, H]`` (the input current of each step): the
@@ -85,10 +85,10 @@ def recurrent(
     ``weight``, ``bias`` and tensor parameters may require grad; all T steps forward and backward are one autograd
     operation, the weight's gradient one matrix product over all steps. ``params``, ``surrogate``, ``detach_reset``
     (no gradient through the reset; the recurrent current's gradient always flows), ``backend`` as
-    :func:`spikefuse.neuron`. ``memory``: "recompute" (kept for backward: the input and the spikes as bits; the
-    backward computes every step's current and states again; where the backward reads one state only, as LIF's
-    membrane, that state is kept instead, the same memory and no recomputation) or "potential" (every step's states
-    the backward reads are kept instead of the input). A float16 / bfloat16 ``x`` runs in float32."""
+    :func:`spikefuse.neuron`. ``memory``: "potential" (the default, as :func:`spikefuse.lif`: every step's states
+    the backward reads are kept instead of the input) or "recompute" (kept for backward: the input and the spikes as
+    bits; the backward computes every step's current and states again; where the backward reads one state only, as
+    LIF's membrane, that state is kept instead, the same memory and no recomputation). A float16 / bfloat16 ``x`` runs in float32."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:

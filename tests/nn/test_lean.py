@@ -262,7 +262,7 @@ def _engine_net(backend):
         ),
         SeqToBatch(nn.Conv2d(4, 6, 3, padding=1)),  # reads spikes
         SeqToBatch(nn.BatchNorm2d(6)),
-        ALIF(decay=0.7, rho=0.9, b0=0.4, beta=0.2, backend=backend),
+        ALIF(decay=0.7, rho=0.9, b0=0.4, beta=0.2, backend=backend, memory="recompute"),
         spikefuse.nn.Flatten(),
         SeqToBatch(nn.Linear(6 * 6 * 6, 5)),  # reads spikes
     )

@@ -21,9 +21,9 @@ from .common import add_result_args, command_line, machine_info, markdown_table,
 CASES = {
     "lif": "import spikefuse.nn\nlayer = spikefuse.nn.LIF().to(device)",
     "cuba_lif": "from spikefuse.neurons import CUBA_LIF\n"
-    "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9)",
+    "layer = lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.9, memory='recompute')",
     "alif": "from spikefuse.neurons import ALIF_MODEL\n"
-    "layer = lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.9)",
+    "layer = lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.9, memory='recompute')",
 }
 
 _FIRST_CALL = """

@@ -41,7 +41,7 @@ def _layer_cases():
     alpha, beta = 0.8, 0.9
     cases = {
         "spikefuse CubaLIF (cpu)": (
-            lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True),
+            lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True, memory="recompute"),
             "cuba",
         ),
     }
@@ -54,10 +54,10 @@ def _layer_cases():
     except ImportError:
         pass
     cases["spikefuse ALIF (cpu)"] = (
-        lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True),
+        lambda x: spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.95, detach_reset=True, memory="recompute"),
         "alif",
     )
-    # The paper's LIF as spikefuse.lif runs it, in both memory modes ("potential" is the LIF layers' default)
+    # The paper's LIF as spikefuse.lif runs it, in both memory modes ("potential" is the default)
     for memory in ("potential", "recompute"):
         cases[f"spikefuse.lif (engine definition, cpu, {memory})"] = (
             lambda x, memory=memory: spikefuse.functional.lif(x, decay=0.8, threshold=1.0, memory=memory),

@@ -109,9 +109,9 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
-    cuba = CubaLIF(0.8, 0.9, detach_reset=True).cuda()  # snnTorch detaches the reset
+    cuba = CubaLIF(0.8, 0.9, detach_reset=True, memory="recompute").cuda()  # snnTorch detaches the reset
     found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
-    alif = ALIF(0.9, 0.95, detach_reset=True).cuda()
+    alif = ALIF(0.9, 0.95, detach_reset=True, memory="recompute").cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))
     missing = [] if include_compile else ["torch.compile: skipped (--no-compile)"]
     for build in (

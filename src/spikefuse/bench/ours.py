@@ -21,6 +21,6 @@ def norse_lsnn(device: str = "cpu") -> Run:
 
     def run(x):
         state = (torch.zeros_like(x[0]), torch.zeros_like(x[0]), torch.full_like(x[0], v_th))
-        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, **params)
+        return spikefuse.neuron(x, NORSE_LSNN, surrogate=SUPERSPIKE, state=state, memory="recompute", **params)
 
     return run

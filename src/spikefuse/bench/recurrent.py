@@ -23,6 +23,7 @@ it: in front of the snnTorch and SpikingJelly drop-ins; Norse's module holds its
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -97,7 +98,7 @@ def _snntorch_cases(x, device) -> list[Case]:
 
     torch.manual_seed(1)
     fc, peer = _input_layer(nn.Linear, 4.0, device), snntorch.RLeaky(beta=0.95, linear_features=HIDDEN).to(device)
-    ours = compat.RLeaky(beta=0.95, linear_features=HIDDEN).to(device)
+    ours = compat.RLeaky(beta=0.95, linear_features=HIDDEN, memory="recompute").to(device)
     ours.load_state_dict(peer.state_dict())
     ours_fc = _input_layer(SpikeLinear, 4.0, device, fc)
 
@@ -127,7 +128,7 @@ def _norse_cases(x, device) -> list[Case]:
     from ..compat import norse as compat
 
     modules = []
-    for make in (norse.LSNNRecurrent, compat.LSNNRecurrent):
+    for make in (norse.LSNNRecurrent, functools.partial(compat.LSNNRecurrent, memory="recompute")):
         torch.manual_seed(2)
         modules.append(make(INPUTS, HIDDEN).to(device))
         with torch.no_grad():
@@ -169,6 +170,7 @@ def _spikingjelly_cases(x, device) -> list[Case]:
             decay=2.0,
             threshold=1.0,
             v_reset=0.0,
+            memory="recompute",
         )
 
     return [
@@ -347,7 +349,7 @@ def smnist_epoch(args) -> None:
         lif.recurrent.reset_parameters()
         return fc1, lif, fc2
 
-    peer, ours = network(snntorch.RLeaky), network(compat.RLeaky)
+    peer, ours = network(snntorch.RLeaky), network(compat.RLeaky, memory="recompute")
     ours[1].load_state_dict(peer[1].state_dict())
 
     def peer_forward(x):

@@ -152,7 +152,7 @@ class _Recurrent(nn.Module):
         dt: float = 0.001,
         *,
         backend: str = "auto",
-        memory: str = "recompute",
+        memory: str = "potential",
     ):
         super().__init__()
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)

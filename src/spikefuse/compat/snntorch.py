@@ -292,7 +292,7 @@ class Leaky(_SpikingNeuron):
         reset_delay=True,
         *,
         backend="auto",
-        memory="recompute",
+        memory="potential",
     ):
         super().__init__(
             threshold,
@@ -364,7 +364,7 @@ class Synaptic(_SpikingNeuron):
         reset_delay=True,
         *,
         backend="auto",
-        memory="recompute",
+        memory="potential",
     ):
         super().__init__(
             threshold,
@@ -535,7 +535,7 @@ class RLeaky(_Recurrent):
         reset_delay=True,
         *,
         backend="auto",
-        memory="recompute",
+        memory="potential",
     ):
         super().__init__(
             V,
@@ -598,7 +598,7 @@ class RSynaptic(_Recurrent):
         reset_delay=True,
         *,
         backend="auto",
-        memory="recompute",
+        memory="potential",
     ):
         super().__init__(
             V,

@@ -30,8 +30,8 @@ class EngineNeuron(nn.Module):
             ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
         stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
         backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
-        memory: "recompute" (backward recomputes the states from the input) or "potential" (forward keeps every
-            step's states for backward: faster, more memory).
+        memory: "potential" (the default: forward keeps every step's states for backward) or "recompute"
+            (backward recomputes the states from the input: less memory, slower).
         **params: the model's parameters as numbers, or tensors of one value or one per channel (kept as buffers;
             those with a default may be left out).
     """
@@ -49,7 +49,7 @@ class EngineNeuron(nn.Module):
         channels: int | None = None,
         stateful: bool = False,
         backend: str = "auto",
-        memory: str = "recompute",
+        memory: str = "potential",
         **params,
     ):
         super().__init__()
@@ -168,7 +168,7 @@ class CubaLIF(EngineNeuron):
         channels: int | None = None,
         stateful: bool = False,
         backend: str = "auto",
-        memory: str = "recompute",
+        memory: str = "potential",
     ):
         if reset not in CUBA_LIF_MODELS:
             raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
@@ -209,7 +209,7 @@ class ALIF(EngineNeuron):
         channels: int | None = None,
         stateful: bool = False,
         backend: str = "auto",
-        memory: str = "recompute",
+        memory: str = "potential",
     ):
         if not (isinstance(b0, numbers.Real) and b0 > 0):
             raise ValueError(f"b0 (the baseline threshold) must be a positive number, got {b0!r}")

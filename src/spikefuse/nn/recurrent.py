@@ -31,8 +31,8 @@ class Recurrent(EngineNeuron):
         all_to_all: the recurrent connection (see above).
         bias: whether the recurrent current has a bias.
         stateful: keep the final states (the model's and the last spikes) between calls; :meth:`reset_state`.
-        memory: "recompute" (the backward computes every step again from the input) or "potential" (every step's
-            states the backward reads are kept).
+        memory: "potential" (the default: every step's states the backward reads are kept) or "recompute" (the
+            backward computes every step again from the input and the spikes, kept as bits).
     """
 
     def __init__(
@@ -48,7 +48,7 @@ class Recurrent(EngineNeuron):
         channels: int | None = None,
         stateful: bool = False,
         backend: str = "auto",
-        memory: str = "recompute",
+        memory: str = "potential",
         **params,
     ):
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
