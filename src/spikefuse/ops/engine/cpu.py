@@ -18,7 +18,7 @@ the machine code beside the source, so a call compiles only the kernels it runs:
   per-neuron parameter gradients, reduced per channel afterwards (``backward_saved``: the states read from what
   ``forward_save`` wrote, no recompute; ``backward_over_x``: grad_x written over the input, a transient of the
   caller's; ``backward_src``: the input is the BatchNorm of ``x``, which each block computes into a tile first, see
-  :func:`spikefuse.ops.batchnorm_cpu.source_tile`).
+  :func:`spikefuse.batchnorm.cpu.source_tile`).
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
@@ -50,8 +50,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...batchnorm import cpu as batchnorm_cpu
 from ...threads import match_numba_threads
-from .. import batchnorm_cpu, bitpack, buffers
+from .. import bitpack, buffers
 from ..common import reduce_leak_grad, refuse_non_finite
 from .. import numba_common
 from ..numba_common import block_for
@@ -332,7 +333,7 @@ class _Source:
     def forward_steps(self, save: bool, source: bool = False) -> list[str]:
         """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time;
         ``source``: each step's input row made from ``x`` into a row of ``xs`` first (a fused BatchNorm,
-        :func:`~spikefuse.ops.batchnorm_cpu.source_row`), not read from ``x``."""
+        :func:`~spikefuse.batchnorm.cpu.source_row`), not read from ``x``."""
         S, args, first, in_passes, made_rows, prow, sfx = (
             self.S,
             self.args,
@@ -524,8 +525,8 @@ class _Source:
         saved first state (``"state"``, suffix ``_saved_over``) or over ``x`` (``"input"``, suffix ``_over_x``),
         with no grad_x argument; ``tile`` (suffix ``_src``): the block's input is made from ``x`` and ``src`` (a
         fused BatchNorm): for a neuron whose reverse pass reads no input (:attr:`NeuronModel.backward_reads_input`)
-        each step's row right before its recompute reads it (:func:`~spikefuse.ops.batchnorm_cpu.source_row`, as
-        the forward does), otherwise all steps into the tile that :func:`~spikefuse.ops.batchnorm_cpu.source_tile`
+        each step's row right before its recompute reads it (:func:`~spikefuse.batchnorm.cpu.source_row`, as
+        the forward does), otherwise all steps into the tile that :func:`~spikefuse.batchnorm.cpu.source_tile`
         fills, which both passes read."""
         (
             P,
@@ -875,7 +876,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
-        "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
+        "from spikefuse.batchnorm.cpu import source_factors, source_row, source_tile",
         (
             "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, non_finite, pack_rows, "
             "prefer_wide_vectors, rows_apart"
@@ -940,7 +941,7 @@ def forward(
     batch_norm=None,
     spike_bits=False,
 ):
-    """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
+    """``batch_norm``: a :class:`spikefuse.batchnorm.cpu.Normalization` (not with ``save``): ``x2`` is the raw
     input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
     a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`).
     ``spike_bits`` (not with ``save``): each block also packs the spike rows it wrote into bits while they are in
@@ -1006,7 +1007,7 @@ def backward(
 ):
     """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over its first state
     (no fresh ``[T, N]`` buffer); likewise ``overwrite_x`` for ``x2`` when the states are recomputed (a transient of
-    the caller's, e.g. a BatchNorm's output). ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`
+    the caller's, e.g. a BatchNorm's output). ``batch_norm``: a :class:`spikefuse.batchnorm.cpu.Normalization`
     (states recomputed): ``x2`` is the raw input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm
     (plus residual), which each block computes into a tile in cache, bit-identical to ``native_batch_norm``'s."""
     t_steps, n = x2.shape

@@ -18,8 +18,8 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
    needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
    under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
    backward's recomputation matches it. The cpu backend in training mode on float32 input
-   (:func:`spikefuse.ops.batchnorm_cpu.statistics_supported`) computes only the statistics, bit-identical to
-   ``native_batch_norm``'s (:func:`spikefuse.ops.batchnorm_cpu.statistics`), and normalizes inside its neuron
+   (:func:`spikefuse.batchnorm.cpu.statistics_supported`) computes only the statistics, bit-identical to
+   ``native_batch_norm``'s (:func:`spikefuse.batchnorm.cpu.statistics`), and normalizes inside its neuron
    kernel (plus the residual), each step's row right before the neuron reads it: no ``y`` is written (steps 2
    and 3 in one);
 2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
@@ -36,7 +36,7 @@ Backward (``spikefuse::bn_lif_backward``):
    neuron's ``backward``, which returns ``grad_y`` (and the parameters' and initial states' gradients). The cpu
    backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of neurons normalizes
    its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
-   :func:`spikefuse.ops.batchnorm_cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
+   :func:`spikefuse.batchnorm.cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
    ``grad_y``. Elsewhere the same BatchNorm call runs again into a transient (training: the statistics
    again from ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from
    the saved running statistics) that the cpu backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``;
@@ -44,7 +44,7 @@ Backward (``spikefuse::bn_lif_backward``):
 2. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
-   backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
+   backend in training mode runs it with :func:`spikefuse.batchnorm.cpu.backward`, writing ``grad_x`` over
    ``grad_y`` (when that is not also the residual's gradient); elsewhere the backward ``nn.BatchNorm``'s autograd
    runs after the same implementation (``aten._batch_norm_impl_index_backward``: cuDNN's in training on CUDA, from
    the reserve space of the recomputing call, the native one otherwise), so the gradients equal the composition's
@@ -65,11 +65,12 @@ from torch import Tensor
 
 from ..neurons.lif import LIFNeuron
 from ..neurons.model import NeuronModel
+from ..ops import engine
+from ..ops.bitpack import pack, packed_numel, unpack
+from ..ops.common import compute_dtype, refuse_double_backward
 from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
-from . import batchnorm_cpu, engine
-from .bitpack import pack, packed_numel, unpack
-from .common import compute_dtype, refuse_double_backward
+from . import cpu
 
 __all__ = [
     "BoundNeuron",
@@ -268,8 +269,8 @@ def _forward(
     )
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
-        mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
-        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
+        mean, invstd, rm, rv = cpu.statistics(xb, running_mean, running_var, momentum, eps)
+        norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
         spikes, final = OBJECTS[neuron].forward(
             backend, xb.reshape(t_steps, -1), list(params), inner, list(init), batch_norm=norm, **neuron_kw
         )
@@ -395,7 +396,7 @@ def _backward_impl(
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
         bits = residual_bits if residual is None and residual_bits.numel() else None
-        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
+        norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
         neuron_input, input_kw = xb.reshape(t_steps, n), {"batch_norm": norm}
     else:
         y, reserve, impl = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
@@ -422,7 +423,7 @@ def _backward_impl(
     affine = weight is not None and need_affine_grad
     if fused:
         # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
-        grad_x, grad_w, grad_b = batchnorm_cpu.backward(
+        grad_x, grad_w, grad_b = cpu.backward(
             grad_y, xb, mean, invstd, weight, affine, overwrite_grad_y=not need_residual_grad
         )
     else:
@@ -912,14 +913,14 @@ def bn_lif_backward_from_stats(
 
 
 def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
-    """Whether the neuron's backward kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
-    return backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
+    """Whether the neuron's backward kernels normalize the input themselves (:mod:`spikefuse.batchnorm.cpu`)."""
+    return backend == "cpu" and training and xb.dtype in cpu.SUPPORTED_DTYPES
 
 
 def _fused_statistics(backend: str, training: bool, xb: Tensor, running_mean, weight, bias) -> bool:
     """Whether the forward computes the statistics itself and normalizes inside the neuron's forward kernel
-    (:func:`spikefuse.ops.batchnorm_cpu.statistics`), bit-identical to ``native_batch_norm``."""
-    return backend == "cpu" and training and batchnorm_cpu.statistics_supported(xb, running_mean, weight, bias)
+    (:func:`spikefuse.batchnorm.cpu.statistics`), bit-identical to ``native_batch_norm``."""
+    return backend == "cpu" and training and cpu.statistics_supported(xb, running_mean, weight, bias)
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:

@@ -1,4 +1,4 @@
-"""``spikefuse.ops.batchnorm_cpu`` against torch: the statistics and the normalization the engine's cpu neuron
+"""``spikefuse.batchnorm.cpu`` against torch: the statistics and the normalization the engine's cpu neuron
 kernels fuse against ``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to
 rounding.
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spikefuse.neurons import LIF_MODELS
-from spikefuse.ops import batchnorm_cpu
+from spikefuse.batchnorm import cpu as batchnorm_cpu
 from spikefuse.ops.bitpack import pack
 from spikefuse.ops.engine import cpu as engine_cpu
 from spikefuse.surrogate import Sigmoid
