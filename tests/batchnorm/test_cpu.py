@@ -104,8 +104,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="residual_bits must be 3 packed uint8 bytes"):
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
     one, zero = torch.ones(1), torch.zeros(1)
-    with pytest.raises(ValueError, match="batch_norm and overwrite_x need the states recomputed"):
-        engine_cpu.backward(
+    with pytest.raises(ValueError, match="src and overwrite_x need the states recomputed"):
+        engine_cpu.launch_backward(
             LIF_MODELS[("paper", "hard")],
             torch.zeros(1, 24),
             [zero],
@@ -117,7 +117,7 @@ def test_bad_input():
             False,
             [False] * 3,
             saved=[torch.zeros(1, 24)],
-            batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2),
+            src=source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2)),
         )
 
 

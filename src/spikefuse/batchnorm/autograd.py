@@ -34,8 +34,8 @@ Backward (``spikefuse::bn_lif_backward``):
 
 1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the neuron's states, and run the
    neuron's ``backward``, which returns ``grad_y`` (and the parameters' and initial states' gradients). The cpu
-   backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of neurons normalizes
-   its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
+   backend in training mode does all of it in its neuron kernel (:meth:`BoundNeuron.backward_cpu`: each block of
+   neurons normalizes its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
    :func:`spikefuse.batchnorm.cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
    ``grad_y``. Elsewhere the same BatchNorm call runs again into a transient (training: the statistics
    again from ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from
@@ -50,7 +50,9 @@ Backward (``spikefuse::bn_lif_backward``):
    the reserve space of the recomputing call, the native one otherwise), so the gradients equal the composition's
    on a GPU too.
 
-Every backend works, since only the backends' common ``forward``/``backward`` entry points are used. Both ops are
+Every backend works through the engine's common ``forward``/``backward`` entry points; the cpu backend's own options
+(the normalization inside its kernels, the spike bits) go through its ``launch_forward``/``launch_backward``,
+called by name (:meth:`BoundNeuron.forward_cpu`, :meth:`BoundNeuron.backward_cpu`). Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
 calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
 """
@@ -97,10 +99,9 @@ class BoundNeuron:
     def name(self) -> str:
         return self.model.name
 
-    def forward(
-        self, backend: str, y2: Tensor, params: list, inner: int, init: list, **input_kw
-    ) -> tuple[Tensor, list]:
-        """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm`` and ``spike_bits``."""
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
+        """``(spikes, final states)`` of the neurons on their input ``y2 [T, N]``, through the engine's entry
+        point."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype
         kernels = engine.module(backend)
@@ -113,7 +114,35 @@ class BoundNeuron:
             self.surrogate,
             self.detach_reset,
             spike_dtype=y2.dtype,
-            **input_kw,
+        )
+        return spikes, final
+
+    def forward_cpu(
+        self,
+        x2: Tensor,
+        params: list,
+        inner: int,
+        init: list,
+        *,
+        normalization: cpu.Normalization | None,
+        spike_bits: bool,
+    ) -> tuple[Tensor, list]:
+        """:meth:`forward` on the cpu backend, with its own options
+        (:func:`spikefuse.ops.engine.cpu.launch_forward`): ``normalization`` given, ``x2`` is the raw input
+        ``[T*B, C, ...]`` merged and the kernel normalizes it (plus the residual) itself; ``spike_bits``: the kernel
+        also packs the spikes it writes."""
+        kernels = engine.module("cpu")
+        stream = engine.stream(kernels, x2)
+        spikes, final, _ = kernels.launch_forward(
+            self.model,
+            stream,
+            params,
+            inner,
+            init,
+            self.surrogate,
+            spike_dtype=x2.dtype,
+            src=None if normalization is None else cpu.source_args(stream, normalization, copy=False),
+            spike_bits=spike_bits,
         )
         return spikes, final
 
@@ -122,28 +151,57 @@ class BoundNeuron:
         backend: str,
         grad_spikes: Tensor,
         grad_final: list,
-        x2: Tensor,
+        y2: Tensor,
         params: list,
         inner: int,
         init: list,
         need_param_grads: list,
-        **input_kw,
     ) -> tuple[Tensor, list, list]:
-        """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``overwrite_x``, or the cpu
-        backend's ``batch_norm``."""
+        """``(grad_y, grad per state of init, grad per parameter)`` of the neurons on their input ``y2 [T, N]``, a
+        transient of the caller's that the backend may write ``grad_y`` over (``overwrite_x``), through the engine's
+        entry point."""
         kernels = engine.module(backend)
         return kernels.backward(
             self.model,
             engine.stream(kernels, grad_spikes),
             grad_final,
-            engine.stream(kernels, x2),
+            engine.stream(kernels, y2),
             params,
             inner,
             init,
             self.surrogate,
             self.detach_reset,
             need_param_grads,
-            **input_kw,
+            overwrite_x=True,
+        )
+
+    def backward_cpu(
+        self,
+        grad_spikes: Tensor,
+        grad_final: list,
+        x2: Tensor,
+        normalization: cpu.Normalization,
+        params: list,
+        inner: int,
+        init: list,
+        need_param_grads: list,
+    ) -> tuple[Tensor, list, list]:
+        """:meth:`backward` on the cpu backend whose kernel normalizes its input itself
+        (:func:`spikefuse.ops.engine.cpu.launch_backward`): ``x2`` is the raw input ``[T*B, C, ...]`` merged, read,
+        not written."""
+        kernels = engine.module("cpu")
+        return kernels.launch_backward(
+            self.model,
+            engine.stream(kernels, grad_spikes),
+            grad_final,
+            x2,
+            params,
+            inner,
+            init,
+            self.surrogate,
+            self.detach_reset,
+            need_param_grads,
+            src=cpu.source_args(x2, normalization, copy=False),
         )
 
 
@@ -263,7 +321,8 @@ def _forward(
     earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and in training the cpu kernel packs the spikes
     it writes for the layers that save them as bits."""
     # in training the cpu kernel (an option of its only) packs the spikes for the layers that save them as bits
-    neuron_kw = {"spike_bits": True} if eager and training and backend == "cpu" else {}
+    spike_bits = eager and training and backend == "cpu"
+    bound = OBJECTS[neuron]
     bits = (
         pack(residual, reuse=eager)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
     )
@@ -271,8 +330,8 @@ def _forward(
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
         mean, invstd, rm, rv = cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
-        spikes, final = OBJECTS[neuron].forward(
-            backend, xb.reshape(t_steps, -1), list(params), inner, list(init), batch_norm=norm, **neuron_kw
+        spikes, final = bound.forward_cpu(
+            xb.reshape(t_steps, -1), list(params), inner, list(init), normalization=norm, spike_bits=spike_bits
         )
     else:
         rm = running_mean.clone() if running_mean is not None else None
@@ -280,10 +339,12 @@ def _forward(
         y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
-        spikes, final = OBJECTS[neuron].forward(
-            backend, y.reshape(t_steps, -1), list(params), inner, list(init), **neuron_kw
-        )
-        del y
+        y2 = y.reshape(t_steps, -1)
+        if spike_bits:
+            spikes, final = bound.forward_cpu(y2, list(params), inner, list(init), normalization=None, spike_bits=True)
+        else:
+            spikes, final = bound.forward(backend, y2, list(params), inner, list(init))
+        del y, y2
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
 
@@ -392,33 +453,36 @@ def _backward_impl(
     parameter]``; unneeded ones are empty. The residual is ``residual`` or, when that is None and ``residual_bits``
     is not empty, those bits."""
     t_steps, n = grad_spikes.shape
+    bound = OBJECTS[neuron]
     fused = _fused_batch_norm(backend, training, xb)
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
         bits = residual_bits if residual is None and residual_bits.numel() else None
         norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
-        neuron_input, input_kw = xb.reshape(t_steps, n), {"batch_norm": norm}
+        del residual
+        grad_y, grad_init, grad_params = bound.backward_cpu(
+            grad_spikes,
+            list(grad_final),
+            xb.reshape(t_steps, n),
+            norm,
+            list(params),
+            inner,
+            list(init),
+            list(need_param_grads),
+        )
+        del norm
     else:
         y, reserve, impl = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
         if residual is None and residual_bits.numel():
             residual = unpack(residual_bits, xb.shape, xb.dtype)
         if residual is not None:
             y += residual
-        neuron_input, input_kw = y.reshape(t_steps, n), {"overwrite_x": True}  # y is this function's own transient
-        del y
-    del residual
-    grad_y, grad_init, grad_params = OBJECTS[neuron].backward(
-        backend,
-        grad_spikes,
-        list(grad_final),
-        neuron_input,
-        list(params),
-        inner,
-        list(init),
-        list(need_param_grads),
-        **input_kw,
-    )
-    del neuron_input, input_kw
+        y2 = y.reshape(t_steps, n)  # this function's own transient: the backend may write grad_y over it
+        del y, residual
+        grad_y, grad_init, grad_params = bound.backward(
+            backend, grad_spikes, list(grad_final), y2, list(params), inner, list(init), list(need_param_grads)
+        )
+        del y2
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
     if fused:
