@@ -20,7 +20,7 @@ def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalizat
     """BatchNorm of ``x`` as the cpu backend's backward kernels compute it: the rows that blocks of neurons read
     (``batchnorm_cpu.source_tile``), gathered over blocks of a ragged size."""
     x2 = x.reshape(t_steps, -1)
-    src = batchnorm_cpu.source_args(x2, norm, copy=False)
+    src = batchnorm_cpu.source_args(x2, norm)
     out = torch.empty_like(x2)
     n, block = x2.shape[1], 37
     for n0 in range(0, n, block):
@@ -94,7 +94,7 @@ def test_bad_input():
     mean, invstd = torch.zeros(3), torch.ones(3)
 
     def source(x2, norm):
-        return batchnorm_cpu.source_args(x2, norm, copy=False)
+        return batchnorm_cpu.source_args(x2, norm)
 
     with pytest.raises(ValueError, match=r"not \[B, 3 channels, 5\] merged"):
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 5))

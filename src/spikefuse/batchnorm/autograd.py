@@ -141,7 +141,7 @@ class BoundNeuron:
             init,
             self.surrogate,
             spike_dtype=x2.dtype,
-            src=None if normalization is None else cpu.source_args(stream, normalization, copy=False),
+            src=None if normalization is None else cpu.source_args(stream, normalization),
             spike_bits=spike_bits,
         )
         return spikes, final
@@ -201,7 +201,7 @@ class BoundNeuron:
             self.surrogate,
             self.detach_reset,
             need_param_grads,
-            src=cpu.source_args(x2, normalization, copy=False),
+            src=cpu.source_args(x2, normalization),
         )
 
 

@@ -470,19 +470,16 @@ def _check(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor) -> None:
         raise ValueError(f"batchnorm.cpu: mean and invstd must have shape ({x.shape[1]},) (the channels)")
 
 
-# Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
-# rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the outputs
-# keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
-SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
+# What a block's input rows are, made from ``x`` (the ``src`` argument of the engine's ``_src`` kernels): BatchNorm of
+# ``x``, plus a residual as floats or as bits.
+SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(3)
 
 
 @njit(cache=True, error_model="numpy")
 def source_factors(n0, m, src):
     """``(alpha, beta)`` rows of a block of neurons ``[n0, n0 + m)``: each neuron's channel's BatchNorm factors (see
-    :func:`source_tile`; empty for ``SOURCE_COPY``)."""
+    :func:`source_tile`)."""
     mode, alpha, beta, spatial, residual, bits = src
-    if mode == SOURCE_COPY:
-        return alpha[:0], beta[:0]
     na = np.empty(m, alpha.dtype)
     nb = np.empty(m, beta.dtype)
     channel_row(na, alpha, n0, spatial)
@@ -497,10 +494,7 @@ def source_row(x, t, n0, src, na, nb, out):
     mode, alpha, beta, spatial, residual, bits = src
     m = out.shape[0]
     xr = x[t, n0 : n0 + m]
-    if mode == SOURCE_COPY:
-        for i in range(m):  # a loop, not a slice assignment: numba would compile its shape-error formatting
-            out[i] = xr[i]
-    elif mode == SOURCE_BN:
+    if mode == SOURCE_BN:
         for i in range(m):
             out[i] = fma(xr[i], na[i], nb[i])
     elif mode == SOURCE_BN_RESIDUAL:
@@ -531,18 +525,14 @@ def source_tile(x, n0, m, src):
 
 @functools.lru_cache(maxsize=None)
 def _empty_arrays(dtype: np.dtype) -> tuple:
-    """Placeholders for the unused arrays of a ``src`` tuple: ``(no alpha/beta, no residual, no bits)``."""
+    """Placeholders for the arrays a ``src`` tuple or a kernel does not use: ``(no weight or bias, no residual, no
+    bits)``."""
     return np.empty(0, dtype=dtype), np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8)
 
 
-def source_args(x: torch.Tensor | None, batch_norm: Normalization | None, copy: bool) -> tuple | None:
-    """The ``src`` argument of the backward kernels (see :func:`source_tile`) for the input ``x [T, N]``: None
-    for ``x`` itself."""
-    if batch_norm is None:
-        if not copy:
-            return None
-        no_factors, no_residual, no_bits = _empty_arrays(x.numpy().dtype)
-        return SOURCE_COPY, no_factors, no_factors, 1, no_residual, no_bits
+def source_args(x: torch.Tensor, batch_norm: Normalization) -> tuple:
+    """The ``src`` argument of the engine's ``_src`` kernels (see :func:`source_tile`) for the raw input
+    ``x [T, N]`` and its BatchNorm ``batch_norm``."""
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
     t_steps, n = x.shape
