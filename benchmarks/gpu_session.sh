@@ -46,7 +46,7 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
       triton-tests)
         SPIKEFUSE_TEST_TRITON=cuda timeout "${TESTS_TIMEOUT:-330}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \
             --dist load -k "triton or Triton" --ignore=tests/ops/test_triton_aot.py \
-            tests/ops tests/neurons tests/nn tests/test_functional.py \
+            tests/ops tests/neurons tests/nn tests/batchnorm tests/test_functional.py \
             2>&1 | tee "$OUT/pytest-triton-on-cuda.log" | tail -25 || status=1 ;;
       bench)
         timeout "${BENCH_TIMEOUT:-300}" $PY -m spikefuse.cli bench gpu --out "$OUT" ${BENCH_ARGS:-} \

@@ -292,7 +292,7 @@ def test_a_backend_whose_compiler_is_missing_says_what_to_install(monkeypatch):
     from spikefuse.ops import engine
 
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
-    for name in ("spikefuse.ops.engine.cpu", "spikefuse.ops.numba_common", "spikefuse.ops.batchnorm_cpu"):
+    for name in ("spikefuse.ops.engine.cpu", "spikefuse.ops.numba_common", "spikefuse.batchnorm.cpu"):
         monkeypatch.delitem(sys.modules, name, raising=False)  # restored afterwards
     with pytest.raises(
         RuntimeError,

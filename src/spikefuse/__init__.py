@@ -12,6 +12,11 @@ from .recurrent_functional import recurrent
 from .ops.common import NonFiniteError
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 
+# spikefuse.nn re-exports the modules of spikefuse.batchnorm, which build on nn's neurons. Imported here, nn is always
+# initialized before them: a first import of spikefuse.batchnorm.modules would otherwise start nn's, which would find
+# that module half made.
+from . import nn  # noqa: F401
+
 __all__ = [
     "lif",
     "if_neuron",

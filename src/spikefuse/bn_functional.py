@@ -2,7 +2,7 @@
 the residual) for backward; ``batchnorm_neuron`` the same for any neuron of the engine.
 
 Exported as :func:`spikefuse.batchnorm_lif` / ``batchnorm_neuron``; the op itself is
-:mod:`spikefuse.ops.bn_lif`.
+:mod:`spikefuse.batchnorm.autograd`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .validation import (
     resolve_neuron,
 )
 from .neurons import NeuronModel
-from .ops import bn_lif as _bn_lif
+from .batchnorm import autograd as _bn_autograd
 from .surrogate import Sigmoid
 
 __all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif"]
@@ -169,7 +169,7 @@ def batchnorm_lif(
         residual=residual,
         residual_binary=residual_binary,
     )
-    spikes, state = _bn_lif.bn_lif(
+    spikes, state = _bn_autograd.bn_lif(
         x,
         running_mean,
         running_var,
@@ -224,7 +224,7 @@ def batchnorm_neuron(
     check_no_functorch(
         "the fused BatchNorm+neuron op", "use torch.nn.BatchNorm and spikefuse.neuron(..., backend='reference')"
     )
-    spikes, final = _bn_lif.bn_neuron(
+    spikes, final = _bn_autograd.bn_neuron(
         x,
         running_mean,
         running_var,
@@ -233,7 +233,7 @@ def batchnorm_neuron(
         bool(training),
         float(momentum),
         float(eps),
-        _bn_lif.bound_neuron_key(model, surrogate, detach_reset),
+        _bn_autograd.bound_neuron_key(model, surrogate, detach_reset),
         tensors,
         init,
         inner,
@@ -263,7 +263,7 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         backend, k, lif = _checked(
             z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay, **neuron
         )
-        spikes, state, (mean, invstd) = _bn_lif.bn_lif(
+        spikes, state, (mean, invstd) = _bn_autograd.bn_lif(
             z,
             running_mean,
             running_var,
@@ -295,7 +295,7 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         t_steps = x.shape[0]
         xb = x.flatten(0, 1)
         z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
-        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_lif.bn_lif_backward_from_stats(
+        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_autograd.bn_lif_backward_from_stats(
             grad_spikes,
             grad_state,
             z,

@@ -1,4 +1,4 @@
-"""``spikefuse bench memory --quick``: result files and columns (the conversion itself: tests/nn/test_lean.py)."""
+"""``spikefuse bench memory --quick``: result files and columns (the conversion itself: tests/batchnorm/test_lean.py)."""
 
 import csv
 

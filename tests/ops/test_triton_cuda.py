@@ -18,7 +18,7 @@ from spikefuse.compat import snntorch as sf_snntorch
 from spikefuse.compat import spikingjelly as sf_spikingjelly
 from spikefuse.models import build_model
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF
-from tests.nn.test_lean import _assert_same_training
+from tests.batchnorm.test_lean import _assert_same_training
 from tests.triton_on_cuda import GPU_TEST_MODE
 
 pytestmark = pytest.mark.skipif(
@@ -117,7 +117,7 @@ def test_batchnorm_neuron_on_gpu_equals_cpu_reference():
 def test_fused_batchnorm_backward_on_gpu_is_nn_batchnorms(training):
     """The BatchNorm backward of the fused op on CUDA (cuDNN's in training, from the recompute's reserve space) gives
     what autograd of ``F.batch_norm`` gives, bit for bit."""
-    from spikefuse.ops.bn_lif import _CUDNN_IMPL, _batch_norm, _torch_batch_norm, _torch_batch_norm_backward
+    from spikefuse.batchnorm.autograd import _CUDNN_IMPL, _batch_norm, _torch_batch_norm, _torch_batch_norm_backward
 
     gen = torch.Generator().manual_seed(3)
     x, grad_y = (torch.randn(12, 5, 7, 9, generator=gen).cuda() * 2 + 0.5 for _ in range(2))

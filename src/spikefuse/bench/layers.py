@@ -87,7 +87,7 @@ def _bn_forms(bn_lif, z_of: Callable, residual) -> dict[str, Callable]:
 
     import spikefuse
 
-    from ..nn.bn_lif import batchnorm_call_args
+    from ..batchnorm.modules import batchnorm_call_args
 
     kw = bn_lif._neuron_call_kwargs(torch.empty(0))
     kw.update(v_init=None, return_state=False)
@@ -114,7 +114,7 @@ def _sites(cfg: dict) -> list[_Site]:
     distinct (kind, input shape, residual)."""
     import torch
 
-    from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase
+    from ..batchnorm.modules import BatchNormLIFBase, ConvBatchNormLIF
     from .memory import make_form, step_input
 
     model, reset = make_form({**cfg, "form": "lean"})

@@ -220,7 +220,7 @@ def make_form(cfg: dict):
     """``(model, reset)`` for ``cfg['form']``; ``reset(model)`` clears neuron state between steps."""
     from ..compat.spikingjelly import use_spikingjelly_neurons
     from ..models import set_neuron_backend
-    from ..nn.lean import to_lean
+    from ..batchnorm.lean import to_lean
     from ..train import reset_states
 
     model = _build(cfg)
@@ -287,7 +287,7 @@ def _group(module) -> str | None:
     from torch import nn
 
     from ..nn import LIF, SeqToBatch
-    from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase
+    from ..batchnorm.modules import ConvBatchNormLIF, BatchNormLIFBase
 
     if isinstance(module, SeqToBatch):
         module = module.module
@@ -408,7 +408,7 @@ def run_form(cfg: dict) -> dict:
         "saved_other": sum(b for b, grp in saved.values() if grp != "stack"),
         "loss": float(loss.detach()),
     }
-    # in registration order, which every form keeps (names change: see spikefuse.nn.lean)
+    # in registration order, which every form keeps (names change: see spikefuse.batchnorm.lean)
     grads = [
         (_param_name(n), None if p.grad is None else p.grad.detach().to("cpu", copy=True))
         for n, p in model.named_parameters()

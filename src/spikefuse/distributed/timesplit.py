@@ -54,7 +54,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..nn.bn_lif import ConvBatchNormLIF, BatchNormLIFBase, running_average_factor
+from ..batchnorm.modules import BatchNormLIFBase, ConvBatchNormLIF, running_average_factor
 from ..nn.containers import SeqToBatch
 from ..nn.neurons import LIF
 from ..ops.common import compute_dtype

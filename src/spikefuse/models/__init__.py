@@ -24,8 +24,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..nn import LIF, EngineNeuron, LIFOptions
-from ..nn.lean import to_lean
+from ..nn import LIF, EngineNeuron, LIFOptions, to_lean
 from ..surrogate import Rectangle
 
 __all__ = [

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
-from ..nn.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
+from ..batchnorm.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
 
 __all__ = [
     "BasicBlock",

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from ..neurons import CUBA_LIF_HARD, LIF_MODELS
-from ..nn import LIF, CubaLIF, EngineNeuron, Flatten, Recurrent, SeqToBatch
-from ..nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d
+from ..nn import LIF, BatchNormLIF1d, BatchNormLIF2d, CubaLIF, EngineNeuron, Flatten, Recurrent, SeqToBatch
 from ._common import check_dt
 from ._trace import INPUT, OUTPUT, trace
 from .modules import (

@@ -1,10 +1,11 @@
 """Modules: multi-step neurons, layers fed by spikes, helpers for ``[T, B, ...]`` tensors, and the memory-lean
-conversion :func:`to_lean`."""
+conversion :func:`to_lean`. The BatchNorm fused with the neurons and ``to_lean`` are defined with the fused op in
+:mod:`spikefuse.batchnorm`."""
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF
+from ..batchnorm.lean import ShapeOnlyAvgPool2d, to_lean
+from ..batchnorm.modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
-from .lean import ShapeOnlyAvgPool2d, to_lean
 from .neurons import IF, LIF, LIFOptions
 from .recurrent import Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF
 from .states import reset_states

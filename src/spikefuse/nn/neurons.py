@@ -15,7 +15,7 @@ from ..registry import arguments
 from ..surrogate import Sigmoid, Surrogate
 from ..validation import check_decay, check_memory_mode, paper_lif
 
-__all__ = ["LIF", "IF", "LIFOptions"]
+__all__ = ["LIF", "IF", "LIFOptions", "LIFModuleOptions"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class LIFOptions:
         return cls(**d)
 
 
-class _LIFModuleOptions:
+class LIFModuleOptions:
     """The :class:`LIFOptions` and the stored state of the modules of the LIF family (:class:`LIF`,
     ``BatchNormLIF``, ``TimeSplitLIF``), as attributes: a mixin for ``nn.Module`` subclasses; call
     :meth:`_set_neuron_options` after ``nn.Module.__init__``."""
@@ -145,7 +145,7 @@ class _LIFModuleOptions:
         )
 
 
-class LIF(_LIFModuleOptions, nn.Module):
+class LIF(LIFModuleOptions, nn.Module):
     """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
 
     Args:

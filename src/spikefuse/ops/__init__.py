@@ -1,7 +1,8 @@
 """Backends. The neuron engine (:mod:`spikefuse.ops.engine`) runs every neuron from its definition, one module per
 backend, imported lazily: numba and Triton are only loaded by the first call that needs them; its reference
 (:mod:`spikefuse.ops.engine.reference`) is the oracle of them all. Beside it: the fused pieces beside the neurons
-(BatchNorm, max pooling, bit-packed spikes) and the recurrent layers (:mod:`spikefuse.ops.recurrent`).
+(max pooling, bit-packed spikes) and the recurrent layers (:mod:`spikefuse.ops.recurrent`); the BatchNorm fused with
+the neurons is :mod:`spikefuse.batchnorm`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the numba CPU code shares (the neuron engine's generated kernels, :mod:`.engine.cpu`, and the fused BatchNorm
-pieces, :mod:`.batchnorm_cpu`): arithmetic that LLVM can vectorize, the loads of a block's per-neuron rows, and the
-blocks' size.
+pieces, :mod:`spikefuse.batchnorm.cpu`): arithmetic that LLVM can vectorize, the loads of a block's per-neuron rows,
+and the blocks' size.
 
 numba lowers ``np.exp`` to a call into libm, and a call keeps the whole loop around it scalar; :func:`exp` is the
 same function in plain arithmetic. It and :func:`muladd` feed gradients only: the neuron steps keep separate

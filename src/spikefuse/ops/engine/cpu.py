@@ -18,7 +18,7 @@ the machine code beside the source, so a call compiles only the kernels it runs:
   per-neuron parameter gradients, reduced per channel afterwards (``backward_saved``: the states read from what
   ``forward_save`` wrote, no recompute; ``backward_over_x``: grad_x written over the input, a transient of the
   caller's; ``backward_src``: the input is the BatchNorm of ``x``, which each block computes into a tile first, see
-  :func:`spikefuse.ops.batchnorm_cpu.source_tile`).
+  :func:`spikefuse.batchnorm.cpu.source_tile`).
 
 Each comes with parameters as scalars (suffix ``_scalar``: every parameter has one value) or as per-channel arrays,
 expanded to a block-sized row per parameter. One time step of a block is a row function of its own
@@ -38,7 +38,9 @@ bfloat16 spikes (half-precision inputs, which compute in float32) the bit patter
 
 The step's expressions are emitted as written, with every number cast to the compute dtype, so the spikes and
 states equal the reference's bit for bit; the derivatives are emitted from sympy after common-subexpression
-elimination. Entry points as :mod:`spikefuse.ops.engine.reference`.
+elimination. Entry points as :mod:`spikefuse.ops.engine.reference`; :func:`launch_forward` and
+:func:`launch_backward` add the options of this backend alone (the ``_src`` kernels, the forward's spike bits), for
+the fused BatchNorm (:mod:`spikefuse.batchnorm.autograd`), which calls them by name.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...batchnorm import cpu as batchnorm_cpu
 from ...threads import match_numba_threads
-from .. import batchnorm_cpu, bitpack, buffers
+from .. import bitpack, buffers
 from ..common import reduce_leak_grad, refuse_non_finite
 from .. import numba_common
 from ..numba_common import block_for
@@ -332,7 +335,7 @@ class _Source:
     def forward_steps(self, save: bool, source: bool = False) -> list[str]:
         """The forward block's loop over time: row_steps(model) steps per row pass, then the rest one at a time;
         ``source``: each step's input row made from ``x`` into a row of ``xs`` first (a fused BatchNorm,
-        :func:`~spikefuse.ops.batchnorm_cpu.source_row`), not read from ``x``."""
+        :func:`~spikefuse.batchnorm.cpu.source_row`), not read from ``x``."""
         S, args, first, in_passes, made_rows, prow, sfx = (
             self.S,
             self.args,
@@ -524,8 +527,8 @@ class _Source:
         saved first state (``"state"``, suffix ``_saved_over``) or over ``x`` (``"input"``, suffix ``_over_x``),
         with no grad_x argument; ``tile`` (suffix ``_src``): the block's input is made from ``x`` and ``src`` (a
         fused BatchNorm): for a neuron whose reverse pass reads no input (:attr:`NeuronModel.backward_reads_input`)
-        each step's row right before its recompute reads it (:func:`~spikefuse.ops.batchnorm_cpu.source_row`, as
-        the forward does), otherwise all steps into the tile that :func:`~spikefuse.ops.batchnorm_cpu.source_tile`
+        each step's row right before its recompute reads it (:func:`~spikefuse.batchnorm.cpu.source_row`, as
+        the forward does), otherwise all steps into the tile that :func:`~spikefuse.batchnorm.cpu.source_tile`
         fills, which both passes read."""
         (
             P,
@@ -875,7 +878,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         f'{surrogate_type.__name__}, {dtype}. Do not edit: rewritten when the generator changes."""',
         "import numpy as np",
         "from numba import njit, prange",
-        "from spikefuse.ops.batchnorm_cpu import source_factors, source_row, source_tile",
+        "from spikefuse.batchnorm.cpu import source_factors, source_row, source_tile",
         (
             "from spikefuse.ops.numba_common import channel_row, exp as vexp, load_row, non_finite, pack_rows, "
             "prefer_wide_vectors, rows_apart"
@@ -926,30 +929,29 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(
-    model,
-    x2,
-    params,
-    inner,
-    init,
-    surrogate,
-    detach_reset,
-    save=False,
-    spike_dtype=None,
-    *,
-    batch_norm=None,
-    spike_bits=False,
+def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
+    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`): :func:`launch_forward` with
+    none of this backend's own options."""
+    return launch_forward(model, x2, params, inner, init, surrogate, save=save, spike_dtype=spike_dtype)
+
+
+def launch_forward(
+    model, x2, params, inner, init, surrogate, *, save=False, spike_dtype=None, src=None, spike_bits=False
 ):
-    """``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization` (not with ``save``): ``x2`` is the raw
-    input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block makes
-    a step's row at a time right before reading it, bit-identical to ``native_batch_norm``'s (see :func:`backward`).
+    """:func:`forward` with the options of this backend alone, which a caller asks for by calling it by name (the
+    fused BatchNorm, :mod:`spikefuse.batchnorm.autograd`), not through the engine's entry point.
+
+    ``src`` (not with ``save``): the ``src`` argument of the ``_src`` kernels, a fused BatchNorm
+    (:func:`spikefuse.batchnorm.cpu.source_args`): ``x2`` is the raw input ``[T*B, C, ...]`` merged, and the
+    neurons' input is its BatchNorm (plus residual), which each block makes a step's row at a time right before
+    reading it, bit-identical to ``native_batch_norm``'s.
     ``spike_bits`` (not with ``save``): each block also packs the spike rows it wrote into bits while they are in
     cache, and :func:`spikefuse.ops.bitpack.remember` hands them to whoever packs these spikes next (a spike layer
     saving its input, :mod:`spikefuse.nn.spike_layers`): no pass over the spikes to pack them. Only where every
     step's row starts on a byte (``N`` a multiple of 8); elsewhere the consumer packs them itself."""
     t_steps, n = x2.shape
-    if save and batch_norm is not None:
-        raise ValueError("engine cpu backend: batch_norm runs the forward that saves nothing (no save)")
+    if save and src is not None:
+        raise ValueError("engine cpu backend: src runs the forward that saves nothing (no save)")
     module = kernels(model, type(surrogate), x2.dtype)
     threads = match_numba_threads(t_steps * n)
     spike_dtype = spike_dtype or x2.dtype
@@ -961,15 +963,15 @@ def forward(
     final = [buffers.empty((n,), x2.dtype) for _ in model.states]
     saved = [buffers.empty((t_steps, n), x2.dtype) for _ in model.states] if save else []
     suffix, par = _params(params, x2.dtype)
-    if batch_norm is None:
-        name, src = "forward_save" if save else "forward", ()
+    if src is None:
+        name, source = "forward_save" if save else "forward", ()
     else:
-        name, src = "forward_src", (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
+        name, source = "forward_src", (src,)
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
     bad = getattr(module, name + suffix)(  # the number of blocks that read a NaN or an inf
         _np(x2),
-        *src,
+        *source,
         *par,
         *(_np(v) for v in init),
         int(inner),
@@ -1002,30 +1004,64 @@ def backward(
     overwrite_saved=False,
     *,
     overwrite_x=False,
-    batch_norm=None,
 ):
-    """``overwrite_saved``: the caller will not read ``saved`` again, so grad_x may be written over its first state
-    (no fresh ``[T, N]`` buffer); likewise ``overwrite_x`` for ``x2`` when the states are recomputed (a transient of
-    the caller's, e.g. a BatchNorm's output). ``batch_norm``: a :class:`spikefuse.ops.batchnorm_cpu.Normalization`
-    (states recomputed): ``x2`` is the raw input ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm
-    (plus residual), which each block computes into a tile in cache, bit-identical to ``native_batch_norm``'s."""
+    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`): :func:`launch_backward` with
+    none of this backend's own options."""
+    return launch_backward(
+        model,
+        grad_spikes,
+        grad_final,
+        x2,
+        params,
+        inner,
+        init,
+        surrogate,
+        detach_reset,
+        need_param_grads,
+        saved=saved,
+        overwrite_saved=overwrite_saved,
+        overwrite_x=overwrite_x,
+    )
+
+
+def launch_backward(
+    model,
+    grad_spikes,
+    grad_final,
+    x2,
+    params,
+    inner,
+    init,
+    surrogate,
+    detach_reset,
+    need_param_grads,
+    *,
+    saved=(),
+    overwrite_saved=False,
+    overwrite_x=False,
+    src=None,
+):
+    """:func:`backward` with the option of this backend alone (see :func:`launch_forward`): ``src`` (states
+    recomputed; ``x2`` is then not written over), the ``src`` argument of the ``_src`` kernels: ``x2`` is the raw input
+    ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block computes
+    into a tile in cache, bit-identical to ``native_batch_norm``'s."""
     t_steps, n = x2.shape
-    if saved and (batch_norm is not None or overwrite_x):
-        raise ValueError("engine cpu backend: batch_norm and overwrite_x need the states recomputed (no saved)")
+    if saved and (src is not None or overwrite_x):
+        raise ValueError("engine cpu backend: src and overwrite_x need the states recomputed (no saved)")
     module = kernels(model, type(surrogate), x2.dtype)
     threads = match_numba_threads(t_steps * n)
     over = bool(saved) and overwrite_saved
-    over_x = overwrite_x and batch_norm is None
+    over_x = overwrite_x and src is None
     grad_x = saved[0] if over else x2 if over_x else buffers.empty((t_steps, n), x2.dtype)
     grad_init = [buffers.empty((n if v.numel() == n else 0,), x2.dtype) for v in init]
     per_neuron = [buffers.empty((n if need else 0,), x2.dtype) for need in need_param_grads]
     suffix, par = _params(params, x2.dtype)
-    src = () if batch_norm is None else (batchnorm_cpu.source_args(x2, batch_norm, copy=False),)
+    source = () if src is None else (src,)
     head = (
         _np(grad_spikes),
         *(_np(g) for g in grad_final),
         _np(x2),
-        *src,
+        *source,
         *par,
         *(_np(v) for v in init),
         *(_np(v) for v in saved),
@@ -1037,15 +1073,15 @@ def backward(
     # per neuron of a block: the recomputed states, and the input rows of a fused BatchNorm (every step's, when the
     # reverse pass reads them)
     replayed = len(module.REPLAYED_STATES[any(need_param_grads)])
-    made_rows = (t_steps if module.BACKWARD_READS_INPUT else row_steps(model)) if src else 0
+    made_rows = (t_steps if module.BACKWARD_READS_INPUT else row_steps(model)) if source else 0
     scratch = 0 if saved else ((t_steps + 1) * replayed + made_rows) * x2.element_size()
-    block = _block(n, threads, scratch, SOURCE_SCRATCH_BYTES if src else SCRATCH_BYTES)
+    block = _block(n, threads, scratch, SOURCE_SCRATCH_BYTES if source else SCRATCH_BYTES)
     name = (
         "backward"
         + ("_saved" if saved else "")
         + ("_over" if over else "")
         + ("_over_x" if over_x else "")
-        + ("_src" if src else "")
+        + ("_src" if source else "")
     )
     if any(need_param_grads):
         getattr(module, name + "_grads" + suffix)(

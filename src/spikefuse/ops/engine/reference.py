@@ -16,7 +16,7 @@ in float16 / bfloat16 for a backend with ``READS_HALF``, then also ``grad_spikes
   saved=(), overwrite_saved=False, *, overwrite_x=False) -> (grad_x, grad_init per state (None for a shared one),
   grad_params per parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again
   (a backend may write grad_x over it); ``overwrite_x``: likewise for ``x2`` (a transient of the caller's) when
-  nothing is saved. The cpu backend also takes ``batch_norm`` (:func:`spikefuse.ops.engine.cpu.backward`).
+  nothing is saved.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``sp
    needs); the caller copies them into the buffers. Being inside the opaque op, ``y`` is torch's eager result
    under ``torch.compile`` too (inductor would otherwise decompose the BatchNorm with another rounding), so the
    backward's recomputation matches it. The cpu backend in training mode on float32 input
-   (:func:`spikefuse.ops.batchnorm_cpu.statistics_supported`) computes only the statistics, bit-identical to
-   ``native_batch_norm``'s (:func:`spikefuse.ops.batchnorm_cpu.statistics`), and normalizes inside its neuron
+   (:func:`spikefuse.batchnorm.cpu.statistics_supported`) computes only the statistics, bit-identical to
+   ``native_batch_norm``'s (:func:`spikefuse.batchnorm.cpu.statistics`), and normalizes inside its neuron
    kernel (plus the residual), each step's row right before the neuron reads it: no ``y`` is written (steps 2
    and 3 in one);
 2. ``y += residual`` when a residual is given (the shortcut of a residual block: ``LIF(BN(conv(x)) + shortcut)``,
@@ -34,9 +34,9 @@ Backward (``spikefuse::bn_lif_backward``):
 
 1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the neuron's states, and run the
    neuron's ``backward``, which returns ``grad_y`` (and the parameters' and initial states' gradients). The cpu
-   backend in training mode does all of it in its neuron kernel (``batch_norm``: each block of neurons normalizes
-   its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
-   :func:`spikefuse.ops.batchnorm_cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
+   backend in training mode does all of it in its neuron kernel (:meth:`BoundNeuron.backward_cpu`: each block of
+   neurons normalizes its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
+   :func:`spikefuse.batchnorm.cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
    ``grad_y``. Elsewhere the same BatchNorm call runs again into a transient (training: the statistics
    again from ``x``, which torch computes deterministically, so ``y`` is bit-identical to the forward's; eval: from
    the saved running statistics) that the cpu backend's ``backward`` overwrites with ``grad_y`` (``overwrite_x``;
@@ -44,13 +44,15 @@ Backward (``spikefuse::bn_lif_backward``):
 2. BatchNorm's backward -- the per-channel reduction torch's ``aten.native_batch_norm_backward`` runs:
    ``grad_gamma = sum(gy*xhat)``, ``grad_beta = sum(gy)``, ``grad_x = a*(gy - mean(gy) - xhat*mean(gy*xhat))``
    in training mode, ``grad_x = a*gy`` in eval mode; the residual's gradient is ``grad_y`` itself. The cpu
-   backend in training mode runs it with :func:`spikefuse.ops.batchnorm_cpu.backward`, writing ``grad_x`` over
+   backend in training mode runs it with :func:`spikefuse.batchnorm.cpu.backward`, writing ``grad_x`` over
    ``grad_y`` (when that is not also the residual's gradient); elsewhere the backward ``nn.BatchNorm``'s autograd
    runs after the same implementation (``aten._batch_norm_impl_index_backward``: cuDNN's in training on CUDA, from
    the reserve space of the recomputing call, the native one otherwise), so the gradients equal the composition's
    on a GPU too.
 
-Every backend works, since only the backends' common ``forward``/``backward`` entry points are used. Both ops are
+Every backend works through the engine's common ``forward``/``backward`` entry points; the cpu backend's own options
+(the normalization inside its kernels, the spike bits) go through its ``launch_forward``/``launch_backward``,
+called by name (:meth:`BoundNeuron.forward_cpu`, :meth:`BoundNeuron.backward_cpu`). Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
 calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
 """
@@ -65,11 +67,12 @@ from torch import Tensor
 
 from ..neurons.lif import LIFNeuron
 from ..neurons.model import NeuronModel
+from ..ops import engine
+from ..ops.bitpack import pack, packed_numel, unpack
+from ..ops.common import compute_dtype, refuse_double_backward
 from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
-from . import batchnorm_cpu, engine
-from .bitpack import pack, packed_numel, unpack
-from .common import compute_dtype, refuse_double_backward
+from . import cpu
 
 __all__ = [
     "BoundNeuron",
@@ -96,10 +99,9 @@ class BoundNeuron:
     def name(self) -> str:
         return self.model.name
 
-    def forward(
-        self, backend: str, y2: Tensor, params: list, inner: int, init: list, **input_kw
-    ) -> tuple[Tensor, list]:
-        """``(spikes, final states)``; ``input_kw``: the cpu backend's ``batch_norm`` and ``spike_bits``."""
+    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
+        """``(spikes, final states)`` of the neurons on their input ``y2 [T, N]``, through the engine's entry
+        point."""
         # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
         # in its own dtype
         kernels = engine.module(backend)
@@ -112,7 +114,35 @@ class BoundNeuron:
             self.surrogate,
             self.detach_reset,
             spike_dtype=y2.dtype,
-            **input_kw,
+        )
+        return spikes, final
+
+    def forward_cpu(
+        self,
+        x2: Tensor,
+        params: list,
+        inner: int,
+        init: list,
+        *,
+        normalization: cpu.Normalization | None,
+        spike_bits: bool,
+    ) -> tuple[Tensor, list]:
+        """:meth:`forward` on the cpu backend, with its own options
+        (:func:`spikefuse.ops.engine.cpu.launch_forward`): ``normalization`` given, ``x2`` is the raw input
+        ``[T*B, C, ...]`` merged and the kernel normalizes it (plus the residual) itself; ``spike_bits``: the kernel
+        also packs the spikes it writes."""
+        kernels = engine.module("cpu")
+        stream = engine.stream(kernels, x2)
+        spikes, final, _ = kernels.launch_forward(
+            self.model,
+            stream,
+            params,
+            inner,
+            init,
+            self.surrogate,
+            spike_dtype=x2.dtype,
+            src=None if normalization is None else cpu.source_args(stream, normalization),
+            spike_bits=spike_bits,
         )
         return spikes, final
 
@@ -121,28 +151,57 @@ class BoundNeuron:
         backend: str,
         grad_spikes: Tensor,
         grad_final: list,
-        x2: Tensor,
+        y2: Tensor,
         params: list,
         inner: int,
         init: list,
         need_param_grads: list,
-        **input_kw,
     ) -> tuple[Tensor, list, list]:
-        """``(grad_x, grad per state of init, grad per parameter)``; ``input_kw``: ``overwrite_x``, or the cpu
-        backend's ``batch_norm``."""
+        """``(grad_y, grad per state of init, grad per parameter)`` of the neurons on their input ``y2 [T, N]``, a
+        transient of the caller's that the backend may write ``grad_y`` over (``overwrite_x``), through the engine's
+        entry point."""
         kernels = engine.module(backend)
         return kernels.backward(
             self.model,
             engine.stream(kernels, grad_spikes),
             grad_final,
-            engine.stream(kernels, x2),
+            engine.stream(kernels, y2),
             params,
             inner,
             init,
             self.surrogate,
             self.detach_reset,
             need_param_grads,
-            **input_kw,
+            overwrite_x=True,
+        )
+
+    def backward_cpu(
+        self,
+        grad_spikes: Tensor,
+        grad_final: list,
+        x2: Tensor,
+        normalization: cpu.Normalization,
+        params: list,
+        inner: int,
+        init: list,
+        need_param_grads: list,
+    ) -> tuple[Tensor, list, list]:
+        """:meth:`backward` on the cpu backend whose kernel normalizes its input itself
+        (:func:`spikefuse.ops.engine.cpu.launch_backward`): ``x2`` is the raw input ``[T*B, C, ...]`` merged, read,
+        not written."""
+        kernels = engine.module("cpu")
+        return kernels.launch_backward(
+            self.model,
+            engine.stream(kernels, grad_spikes),
+            grad_final,
+            x2,
+            params,
+            inner,
+            init,
+            self.surrogate,
+            self.detach_reset,
+            need_param_grads,
+            src=cpu.source_args(x2, normalization),
         )
 
 
@@ -262,16 +321,17 @@ def _forward(
     earlier packing made (:func:`spikefuse.ops.bitpack.remember`), and in training the cpu kernel packs the spikes
     it writes for the layers that save them as bits."""
     # in training the cpu kernel (an option of its only) packs the spikes for the layers that save them as bits
-    neuron_kw = {"spike_bits": True} if eager and training and backend == "cpu" else {}
+    spike_bits = eager and training and backend == "cpu"
+    bound = OBJECTS[neuron]
     bits = (
         pack(residual, reuse=eager)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
     )
     if _fused_statistics(backend, training, xb, running_mean, weight, bias):
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
-        mean, invstd, rm, rv = batchnorm_cpu.statistics(xb, running_mean, running_var, momentum, eps)
-        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
-        spikes, final = OBJECTS[neuron].forward(
-            backend, xb.reshape(t_steps, -1), list(params), inner, list(init), batch_norm=norm, **neuron_kw
+        mean, invstd, rm, rv = cpu.statistics(xb, running_mean, running_var, momentum, eps)
+        norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
+        spikes, final = bound.forward_cpu(
+            xb.reshape(t_steps, -1), list(params), inner, list(init), normalization=norm, spike_bits=spike_bits
         )
     else:
         rm = running_mean.clone() if running_mean is not None else None
@@ -279,10 +339,12 @@ def _forward(
         y, mean, invstd, _, _ = _torch_batch_norm(xb, weight, bias, rm, rv, training, momentum, eps)
         if residual is not None:
             y += residual
-        spikes, final = OBJECTS[neuron].forward(
-            backend, y.reshape(t_steps, -1), list(params), inner, list(init), **neuron_kw
-        )
-        del y
+        y2 = y.reshape(t_steps, -1)
+        if spike_bits:
+            spikes, final = bound.forward_cpu(y2, list(params), inner, list(init), normalization=None, spike_bits=True)
+        else:
+            spikes, final = bound.forward(backend, y2, list(params), inner, list(init))
+        del y, y2
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
 
@@ -391,38 +453,41 @@ def _backward_impl(
     parameter]``; unneeded ones are empty. The residual is ``residual`` or, when that is None and ``residual_bits``
     is not empty, those bits."""
     t_steps, n = grad_spikes.shape
+    bound = OBJECTS[neuron]
     fused = _fused_batch_norm(backend, training, xb)
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
         bits = residual_bits if residual is None and residual_bits.numel() else None
-        norm = batchnorm_cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
-        neuron_input, input_kw = xb.reshape(t_steps, n), {"batch_norm": norm}
+        norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
+        del residual
+        grad_y, grad_init, grad_params = bound.backward_cpu(
+            grad_spikes,
+            list(grad_final),
+            xb.reshape(t_steps, n),
+            norm,
+            list(params),
+            inner,
+            list(init),
+            list(need_param_grads),
+        )
+        del norm
     else:
         y, reserve, impl = _batch_norm(xb, weight, bias, running_mean, running_var, training, eps)
         if residual is None and residual_bits.numel():
             residual = unpack(residual_bits, xb.shape, xb.dtype)
         if residual is not None:
             y += residual
-        neuron_input, input_kw = y.reshape(t_steps, n), {"overwrite_x": True}  # y is this function's own transient
-        del y
-    del residual
-    grad_y, grad_init, grad_params = OBJECTS[neuron].backward(
-        backend,
-        grad_spikes,
-        list(grad_final),
-        neuron_input,
-        list(params),
-        inner,
-        list(init),
-        list(need_param_grads),
-        **input_kw,
-    )
-    del neuron_input, input_kw
+        y2 = y.reshape(t_steps, n)  # this function's own transient: the backend may write grad_y over it
+        del y, residual
+        grad_y, grad_init, grad_params = bound.backward(
+            backend, grad_spikes, list(grad_final), y2, list(params), inner, list(init), list(need_param_grads)
+        )
+        del y2
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
     affine = weight is not None and need_affine_grad
     if fused:
         # grad_x over grad_y, unless grad_y is also the residual's gradient: no fresh tensor at the memory peak
-        grad_x, grad_w, grad_b = batchnorm_cpu.backward(
+        grad_x, grad_w, grad_b = cpu.backward(
             grad_y, xb, mean, invstd, weight, affine, overwrite_grad_y=not need_residual_grad
         )
     else:
@@ -912,14 +977,14 @@ def bn_lif_backward_from_stats(
 
 
 def _fused_batch_norm(backend: str, training: bool, xb: Tensor) -> bool:
-    """Whether the neuron's backward kernels normalize the input themselves (:mod:`spikefuse.ops.batchnorm_cpu`)."""
-    return backend == "cpu" and training and xb.dtype in batchnorm_cpu.SUPPORTED_DTYPES
+    """Whether the neuron's backward kernels normalize the input themselves (:mod:`spikefuse.batchnorm.cpu`)."""
+    return backend == "cpu" and training and xb.dtype in cpu.SUPPORTED_DTYPES
 
 
 def _fused_statistics(backend: str, training: bool, xb: Tensor, running_mean, weight, bias) -> bool:
     """Whether the forward computes the statistics itself and normalizes inside the neuron's forward kernel
-    (:func:`spikefuse.ops.batchnorm_cpu.statistics`), bit-identical to ``native_batch_norm``."""
-    return backend == "cpu" and training and batchnorm_cpu.statistics_supported(xb, running_mean, weight, bias)
+    (:func:`spikefuse.batchnorm.cpu.statistics`), bit-identical to ``native_batch_norm``."""
+    return backend == "cpu" and training and cpu.statistics_supported(xb, running_mean, weight, bias)
 
 
 def _inner(x: Tensor, leak: Tensor) -> int:

@@ -51,11 +51,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bn_lif import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, BatchNormLIFBase
-from .containers import Flatten, SeqToBatch
-from .engine_neurons import EngineNeuron
-from .neurons import LIF
-from .spike_layers import (
+from ..nn.containers import Flatten, SeqToBatch
+from ..nn.engine_neurons import EngineNeuron
+from ..nn.neurons import LIF
+from ..nn.spike_layers import (
     SpikeConv1d,
     SpikeConv2d,
     SpikeConv3d,
@@ -64,6 +63,7 @@ from .spike_layers import (
     SpikeMaxPool2d,
     SpikeMaxPool3d,
 )
+from .modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF
 
 __all__ = [
     "to_lean",
@@ -272,7 +272,7 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
 
 
 def to_lean(model: nn.Module) -> dict[str, int]:
-    """Convert ``model`` in place to its memory-lean form (see :mod:`spikefuse.nn.lean` for the contract);
+    """Convert ``model`` in place to its memory-lean form (see :mod:`spikefuse.batchnorm.lean` for the contract);
     returns how many of each conversion were made (keys :data:`LEAN_COUNTS`). Converting twice changes nothing
     the second time."""
     if not isinstance(model, nn.Module):

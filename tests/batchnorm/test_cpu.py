@@ -1,4 +1,4 @@
-"""``spikefuse.ops.batchnorm_cpu`` against torch: the statistics and the normalization the engine's cpu neuron
+"""``spikefuse.batchnorm.cpu`` against torch: the statistics and the normalization the engine's cpu neuron
 kernels fuse against ``native_batch_norm`` bit for bit, ``backward`` against ``native_batch_norm_backward`` to
 rounding.
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spikefuse.neurons import LIF_MODELS
-from spikefuse.ops import batchnorm_cpu
+from spikefuse.batchnorm import cpu as batchnorm_cpu
 from spikefuse.ops.bitpack import pack
 from spikefuse.ops.engine import cpu as engine_cpu
 from spikefuse.surrogate import Sigmoid
@@ -20,7 +20,7 @@ def _normalized_by_neuron_kernel(x: torch.Tensor, norm: batchnorm_cpu.Normalizat
     """BatchNorm of ``x`` as the cpu backend's backward kernels compute it: the rows that blocks of neurons read
     (``batchnorm_cpu.source_tile``), gathered over blocks of a ragged size."""
     x2 = x.reshape(t_steps, -1)
-    src = batchnorm_cpu.source_args(x2, norm, copy=False)
+    src = batchnorm_cpu.source_args(x2, norm)
     out = torch.empty_like(x2)
     n, block = x2.shape[1], 37
     for n0 in range(0, n, block):
@@ -94,7 +94,7 @@ def test_bad_input():
     mean, invstd = torch.zeros(3), torch.ones(3)
 
     def source(x2, norm):
-        return batchnorm_cpu.source_args(x2, norm, copy=False)
+        return batchnorm_cpu.source_args(x2, norm)
 
     with pytest.raises(ValueError, match=r"not \[B, 3 channels, 5\] merged"):
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 5))
@@ -104,8 +104,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="residual_bits must be 3 packed uint8 bytes"):
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
     one, zero = torch.ones(1), torch.zeros(1)
-    with pytest.raises(ValueError, match="batch_norm and overwrite_x need the states recomputed"):
-        engine_cpu.backward(
+    with pytest.raises(ValueError, match="src and overwrite_x need the states recomputed"):
+        engine_cpu.launch_backward(
             LIF_MODELS[("paper", "hard")],
             torch.zeros(1, 24),
             [zero],
@@ -117,7 +117,7 @@ def test_bad_input():
             False,
             [False] * 3,
             saved=[torch.zeros(1, 24)],
-            batch_norm=batchnorm_cpu.Normalization(mean, invstd, None, None, 2),
+            src=source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2)),
         )
 
 

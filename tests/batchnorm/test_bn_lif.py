@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 
 import spikefuse  # noqa: E402
 from spikefuse.bn_functional import batchnorm_lif  # noqa: E402
-from spikefuse.nn.bn_lif import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
+from spikefuse.nn import BatchNormLIF1d, BatchNormLIF2d  # noqa: E402
 from tests import lif_spec  # noqa: E402
 from spikefuse.ops.engine import cpu  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
@@ -426,7 +426,8 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
     multiple of 8), with BatchNorm fused into it or not (1x1 maps: torch's BatchNorm), so that the layer saving them
     as bits packs nothing: the bits are the spikes' exactly, and the spikes those of the op that packs none (the
     custom op's body); in eval mode nothing is packed."""
-    from spikefuse.ops import bitpack, bn_lif
+    from spikefuse.batchnorm import autograd
+    from spikefuse.ops import bitpack
 
     g = torch.Generator().manual_seed(sum(shape))
     x = torch.randn(shape, generator=g) * 2 + 0.3
@@ -445,8 +446,8 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
         assert bits is not None and torch.equal(bits, bitpack.pack_torch(spikes))
     assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
     assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
-    neuron, params, init = bn_lif.lif_neuron(lif_spec.NeuronSpec(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
-    op_body = bn_lif._forward_impl(
+    neuron, params, init = autograd.lif_neuron(lif_spec.NeuronSpec(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
+    op_body = autograd._forward_impl(
         x.flatten(0, 1),
         None if res is None else res.flatten(0, 1),
         residual,

@@ -25,7 +25,7 @@ from spikefuse.nn import (
     SpikeMaxPool2d,
     to_lean,
 )
-from spikefuse.nn.lean import LEAN_COUNTS, RECOMPUTE_MAX_MACS, ShapeOnlyAvgPool2d
+from spikefuse.batchnorm.lean import LEAN_COUNTS, RECOMPUTE_MAX_MACS, ShapeOnlyAvgPool2d
 
 
 def _saved_bytes(model, fn):

@@ -1,4 +1,4 @@
-"""Training-mode BatchNorm for the fused BatchNorm+LIF op on the CPU backend (:mod:`spikefuse.ops.bn_lif`), in
+"""Training-mode BatchNorm for the fused BatchNorm+LIF op on the CPU backend (:mod:`spikefuse.batchnorm.autograd`), in
 pieces that the engine's CPU neuron kernels (:mod:`spikefuse.ops.engine.cpu`) fuse.
 
 The op's backward recomputes the normalized input from the saved conv output and statistics. With torch's ops that
@@ -8,7 +8,7 @@ each block of neurons normalizes its own rows into a tile in cache right before 
 ``y = fma(x, alpha, beta) [+ residual]`` with :func:`affine_factors` ``alpha = invstd * weight``,
 ``beta = fma(-mean, alpha, bias)``. That is the formula of torch's CPU BatchNorm kernel for contiguous input
 (``x * alpha + beta``, compiled to FMAs), so ``y`` is bit-identical to ``native_batch_norm``'s
-(tests/ops/test_batchnorm_cpu.py checks it against torch, so a torch that changes its kernel fails there, not
+(tests/batchnorm/test_cpu.py checks it against torch, so a torch that changes its kernel fails there, not
 silently in a spike). The residual is added as the composition adds it (``y + r``, one rounding), read from its
 bits when it was saved as bits.
 
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from ..ops import buffers
+from ..ops.numba_common import channel_row, fma, rows_apart, unpack_bits
 from ..threads import match_numba_threads
-from . import buffers
-from .numba_common import channel_row, fma, rows_apart, unpack_bits
 
 __all__ = [
     "Normalization",
@@ -382,7 +382,7 @@ def backward(
     ``overwrite_grad_y``: ``grad_x`` goes over ``grad_y`` (the caller's own transient), else into a buffer."""
     _check(x, mean, invstd)
     if grad_y.shape != x.shape or grad_y.dtype != x.dtype or not grad_y.is_contiguous():
-        raise ValueError(f"batchnorm_cpu: grad_y must be contiguous, of x's shape {tuple(x.shape)} and dtype")
+        raise ValueError(f"batchnorm.cpu: grad_y must be contiguous, of x's shape {tuple(x.shape)} and dtype")
     samples, channels = x.shape[:2]
     size = x.numel() // (samples * channels)
     out = grad_y if overwrite_grad_y else buffers.empty(x.shape, x.dtype)
@@ -463,26 +463,23 @@ def affine_factors(norm: Normalization, dtype: torch.dtype) -> tuple[np.ndarray,
 def _check(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor) -> None:
     if x.device.type != "cpu" or x.dtype not in SUPPORTED_DTYPES or not x.is_contiguous() or x.dim() < 2:
         raise ValueError(
-            f"batchnorm_cpu: x must be a contiguous float32/float64 CPU tensor [B, C, ...], got {x.dtype} "
+            f"batchnorm.cpu: x must be a contiguous float32/float64 CPU tensor [B, C, ...], got {x.dtype} "
             f"{tuple(x.shape)} on {x.device}"
         )
     if mean.shape != (x.shape[1],) or invstd.shape != (x.shape[1],):
-        raise ValueError(f"batchnorm_cpu: mean and invstd must have shape ({x.shape[1]},) (the channels)")
+        raise ValueError(f"batchnorm.cpu: mean and invstd must have shape ({x.shape[1]},) (the channels)")
 
 
-# Where a block's input rows come from when not from ``x`` itself (``src`` None): a copy of them (``x`` is also the
-# rows the block writes, as the backward's recompute writing h over its own transient: rows that alias the outputs
-# keep LLVM from vectorizing the loop); or BatchNorm of ``x`` fused in, plus a residual as floats or bits.
-SOURCE_COPY, SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(4)
+# What a block's input rows are, made from ``x`` (the ``src`` argument of the engine's ``_src`` kernels): BatchNorm of
+# ``x``, plus a residual as floats or as bits.
+SOURCE_BN, SOURCE_BN_RESIDUAL, SOURCE_BN_RESIDUAL_BITS = range(3)
 
 
 @njit(cache=True, error_model="numpy")
 def source_factors(n0, m, src):
     """``(alpha, beta)`` rows of a block of neurons ``[n0, n0 + m)``: each neuron's channel's BatchNorm factors (see
-    :func:`source_tile`; empty for ``SOURCE_COPY``)."""
+    :func:`source_tile`)."""
     mode, alpha, beta, spatial, residual, bits = src
-    if mode == SOURCE_COPY:
-        return alpha[:0], beta[:0]
     na = np.empty(m, alpha.dtype)
     nb = np.empty(m, beta.dtype)
     channel_row(na, alpha, n0, spatial)
@@ -497,10 +494,7 @@ def source_row(x, t, n0, src, na, nb, out):
     mode, alpha, beta, spatial, residual, bits = src
     m = out.shape[0]
     xr = x[t, n0 : n0 + m]
-    if mode == SOURCE_COPY:
-        for i in range(m):  # a loop, not a slice assignment: numba would compile its shape-error formatting
-            out[i] = xr[i]
-    elif mode == SOURCE_BN:
+    if mode == SOURCE_BN:
         for i in range(m):
             out[i] = fma(xr[i], na[i], nb[i])
     elif mode == SOURCE_BN_RESIDUAL:
@@ -517,7 +511,7 @@ def source_row(x, t, n0, src, na, nb, out):
 def source_tile(x, n0, m, src):
     """The ``[T, m]`` tile that a block of neurons ``[n0, n0 + m)`` reads its input from (see ``SOURCE_*``).
     ``src = (mode, alpha, beta, spatial, residual, bits)``; for BatchNorm ``alpha``/``beta`` are per channel
-    (:func:`spikefuse.ops.batchnorm_cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
+    (:func:`spikefuse.batchnorm.cpu.affine_factors`), neuron ``j`` of ``x [T, N]`` is in channel
     ``(j // spatial) % C`` (``x`` is ``[T*B, C, spatial...]`` merged), and the tile holds ``fma(x, alpha, beta)
     [+ residual]``, torch's CPU BatchNorm bit for bit. The tile is the block's own ``[T, m]``: it stays in cache
     between its writing and the neuron's reading. (A kernel that reads each step's row once, the forward, makes
@@ -531,18 +525,14 @@ def source_tile(x, n0, m, src):
 
 @functools.lru_cache(maxsize=None)
 def _empty_arrays(dtype: np.dtype) -> tuple:
-    """Placeholders for the unused arrays of a ``src`` tuple: ``(no alpha/beta, no residual, no bits)``."""
+    """Placeholders for the arrays a ``src`` tuple or a kernel does not use: ``(no weight or bias, no residual, no
+    bits)``."""
     return np.empty(0, dtype=dtype), np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.uint8)
 
 
-def source_args(x: torch.Tensor | None, batch_norm: Normalization | None, copy: bool) -> tuple | None:
-    """The ``src`` argument of the backward kernels (see :func:`source_tile`) for the input ``x [T, N]``: None
-    for ``x`` itself."""
-    if batch_norm is None:
-        if not copy:
-            return None
-        no_factors, no_residual, no_bits = _empty_arrays(x.numpy().dtype)
-        return SOURCE_COPY, no_factors, no_factors, 1, no_residual, no_bits
+def source_args(x: torch.Tensor, batch_norm: Normalization) -> tuple:
+    """The ``src`` argument of the engine's ``_src`` kernels (see :func:`source_tile`) for the raw input
+    ``x [T, N]`` and its BatchNorm ``batch_norm``."""
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"cpu backend: a fused BatchNorm needs float32 or float64 input, got {x.dtype}")
     t_steps, n = x.shape

@@ -15,12 +15,20 @@ import torch
 from torch.nn.modules.batchnorm import _NormBase
 
 from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
+from ..nn.engine_neurons import EngineNeuron
+from ..nn.neurons import LIFModuleOptions
+from ..nn.spike_layers import check_binary, debug_enabled
 from ..surrogate import Sigmoid
-from .engine_neurons import EngineNeuron
-from .neurons import _LIFModuleOptions
-from .spike_layers import check_binary, debug_enabled
 
-__all__ = ["BatchNormLIF1d", "BatchNormLIF2d", "BatchNormNeuron", "ConvBatchNormLIF", "batchnorm_call_args"]
+__all__ = [
+    "BatchNormLIFBase",
+    "BatchNormLIF1d",
+    "BatchNormLIF2d",
+    "BatchNormNeuron",
+    "ConvBatchNormLIF",
+    "batchnorm_call_args",
+    "running_average_factor",
+]
 
 
 def running_average_factor(bn: _NormBase) -> float:
@@ -50,7 +58,7 @@ def batchnorm_call_args(bn: _NormBase) -> tuple:
     )
 
 
-class BatchNormLIFBase(_LIFModuleOptions, _NormBase):
+class BatchNormLIFBase(LIFModuleOptions, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
@@ -141,7 +149,7 @@ class ConvBatchNormLIF(torch.nn.Module):
     keeping it (:func:`spikefuse.bn_functional.conv_batchnorm_lif`): it keeps only the convolution's input, which the
     convolution's weight gradient needs anyway. Same spikes, gradients and running statistics as
     ``bn_lif(SeqToBatch(conv)(x))``. Meant for a convolution that reads real values, e.g. the first layer on
-    images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.nn.lean`).
+    images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.batchnorm.lean`).
     ``conv`` and ``bn_lif`` stay the modules holding the parameters and buffers."""
 
     def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_lif: BatchNormLIFBase):
