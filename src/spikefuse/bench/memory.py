@@ -475,8 +475,9 @@ def side_by_side(cfg: dict, forms: list[str], cycles: int, sample: Callable[[Cal
         synchronize()
     steps = {form: lambda form=form: eager_step(form) for form in forms}
     if cfg.get("cuda_graph"):
-        # SpikingJelly's step last: a capture that fails can leave the process unable to capture another
-        for form in sorted(forms, key=lambda f: f == "spikingjelly"):
+        # the peers' and the serial reference's steps last (the reference reads a value to refuse NaN: a host sync):
+        # a capture that fails can leave the process unable to capture another
+        for form in sorted(forms, key=lambda f: f in ("vanilla", "spikingjelly")):
             try:
                 steps[form] = _captured(steps[form])
             except Exception as err:  # reported in the results, its step not timed
