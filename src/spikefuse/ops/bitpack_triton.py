@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .bit_layout import int_view, packed_numel
-from .common import device_guard
+from .common import ceil_div, device_guard
 
 # Bytes per program of pack (8 elements each) and elements per program of unpack.
 _PACK_BYTES = 1024
@@ -54,7 +54,7 @@ def pack(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n_bytes, dtype=torch.uint8, device=x.device)
     if n_bytes:
         with device_guard(x.device):
-            _pack_kernel[(triton.cdiv(n_bytes, _PACK_BYTES),)](flat, out, flat.numel(), n_bytes, BLOCK=_PACK_BYTES)
+            _pack_kernel[(ceil_div(n_bytes, _PACK_BYTES),)](flat, out, flat.numel(), n_bytes, BLOCK=_PACK_BYTES)
     return out
 
 
@@ -66,7 +66,7 @@ def unpack(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
     flat = out.view(-1).view(view)
     if flat.numel():
         with device_guard(packed.device):
-            _unpack_kernel[(triton.cdiv(flat.numel(), _UNPACK_ELEMENTS),)](
+            _unpack_kernel[(ceil_div(flat.numel(), _UNPACK_ELEMENTS),)](
                 packed.contiguous(), flat, int(one), flat.numel(), BLOCK=_UNPACK_ELEMENTS
             )
     return out

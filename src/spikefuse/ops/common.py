@@ -121,6 +121,12 @@ def refuse_non_finite(x2: torch.Tensor, init, otherwise: str | None = None) -> N
     raise NonFiniteError(where)
 
 
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids: ``triton.cdiv`` is a constexpr function (Triton 3.9) that costs ~5 us per
+    call on the host, several times per layer call."""
+    return -(-a // b)
+
+
 def surrogate_params(surrogate, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``surrogate.params()`` as a tensor of ``dtype`` on ``device``, made once: a host-to-device copy at every call
     would cost a transfer per backward and make the step impossible to capture in a CUDA graph."""

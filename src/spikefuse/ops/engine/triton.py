@@ -38,9 +38,8 @@ import hashlib
 from pathlib import Path
 
 import torch
-import triton
 
-from ..common import compute_dtype, device_guard, reduce_leak_grad, refuse_flagged, surrogate_params
+from ..common import ceil_div, compute_dtype, device_guard, reduce_leak_grad, refuse_flagged, surrogate_params
 from . import emit
 from .emit import Dialect
 
@@ -330,7 +329,7 @@ def block_size(n: int) -> int:
     """Neurons per program before :func:`engine_block`'s cap: large blocks when there are enough of them to fill a
     GPU, else smaller ones, never below ``32 * NUM_WARPS``."""
     for block in (1024, 512, 256):
-        if triton.cdiv(n, block) >= 512:
+        if ceil_div(n, block) >= 512:
             return block
     return 128
 
@@ -366,9 +365,9 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     module = kernels(model, type(surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), cdt)
-    flags = torch.empty(triton.cdiv(n, block), dtype=torch.int32, device=x2.device)
+    flags = torch.empty(ceil_div(n, block), dtype=torch.int32, device=x2.device)
     with device_guard(x2.device):
-        module.forward[(triton.cdiv(n, block),)](
+        module.forward[(ceil_div(n, block),)](
             x2,
             *par,
             *(a for v in init for a in (v, v.numel())),
@@ -427,7 +426,7 @@ def backward(
         sg = surrogate_params(surrogate, cdt, device)
         # a buffer that is not written (its flag is off) still needs a valid pointer of its dtype: sg stands in
         with device_guard(device):
-            module.backward[(triton.cdiv(n, block),)](
+            module.backward[(ceil_div(n, block),)](
                 grad_spikes,
                 *(a for g in grad_final for a in (g, g.numel())),
                 x2,

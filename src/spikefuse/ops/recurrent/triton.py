@@ -14,9 +14,8 @@ import hashlib
 from pathlib import Path
 
 import torch
-import triton
 
-from ..common import compute_dtype, device_guard, surrogate_params
+from ..common import ceil_div, compute_dtype, device_guard, surrogate_params
 from ..engine import emit, triton as engine_triton
 from . import source
 from .source import kept_states, step_source
@@ -249,7 +248,7 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
     """``launch(*args, **flags)`` of kernel ``name`` over ``n`` neurons of rows of ``h``."""
     kernel = getattr(kernels(model, type(surrogate), dtype), name)
     block = engine_triton.engine_block(n, len(model.states), dtype)
-    grid = (triton.cdiv(max(n, 1), block),)
+    grid = (ceil_div(max(n, 1), block),)
 
     def launch(*args, **flags):
         with device_guard(args[1].device):
@@ -264,7 +263,7 @@ def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
     n = x.shape[1] * x.shape[2]
     launch = _launch(model, surrogate, cur.dtype, "forward_step", n, x.shape[2])
     flags = torch.zeros(
-        triton.cdiv(max(n, 1), engine_triton.engine_block(n, len(model.states), cur.dtype)),
+        ceil_div(max(n, 1), engine_triton.engine_block(n, len(model.states), cur.dtype)),
         dtype=torch.int32,
         device=x.device,
     )
