@@ -1,36 +1,19 @@
 """Two checkouts of spikefuse side by side on what a per-call check touches: the LIF layer's forward alone and with
 backward at `spikefuse bench neuron`'s size and at a small size (where per-call costs show), and the recurrent
-layer at the SHD size. Each round runs one fresh process per checkout, alternating; each case's median over rounds.
+layer at the SHD size. Run as `ab_hot_paths.py` runs its cases: one fresh process per checkout and round,
+alternating, after an untimed round; each case's median over rounds.
 
-    python benchmarks/ab_check_costs.py OLD_SRC NEW_SRC [--rounds 5]
+    python benchmarks/ab_check_costs.py OLD_SRC NEW_SRC [--rounds 5] [--out FILE.md]
 
 OLD_SRC / NEW_SRC: the `src` folders of the two checkouts (e.g. a `git worktree` of the older commit).
 """
 
-from __future__ import annotations
+from ab_hot_paths import PRELUDE, main
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-
-CASES = r"""
-import json, time, torch, spikefuse
+CASES = (
+    PRELUDE
+    + r"""
 from spikefuse.neurons import LIF_MODELS
-torch.set_num_threads(2)
-torch.manual_seed(0)
-
-
-def median_time(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def lif(T, n):
@@ -67,25 +50,8 @@ print(json.dumps({
     "recurrent LIF T=250 B=32 H=256 forward+backward (ms)": 1e3 * median_time(recurrent, 7),
 }))
 """
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old_src")
-    p.add_argument("new_src")
-    p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
-    results = {src: [] for src in (args.old_src, args.new_src)}
-    for _ in range(args.rounds):
-        for src in results:
-            env = {**os.environ, "PYTHONPATH": src}
-            out = subprocess.run([sys.executable, "-c", CASES], env=env, capture_output=True, text=True, check=True)
-            results[src].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("| case | old | new | new / old |\n|---|---|---|---|")
-    for case in results[args.old_src][0]:
-        old, new = (statistics.median(r[case] for r in results[src]) for src in results)
-        print(f"| {case} | {old:.3f} | {new:.3f} | {new / old:.3f} |")
+)
 
 
 if __name__ == "__main__":
-    main()
+    main(CASES, "What a per-call check touches", "ab_check_costs.py", rounds=5)

@@ -18,10 +18,10 @@ import statistics
 import subprocess
 import sys
 
-CASES = r"""
+#: What every side-by-side script's cases start with: two threads, a seed, and ``median_time(fn, repeats)``.
+PRELUDE = r"""
 import json, time, torch
 import spikefuse
-from spikefuse.models import build_model
 torch.manual_seed(0)
 torch.set_num_threads(2)
 
@@ -34,6 +34,12 @@ def median_time(fn, repeats):
         fn()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+"""
+
+CASES = (
+    PRELUDE
+    + r"""
+from spikefuse.models import build_model
 
 
 def layer(T, n, repeats):
@@ -65,6 +71,7 @@ print(json.dumps({
     "lean ResNet18 train step T=4 B=8 32x32 (ms)": 1e3 * median_time(train_step, 5),
 }))
 """
+)
 
 
 def cpu_name() -> str:
@@ -75,26 +82,28 @@ def cpu_name() -> str:
         return platform.machine()
 
 
-def run(src: str) -> dict:
+def run(cases: str, src: str) -> dict:
     env = dict(os.environ, PYTHONPATH=src)
-    out = subprocess.run([sys.executable, "-c", CASES], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", cases], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(cases: str = CASES, title: str = "Hot paths", script: str = "ab_hot_paths.py", rounds: int = 7) -> None:
+    """Time ``cases`` (code printing one JSON object of numbers) in one process per checkout, alternating, after an
+    untimed round; print (and with ``--out`` write) a table of each case's median over rounds."""
+    p = argparse.ArgumentParser(description=f"{title}: two checkouts of spikefuse timed side by side")
     p.add_argument("old_src")
     p.add_argument("new_src")
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     for src in (args.old_src, args.new_src):  # untimed: kernel caches, page cache
-        run(src)
+        run(cases, src)
     results = {"old": [], "new": []}
     for r in range(args.rounds):
         order = [("old", args.old_src), ("new", args.new_src)]
         for name, src in order if r % 2 == 0 else order[::-1]:
-            results[name].append(run(src))
+            results[name].append(run(cases, src))
     rows = []
     for case in results["old"][0]:
         old = statistics.median(x[case] for x in results["old"])
@@ -102,10 +111,10 @@ def main() -> None:
         rows.append(f"| {case} | {old:.3f} | {new:.3f} | {new / old:.3f} |")
     text = "\n".join(
         [
-            f"# Hot paths, two checkouts side by side ({cpu_name()}, {os.cpu_count()} cores, Python "
+            f"# {title}, two checkouts side by side ({cpu_name()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()})",
             "",
-            f"Command: `python benchmarks/ab_hot_paths.py {args.old_src} {args.new_src} --rounds {args.rounds}`",
+            f"Command: `python benchmarks/{script} {args.old_src} {args.new_src} --rounds {args.rounds}`",
             "",
             "| case | old | new | new / old |",
             "|---|---|---|---|",
