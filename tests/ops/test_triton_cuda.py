@@ -220,7 +220,7 @@ def test_whole_model_compiles_fullgraph_on_gpu(monkeypatch):
     """``torch.compile(fullgraph=True)`` of a whole Spiking-ResNet (the fused LIF custom ops inside inductor's
     graph): the outputs and gradients of eager mode. Inductor's channels-last layout optimization is off: its
     convolutions round differently from eager mode's, which flips a few spikes near the threshold (2 of 49152 in the
-    first block on an H200) and the flips spread through the network (``benchmarks/gpu_compile_bisect.py``)."""
+    first block on an H200) and the flips spread through the network (``benchmarks/gpu_compile_check.py bisect``)."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(inductor_config, "layout_optimization", False)
