@@ -217,13 +217,25 @@ def test_debug_mode_rejects_non_binary_input(debug_on):
         lin(x)
 
 
-def test_without_debug_mode_nothing_is_checked():
+def test_without_debug_mode_a_kept_input_is_checked_on_the_cpu():
+    """Without debug mode, a CPU spike layer that keeps its input as bits refuses one that is not binary (the
+    packing kernel tells as it reads it), naming the layer and the first other value: its weight gradient would
+    count 0.5 or 2 as 1. A layer that keeps nothing (no weight gradient wanted) gives torch's output."""
     previous = sl.set_debug(False)
     try:
         lin = SpikeLinear(4, 2)
         x = torch.tensor([[[0.0, 1.0, 0.5, 1.0]]], requires_grad=True)
-        lin(x).sum().backward()  # no error: the documented consequence is a weight gradient that treats 0.5 as 1
-        assert torch.equal(lin.weight.grad, torch.tensor([[0.0, 1, 1, 1]] * 2))
+        with pytest.raises(ValueError, match=r"SpikeLinear\(in_features=4.*binary.*0\.5 at index \(0, 0, 2\)"):
+            lin(x)
+        with torch.no_grad():
+            assert torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
+        conv = SpikeConv2d(2, 3, 3, padding=1)
+        counts = spikes((2, 2, 2, 5, 5))
+        counts[1, 1, 0, 4, 4] = 2.0
+        with pytest.raises(ValueError, match=r"SpikeConv2d.*binary.*2\.0 at index \(1, 1, 0, 4, 4\)"):
+            conv(counts)
+        with pytest.raises(ValueError, match=r"SpikeMaxPool2d.*binary.*2\.0 at index \(3, 0, 4, 4\)"):
+            SpikeMaxPool2d(2)(counts.flatten(0, 1))
     finally:
         sl.set_debug(previous)
 

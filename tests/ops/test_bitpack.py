@@ -159,16 +159,47 @@ def test_remembered_bits_are_what_pack_returns(monkeypatch):
         assert pack(z)[0] is not first and torch.equal(pack(z)[0], first)
 
 
-def test_spike_bits_only_of_tensors_remembered_as_spikes():
-    """``spike_bits`` hands out bits only where their maker said the tensor is spikes (a neuron kernel); bits that
-    ``pack`` made, of any tensor, say nothing of that; an in-place change forgets both."""
-    x = spikes((4, 24), torch.float32, 4)
+def test_spike_bits_only_of_tensors_known_to_be_spikes():
+    """``spike_bits`` hands out bits only where they are all of the tensor: a neuron kernel's (``remember(...,
+    spikes=True)``) or the CPU packer's of a tensor it read as binary; not of a tensor holding other values (its
+    bits are remembered all the same); an in-place change forgets them."""
+    counts = spikes((4, 24), torch.float32, 4) * 2
+    pack(counts)
+    assert bitpack.spike_bits(counts) is None and bitpack._remembered(counts) is not None
+    x = spikes((4, 24), torch.float32, 5)
     assert bitpack.spike_bits(x) is None
-    pack(x)
-    assert bitpack.spike_bits(x) is None and bitpack._remembered(x) is not None
+    made, _ = pack(x)
+    assert bitpack.spike_bits(x) is made
     bits = pack_torch(x)
     remember(x, bits, spikes=True)
     assert bitpack.spike_bits(x) is bits and bitpack.spike_bits(x.view(2, 2, 24)) is bits
     assert pack(x)[0] is bits
     x.mul_(1.0)
     assert bitpack.spike_bits(x) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8])
+@pytest.mark.parametrize("n", [1, 63, 64, 200, 4096 + 5])
+def test_pack_binary_refuses_other_values_on_the_cpu(dtype, n):
+    """``pack(binary=True)``: the CPU kernel tells, as it packs, whether every element was 0 or 1 (-0.0 counts as 0):
+    one other value anywhere, in a whole 64-element word or in the tail, raises; bits remembered for such a tensor
+    by a plain ``pack`` are not handed out to a ``binary`` one."""
+    g = torch.Generator().manual_seed(n)
+    x = (torch.rand(n, generator=g) < 0.3).to(dtype)
+    if dtype.is_floating_point:
+        x[torch.rand(n, generator=g) < 0.1] = -0.0
+    assert torch.equal(pack(x, reuse=False, binary=True)[0], pack_torch(x))
+    for at in {0, n // 2, n - 1}:
+        bad = x.clone()
+        bad[at] = 2
+        with pytest.raises(bitpack.NotBinaryError, match="values other than 0 and 1"):
+            pack(bad, binary=True)
+        assert torch.equal(pack(bad)[0], pack_torch(bad))  # a plain pack keeps x != 0 of any tensor
+        with pytest.raises(bitpack.NotBinaryError):
+            pack(bad, binary=True)
+    if dtype.is_floating_point:
+        for value in (float("nan"), 0.5, -1.0):
+            bad = x.clone()
+            bad[n - 1] = value
+            with pytest.raises(bitpack.NotBinaryError):
+                pack(bad, reuse=False, binary=True)

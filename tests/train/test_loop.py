@@ -382,3 +382,24 @@ def test_an_empty_split_is_an_error(tmp_path):
             log=quiet,
         )
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_lean_recurrent_network_on_event_counts_has_the_fused_gradients():
+    """``--model srnn --memory lean`` on framed events: the frames are counts (up to 4 per bin in N-MNIST), so the
+    first layer keeps them as they are; the lean form's gradients are the fused form's (its first layer kept bits,
+    and its weight gradient counted every 2, 3 and 4 as 1)."""
+    from spikefuse.train.loop import make_model
+
+    info = {"name": "nmnist", "in_channels": 2, "num_classes": 10, "height": 6, "width": 5, "kind": "event"}
+    g = torch.Generator().manual_seed(0)
+    frames = torch.poisson(torch.full((7, 3, 2, 6, 5), 0.6), generator=g)  # [T, B, C, H, W] counts
+    assert frames.max() >= 3
+    grads = {}
+    for memory in ("fused", "lean"):
+        torch.manual_seed(1)
+        model = make_model(TrainConfig(model="srnn", hidden=24, memory=memory, neuron_backend="cpu"), info)
+        model(frames).square().mean().backward()
+        grads[memory] = {name: p.grad for name, p in model.named_parameters()}
+    assert grads["lean"].keys() == grads["fused"].keys()
+    for name, grad in grads["fused"].items():
+        torch.testing.assert_close(grads["lean"][name], grad, rtol=1e-5, atol=1e-7, msg=name)

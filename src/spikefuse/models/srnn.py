@@ -53,8 +53,9 @@ class SRNN(nn.Module):
     """See the module docstring. ``cell``: "lif" (``neuron``'s decay, threshold, reset and surrogate) or "alif"
     (Bellec et al.'s adaptive threshold: decay 0.95, adaptation decay 0.99, b0 0.5, beta 0.2). ``memory``:
     "fused" (the recurrent layers keep their states for backward) or "lean" (they recompute them, and every layer
-    fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input is
-    spikes (SHD, N-MNIST), so the first layer may keep it as bits too."""
+    fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input holds
+    only 0 and 1, so the first layer may keep it as bits too (framed events, SHD's and N-MNIST's, are counts per
+    bin: not spikes)."""
 
     def __init__(
         self,

@@ -10,12 +10,13 @@ unpacks it to the exact original 0/1 tensor and calls the same torch ops that to
 applied to the same float input. The input is saved only when the weight needs a gradient; the gradient of
 the input needs only the weight (and the input's shape).
 
-Contract: **the input must be binary, every element 0 or 1 in the layer's dtype**. Without debug mode
-nothing checks this (a check costs a full pass over the input): a non-binary input gives the correct output and
-input gradient but a **wrong weight gradient**, because backward sees every nonzero element as 1. Turn checking
-on with :func:`set_debug` ``(True)`` or the environment variable ``SPIKEFUSE_DEBUG=1`` (read when this module is
-imported); the layers then raise :class:`ValueError` naming the layer and the first offending value and its index.
-Debug mode also re-packs an input whose bits a neuron kernel made and refuses bits that an edit where torch counts
+Contract: **the input must be binary, every element 0 or 1 in the layer's dtype** (the bits could not give back
+any other value: backward would see every nonzero element as 1, a wrong weight gradient). On the CPU the packing
+kernel checks this as it reads the input, always: a layer that keeps its input raises :class:`ValueError` naming
+the layer and the first offending value and its index (spikes a neuron kernel packed are not read again). On
+other devices reading that check's result would stall the host: there the input is checked in debug mode only
+(:func:`set_debug` ``(True)`` or the environment variable ``SPIKEFUSE_DEBUG=1``, read when this module is
+imported), which checks every call's input with a pass of its own. Debug mode also re-packs an input whose bits a neuron kernel made and refuses bits that an edit where torch counts
 nothing (through ``.data`` or a numpy view) left stale; edits through torch drop the bits without it.
 
 The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
@@ -93,6 +94,16 @@ def check_input(module: nn.Module, x: torch.Tensor) -> None:
         )
 
 
+def _refusing_non_binary(module: nn.Module, x: torch.Tensor, op):
+    """``op()``, a spike layer's op on ``x``, whose packing refuses an input that is not binary
+    (:class:`spikefuse.ops.bitpack.NotBinaryError`): raised again naming ``module`` and the first such value."""
+    try:
+        return op()
+    except bitpack.NotBinaryError:
+        check_binary(module, x)
+        raise
+
+
 def check_binary(module: nn.Module, x: torch.Tensor, what: str = "input") -> None:
     """Raise ``ValueError`` naming ``module`` and the first element of ``x`` that is neither 0 nor 1."""
     ok = (x == 0) | (x == 1)
@@ -118,7 +129,7 @@ def _pack_saved(x: torch.Tensor):
         elif x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
             perm = (0, 2, 3, 4, 1)
     src = x.permute(perm) if perm else x
-    packed, shape = pack(src)
+    packed, shape = pack(src, binary=True)
     return packed, shape, x.dtype, perm
 
 
@@ -186,9 +197,8 @@ class SpikeLinear(nn.Linear):
     that saves its input for backward as bits (32x less memory than float32).
 
     Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Linear`; output and gradients are
-    bit-identical to it. **The input must be binary (0/1) in the layer's dtype**: it is checked only in debug
-    mode (:func:`set_debug`, ``SPIKEFUSE_DEBUG=1``); without it a non-binary input silently gives a wrong weight
-    gradient (every nonzero element counts as 1). See :mod:`spikefuse.nn.spike_layers`.
+    bit-identical to it. **The input must be binary (0/1) in the layer's dtype**: refused on the CPU where the
+    layer keeps it (as it packs it), on other devices in debug mode (:func:`set_debug`). See :mod:`spikefuse.nn.spike_layers`.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,7 +209,9 @@ class SpikeLinear(nn.Linear):
             )
         if _debug:
             check_input(self, x)
-        return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
+        if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
+            return super().forward(x)
+        return _refusing_non_binary(self, x, lambda: _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias))
 
 
 # ----------------------------------------------------------------------------------------------- convolution
@@ -310,7 +322,10 @@ class _SpikeConvNd:
             )
         if _debug:
             check_input(self, x)
-        y = _apply_as_autocast_would(_SpikeConvFn, x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
+        if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
+            return super().forward(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        args = (x.flatten(0, 1), self.weight, self.bias, *self._conv_args())
+        y = _refusing_non_binary(self, x, lambda: _apply_as_autocast_would(_SpikeConvFn, *args))
         return y.unflatten(0, x.shape[:2])
 
 
@@ -327,8 +342,8 @@ class SpikeConv2d(_SpikeConvNd, nn.Conv2d):
 
     Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Conv2d` (a pretrained state dict loads);
     output and gradients are bit-identical to it on the same input. **The input must be binary (0/1) in the
-    layer's dtype**: it is checked only in debug mode (:func:`set_debug`, ``SPIKEFUSE_DEBUG=1``); without it a
-    non-binary input silently gives a wrong weight gradient (every nonzero element counts as 1).
+    layer's dtype**: refused on the CPU where the layer keeps it (as it packs it), on other devices in debug mode
+    (:func:`set_debug`).
     With ``padding_mode`` other than ``'zeros'`` the padded input is made again in backward from the bits.
     See :mod:`spikefuse.nn.spike_layers`.
     """
@@ -416,7 +431,7 @@ class _SpikeMaxPoolNd:
         if _debug:
             check_input(self, x)
         args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
-        return _SpikeMaxPoolFn.apply(x, type(self)._pool, args)
+        return _refusing_non_binary(self, x, lambda: _SpikeMaxPoolFn.apply(x, type(self)._pool, args))
 
 
 class SpikeMaxPool1d(_SpikeMaxPoolNd, nn.MaxPool1d):
@@ -434,7 +449,7 @@ class SpikeMaxPool2d(_SpikeMaxPoolNd, nn.MaxPool2d):
     contiguous float32/float64 CPU input, torch's own pooling of the unpacked input elsewhere). Same arguments
     (except ``return_indices``), output and gradients as :class:`torch.nn.MaxPool2d`; like it, it takes
     ``[N, C, H, W]`` (wrap it in :class:`spikefuse.nn.SeqToBatch` for ``[T, B, ...]``). **The input must be
-    binary (0/1)**, as for :class:`SpikeConv2d`: checked only in debug mode.
+    binary (0/1)**, as for :class:`SpikeConv2d`.
     """
 
     _pool = staticmethod(F.max_pool2d)

@@ -115,12 +115,9 @@ def _resolved_stem(cfg: TrainConfig, info: dict) -> str:
 def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     """Build ``cfg.model`` for the data set described by ``info`` (seed the RNGs first for a reproducible init)."""
     if cfg.model in RECURRENT_MODELS:  # the features of a step: a sequence's, or an event frame's flattened
-        kw: dict = {
-            "hidden": cfg.hidden,
-            "layers": cfg.layers,
-            "cell": cfg.cell,
-            "spike_inputs": info["kind"] == "event" or info["name"] in ("shd", "ssc"),
-        }
+        # Framed events are counts per bin, not spikes: the first layer keeps its input as it is (a spike layer
+        # would keep bits and refuse them), in the lean form too.
+        kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell}
         in_features = info["in_channels"] * info["height"] * info["width"]
         return build_model(
             cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw
