@@ -186,6 +186,21 @@ def test_float64_leaky_and_synaptic():
         assert torch.equal(s1, s2) and all(torch.equal(a, b) for a, b in zip(st1, st2))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_input_keeps_the_parameters_float32(dtype):
+    """snnTorch keeps beta, alpha and threshold float32 whatever the input's dtype (``beta=0.9`` is not bfloat16's
+    0.8984): Leaky, whose membrane snnTorch turns float32 in the first step, gives its spikes and membranes bit for
+    bit; Synaptic computes as on the float32 input (snnTorch keeps its synaptic current in the input's dtype, rounded
+    every step: that rounding is not the drop-in's)."""
+    x = (torch.rand(T, B, N, generator=torch.Generator().manual_seed(13)) * 0.6).to(dtype)
+    peer, ours = _pair(snntorch.Leaky, C.Leaky, "cpu", beta=0.9, threshold=0.3)
+    (s1, st1), (s2, st2) = _loop(peer, x), _loop(ours, x)
+    assert s1.sum() > 0 and torch.equal(s1, s2) and all(torch.equal(a, b) for a, b in zip(st1, st2))
+    kw = dict(alpha=0.9, beta=0.85, threshold=0.7)
+    half, wide = _loop(C.Synaptic(**kw), x), _loop(C.Synaptic(**kw), x.float())
+    assert half[0].sum() > 0 and torch.equal(half[0], wide[0]) and all(map(torch.equal, half[1], wide[1]))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_per_neuron_beta_conv_layout(backend):
     """beta of shape (C, 1, 1) on [B, C, H, W] inputs: one leak per channel, as snnTorch broadcasts it."""

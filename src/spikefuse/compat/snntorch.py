@@ -12,7 +12,9 @@ Each module takes snnTorch's constructor arguments and keeps its tensors under s
 giving snnTorch's spikes and states bit for bit (float32; gradients up to rounding). As in snnTorch, states not
 given continue from the module's own (kept between calls; zeros at first or when the input's shape changes),
 ``reset_mem()`` zeros them, ``init_hidden=True`` keeps them inside and returns the spikes only (``output=True``: the
-states too), and the spikes are float32 whatever the input's dtype. The fused path is one method,
+states too), and the spikes are float32 whatever the input's dtype. Parameters keep their float32 values with a
+float16/bfloat16 input, as snnTorch's do: ``Leaky`` gives snnTorch's spikes and membranes bit for bit there too;
+snnTorch keeps ``Synaptic``'s current in the input's dtype, rounded every step, where the drop-in keeps it float32. The fused path is one method,
 ``sequence(x_seq, *state)``: all T steps of ``x_seq`` ``[T, ...]`` in one call, the spikes ``[T, ...]`` and the
 final states returned (``(spk_seq, mem)``, ``(spk_seq, syn, mem)``), the same values as the loop above.
 
@@ -238,7 +240,7 @@ class _SpikingNeuron(nn.Module):
 def _per_neuron(value: torch.Tensor, x_seq: torch.Tensor, name: str) -> torch.Tensor:
     """A parameter as the engine takes it for the view ``[T, B, N]`` (or ``[T, N]``) of ``x_seq``: one value, or one
     per neuron (broadcast to the neuron shape ``x_seq.shape[2:]``, ``[1:]`` for ``[T, N]``; not along the batch)."""
-    value = value.to(x_seq.dtype)
+    value = value.to(torch.promote_types(value.dtype, x_seq.dtype))  # snnTorch's float32 beta stays so for half input
     if value.numel() == 1:
         return value.reshape(())
     neurons = x_seq.shape[2:] if x_seq.ndim >= 3 else x_seq.shape[1:]

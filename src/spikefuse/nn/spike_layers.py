@@ -211,7 +211,9 @@ class SpikeLinear(nn.Linear):
             check_input(self, x)
         if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
             return super().forward(x)
-        return _refusing_non_binary(self, x, lambda: _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias))
+        return _refusing_non_binary(
+            self, x, lambda: _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
+        )
 
 
 # ----------------------------------------------------------------------------------------------- convolution

@@ -252,7 +252,9 @@ def pack(x: torch.Tensor, reuse: bool = True, binary: bool = False) -> tuple[tor
     if x.device.type == "cpu":
         packed, spikes = _pack_cpu(x.detach())
         if binary and not spikes:
-            raise NotBinaryError(f"a tensor of shape {tuple(x.shape)} to be kept as bits holds values other than 0 and 1")
+            raise NotBinaryError(
+                f"a tensor of shape {tuple(x.shape)} to be kept as bits holds values other than 0 and 1"
+            )
     elif x.device.type == "cuda" and _triton_kernels() is not None:
         packed = _triton_kernels().pack(x.detach())
     else:
