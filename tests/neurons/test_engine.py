@@ -425,3 +425,43 @@ def test_kernel_cache_folder_falls_back_when_it_cannot_be_written(tmp_path, monk
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
     with pytest.raises(RuntimeError, match="cannot write a folder for its generated kernels.*set SPIKEFUSE_CACHE_DIR"):
         emit.cache_dir()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="owners and modes are POSIX's")
+def test_kernel_cache_fallback_is_private_and_refuses_a_planted_folder(tmp_path, monkeypatch):
+    """The fallback in the shared temporary directory is made with mode 0700; one found there that another user
+    could have filled (writable by others, another owner, a link) is refused before any module is imported from it."""
+    import stat
+    import tempfile
+
+    from spikefuse.ops.engine import emit
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPIKEFUSE_CACHE_DIR", str(blocker / "kernels"))
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(shared))
+    fallback = shared / f"spikefuse-kernels-{os.getuid()}"
+
+    monkeypatch.setattr(emit, "_CACHE_DIRS", {})
+    with pytest.warns(UserWarning, match="cached in"):
+        assert emit.cache_dir() == fallback
+    assert stat.S_IMODE(fallback.stat().st_mode) == 0o700
+
+    def link(folder):
+        folder.rmdir()
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+
+    plants = {"writable by others": lambda f: f.chmod(0o777), "a link": link}
+    if os.getuid() == 0:
+        plants["another user's"] = lambda f: os.chown(f, 12345, -1)
+    for what, plant in plants.items():
+        monkeypatch.setattr(emit, "_CACHE_DIRS", {})
+        plant(fallback)
+        with pytest.raises(RuntimeError, match=r"not this user's alone .*refused, since spikefuse imports") as err:
+            emit.cache_dir()
+        assert str(fallback) in str(err.value), what
+        fallback.unlink() if fallback.is_symlink() else fallback.rmdir()
+        fallback.mkdir(mode=0o700)

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import inspect
 import os
+import stat
 import sys
 import tempfile
 import warnings
@@ -221,10 +222,27 @@ def model_facts(model) -> list[str]:
     return [f"BACKWARD_READS_INPUT = {model.backward_reads_input}", ""]
 
 
+def _make_private(folder: Path) -> None:
+    """Make ``folder`` (mode 0700), or check that the one there is this user's alone: a folder in the shared
+    temporary directory that another user made, or can write, could hold modules of theirs, which would be imported
+    as kernels (as pip and numba check their caches' owner). Raises PermissionError saying which."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if not hasattr(os, "getuid"):  # no owners or modes to check (Windows: the temporary folder is per user)
+        return
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a folder (a link or a file)"
+        raise PermissionError(
+            f"{kind} of user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not this user's alone "
+            f"(user id {os.getuid()}, mode 700): refused, since spikefuse imports the kernel modules it holds"
+        )
+
+
 def cache_dir() -> Path:
     """Where generated kernel sources (and numba's cache of them) live: ``$SPIKEFUSE_CACHE_DIR``, else
-    ``~/.cache/spikefuse/kernels``; where that cannot be written (a read-only home), a folder of this user's in the
-    temporary directory, once, with a warning. An error says what to set where neither can be written."""
+    ``~/.cache/spikefuse/kernels``; where that cannot be written (a read-only home), a private folder of this user's
+    in the temporary directory (made with mode 0700; one there that is not this user's alone is refused), once,
+    with a warning. An error says what to set where neither can be used."""
     base = os.environ.get("SPIKEFUSE_CACHE_DIR")
     if base in _CACHE_DIRS:
         return _CACHE_DIRS[base]
@@ -232,7 +250,10 @@ def cache_dir() -> Path:
     fallback = Path(tempfile.gettempdir()) / f"spikefuse-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
     for folder in (wanted, fallback):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            if folder == fallback:
+                _make_private(folder)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
             probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-")
             probe.close()
         except OSError as err:
