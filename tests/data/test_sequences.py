@@ -10,6 +10,9 @@ import torch
 from spikefuse.data import DataError, load_dataset
 from spikefuse.data.sequences import CHANNELS, DURATION, PERMUTATION_SEED, permutation
 
+from spikefuse.cli import main
+
+from ..hostile_files import FOREIGN, HOSTILE, make_hostile, peak_rss_growth
 from .test_mnist import write_mnist
 
 
@@ -38,13 +41,13 @@ def test_smnist_rows_pixels_and_permutation(tmp_path):
         load_dataset("smnist", tmp_path, train=True, T=28, size=14)
 
 
-def write_shd(path, samples, labels, units_dtype=np.uint16):
+def write_shd(path, samples, labels, units_dtype=np.uint16, times_dtype=np.float16):
     """An SHD/SSC file: ``samples`` a list of (times in seconds, units) per sample."""
     with h5py.File(path, "w") as f:
-        times = f.create_dataset("spikes/times", (len(samples),), dtype=h5py.vlen_dtype(np.float16))
+        times = f.create_dataset("spikes/times", (len(samples),), dtype=h5py.vlen_dtype(times_dtype))
         units = f.create_dataset("spikes/units", (len(samples),), dtype=h5py.vlen_dtype(units_dtype))
         for i, (t, u) in enumerate(samples):
-            times[i] = np.asarray(t, dtype=np.float16)
+            times[i] = np.asarray(t, dtype=times_dtype)
             units[i] = np.asarray(u, dtype=units_dtype)
         f.create_dataset("labels", data=np.asarray(labels, dtype=np.uint16))
         f.create_dataset("extra/speaker", data=np.zeros(len(samples), dtype=np.uint16))
@@ -86,11 +89,11 @@ def test_shd_reader_refuses_bad_files(tmp_path):
     (tmp_path / "shd_train.h5").write_bytes(b"not hdf5 at all")
     fails("not a readable HDF5 file")
     write_shd(tmp_path / "shd_train.h5", [([0.1], [701])], [0])
-    fails("units outside 0..699")
+    fails(r"spikes/units must be whole numbers in 0..699, got 701 \(sample 0\)")
     write_shd(tmp_path / "shd_train.h5", [([0.1, 0.2], [1])], [0])
     fails("2 spike times but 1 units")
     write_shd(tmp_path / "shd_train.h5", [([-0.1], [1])], [0])
-    fails("negative or not finite")
+    fails(r"spike times must be finite and >= 0, got -0.09")
     write_shd(tmp_path / "shd_train.h5", [([0.1], [1])], [20])
     fails(r"labels must lie in 0..19")
     with h5py.File(tmp_path / "shd_train.h5", "w") as f:
@@ -106,5 +109,145 @@ def test_shd_reader_refuses_external_storage(tmp_path):
     with h5py.File(tmp_path / "shd_train.h5", "a") as f:
         del f["labels"]
         f.create_dataset("labels", shape=(4,), dtype=np.uint16, external=[(str(secret), 0, 8)])
-    with pytest.raises(DataError, match="external or virtual storage is refused"):
+    with pytest.raises(DataError, match=r"'labels' is stored outside the file \(external storage\)"):
         load_dataset("shd", tmp_path, train=True, T=10)
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_shd_reader_refuses_hostile_files(tmp_path, case):
+    """Each hostile case of tests/hostile_files.py in place of the labels: one DataError naming the file and the
+    dataset, raised before anything outside the file is read (the foreign file would pass as labels)."""
+    path = tmp_path / "shd_train.h5"
+    write_shd(path, _samples(4), [0, 1, 2, 3])
+    message = make_hostile(path, "labels", case, tmp_path)
+    with pytest.raises(DataError, match=message) as err:
+        load_dataset("shd", tmp_path, train=True, T=10)
+    assert str(path) in str(err.value) and "'labels" in str(err.value) and "\n" not in str(err.value)
+    assert str(FOREIGN) not in str(err.value)
+
+
+def test_shd_reader_bounds_memory_of_declared_samples(tmp_path):
+    """A 3 KB file declaring 4M samples in chunks never written: refused before a read allocates them (reading it
+    took the process from 550 to 1,930 MiB)."""
+    path = tmp_path / "shd_train.h5"
+    n = 4_000_000
+    with h5py.File(path, "w") as f:
+        for key, dtype in (("spikes/times", np.float16), ("spikes/units", np.uint16)):
+            f.create_dataset(key, (n,), dtype=h5py.vlen_dtype(dtype), chunks=(1 << 12,))
+        f.create_dataset("labels", (n,), dtype=np.uint16, chunks=(1 << 12,))
+    assert path.stat().st_size < 10_000
+    growth, outcome = peak_rss_growth(
+        "from spikefuse.data import load_dataset", f"load_dataset('shd', {str(tmp_path)!r}, train=True, T=10)"
+    )
+    assert outcome.startswith("DataError") and "its datasets declare more than" in outcome, outcome
+    assert growth < 64 << 20, f"peak memory grew by {growth >> 20} MiB"
+
+
+def _vlen(f, key, arrays, dtype):
+    data = f.create_dataset(key, (len(arrays),), dtype=h5py.vlen_dtype(dtype))
+    for i, a in enumerate(arrays):
+        data[i] = np.asarray(a, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "key, make, message",
+    [
+        (
+            "labels",
+            lambda f, k: f.create_dataset(k, data=[0.0, 1.5]),
+            r"labels must be whole numbers, got 1.5 \(sample 1\)",
+        ),
+        ("labels", lambda f, k: f.create_dataset(k, data=[0.0, np.nan]), r"labels must be whole numbers, got nan"),
+        (
+            "labels",
+            lambda f, k: f.create_dataset(k, data=np.zeros(2, [("a", "u2"), ("b", "u2")])),
+            r"labels must hold integers, got a compound type",
+        ),
+        (
+            "labels",
+            lambda f, k: f.create_dataset(k, data=np.array([b"one", b"two"])),
+            r"labels must hold integers, got \|S3",
+        ),
+        (
+            "labels",
+            lambda f, k: f.create_dataset(k, data=["one", "two"], dtype=h5py.string_dtype()),
+            r"labels must hold integers, got variable-length strings",
+        ),
+        (
+            "spikes/times",
+            lambda f, k: f.create_dataset(k, data=[0.1, 0.2]),
+            r"spikes/times must hold one variable-length array of numbers per sample, got float64",
+        ),
+        (
+            "spikes/times",
+            lambda f, k: f.create_dataset(k, data=["0.1", "0.2"], dtype=h5py.string_dtype()),
+            r"spikes/times must hold one variable-length array of numbers per sample, got variable-length strings",
+        ),
+        (
+            "spikes/times",
+            lambda f, k: _vlen(f, k, [[1], [2]], np.int32),
+            r"spikes/times must hold floating-point seconds, got int32",
+        ),
+        (
+            "spikes/units",
+            lambda f, k: _vlen(f, k, [[1.0], [np.nan]], np.float32),
+            r"spikes/units must be whole numbers in 0..699, got nan \(sample 1\)",
+        ),
+        (
+            "spikes/units",
+            lambda f, k: _vlen(f, k, [[1.5], [2.0]], np.float32),
+            r"spikes/units must be whole numbers in 0..699, got 1.5 \(sample 0\)",
+        ),
+    ],
+)
+def test_shd_reader_refuses_other_types(tmp_path, key, make, message):
+    """Types no SHD/SSC file has: one DataError naming the file, never a traceback nor a silent truncation."""
+    path = tmp_path / "shd_train.h5"
+    write_shd(path, [([0.1], [1]), ([0.2], [2])], [0, 1])
+    with h5py.File(path, "a") as f:
+        del f[key]
+        make(f, key)
+    with pytest.raises(DataError, match=message) as err:
+        load_dataset("shd", tmp_path, train=True, T=10)
+    assert str(path) in str(err.value)
+
+
+def test_shd_reader_takes_whole_floats_and_bins_huge_times_last(tmp_path):
+    """Labels and units written as floats holding whole numbers read as those integers; a finite spike time far
+    beyond the duration (1e19 s, past int64 once scaled) counts in the last frame, like every late spike."""
+    path = tmp_path / "shd_train.h5"
+    write_shd(path, [([1e19, 0.5, 3e38], [3, 4, 5])], [0], times_dtype=np.float32)
+    with h5py.File(path, "a") as f:
+        del f["labels"], f["spikes/units"]
+        f.create_dataset("labels", data=[7.0])
+        _vlen(f, "spikes/units", [[3.0, 4.0, 5.0]], np.float64)
+    frames, label = load_dataset("shd", tmp_path, train=True, T=10)[0][0]
+    assert label == 7 and frames.sum() == 3
+    assert frames[9, 3] == 1 and frames[9, 5] == 1 and frames[int(0.5 / DURATION * 10), 4] == 1
+
+
+def _compound_labels(path, tmp_path):
+    with h5py.File(path, "a") as f:
+        n = len(f["labels"])
+        del f["labels"]
+        f.create_dataset("labels", data=np.zeros(n, [("a", "u2"), ("b", "u2")]))
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda path, tmp: make_hostile(path, "labels", "external link", tmp), r"'labels' is an external link"),
+        (_compound_labels, r"labels must hold integers, got a compound type"),
+    ],
+)
+def test_cli_reports_a_bad_shd_file_in_one_line(tmp_path, capsys, spoil, message):
+    import re
+
+    write_shd(tmp_path / "shd_train.h5", _samples(8), np.arange(8) % 3)
+    write_shd(tmp_path / "shd_test.h5", _samples(4, seed=1), np.arange(4) % 3)
+    spoil(tmp_path / "shd_train.h5", tmp_path)
+    argv = ["train", "--dataset", "shd", "--model", "srnn", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--T", "4", "--epochs", "1", "--batch-size", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spikefuse: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(message, err) and "shd_train.h5" in err, err

@@ -12,8 +12,9 @@
 
 The SHD/SSC files are not on this machine: download them from https://zenkelab.org/datasets/ (``shd_train.h5.gz``,
 ``shd_test.h5.gz``; ``ssc_train.h5.gz``, ``ssc_valid.h5.gz``, ``ssc_test.h5.gz``), unpack them into one folder, and
-pass it as the root. The reader refuses HDF5 datasets stored outside the file (external or virtual) and checks
-every size against the file's before reading it.
+pass it as the root. The files are opened through :func:`spikefuse.hdf5.open_hdf5`, which refuses links to other
+files, storage outside the file and sizes beyond the file's before anything is read; every value is checked
+(whole-number labels and units, finite times) before a sample is built.
 """
 
 from __future__ import annotations
@@ -65,41 +66,80 @@ def load_smnist(root, *, train: bool, T: int, permuted: bool = False):
     )
 
 
-def _read_h5(path: Path):
-    """``(times, units, labels)`` of an SHD/SSC file, each sample's spikes as arrays."""
+def _described(dtype) -> str:
     import h5py
+
+    if dtype.names:
+        return "a compound type"
+    if dtype.hasobject and h5py.check_string_dtype(dtype) is not None:
+        return "variable-length strings"
+    return str(dtype)
+
+
+def _first_bad(arrays, good) -> str | None:
+    """``"<value> (sample <i>)"`` for the first value of ``arrays`` (one per sample) that ``good(array) -> mask``
+    rejects; None if there is none."""
+    for i, a in enumerate(arrays):
+        bad = ~good(a)
+        if bad.any():
+            return f"{a[bad][0]} (sample {i})"
+    return None
+
+
+def _whole(values: np.ndarray) -> np.ndarray:
+    """Which values are whole numbers (NaN is not; an infinity is, and fails any range)."""
+    return values == np.floor(values) if values.dtype.kind == "f" else np.ones(values.shape, bool)
+
+
+def _read_h5(path: Path, what: str, classes: int):
+    """``(times, units, labels)`` of an SHD/SSC file, checked: per sample, an array of spike times in seconds
+    (finite, >= 0) and one of as many units (whole numbers in 0..CHANNELS-1); whole-number labels in
+    0..classes-1. Everything else raises one DataError naming the file, never a truncated value."""
+    import h5py
+
+    from ..hdf5 import open_hdf5
 
     if not path.is_file():
         raise DataError(f"{describe_path(path)}: no such file")
-    try:
-        with h5py.File(path, "r") as f:
-            datasets = {}
-            for key in ("spikes/times", "spikes/units", "labels"):
-                if key not in f:
-                    raise DataError(
-                        f"{describe_path(path)}: no dataset {key!r}: not an SHD/SSC file (it needs "
-                        "spikes/times, spikes/units and labels)"
-                    )
-                ds = f[key]
-                if not isinstance(ds, h5py.Dataset) or ds.is_virtual or ds.external:
-                    raise DataError(
-                        f"{describe_path(path)}: {key} is not a dataset stored in the file (external or "
-                        "virtual storage is refused: it reads other files)"
-                    )
-                if ds.ndim != 1:
-                    raise DataError(f"{describe_path(path)}: {key} must be one-dimensional, got shape {ds.shape}")
-                datasets[key] = ds
-            n = len(datasets["labels"])
-            if len(datasets["spikes/times"]) != n or len(datasets["spikes/units"]) != n:
-                raise DataError(
-                    f"{describe_path(path)}: {n} labels but {len(datasets['spikes/times'])} spike time "
-                    f"and {len(datasets['spikes/units'])} unit arrays"
-                )
-            labels = np.asarray(datasets["labels"][()], dtype=np.int64)
-            times, units = datasets["spikes/times"][()], datasets["spikes/units"][()]
-    except OSError as err:
-        raise DataError(f"{describe_path(path)}: not a readable HDF5 file ({err})") from None
-    return times, units, labels
+    with open_hdf5(path, what=what, error=DataError) as h5:
+        for key in ("spikes/times", "spikes/units", "labels"):
+            if key not in h5.datasets:
+                h5.fail(f"no dataset {key!r}: not an SHD/SSC file (it needs spikes/times, spikes/units and labels)")
+            if h5.datasets[key].ndim != 1:
+                h5.fail(f"{key} must be one-dimensional, got shape {h5.datasets[key].shape}")
+        lengths = {key: len(h5.datasets[key]) for key in ("labels", "spikes/times", "spikes/units")}
+        if len(set(lengths.values())) > 1:
+            h5.fail(
+                f"{lengths['labels']} labels but {lengths['spikes/times']} spike time and "
+                f"{lengths['spikes/units']} unit arrays"
+            )
+        for key, kinds, wanted in (("spikes/times", "f", "floating-point seconds"), ("spikes/units", "iuf", "numbers")):
+            dtype = h5.datasets[key].dtype
+            base = h5py.check_vlen_dtype(dtype)
+            if not isinstance(base, np.dtype) or base.names:
+                h5.fail(f"{key} must hold one variable-length array of numbers per sample, got {_described(dtype)}")
+            if base.kind not in kinds:
+                h5.fail(f"{key} must hold {wanted}, got {base}")
+        if h5.datasets["labels"].dtype.kind not in "iuf":
+            h5.fail(f"labels must hold integers, got {_described(h5.datasets['labels'].dtype)}")
+        labels, times, units = (h5.read(key) for key in ("labels", "spikes/times", "spikes/units"))
+        counts, unit_counts = (np.fromiter(map(len, arrays), np.int64, len(arrays)) for arrays in (times, units))
+        for i in np.flatnonzero(counts != unit_counts)[:1]:
+            h5.fail(f"sample {i} has {counts[i]} spike times but {unit_counts[i]} units")
+        bad = _first_bad(times, lambda t: np.isfinite(t) & (t >= 0))
+        if bad:
+            h5.fail(f"spike times must be finite and >= 0, got {bad}")
+        bad = _first_bad(units, lambda u: _whole(u) & (u >= 0) & (u < CHANNELS))
+        if bad:
+            h5.fail(f"spikes/units must be whole numbers in 0..{CHANNELS - 1}, got {bad}")
+        for rule, good in (
+            ("be whole numbers", _whole),
+            (f"lie in 0..{classes - 1}", lambda v: (v >= 0) & (v < classes)),
+        ):
+            bad = np.flatnonzero(~good(labels))
+            if bad.size:
+                h5.fail(f"labels must {rule}, got {labels[bad[0]]} (sample {bad[0]})")
+    return times, units, labels.astype(np.int64)
 
 
 class SpikeTrainDataset(Dataset):
@@ -116,7 +156,8 @@ class SpikeTrainDataset(Dataset):
     def __getitem__(self, index: int):
         t = np.asarray(self.times[index], dtype=np.float64)  # float16 in the files: widen before scaling
         u = np.asarray(self.units[index], dtype=np.int64)
-        frames = np.minimum((t * (self.T / self.duration)).astype(np.int64), self.T - 1)
+        # clipped before the cast to integers: a finite time far past the duration would overflow int64
+        frames = np.minimum(np.minimum(t, self.duration) * (self.T / self.duration), self.T - 1).astype(np.int64)
         counts = np.bincount(frames * CHANNELS + u, minlength=self.T * CHANNELS)
         return torch.from_numpy(counts.astype(np.float32)).reshape(self.T, CHANNELS), int(self.targets[index])
 
@@ -129,21 +170,8 @@ def load_shd(root: str | os.PathLike | None, name: str, *, train: bool, T: int):
         "https://zenkelab.org/datasets/)"
     )
     path = resolve_root(root, name, layout) / file
-    times, units, labels = _read_h5(path)
-    for i in range(len(labels)):
-        if len(times[i]) != len(units[i]):
-            raise DataError(
-                f"{describe_path(path)}: sample {i} has {len(times[i])} spike times but {len(units[i])} units"
-            )
-        if len(units[i]) and (int(np.min(units[i])) < 0 or int(np.max(units[i])) >= CHANNELS):
-            raise DataError(f"{describe_path(path)}: sample {i} has units outside 0..{CHANNELS - 1}")
-        if len(times[i]) and not (np.isfinite(times[i]).all() and float(np.min(times[i])) >= 0):
-            raise DataError(f"{describe_path(path)}: sample {i} has spike times that are negative or not finite")
     classes = _CLASSES[name]
-    if len(labels) and (labels.min() < 0 or labels.max() >= classes):
-        raise DataError(
-            f"{describe_path(path)}: labels must lie in 0..{classes - 1}, got {labels.min()}..{labels.max()}"
-        )
+    times, units, labels = _read_h5(path, f"{name.upper()} file", classes)
     return SpikeTrainDataset(times, units, labels, T), DatasetInfo(
         name=name, in_channels=CHANNELS, num_classes=classes, height=1, width=1, kind="sequence"
     )
