@@ -19,6 +19,8 @@ from spikefuse.models import build_model  # noqa: E402
 import spikefuse  # noqa: E402
 from spikefuse.nn import IF, LIF, CubaLIF, Flatten, Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF, SeqToBatch  # noqa: E402,E501
 
+from ..hostile_files import FOREIGN, HOSTILE, make_hostile, peak_rss_growth  # noqa: E402
+
 DT = 1e-4
 
 
@@ -756,6 +758,126 @@ def test_hostile_files_are_refused(tmp_path):
         message = "stored outside the file .external storage." if name == "external" else "datasets declare more than"
         with pytest.raises(ValueError, match=message):
             sfnir.load(bad)
+
+
+def _small_file(tmp_path):
+    """A NIR file of a Linear (its weight at node/nodes/0/weight) and a LIF, and the network it was written from."""
+    torch.manual_seed(0)
+    model = nn.Sequential(SeqToBatch(nn.Linear(3, 4)), LIF(decay=0.8, threshold=0.5))
+    path = tmp_path / "net.nir"
+    sfnir.export(model, torch.rand(2, 1, 3), path=path)
+    return path, model
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_nir_files_are_refused_before_reading(tmp_path, case):
+    """Each hostile case of tests/hostile_files.py in place of a weight: one ValueError naming the file and the
+    object, before any dataset is read (the foreign file would pass as the weight: NIR's reader follows links)."""
+    path, _ = _small_file(tmp_path)
+    message = make_hostile(path, "node/nodes/0/weight", case, tmp_path)
+    with pytest.raises(ValueError, match=message) as err:
+        sfnir.load(path)
+    assert str(path) in str(err.value) and "'node/nodes/0/weight" in str(err.value)
+    assert str(FOREIGN) not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_two_file_nir_archive_is_refused_and_reads_nothing(tmp_path):
+    """net.nir with its weight an external link into weights.h5, which declares 512 MiB in chunks never written:
+    refused at the link, so neither the other file's bytes nor its declared size are read (they were: 23 KB of
+    files grew the process by 768 MiB)."""
+    import h5py
+
+    path, _ = _small_file(tmp_path)
+    with h5py.File(tmp_path / "weights.h5", "w") as f:
+        f.create_dataset("w", shape=(1 << 26,), dtype=np.float64, chunks=(1 << 16,))
+    with h5py.File(path, "a") as f:
+        del f["node/nodes/0/weight"]
+        f["node/nodes/0/weight"] = h5py.ExternalLink("weights.h5", "/w")
+    growth, outcome = peak_rss_growth("import spikefuse.nir as sfnir", f"sfnir.load({str(path)!r})")
+    assert outcome.startswith("ValueError") and "is an external link (to weights.h5:/w)" in outcome, outcome
+    assert growth < 64 << 20, f"peak memory grew by {growth >> 20} MiB"
+
+
+def test_malformed_nir_files_fail_in_one_line(tmp_path):
+    """Not HDF5, an HDF5 file without a graph, a graph node without its type: one ValueError naming the file."""
+    import h5py
+
+    path, model = _small_file(tmp_path)
+    x = torch.rand(5, 2, 3)
+    assert torch.equal(sfnir.load(path)(x), model(x))  # read through the checked file: the same network
+    text = tmp_path / "text.nir"
+    text.write_text("not HDF5")
+    with pytest.raises(ValueError, match=r"NIR file .*text.nir: not a readable HDF5 file"):
+        sfnir.load(text)
+    with h5py.File(path, "a") as f:
+        del f["node/nodes/0/type"]
+    with pytest.raises(ValueError, match=r"NIR file .*net.nir: not a NIR graph \(KeyError: 'type'\)"):
+        sfnir.load(path)
+    with h5py.File(path, "a") as f:
+        del f["node"]
+    with pytest.raises(ValueError, match=r"NIR file .*net.nir: no group 'node': not a NIR file"):
+        sfnir.load(path)
+
+
+def _linear(n=3):
+    return nir.Linear(weight=np.eye(n))
+
+
+@pytest.mark.parametrize(
+    "nodes, edges, message",
+    [
+        (
+            {"a": _linear(), "b": _linear()},
+            [("input", "a"), ("a", "b"), ("b", "a"), ("a", "output")],
+            r"the graph has a cycle \(through \['a', 'b'",
+        ),
+        (
+            {"lif": _lif_node(), "a": _linear(), "b": _linear()},
+            [("input", "lif"), ("lif", "output"), ("a", "b"), ("b", "a")],
+            r"nodes \['a', 'b'\] are not reached from the graph's Input",
+        ),
+        (
+            {"lif": _lif_node(), "m": _lif_node(), "w": _linear()},
+            [("input", "lif"), ("lif", "output"), ("m", "w"), ("w", "m")],
+            r"nodes \['m', 'w'\] are not reached from the graph's Input",
+        ),
+        (
+            {"lif": _lif_node(), "a": _linear()},
+            [("input", "lif"), ("lif", "output"), ("a", "a")],
+            r"nodes \['a'\] are not reached from the graph's Input",
+        ),
+        (
+            {"lif": _lif_node(), "w": _linear()},
+            [("input", "lif"), ("lif", "output"), ("output", "w"), ("w", "output")],
+            r"edge \('output', 'w'\) leaves the Output node",
+        ),
+        (
+            {"lif": _lif_node()},
+            [("input", "lif"), ("lif", "output"), ("lif", "input")],
+            r"edge \('lif', 'input'\) leads into the Input node",
+        ),
+        (
+            {"a": nir.Affine(weight=np.eye(3), bias=np.zeros(5))},
+            [("input", "a"), ("a", "output")],
+            r"node 'a' \(Affine\): bias must hold one value per output \(3\), got shape \(5,\)",
+        ),
+        (
+            {"c": nir.Conv1d(None, np.ones((4, 3, 2)), 1, 0, 1, 1, np.zeros(2))},
+            [("input", "c"), ("c", "output")],
+            r"node 'c' \(Conv1d\): bias must hold one value per output \(4\), got shape \(2,\)",
+        ),
+        (
+            {"lif": _lif_node(), "w": nir.Affine(weight=np.eye(3), bias=np.zeros(2))},
+            [("input", "lif"), ("lif", "w"), ("w", "lif"), ("lif", "output")],
+            r"node 'w' \(Affine\): bias must hold one value per output \(3\), got shape \(2,\)",
+        ),
+    ],
+)
+def test_graph_shapes_spikefuse_refuses_at_load(nodes, edges, message):
+    """Cycles of every shape, nodes no path from the Input reaches (never dropped silently), edges out of the
+    Output or into the Input, and a bias that does not fit its weight: a ValueError at load, naming the nodes."""
+    with pytest.raises(ValueError, match=message):
+        sfnir.load(_graph(nodes, edges))
 
 
 def test_defaults_load_a_cuba_lif_the_decay_form_cannot_take():

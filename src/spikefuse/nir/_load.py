@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
-from pathlib import Path
 from dataclasses import dataclass, replace
 
 import nir
@@ -89,6 +88,17 @@ def _array(value) -> np.ndarray:
 
 def _weight(value) -> torch.Tensor:
     return torch.as_tensor(_array(value), dtype=torch.float32)
+
+
+def _bias(what: str, value, weight: torch.Tensor) -> torch.Tensor:
+    """``value`` as the bias of a layer of ``weight`` ``[out, ...]``; ValueError unless it holds one value per output
+    (a wrong size would fail only in the forward pass, naming no node)."""
+    bias = _weight(value)
+    if tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(
+            f"{what}: bias must hold one value per output ({weight.shape[0]}), got shape {tuple(bias.shape)}"
+        )
+    return bias
 
 
 def _ints(value, n: int, what: str, field: str) -> tuple[int, ...]:
@@ -345,7 +355,7 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         layer = nn.Linear(weight.shape[1], weight.shape[0], bias=isinstance(node, nir.Affine))
         layer.weight.data = weight
         if layer.bias is not None:
-            layer.bias.data = _weight(node.bias)
+            layer.bias.data = _bias(what, node.bias, weight)
         return SeqToBatch(layer)
     if isinstance(node, (nir.Conv1d, nir.Conv2d)):
         d = 1 if isinstance(node, nir.Conv1d) else 2
@@ -363,7 +373,7 @@ def _module(name: str, node, opts: _Options) -> nn.Module:
         )
         layer.weight.data = weight
         if node.bias is not None:
-            layer.bias.data = _weight(node.bias)
+            layer.bias.data = _bias(what, node.bias, weight)
         return SeqToBatch(layer)
     if isinstance(node, nir.Flatten):
         start, end = int(node.start_dim), int(node.end_dim)  # dims of the per-sample shape
@@ -426,25 +436,39 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
         a, b = str(edge[0]), str(edge[1])
         if a not in graph.nodes or b not in graph.nodes:
             raise ValueError(f"edge {(a, b)} names a node that is not in the graph")
+        if b == input_name:
+            raise ValueError(f"edge {(a, b)} leads into the Input node: the Input only feeds the graph")
+        if a == output_name:
+            raise ValueError(f"edge {(a, b)} leaves the Output node: the Output only collects the graph's result")
         if a in sources[b]:
             raise ValueError(f"edge {(a, b)} is repeated")
         sources[b].append(a)
         consumers[a].append(b)
+    reached, frontier = {input_name}, [input_name]
+    while frontier:
+        for consumer in consumers[frontier.pop()]:
+            if consumer not in reached:
+                reached.add(consumer)
+                frontier.append(consumer)
+    unreached = [name for name in graph.nodes if name not in reached]
+    if unreached:
+        raise ValueError(
+            f"nodes {unreached} are not reached from the graph's Input (no path of edges leads to them): a network "
+            "cannot run them"
+        )
     # A recurrent layer: a neuron and a weight node that only it feeds and that only feeds it (NIR's cycle, a
-    # one-step delay implied): one spikefuse layer, and the cycle leaves the graph.
+    # one-step delay implied): one spikefuse layer, and the cycle leaves the graph. Weights are never the neuron
+    # (two weights in a loop are a cycle to refuse); every node is reached, so the neuron has another source.
     recurrent = {}
     for name, node in graph.nodes.items():
         if isinstance(node, (nir.Affine, nir.Linear)) and len(sources[name]) == 1 and consumers[name] == sources[name]:
             (neuron,) = sources[name]
-            if neuron not in recurrent and neuron != input_name:
+            if neuron not in recurrent and not isinstance(graph.nodes[neuron], (nir.Affine, nir.Linear)):
                 recurrent[neuron] = name
     for neuron, w_rec in recurrent.items():
         sources[neuron].remove(w_rec)
         consumers[neuron].remove(w_rec)
         sources[w_rec], consumers[w_rec] = [], []
-    unfed = [n for n in graph.nodes if n != input_name and not sources[n] and n not in recurrent.values()]
-    if unfed:
-        raise ValueError(f"nodes {unfed} have no incoming edge (they are not reached from the graph's Input)")
     # Kahn's algorithm: a node runs once all its sources have.
     waiting = {name: len(sources[name]) for name in graph.nodes}
     ready, order = deque([input_name]), []
@@ -467,6 +491,9 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
 
     def recurrent_layer(name: str) -> nn.Module:
         what = f"node {name!r} ({type(graph.nodes[name]).__name__})"
+        w_rec = graph.nodes[recurrent[name]]
+        if isinstance(w_rec, nir.Affine) and np.ndim(w_rec.weight) == 2:
+            _bias(f"node {recurrent[name]!r} (Affine)", w_rec.bias, _weight(w_rec.weight))
         return _in_form(what, lambda o: _recurrent(what, graph.nodes[name], graph.nodes[recurrent[name]], o), opts)
 
     layers = {
@@ -475,43 +502,40 @@ def _network(graph: nir.NIRGraph, opts: _Options) -> NIRNetwork:
     return NIRNetwork(layers, sources, order, input_name, output_name)
 
 
-#: How many times its own size a NIR file's datasets may declare in all (room for compression; NIR writes its
-#: arrays uncompressed): a file declaring more is refused before any dataset is read.
-MAX_EXPANSION = 16
+#: What NIR's own reading raises on a file that is HDF5 but not a NIR graph it can build (it asserts some shapes).
+_NOT_A_GRAPH = (KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError)
 
 
-def check_file(path) -> None:
-    """Refuse a NIR file that reads other files or declares more data than it can hold: datasets with external or
-    virtual storage (their bytes come from other files), and datasets whose declared sizes add up to more than
-    :data:`MAX_EXPANSION` times the file's size (reading an unstored dataset allocates its declared size)."""
+def _read(path) -> nir.NIRGraph:
+    """The graph of a NIR file, read as ``nir.read`` reads it (the ``node`` group as a dict, built by
+    ``nir.dict2NIRNode``) but through :func:`spikefuse.hdf5.open_hdf5`: what would read another file or more data
+    than the file holds is refused before anything is read, and the graph is built from the checked file's own
+    datasets. ValueError naming the file for every problem."""
     import h5py
 
-    path = Path(path)
-    budget = MAX_EXPANSION * path.stat().st_size + (1 << 20)
-    declared = 0
+    from ..hdf5 import open_hdf5
 
-    def visit(name: str, item) -> None:
-        nonlocal declared
-        if not isinstance(item, h5py.Dataset):
-            return
-        if item.is_virtual or item.external:
-            raise ValueError(
-                f"NIR file {path}: dataset {name!r} is stored outside the file "
-                f"({'virtual' if item.is_virtual else 'external'} storage), which would read other "
-                "files: refused"
-            )
-        declared += int(item.size) * item.dtype.itemsize
-        if declared > budget:
-            raise ValueError(
-                f"NIR file {path}: its datasets declare more than {budget} bytes (at {name!r}), "
-                f"{MAX_EXPANSION} times the file's {path.stat().st_size} bytes: refused"
-            )
+    with open_hdf5(path, what="NIR file") as h5:
+        if not isinstance(h5.file.get("node"), h5py.Group):
+            h5.fail("no group 'node': not a NIR file")
 
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(visit)
-    except OSError as err:
-        raise ValueError(f"NIR file {path}: not a readable HDF5 file ({err})") from None
+        def tree(group) -> dict:  # the checked file holds hard links only, no loops, a bounded depth
+            out = {}
+            for name, item in group.items():
+                if isinstance(item, h5py.Group):
+                    out[name] = tree(item)
+                elif isinstance(item, h5py.Dataset):
+                    value = h5.read(item.name[1:])
+                    out[name] = value.decode("utf8") if isinstance(value, bytes) else value
+            return out
+
+        try:
+            data = tree(h5.file["node"])
+            if "type_check" in data:
+                raise ValueError("a 'type_check' entry in the graph clashes with nir.read's type_check parameter")
+            return nir.dict2NIRNode({**data, "type_check": True})
+        except _NOT_A_GRAPH as err:
+            h5.fail(f"not a NIR graph ({type(err).__name__}: {err})".replace("\n", " "))
 
 
 def load(graph, dt: float = 1e-4, *, lif_form: str = "auto", surrogate=Sigmoid(4.0), backend: str = "auto"):
@@ -540,15 +564,14 @@ def load(graph, dt: float = 1e-4, *, lif_form: str = "auto", surrogate=Sigmoid(4
     step's spikes. Spiking neurons run on the fused kernels of ``backend`` with ``surrogate`` for training;
     parameters are float32. Raises ValueError (naming the node and parameter) for what spikefuse cannot represent exactly, e.g.
     thresholds that differ between neurons, and NotImplementedError for node types it does not support yet
-    (Delay). A file is checked before it is read (:func:`check_file`): no storage outside it, no more data than it
-    can hold.
+    (Delay). A file is read through :func:`spikefuse.hdf5.open_hdf5`: no link or storage outside it, no more data
+    than it can hold; one ValueError naming the file for anything malformed.
     """
     if lif_form not in LIF_FORMS:
         raise ValueError(f"lif_form must be one of {LIF_FORMS}, got {lif_form!r}")
     opts = _Options(check_dt(dt), lif_form, resolve(surrogate), backend)
     if isinstance(graph, (str, os.PathLike)):
-        check_file(graph)
-        graph = nir.read(graph)
+        graph = _read(graph)
     if not isinstance(graph, nir.NIRGraph):
         raise TypeError(f"graph must be a nir.NIRGraph or the path of a NIR file, got {type(graph).__name__}")
     return _network(graph, opts)
