@@ -162,3 +162,22 @@ def test_declared_size_out_of_bounds(tmp_path):
         r"more than the",
     ):
         read_idx(path)
+
+
+def test_gzip_declaring_far_more_than_it_compresses_is_refused_before_reading(tmp_path):
+    """A 2.3 MB gzip file whose header declares 512 MB of images and whose stream holds them (zeros): refused from
+    the header, since no idx data set compresses 64-fold; reading it took 512 MB, as float32 four times that."""
+    from ..hostile_files import peak_rss_growth
+
+    n = (512 << 20) // 784
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write((0x00000803).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28)))
+        zeros = bytes(784 * (n // 32))
+        for _ in range(32):
+            f.write(zeros)
+        f.write(bytes(784 * (n % 32)))
+    assert path.stat().st_size < 4 << 20
+    growth, outcome = peak_rss_growth("from spikefuse.data.mnist import read_idx", f"read_idx({str(path)!r})")
+    assert outcome.startswith("DataError") and "64 times the compressed file's" in outcome, outcome
+    assert growth < 64 << 20, f"peak memory grew by {growth >> 20} MiB"

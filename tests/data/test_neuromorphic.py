@@ -182,3 +182,16 @@ def test_pickles_for_dataloader_workers(tmp_path):
         ds, _ = load_dataset(name, tmp_path, train=True, T=3, size=None)
         clone = pickle.loads(pickle.dumps(ds))
         assert len(clone) == len(ds) and torch.equal(clone[0][0], ds[0][0]) and clone[0][1] == ds[0][1]
+
+
+def test_nmnist_file_of_overflow_events_is_refused(tmp_path):
+    """Time-stamp overflow events (y = 240) each shift every later time stamp in tonic's reader, one pass over the
+    file per event: a file of nothing else takes time quadratic in its size (a 5 MB file, minutes). No recording
+    of N-MNIST's 0.3 s has one; more than a few are refused."""
+    write_nmnist(tmp_path, classes=(1,), per_class=1)
+    ds, _ = load_dataset("nmnist", tmp_path, train=True, T=4)
+    n = 20_000
+    with open(ds.files[0], "wb") as f:
+        f.write(nmnist_bytes(np.zeros(n), np.full(n, 240), np.zeros(n), np.zeros(n)))
+    with pytest.raises(DataError, match=r"holds 20000 time-stamp overflow events \(y = 240\), more than the 64"):
+        ds[0]

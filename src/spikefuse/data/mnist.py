@@ -26,6 +26,7 @@ __all__ = [
     "IDX_IMAGES_MAGIC",
     "IDX_LABELS_MAGIC",
     "IDX_MAX_BYTES",
+    "IDX_MAX_EXPANSION",
     "read_idx",
     "find_mnist_files",
     "load_mnist",
@@ -57,6 +58,9 @@ MNIST_LAYOUT = """  <root>/train-images-idx3-ubyte   (60000 training images; or 
 #: The most data bytes an idx file may declare (every published idx data set is far below it): a header declaring
 #: more is refused before anything is allocated.
 IDX_MAX_BYTES = 1 << 32
+#: How many times its compressed size a gzipped idx file may declare (MNIST's files compress 2 to 5-fold): a small
+#: file of a long run of zeros declaring more is refused before it is decompressed into memory.
+IDX_MAX_EXPANSION = 64
 
 
 def _open(path: Path):
@@ -66,8 +70,9 @@ def _open(path: Path):
 def read_idx(path: str | os.PathLike, *, expect_magic: int | None = None) -> np.ndarray:
     """Parse an idx file (optionally gzipped) into a numpy array of its declared type and shape.
 
-    The header is read and checked first, then exactly the data it declares (at most :data:`IDX_MAX_BYTES`), so a
-    small file that decompresses to far more than its header says allocates no more than that. Raises DataError
+    The header is read and checked first, then exactly the data it declares (at most :data:`IDX_MAX_BYTES`, and for
+    a gzipped file at most :data:`IDX_MAX_EXPANSION` times its size), so a small file that decompresses to far more
+    than its header says allocates no more than that. Raises DataError
     naming the file for a wrong magic number, unknown type, a declared size out of bounds, or a size that does not
     match the declared dimensions (truncated or padded file).
     """
@@ -104,6 +109,12 @@ def read_idx(path: str | os.PathLike, *, expect_magic: int | None = None) -> np.
                 raise DataError(
                     f"idx file {path}: its header declares dimensions {dims}, {expected} data bytes, more "
                     f"than the {IDX_MAX_BYTES} an idx file may hold here: not an idx data set"
+                )
+            compressed = path.stat().st_size
+            if path.name.endswith(".gz") and expected > IDX_MAX_EXPANSION * compressed + (1 << 20):
+                raise DataError(
+                    f"idx file {path}: its header declares dimensions {dims}, {expected} data bytes, more than "
+                    f"{IDX_MAX_EXPANSION} times the compressed file's {compressed} bytes: not an idx data set"
                 )
             data = f.read(expected + 1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
