@@ -235,3 +235,21 @@ def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, s
         rows = f.read().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == [r["epoch"] for r in ckpt["history"]] and ckpt["epoch"] >= 1
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, monkeypatch):
+    """The command line's --data-dir (train, and bench train), the Python API's root=: each route names its own way
+    to give the folder (the command line said root=...)."""
+    from spikefuse.data import DataError, load_dataset
+
+    monkeypatch.delenv("SPIKEFUSE_DATA", raising=False)
+    assert main(["train", "--dataset", "shd", "--model", "srnn", "--out", str(tmp_path / "run"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spikefuse: error: data set 'shd' needs a root folder (pass --data-dir or set "), err
+    assert "root=" not in err
+    assert main(["bench", "train", "--dataset", "shd", "--results-dir", str(tmp_path), *TINY[:2]]) == 2
+    assert "(pass --data-dir or set SPIKEFUSE_DATA)" in capsys.readouterr().err
+    with pytest.raises(
+        DataError, match=r"data set 'shd' needs a root folder \(pass root=\.\.\. or set SPIKEFUSE_DATA\)"
+    ):
+        load_dataset("shd", None, train=True, T=4)

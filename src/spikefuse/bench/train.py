@@ -74,6 +74,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _datasets(args) -> tuple[list[str], list[str]]:
     """(data sets to run, notes on skipped ones)."""
     from ..data import DataError, load_dataset
+    from ..data._common import MissingRootError
 
     if args.datasets:
         names, explicit = list(args.datasets), True
@@ -89,8 +90,10 @@ def _datasets(args) -> tuple[list[str], list[str]]:
         try:
             load_dataset(name, args.data_dir, train=False, T=args.T)
         except DataError as err:
+            if isinstance(err, MissingRootError):
+                err = err.naming("--data-dir")
             if explicit:
-                raise
+                raise err from None
             first = str(err).splitlines()[0].split("; the files must be laid out as")[0].rstrip(":; ")
             notes.append(f"{name}: skipped, no data ({first})")
             continue

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DataError", "DatasetInfo", "TensorDataset", "describe_path", "resolve_root"]
+__all__ = ["DataError", "MissingRootError", "DatasetInfo", "TensorDataset", "describe_path", "resolve_root"]
 
 
 class DataError(RuntimeError):
@@ -17,6 +17,27 @@ class DataError(RuntimeError):
 
     The message names the file, says what is wrong and, for a missing data set, where the files must go.
     """
+
+
+class MissingRootError(DataError):
+    """No root folder was given for a data set read from files. The message names ``option``, the way to give one:
+    ``root=...`` to the Python API; a caller with its own way (the command line's ``--data-dir``) re-raises
+    :meth:`naming` that."""
+
+    def __init__(self, name: str, layout: str, option: str = "root=..."):
+        super().__init__(name, layout, option)  # the arguments, not the message: the error pickles (DDP ranks)
+
+    def __str__(self) -> str:
+        name, layout, option = self.args
+        return (
+            f"data set {name!r} needs a root folder (pass {option} or set SPIKEFUSE_DATA); the files must be laid "
+            f"out as:\n{layout}"
+        )
+
+    def naming(self, option: str) -> "MissingRootError":
+        """The same error, naming ``option`` as the way to give the folder."""
+        name, layout, _ = self.args
+        return MissingRootError(name, layout, option)
 
 
 @dataclass(frozen=True)
@@ -66,10 +87,7 @@ def resolve_root(root: str | os.PathLike | None, name: str, layout: str) -> Path
     if root is None:
         env = os.environ.get("SPIKEFUSE_DATA")
         if not env:
-            raise DataError(
-                f"data set {name!r} needs a root folder (pass root=... or set SPIKEFUSE_DATA); "
-                f"the files must be laid out as:\n{layout}"
-            )
+            raise MissingRootError(name, layout)
         root = env
     path = Path(root).expanduser()
     if not path.is_dir():

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data._common import MissingRootError
 from ..models import RECURRENT_MODELS, LIFOptions, build_model
 from ..ops.common import NonFiniteError
 from ..threads import set_threads
@@ -63,8 +64,11 @@ def _load_data(cfg: TrainConfig):
     if cfg.dataset not in data.DATASETS:
         raise ConfigError(f"unknown data set {cfg.dataset!r}: use one of {', '.join(data.DATASETS)}")
     kw = {} if cfg.image_size is None else {"size": cfg.image_size}
-    train_ds, info = data.load_dataset(cfg.dataset, cfg.data_dir, train=True, T=cfg.T, seed=cfg.seed, **kw)
-    test_ds, _ = data.load_dataset(cfg.dataset, cfg.data_dir, train=False, T=cfg.T, seed=cfg.seed, **kw)
+    try:
+        train_ds, info = data.load_dataset(cfg.dataset, cfg.data_dir, train=True, T=cfg.T, seed=cfg.seed, **kw)
+        test_ds, _ = data.load_dataset(cfg.dataset, cfg.data_dir, train=False, T=cfg.T, seed=cfg.seed, **kw)
+    except MissingRootError as err:  # the folder is the run's --data-dir here, as in every message of a run
+        raise err.naming("--data-dir") from None
     cfg.check_data_kind(info.kind)
     train_ds = _subset(train_ds, cfg.train_subset, cfg.seed)
     test_ds = _subset(test_ds, cfg.test_subset, cfg.seed + 1)
