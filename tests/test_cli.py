@@ -237,6 +237,51 @@ def test_signal_during_training_ends_with_a_message_and_intact_files(tmp_path, s
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.fixture(scope="module")
+def srnn_run(tmp_path_factory):
+    """A finished one-epoch run of the recurrent network with 16 neurons (not the default 256)."""
+    out = tmp_path_factory.mktemp("srnn")
+    assert main(["train", "--out", str(out), "--model", "srnn", "--hidden", "16", *TINY]) == 0
+    return out
+
+
+def _copy_of(run, tmp_path):
+    import shutil
+
+    return shutil.copytree(run, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "typed, meant", [(["--hid", "32"], "--hidden"), (["--epoch", "2"], "--epochs"), (["--dev", "meta"], "--device")]
+)
+def test_abbreviated_options_are_refused_naming_the_full_one(tmp_path, capsys, srnn_run, typed, meant):
+    """argparse took unambiguous prefixes, which a resume, deciding from the tokens typed, then ignored: --hid 32
+    resumed with 16 neurons, --epoch 2 trained nothing, --dev meta trained on the CPU."""
+    import torch
+
+    out = _copy_of(srnn_run, tmp_path)
+    assert main(["train", "--out", str(out), "--resume", *typed, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"spikefuse train: error: unrecognized arguments: {' '.join(typed)}; options are spelled out in full: "
+        f"did you mean {meant}? (see spikefuse train --help)\n"
+    )
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1
+
+
+def test_a_resume_takes_every_spelling_of_a_typed_setting(tmp_path, capsys, srnn_run):
+    import torch
+
+    out = _copy_of(srnn_run, tmp_path)
+    assert main(["train", "--out", str(out), "--resume", "--hidden=32", "--no-progress"]) == 2
+    assert "cannot resume: the run's settings differ from the checkpoint's (hidden: checkpoint 16, now 32)" in (
+        capsys.readouterr().err
+    )
+    assert main(["train", "--out", str(out), "--resume", "--epochs=2", "--no-progress"]) == 0
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 2 and ckpt["config"]["hidden"] == 16
+
+
 def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, monkeypatch):
     """The command line's --data-dir (train, and bench train), the Python API's root=: each route names its own way
     to give the folder (the command line said root=...)."""

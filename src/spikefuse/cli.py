@@ -66,21 +66,38 @@ def _register(subparsers, module_names) -> None:
         for cmd in set(subparsers.choices) - before:
             parser = subparsers.choices[cmd]
             # a parser that set its own ``func`` default runs that; otherwise the module's ``run(args)``
-            parser.set_defaults(_run=parser.get_default("func") or mod.run)
+            parser.set_defaults(_run=parser.get_default("func") or mod.run, _parser=parser)
 
 
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line (no usage block), with the nearest valid choice for a
-    mistyped one."""
+    """An argument parser whose usage errors are one line (no usage block), with the nearest valid choice or option
+    for a mistyped one. It takes options spelled out in full only: a run's options are kept, in its checkpoint and
+    in the commands benchmark results record, and an abbreviation changes its meaning when an option sharing its
+    prefix is added."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
-        hint = ""
+        self.exit(2, f"{self.prog}: error: {message}{self._hint(message)} (see {self.prog} --help)\n")
+
+    def _hint(self, message: str) -> str:
         typo = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if typo:
             choices = re.findall(r"'([^']*)'", typo.group(2))
             close = difflib.get_close_matches(typo.group(1), choices, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+            return f"; did you mean {close[0]!r}?" if close else ""
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        options = [name for action in self._actions for name in action.option_strings]
+        for token in unknown.group(1).split() if unknown else ():
+            typed = token.split("=")[0]
+            completions = [name for name in options if name.startswith(typed)] if typed.startswith("--") else []
+            if completions:
+                return f"; options are spelled out in full: did you mean {' or '.join(completions)}?"
+            close = difflib.get_close_matches(typed, options, n=1, cutoff=0.8) if typed.startswith("-") else []
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,9 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_sub = bench.add_subparsers(title="benchmarks", metavar="<benchmark>")
     _register(bench_sub, BENCH_COMMANDS)
-    bench.set_defaults(_run=lambda args: _missing(bench, "a benchmark"))
-    parser.set_defaults(_run=lambda args: _missing(parser, "a command"))
+    bench.set_defaults(_run=lambda args: _missing(bench, "a benchmark"), _parser=bench)
+    parser.set_defaults(_run=lambda args: _missing(parser, "a command"), _parser=parser)
     return parser
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """``parser`` and the parsers of its commands, theirs, and so on."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                yield from _parsers(command)
+
+
+def _options_given(argv: list[str]) -> set[str]:
+    """The destinations of the options ``argv`` gives, as the parser reads them (``--hidden=32`` too): ``argv``
+    parsed again with every default suppressed, so that only what it gives lands in the namespace."""
+    parser = build_parser()
+    for p in _parsers(parser):
+        for action in p._actions:
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def _missing(parser: argparse.ArgumentParser, what: str) -> int:
@@ -125,9 +161,12 @@ def _user_error_types() -> tuple[type, ...]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``spikefuse`` console script; returns the exit code (2 for usage and data errors)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
-        args.argv = list(sys.argv[1:] if argv is None else argv)  # which options the user gave (see TrainCommand)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # reported by the command's parser, which knows the options it meant
+            args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.argv = argv  # for the options the user gave (see _resumed_config)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -395,7 +434,7 @@ def _resumed_config(args):
     if not path.exists():  # fit says what is missing, with the way out
         return cfg
     saved = load_checkpoint(path)["config"]
-    given = {token[2:].split("=")[0].replace("-", "_") for token in args.argv if token.startswith("--")}
+    given = _options_given(args.argv)
     for name, value in saved.items():
         if hasattr(cfg, name) and name not in given | {"out", "progress"}:
             setattr(cfg, name, value)
