@@ -1,6 +1,7 @@
 """The ``spikefuse`` command: usage errors and data errors exit with code 2 and a clear message; train/eval run."""
 
 import importlib.util
+import re
 
 import pytest
 
@@ -26,8 +27,8 @@ TINY = [
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "--T", "0"], "--T: expected a positive integer"),
-        (["train", "--epochs", "x"], "--epochs: expected a positive integer"),
+        (["train", "--T", "0"], "--T: must be >= 1, got 0"),
+        (["train", "--epochs", "x"], "--epochs: expected an integer, got 'x'"),
         (["train", "--lr", "-0.1"], "--lr: expected a positive number"),
         (["train", "--model", "resnet19"], "--model: invalid choice"),
         (["train", "--dataset", "imagenet"], "--dataset: invalid choice"),
@@ -176,7 +177,6 @@ def _broken_checkpoints(src, folder):
     ],
 )
 def test_user_errors_exit_2_with_one_line(tmp_path, capsys, monkeypatch, trained_checkpoint, argv, message):
-    import re
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the test session runs Triton interpreted; users do not
     (tmp_path / "afile").write_text("x")
@@ -280,6 +280,36 @@ def test_a_resume_takes_every_spelling_of_a_typed_setting(tmp_path, capsys, srnn
     assert main(["train", "--out", str(out), "--resume", "--epochs=2", "--no-progress"]) == 0
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2 and ckpt["config"]["hidden"] == 16
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--T", "1000000000"], "argument --T: must be at most 10000 time steps"),
+        (["train", "--batch-size", "1000000000"], "argument --batch-size: must be at most 65536 samples"),
+        (["train", "--epochs", "1000000000"], "argument --epochs: must be at most 100000 epochs"),
+        (["train", "--model", "srnn", "--hidden", "1000000000"], "argument --hidden: must be at most 16384 neurons"),
+        (["train", "--model", "srnn", "--layers", "1000000000"], "argument --layers: must be at most 64 layers"),
+        (["train", "--width", "1000000000"], "argument --width: must be at most 1024 channels"),
+        (["train", "--image-size", "1000000000"], "argument --image-size: must be at most 1024 pixels"),
+        (["train", "--threads", "1000000000"], "argument --threads: must be at most"),
+        (["train", "--nproc", "1000000000"], "argument --nproc: must be at most"),
+        (["train", "--seed", str(2**64)], "argument --seed: must be at most 9223372036854775807"),
+        (
+            ["eval", "--checkpoint", "c.pt", "--batch-size", "1000000000"],
+            "argument --batch-size: must be at most 65536",
+        ),
+        (["eval", "--checkpoint", "c.pt", "--threads", "1000000000"], "argument --threads: must be at most"),
+    ],
+)
+def test_sizes_that_only_exhaust_the_machine_are_refused_at_parse_time(tmp_path, capsys, argv, message):
+    """One line saying the bound and why, before anything is allocated or started (--T 1e9 ended in an allocator
+    traceback)."""
+    assert main([*argv, *(["--out", str(tmp_path / "run")] if argv[0] == "train" else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spikefuse {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert re.search(re.escape(message) + r".* \(.+\), got \d+ \(see ", err), err  # the bound, why, the value
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, monkeypatch):

@@ -210,6 +210,25 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _bounded_int(setting: str):
+    """An argparse type: an integer within the bounds of ``setting`` (:func:`spikefuse.train.config.bounds`), so that
+    a value that would only exhaust the machine is refused before anything starts."""
+
+    def parse(text: str) -> int:
+        from .train.config import out_of_bounds
+
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        problem = out_of_bounds(setting, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -236,17 +255,24 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         help="data set; digits and digits-events are embedded, the others read --data-dir (default: %(default)s)",
     )
     p.add_argument("--data-dir", default=None, help="folder holding the data set files (default: $SPIKEFUSE_DATA)")
-    p.add_argument("--T", type=_positive_int, default=d.get("T", 4), help="time steps (default: %(default)s)")
+    p.add_argument("--T", type=_bounded_int("T"), default=d.get("T", 4), help="time steps (default: %(default)s)")
     p.add_argument(
-        "--epochs", type=_positive_int, default=d.get("epochs", 6), help="epochs in total (default: %(default)s)"
+        "--epochs",
+        type=_bounded_int("epochs"),
+        default=d.get("epochs", 6),
+        help="epochs in total (default: %(default)s)",
     )
-    p.add_argument("--batch-size", type=_positive_int, default=d.get("batch_size", 32), help="(default: %(default)s)")
+    p.add_argument(
+        "--batch-size", type=_bounded_int("batch_size"), default=d.get("batch_size", 32), help="(default: %(default)s)"
+    )
     p.add_argument(
         "--lr", type=_positive_float, default=d.get("lr", 1e-3), help="Adam learning rate (default: %(default)s)"
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
-    p.add_argument("--threads", type=_positive_int, default=2, help="torch CPU threads (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument(
+        "--threads", type=_bounded_int("threads"), default=2, help="torch CPU threads (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=_bounded_int("seed"), default=0, help="(default: %(default)s)")
     p.add_argument(
         "--encoding",
         choices=("direct", "poisson"),
@@ -267,18 +293,21 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     )
     p.add_argument(
         "--width",
-        type=_positive_int,
+        type=_bounded_int("width"),
         default=d.get("width"),
         help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)",
     )
     p.add_argument(
         "--hidden",
-        type=_positive_int,
+        type=_bounded_int("hidden"),
         default=d.get("hidden", 256),
         help="srnn: recurrent neurons per layer (default: %(default)s)",
     )
     p.add_argument(
-        "--layers", type=_positive_int, default=d.get("layers", 1), help="srnn: recurrent layers (default: %(default)s)"
+        "--layers",
+        type=_bounded_int("layers"),
+        default=d.get("layers", 1),
+        help="srnn: recurrent layers (default: %(default)s)",
     )
     p.add_argument(
         "--cell",
@@ -309,7 +338,7 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     )
     p.add_argument(
         "--image-size",
-        type=_positive_int,
+        type=_bounded_int("image_size"),
         default=None,
         help="resize static images to this size (digits: upsample from 8) (default: native)",
     )
@@ -393,7 +422,7 @@ class TrainCommand:
         )
         p.add_argument(
             "--nproc",
-            type=_positive_int,
+            type=_bounded_int("nproc"),
             default=1,
             help="data-parallel training (DDP; gloo on CPU, NCCL on GPUs) over this many local processes; "
             "--batch-size is the global batch, split evenly over them, and --threads is per process. "
@@ -452,8 +481,8 @@ class EvalCommand:
         p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt, or the run folder holding it")
         p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
         p.add_argument("--device", default="cpu")
-        p.add_argument("--threads", type=_positive_int, default=2)
-        p.add_argument("--batch-size", type=_positive_int, default=None, help="(default: the run's)")
+        p.add_argument("--threads", type=_bounded_int("threads"), default=2)
+        p.add_argument("--batch-size", type=_bounded_int("batch_size"), default=None, help="(default: the run's)")
         p.add_argument(
             "--neuron-backend",
             choices=("auto", "cpu", "triton", "reference"),

@@ -33,8 +33,45 @@ TRAJECTORY_KEYS = (
 )
 
 
-#: Bounds of settings whose larger values only exhaust the machine (torch crashed at --threads 100000).
-MAX_THREADS_PER_CORE, MAX_IMAGE_SIZE = 16, 1024
+#: The bounds of the numeric settings, ``(least, most, what the most counts and why)``. Larger values only exhaust
+#: the machine's memory or time (--T 10**9 ended in the allocator's traceback) or overflow torch's 64-bit seeds: the
+#: command line refuses them as it parses, :meth:`TrainConfig.validate` in a config from Python or a checkpoint.
+#: --lr has none (too large a rate diverges, which training reports at once), nor --train-subset and --test-subset
+#: (a subset is at most the data set).
+BOUNDS = {
+    "T": (1, 10_000, "time steps (every layer keeps the activations of each step for backward)"),
+    "epochs": (1, 100_000, "epochs (metrics.csv and the checkpoint's history are rewritten whole after each)"),
+    "batch_size": (1, 65_536, "samples (a batch's activations at every step are held at once)"),
+    "width": (1, 1024, "channels (a ResNet's weights grow with the square of its width)"),
+    "hidden": (1, 16_384, "neurons (the recurrent weights grow with the square of their number)"),
+    "layers": (1, 64, "layers (each keeps its activations at every step for backward)"),
+    "image_size": (1, 1024, "pixels (the activations grow with its square)"),
+    "seed": (-(2**63), 2**63 - 1, "(torch's generators take 64-bit seeds)"),
+}
+#: torch crashed at --threads 100000
+MAX_THREADS_PER_CORE = 16
+
+
+def bounds(name: str) -> tuple[int, int, str]:
+    """``(least, most, what the most counts and why)`` of the numeric setting ``name``: :data:`BOUNDS`, and for
+    ``threads`` and ``nproc`` (the processes of a data-parallel run) this machine's."""
+    cores = os.cpu_count() or 1
+    per_core = f"{MAX_THREADS_PER_CORE} per core of this machine's {cores}; more only contend for them"
+    if name == "threads":
+        return 1, MAX_THREADS_PER_CORE * cores, f"threads ({per_core})"
+    if name == "nproc":  # each process runs a thread at least
+        return 1, MAX_THREADS_PER_CORE * cores, f"processes ({per_core})"
+    return BOUNDS[name]
+
+
+def out_of_bounds(name: str, value: int) -> str | None:
+    """What is wrong with ``value`` for the numeric setting ``name`` (``"must be ..."``); None within its bounds."""
+    least, most, what = bounds(name)
+    if value < least:
+        return f"must be >= {least}, got {value}"
+    if value > most:
+        return f"must be at most {most} {what}, got {value}"
+    return None
 
 
 class ConfigError(ValueError):
@@ -82,33 +119,22 @@ class TrainConfig:
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
 
     def validate(self) -> None:
-        if self.T < 1:
-            raise ConfigError(f"--T must be >= 1, got {self.T}")
-        if self.epochs < 1:
-            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        for name in ("T", "epochs", "batch_size", "threads", "seed", "image_size", "width", "hidden", "layers"):
+            value = getattr(self, name)
+            problem = None if value is None else out_of_bounds(name, value)
+            if problem:
+                raise ConfigError(f"--{name.replace('_', '-')} {problem}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr must be a positive number, got {self.lr}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
-        cores = os.cpu_count() or 1
-        if self.threads is not None and self.threads > MAX_THREADS_PER_CORE * cores:
-            raise ConfigError(
-                f"--threads {self.threads} is more than {MAX_THREADS_PER_CORE} per core of this machine's "
-                f"{cores}: use at most {MAX_THREADS_PER_CORE * cores}"
-            )
-        if self.image_size is not None and not 1 <= self.image_size <= MAX_IMAGE_SIZE:
-            raise ConfigError(f"--image-size must lie in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         if self.encoding not in ("direct", "poisson"):
             raise ConfigError(f"--encoding must be 'direct' or 'poisson', got {self.encoding!r}")
         if self.neurons not in ("spikefuse", "spikingjelly"):
             raise ConfigError(f"--neurons must be 'spikefuse' or 'spikingjelly', got {self.neurons!r}")
         if self.stem not in ("auto", "cifar", "imagenet"):
             raise ConfigError(f"--stem must be auto, cifar or imagenet, got {self.stem!r}")
-        if self.width is not None and (self.width < 1 or not self.model.startswith("resnet")):
+        if self.width is not None and not self.model.startswith("resnet"):
             raise ConfigError(
-                f"--width sets the channels of a ResNet's first stage (>= 1); got {self.width} for --model {self.model}"
+                f"--width sets the channels of a ResNet's first stage; got {self.width} for --model {self.model}"
             )
         from ..models import RECURRENT_MODELS
         from ..models.srnn import CELLS
@@ -117,11 +143,8 @@ class TrainConfig:
             raise ConfigError(
                 f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model {self.model}"
             )
-        if self.hidden < 1 or self.layers < 1 or self.cell not in CELLS:
-            raise ConfigError(
-                f"--hidden and --layers must be >= 1 and --cell one of {', '.join(CELLS)}; got "
-                f"{self.hidden}, {self.layers}, {self.cell!r}"
-            )
+        if self.cell not in CELLS:
+            raise ConfigError(f"--cell must be one of {', '.join(CELLS)}, got {self.cell!r}")
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and v < 1:

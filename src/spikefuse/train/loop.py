@@ -536,14 +536,15 @@ def evaluate_checkpoint(
     ckpt = load_checkpoint(path)
     cfg = TrainConfig.from_dict(ckpt["config"])
     cfg.device = device
+    cfg.threads = threads  # this evaluation's (checked against this machine), not the run's
     cfg.data_dir = data_dir if data_dir is not None else cfg.data_dir
     if neuron_backend is not None:
         cfg.neuron_backend = neuron_backend
     if batch_size is not None:
         cfg.batch_size = batch_size
     cfg.validate()
-    if threads is not None:
-        set_threads(threads)
+    if cfg.threads is not None:
+        set_threads(cfg.threads)
     dev = torch.device(device)
     _, test_ds, info = _load_data(cfg)
     info = _info_dict(info)

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from .checkpoints import CHECKPOINT_NAME, check_out_dir, load_resume_checkpoint
-from .config import ConfigError, TrainConfig, check_batch_split
+from .config import ConfigError, TrainConfig, check_batch_split, out_of_bounds
 from .loop import fit
 
 __all__ = ["fit_data_parallel"]
@@ -44,8 +44,9 @@ def fit_data_parallel(
 
     cfg.validate()
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if nproc < 1:
-        raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+    problem = out_of_bounds("nproc", nproc)
+    if problem:
+        raise ConfigError(f"--nproc {problem}")
     world = int(os.environ["WORLD_SIZE"]) if torchrun else nproc
     check_batch_split(cfg.batch_size, world)
     if not torchrun and nproc == 1:
