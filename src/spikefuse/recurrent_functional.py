@@ -9,7 +9,7 @@ from .neurons import NeuronModel
 from .ops.common import check_inputs_finite, compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops.recurrent import current
-from .ops.recurrent.autograd import RECURRENT_NON_FINITE, RecurrentFn
+from .ops.recurrent.autograd import RECURRENT_NON_FINITE, recurrent_layer
 from .surrogate import Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
@@ -99,10 +99,11 @@ def recurrent(
     t_steps, batch, hidden = x.shape
     cdt = compute_dtype(x.dtype)
     xc, weight, bias = x.to(cdt).contiguous(), weight.to(cdt), None if bias is None else bias.to(cdt)
-    if spikes0 is None:
-        spikes0 = engine_reference.initial_spike(model, tensors, inner, init, batch * hidden).reshape(batch, hidden)
-    spikes0 = spikes0.to(cdt).contiguous()
+    if spikes0 is not None:
+        spikes0 = spikes0.to(cdt).contiguous()
     if concrete == "reference":
+        if spikes0 is None:
+            spikes0 = engine_reference.initial_spike(model, tensors, inner, init, batch * hidden).reshape(batch, hidden)
         check_inputs_finite(
             xc.reshape(t_steps, -1),
             init,
@@ -124,19 +125,8 @@ def recurrent(
         final = [v.reshape(batch, hidden) for v in final]
     else:
         init = [v.reshape(batch, hidden) if v.numel() > 1 else v for v in init]
-        spikes, *final = RecurrentFn.apply(
-            xc,
-            weight.contiguous(),
-            bias,
-            spikes0,
-            model,
-            surrogate,
-            bool(detach_reset),
-            concrete,
-            memory,
-            len(tensors),
-            *tensors,
-            *init,
+        spikes, *final = recurrent_layer(
+            xc, weight.contiguous(), bias, spikes0, tensors, init, model, surrogate, detach_reset, concrete, memory
         )
     spikes = spikes.to(x.dtype)
     if not return_state:

@@ -77,3 +77,96 @@ def test_errors():
         snn.RecurrentLIF(3, decay=0.5)(torch.rand(4, 2, 5))
     with pytest.raises(ValueError, match="unknown reset"):
         snn.RecurrentCubaLIF(3, 0.5, 0.5, reset="hard-ish")
+
+
+def _recurrent_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        snn.SeqToBatch(torch.nn.Linear(6, 12)),
+        snn.RecurrentLIF(12, decay=0.9, threshold=0.5, backend="cpu"),
+        snn.RecurrentALIF(12, decay=0.9, rho=0.95, backend="cpu", memory="recompute"),
+    )
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_recurrent_custom_ops_pass_opcheck(backend):
+    """torch.library.opcheck of the recurrent layer's custom ops: schema, fake kernels against the real ones, the
+    autograd registration; both memory modes (what the forward keeps differs), all-to-all and one-to-one weights."""
+    from spikefuse.neurons import ALIF_MODEL
+    from spikefuse.ops.recurrent import autograd as R
+    from spikefuse.registry import register
+    from spikefuse.surrogate import ATan
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, generator=g, dtype=torch.float64)
+    params = [torch.tensor([0.8], dtype=torch.float64, requires_grad=True)] + [
+        torch.full((1,), v, dtype=torch.float64) for v in (0.9, 0.6, 0.4)
+    ]
+    init = [torch.zeros(1, dtype=torch.float64), torch.rand(2, 5, generator=g, dtype=torch.float64)]
+    spikes0 = torch.zeros(2, 5, dtype=torch.float64)
+    model, surrogate = register(ALIF_MODEL), register(ATan(2.0))
+    for weight, memory in (
+        (torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3, "potential"),
+        (torch.randn(5, generator=g, dtype=torch.float64) * 0.3, "recompute"),
+    ):
+        weight.requires_grad_(True)
+        bias = torch.zeros(5, dtype=torch.float64, requires_grad=True)
+        args = (x, weight, bias, spikes0, params, init, model, surrogate, False, backend, memory)
+        torch.library.opcheck(R.recurrent_forward, args)
+        out = R.recurrent_forward(*args)
+        grad_spikes, grad_final = torch.rand_like(x), [torch.rand(2, 5, dtype=torch.float64) for _ in init]
+        detached = [t.detach() for t in (weight, bias)]
+        torch.library.opcheck(
+            R.recurrent_backward,
+            (
+                grad_spikes,
+                grad_final,
+                x if memory == "recompute" else x.new_empty(0),
+                *detached,
+                spikes0,
+                [p.detach() for p in params],
+                init,
+                out[3].detach(),
+                [t.detach() for t in out[4:]],
+                model,
+                surrogate,
+                False,
+                backend,
+                memory,
+                [True, True, False, True, False, False, False],
+            ),
+        )
+
+
+def test_recurrent_network_compiles_without_a_graph_break():
+    """The recurrent layer is a custom op like the engine's: a recurrent network compiles with fullgraph=True, no
+    graph break, and gives the eager spikes and gradients."""
+    eager, compiled_net = _recurrent_net(), _recurrent_net()
+    x = torch.rand(7, 3, 6) * 2
+    assert torch._dynamo.explain(compiled_net)(x).graph_break_count == 0
+    compiled = torch.compile(compiled_net, fullgraph=True, backend="aot_eager")
+    y_eager, y_comp = eager(x), compiled(x)
+    assert torch.equal(y_eager, y_comp) and 0 < float(y_eager.detach().mean()) < 1
+    y_eager.sum().backward()
+    y_comp.sum().backward()
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_net.parameters()):
+        torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_compiled_recurrent_layer_runs_as_its_first_call_in_a_process():
+    """A compiled recurrent layer whose compiled call is the first in its process: the kernels compile then (dynamo
+    traced into numba's compiler there and crashed)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, spikefuse.nn as snn\n"
+        "m = snn.RecurrentLIF(16, decay=0.9, backend='cpu')\n"
+        "x = torch.rand(5, 3, 16) * 2\n"
+        "y = torch.compile(m, fullgraph=True, backend='aot_eager')(x)\n"
+        "y.sum().backward()\n"
+        "assert torch.equal(y, m(x)) and m.recurrent.weight.grad is not None\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

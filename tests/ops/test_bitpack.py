@@ -203,3 +203,23 @@ def test_pack_binary_refuses_other_values_on_the_cpu(dtype, n):
             bad[n - 1] = value
             with pytest.raises(bitpack.NotBinaryError):
                 pack(bad, reuse=False, binary=True)
+
+
+def test_pack_custom_ops_pass_opcheck_and_compile_in_a_spike_layer():
+    """Under torch.compile packing and unpacking are custom ops (dynamo traced into numba and failed on its uint64
+    view): opcheck of both, and a compiled SpikeLinear with no graph break and the eager gradients."""
+    from spikefuse.nn import SpikeLinear
+
+    x = spikes((5, 3, 13), torch.float32, 6)
+    torch.library.opcheck(bitpack.pack_op, (x, True))
+    torch.library.opcheck(bitpack.unpack_op, (pack_torch(x), list(x.shape), torch.float64))
+    torch.manual_seed(0)
+    eager, traced = SpikeLinear(13, 4), SpikeLinear(13, 4)
+    traced.load_state_dict(eager.state_dict())
+    assert torch._dynamo.explain(traced)(x).graph_break_count == 0
+    compiled = torch.compile(traced, fullgraph=True, backend="aot_eager")
+    eager(x).square().sum().backward()
+    compiled(x).square().sum().backward()
+    assert torch.equal(traced.weight.grad, eager.weight.grad) and torch.equal(traced.bias.grad, eager.bias.grad)
+    with pytest.raises(ValueError, match="values other than 0 and 1"):
+        compiled(x * 2)

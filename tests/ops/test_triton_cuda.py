@@ -343,3 +343,20 @@ def test_snntorch_rleaky_sequence_on_gpu_is_its_loop():
     spk_seq, mem_seq = layer.sequence(x)
     assert 0 < float(spk_seq.mean()) < 1
     assert torch.equal(torch.stack(loop), spk_seq) and torch.equal(mem, mem_seq)
+
+
+def test_recurrent_network_compiles_fullgraph_on_gpu():
+    """The recurrent layer's custom ops under ``torch.compile(fullgraph=True)`` (inductor) on the GPU, the lean srnn's
+    spike layers packing through theirs: the eager outputs and gradients."""
+    for memory in ("fused", "lean"):
+        torch.manual_seed(0)
+        eager = build_model("srnn", 20, 10, hidden=48, memory=memory).cuda()
+        traced = build_model("srnn", 20, 10, hidden=48, memory=memory).cuda()
+        traced.load_state_dict(eager.state_dict())
+        x = torch.rand(30, 8, 20, device="cuda")
+        want, got = eager(x), torch.compile(traced, fullgraph=True)(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        want.square().mean().backward()
+        got.square().mean().backward()
+        for (name, p), q in zip(eager.named_parameters(), traced.parameters()):
+            _assert_grads_close(q.grad, p.grad.cpu(), f"{memory} compiled grad {name}")

@@ -349,6 +349,24 @@ def test_recurrent_network_on_sequences_resumes_exactly(tmp_path):
     assert evaluate_checkpoint(tmp_path / "full" / "checkpoint.pt", threads=2)["samples"] == 12
 
 
+@pytest.mark.parametrize("memory", ["fused", "lean"])
+def test_compiled_recurrent_network_trains_as_the_eager_one(tmp_path, monkeypatch, memory):
+    """--model srnn --compile: the recurrent layers are custom ops, traced on the first batch (dynamo traced into
+    numba's compiler there and stopped with an AssertionError); the losses of eager mode (aot_eager, as above)."""
+    from tests.data.test_mnist import write_mnist
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    write_mnist(tmp_path / "mnist", n_train=24, n_test=8)
+    cfg = dict(model="srnn", dataset="smnist", data_dir=str(tmp_path / "mnist"), T=28, hidden=12, memory=memory)
+    cfg.update(neuron_backend="cpu", train_subset=None, test_subset=None)
+    eager = fit(tiny_config(tmp_path / "eager", **cfg), log=quiet)
+    traced = fit(tiny_config(tmp_path / "compiled", compile=True, **cfg), log=quiet)
+    assert traced[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-6)
+    assert traced[0]["test_loss"] == pytest.approx(eager[0]["test_loss"], rel=1e-6)
+
+
 def test_sequences_need_a_recurrent_network(tmp_path):
     from tests.data.test_mnist import write_mnist
 

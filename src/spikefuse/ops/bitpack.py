@@ -234,6 +234,53 @@ class NotBinaryError(ValueError):
     """:func:`pack` with ``binary=True`` read an element that is neither 0 nor 1."""
 
 
+def _pack_new(x: torch.Tensor, binary: bool) -> tuple[torch.Tensor, bool]:
+    """The bits of ``x``, made anew on its device, and whether ``x`` is known to hold only 0 and 1 (the CPU kernel
+    tells; elsewhere unknown: False)."""
+    if x.device.type == "cpu":
+        packed, spikes = _pack_cpu(x)
+        if binary and not spikes:
+            raise NotBinaryError(
+                f"a tensor of shape {tuple(x.shape)} to be kept as bits holds values other than 0 and 1"
+            )
+        return packed, spikes
+    if x.device.type == "cuda" and _triton_kernels() is not None:
+        return _triton_kernels().pack(x), False
+    return pack_torch(x), False
+
+
+def _pack_op_impl(x: torch.Tensor, binary: bool) -> torch.Tensor:
+    return _pack_new(x, binary)[0]
+
+
+def _unpack_new(packed: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    if packed.device.type == "cpu":
+        return _unpack_cpu(packed, shape, dtype)
+    if packed.device.type == "cuda" and _triton_kernels() is not None:
+        return _triton_kernels().unpack(packed, shape, dtype)
+    return unpack_torch(packed, shape, dtype)
+
+
+def _unpack_op_impl(packed: torch.Tensor, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    # a custom op's output may not be an input's or another output's memory: a buffer of the cache is neither
+    return _unpack_new(packed, torch.Size(shape), dtype).clone()
+
+
+# Under torch.compile the kernels are custom ops (traced as one node each, not into numba or Triton's launcher)
+pack_op = torch.library.custom_op("spikefuse::pack_bits", mutates_args=())(_pack_op_impl)
+unpack_op = torch.library.custom_op("spikefuse::unpack_bits", mutates_args=())(_unpack_op_impl)
+
+
+@pack_op.register_fake
+def _(x, binary):
+    return x.new_empty(packed_numel(x.numel()), dtype=torch.uint8)
+
+
+@unpack_op.register_fake
+def _(packed, shape, dtype):
+    return packed.new_empty(shape, dtype=dtype)
+
+
 def pack(x: torch.Tensor, reuse: bool = True, binary: bool = False) -> tuple[torch.Tensor, torch.Size]:
     """Pack ``x != 0`` into bits: returns ``(packed, shape)`` with ``packed`` a 1-D ``uint8`` tensor of
     ``ceil(x.numel() / 8)`` bytes on ``x``'s device and ``shape == x.shape``. Not differentiable. With ``reuse``,
@@ -244,21 +291,13 @@ def pack(x: torch.Tensor, reuse: bool = True, binary: bool = False) -> tuple[tor
     packing kernel checks, as it reads ``x``, that every element is 0 or 1 and raises :class:`NotBinaryError`
     otherwise (bits known to be spikes are handed out unchecked); on other devices reading the check's result
     would stall the host, and ``x`` is not checked."""
+    if torch.compiler.is_compiling():
+        return pack_op(x.detach(), binary), x.shape
     owner = _owner_of_all(x)
     entry = _entry(x, owner) if reuse else None
     if entry is not None and (entry[1] or not binary or x.device.type != "cpu"):
         return entry[0], x.shape
-    spikes = False
-    if x.device.type == "cpu":
-        packed, spikes = _pack_cpu(x.detach())
-        if binary and not spikes:
-            raise NotBinaryError(
-                f"a tensor of shape {tuple(x.shape)} to be kept as bits holds values other than 0 and 1"
-            )
-    elif x.device.type == "cuda" and _triton_kernels() is not None:
-        packed = _triton_kernels().pack(x.detach())
-    else:
-        packed = pack_torch(x.detach())
+    packed, spikes = _pack_new(x.detach(), binary)
     if owner is not None:
         _remember_for(owner, x, packed, spikes)
     return packed, x.shape
@@ -274,11 +313,9 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
         raise ValueError(
             f"packed has {packed.numel()} bytes but shape {tuple(shape)} needs {packed_numel(shape.numel())}"
         )
-    if packed.device.type == "cpu":
-        return _unpack_cpu(packed, shape, dtype)
-    if packed.device.type == "cuda" and _triton_kernels() is not None:
-        return _triton_kernels().unpack(packed, shape, dtype)
-    return unpack_torch(packed, shape, dtype)
+    if torch.compiler.is_compiling():
+        return unpack_op(packed, list(shape), dtype)
+    return _unpack_new(packed, shape, dtype)
 
 
 def _bench(shape=(32, 64, 128, 16, 16), p: float = 0.2, repeat: int = 5) -> dict[str, float]:

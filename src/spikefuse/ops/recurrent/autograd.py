@@ -1,4 +1,7 @@
-"""A recurrent layer over all T steps as one autograd operation, on a generated backend (:mod:`.cpu`, :mod:`.triton`).
+"""A recurrent layer over all T steps as one autograd operation, on a generated backend (:mod:`.cpu`, :mod:`.triton`):
+``torch.library`` custom ops with fake kernels (``spikefuse::recurrent_forward`` / ``recurrent_backward``, so that
+``torch.compile(fullgraph=True)`` traces a recurrent network without tracing into the kernels), and the same
+implementation as a plain ``autograd.Function`` for eager calls, as :mod:`spikefuse.ops.engine.autograd` does.
 
 Forward: per step, the recurrent current of the previous spikes (:func:`~spikefuse.ops.recurrent.current`, the
 reference's own torch call) into one ``[B, H]`` buffer, then one kernel call for the rest of the step. Kept for
@@ -20,9 +23,15 @@ import importlib
 
 import torch
 
+from torch import Tensor
+
 from .. import bitpack, buffers
+from ..bit_layout import packed_numel
 from ..common import refuse_double_backward, refuse_flagged, saved_tensors
+from ...registry import OBJECTS, key_of
+from ..engine.reference import initial_spike
 from . import current, current_backward
+from .source import kept_states
 
 
 #: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
@@ -63,123 +72,336 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     return spikes, cur
 
 
-class RecurrentFn(torch.autograd.Function):
-    """``(spikes [T, B, H], *final states [B, H])`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype); the
-    recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or ``[H]`` each;
-    ``init`` the initial states ``[S, B, H]`` (a tensor per state); ``spikes0`` ``[B, H]`` the spikes the first
-    step's current reads."""
+def _keeps_potential(model, memory: str) -> bool:
+    """Whether every step's states are kept for backward: ``memory="potential"``, or whatever the mode where they
+    take no more memory than the input would (nothing to recompute then)."""
+    return memory == "potential" or len(kept_states(model)) + model.backward_reads_input <= 1
+
+
+def _stacked(params, init, batch: int, hidden: int, like: Tensor):
+    """``(par [P, H], init_all [S, B, H])``: the parameters and initial states as the kernels read them."""
+    par = torch.stack([p.expand(hidden) for p in params]) if params else like.new_zeros(0, hidden)
+    return par.contiguous(), torch.stack([v.expand(batch, hidden) for v in init]).contiguous()
+
+
+def _initial_spikes(model, par: Tensor, init_all: Tensor) -> Tensor:
+    """The spikes ``[B, H]`` of the initial states, which the first step's current reads where none are given:
+    computed inside the ops, as the fire expression is evaluated in Python, which ``torch.compile`` does not trace."""
+    batch, hidden = init_all.shape[1:]
+    init = [v.reshape(-1) for v in init_all]
+    return initial_spike(model, list(par), 1, init, batch * hidden).reshape(batch, hidden)
+
+
+def _forward_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    spikes0: Tensor | None,
+    params: list[Tensor],
+    init: list[Tensor],
+    model: str,
+    surrogate: str,
+    detach_reset: bool,
+    backend: str,
+    memory: str,
+) -> list[Tensor]:
+    """``[spikes [T, B, H], *final states [B, H], bits, *kept]``: the spikes as bits and what else the backward reads
+    (every step's states, and the currents where the derivatives read the input: memory "potential"; nothing else
+    with "recompute", which keeps the input). ``detach_reset`` is the backward's (an input here for the autograd
+    registration to see)."""
+    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
+    ops = backend_module(backend)
+    t_steps, batch, hidden = x.shape
+    par, init_all = _stacked(params, init, batch, hidden, x)
+    if spikes0 is None:
+        spikes0 = _initial_spikes(model, par, init_all)
+    potential = _keeps_potential(model, memory)
+    hist = _empty((t_steps, len(kept_states(model)), batch, hidden), x) if potential else None
+    currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
+    with torch.no_grad():
+        spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par, init_all, spikes0, hist, currents)
+    if currents is not None:
+        currents += x  # the steps' inputs, which the derivatives read
+    bits, _ = bitpack.pack(spikes, reuse=False)
+    # a custom op's outputs may not alias each other: each final state a tensor of its own
+    return [spikes, *(v.clone() for v in final.unbind(0)), bits, *(t for t in (hist, currents) if t is not None)]
+
+
+recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", mutates_args=())(_forward_impl)
+
+
+@recurrent_forward.register_fake
+def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory):
+    model = OBJECTS[model]
+    t_steps, batch, hidden = x.shape
+    kept = []
+    if _keeps_potential(model, memory):
+        kept.append(x.new_empty(t_steps, len(kept_states(model)), batch, hidden))
+        if model.backward_reads_input:
+            kept.append(torch.empty_like(x))
+    bits = x.new_empty(packed_numel(x.numel()), dtype=torch.uint8)
+    return [torch.empty_like(x), *(x.new_empty(batch, hidden) for _ in init), bits, *kept]
+
+
+def _backward_impl(
+    grad_spikes: Tensor,
+    grad_final: list[Tensor],
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    spikes0: Tensor | None,
+    params: list[Tensor],
+    init: list[Tensor],
+    bits: Tensor,
+    kept: list[Tensor],
+    model: str,
+    surrogate: str,
+    detach_reset: bool,
+    backend: str,
+    memory: str,
+    need: list[bool],
+) -> list[Tensor]:
+    """``[grad_x, grad_weight, grad_bias, grad_spikes0, *per-neuron grad per parameter [H], grad_init [S, B, H]]``
+    from the gradients of the spikes and the final states; ``need``: whether the weight, the bias, the initial spikes
+    and each parameter need theirs (an empty tensor where not). ``x``: the input (memory "recompute"; empty
+    otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states."""
+    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
+    ops = backend_module(backend)
+    shape = t_steps, batch, hidden = grad_spikes.shape
+    dtype, device = grad_spikes.dtype, grad_spikes.device
+    par, init_all = _stacked(params, init, batch, hidden, grad_spikes)
+    if spikes0 is None:
+        spikes0 = _initial_spikes(model, par, init_all)
+    spikes = bitpack.unpack(bits, shape, dtype)
+    previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
+    if _keeps_potential(model, memory):
+        hist = kept[0]
+        xin = kept[1] if model.backward_reads_input else None
+    else:
+        currents = _empty(shape, spikes0)
+        r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
+        for t in range(t_steps):
+            currents[t].copy_(current(previous[t], weight, bias, out=r))
+        hist = _empty((t_steps, len(kept_states(model)), batch, hidden), spikes0)
+        ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
+        xin = x + currents if model.backward_reads_input else None
+    gS = torch.stack([g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()
+    gs = torch.zeros(batch, hidden, dtype=dtype, device=device)
+    grec = torch.zeros_like(gs)
+    need_weight, need_bias, need_spikes0, *need_params = need
+    acc = torch.zeros(len(need_params) if any(need_params) else 1, batch, hidden, dtype=dtype, device=device)
+    G = _empty(shape, spikes0)
+    if model.handoff:
+        ops.handoff_grad(model, surrogate, detach_reset, need_params, gS, gs, hist, par, acc)
+    step = ops.bind_backward(
+        model,
+        surrogate,
+        detach_reset,
+        need_params,
+        grad_spikes,
+        grec,
+        G,
+        gS,
+        gs,
+        hist,
+        init_all,
+        G if xin is None else xin,
+        par,
+        acc,
+    )
+    for t in range(t_steps - 1, -1, -1):
+        step(t)
+        current_backward(G[t], weight, out=grec)
+    ginit = torch.empty_like(gS)
+    ops.initial(model, surrogate, need_params, gS, gs, ginit, init_all, par, acc)
+
+    none = spikes0.new_empty(0)
+    flat_g = G.reshape(-1, hidden)
+    grad_weight = grad_bias = none
+    if need_weight:
+        if weight.dim() == 2:
+            grad_weight = flat_g.t() @ previous.reshape(-1, hidden)
+        else:
+            grad_weight = (flat_g * previous.reshape(-1, hidden)).sum(0)
+    if bias is not None and need_bias:
+        grad_bias = flat_g.sum(0)
+    grad_params = [acc[i].sum(0) if n else torch.empty_like(none) for i, n in enumerate(need_params)]
+    return [G, grad_weight, grad_bias, grec.clone() if need_spikes0 else torch.empty_like(none), *grad_params, ginit]
+
+
+recurrent_backward = torch.library.custom_op("spikefuse::recurrent_backward", mutates_args=())(_backward_impl)
+
+
+@recurrent_backward.register_fake
+def _(
+    grad_spikes,
+    grad_final,
+    x,
+    weight,
+    bias,
+    spikes0,
+    params,
+    init,
+    bits,
+    kept,
+    model,
+    surrogate,
+    detach_reset,
+    backend,
+    memory,
+    need,
+):
+    layer = grad_spikes.shape[1:]
+    need_weight, need_bias, need_spikes0, *need_params = need
+    none = grad_spikes.new_empty(0)
+    return [
+        torch.empty_like(grad_spikes),
+        torch.empty_like(weight) if need_weight else torch.empty_like(none),
+        torch.empty_like(bias) if bias is not None and need_bias else torch.empty_like(none),
+        grad_spikes.new_empty(layer) if need_spikes0 else torch.empty_like(none),
+        *(grad_spikes.new_empty(layer[1]) if n else torch.empty_like(none) for n in need_params),
+        grad_spikes.new_empty(len(init), *layer),
+    ]
+
+
+def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, out) -> None:
+    n_init = len(init)
+    bits, kept = out[1 + n_init], out[2 + n_init :]
+    ctx.args = (model, surrogate, detach_reset, backend, memory)
+    ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
+    ctx.x_meta = x.shape, x.dtype, x.device
+    ctx.shapes = [p.shape for p in params], [v.shape for v in init]
+    ctx.set_materialize_grads(False)
+    keep_x = x if not _keeps_potential(OBJECTS[model], memory) else x.new_empty(0)
+    ctx.save_for_backward(keep_x, weight, bias, spikes0, bits, *params, *init, *kept)
+
+
+def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
+    """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
+    None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
+    model, surrogate, detach_reset, backend, memory = ctx.args
+    name = OBJECTS[model].name
+    refuse_double_backward(
+        f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
+    )
+    x, weight, bias, spikes0, bits, *tensors = saved_tensors(ctx, f"the recurrent {name} layer")
+    n_params, n_init = ctx.n_params, ctx.n_init
+    params, init, kept = tensors[:n_params], tensors[n_params : n_params + n_init], tensors[n_params + n_init :]
+    shape, dtype, device = ctx.x_meta
+    if grad_spikes is None:  # only the final states were used
+        grad_spikes = torch.zeros(shape, dtype=dtype, device=device)
+    grad_final = [torch.zeros(1, dtype=dtype, device=device) if g is None else g.contiguous() for g in grad_final]
+    need_params, need_init = need[4 : 4 + n_params], need[4 + n_params :]
+    out = backward_op(
+        grad_spikes.contiguous(),
+        grad_final,
+        x,
+        weight,
+        bias,
+        spikes0,
+        list(params),
+        list(init),
+        bits,
+        list(kept),
+        model,
+        surrogate,
+        detach_reset,
+        backend,
+        memory,
+        [bool(n) for n in (*need[1:4], *need_params)],
+    )
+    grad_x, grad_weight, grad_bias, grad_spikes0, *rest = out
+    per_neuron, ginit = rest[:n_params], rest[n_params]
+    param_shapes, init_shapes = ctx.shapes
+    grad_params = [
+        None if not n else g.sum().reshape(s) if s.numel() == 1 else g
+        for n, g, s in zip(need_params, per_neuron, param_shapes)
+    ]
+    grad_init = [
+        None if not n else ginit[i] if s == ginit[i].shape else ginit[i].sum().reshape(s)
+        for i, (n, s) in enumerate(zip(need_init, init_shapes))
+    ]
+    return (
+        grad_x,
+        grad_weight if need[1] else None,
+        grad_bias if need[2] and ctx.has_bias else None,
+        grad_spikes0 if need[3] else None,
+        grad_params,
+        grad_init,
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    _save(ctx, *inputs, out=output)
+
+
+def _backward(ctx, grads):
+    grad_spikes, grad_final = grads[0], grads[1 : 1 + ctx.n_init]  # (none for the bits and the kept states)
+    need = ctx.needs_input_grad
+    need = (*need[:4], *need[4], *need[5])  # params and init are lists: one flag per tensor
+    grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(ctx, grad_spikes, grad_final, need, recurrent_backward)
+    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None, None, None
+
+
+torch.library.register_autograd("spikefuse::recurrent_forward", _backward, setup_context=_setup_context)
+
+
+class _EagerRecurrent(torch.autograd.Function):
+    """``recurrent_forward`` with the same autograd, without the custom-op dispatch (the first call of a custom op
+    imports ``torch._dynamo``, ~2 s per process); the parameters and initial states are flat arguments, so that
+    autograd sees them."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, spikes0, model, surrogate, detach_reset, backend, memory, n_params, *tensors):
-        params, init = tensors[:n_params], tensors[n_params:]
-        ops = backend_module(backend)
-        t_steps, batch, hidden = x.shape
-        par = torch.stack([p.expand(hidden) for p in params]) if params else x.new_zeros(0, hidden)
-        init_all = torch.stack([v.expand(batch, hidden) for v in init]).contiguous()
-        kept = ops.kernels(model, type(surrogate), x.dtype).KEPT_STATES
-        # states that take no more memory than the input are kept whatever the mode: nothing to recompute then
-        potential = memory == "potential" or len(kept) + model.backward_reads_input <= 1
-        hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
-        currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
-        with torch.no_grad():
-            spikes, final = run_forward(
-                ops, model, surrogate, x, weight, bias, par.contiguous(), init_all, spikes0, hist, currents
-            )
-        if currents is not None:
-            currents += x  # the steps' inputs, which the derivatives read
-        bits, _ = bitpack.pack(spikes, reuse=False)
-        ctx.args = (model, surrogate, detach_reset, backend, potential, n_params, bias is not None)
-        ctx.shapes = [p.shape for p in params], [v.shape for v in init]
-        saved = (hist, currents) if potential else (x, None)
-        ctx.save_for_backward(bits, weight, bias, spikes0, par, init_all, *(t for t in saved if t is not None))
-        ctx.has_currents, ctx.t_steps = currents is not None, t_steps
-        ctx.set_materialize_grads(False)
-        return (spikes, *final.unbind(0))
+        params, init = list(tensors[:n_params]), list(tensors[n_params:])
+        out = _forward_impl(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory)
+        _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, out)
+        ctx.mark_non_differentiable(*out[1 + len(init) :])
+        return tuple(out)
 
     @staticmethod
-    def backward(ctx, grad_spikes, *grad_final):
-        model, surrogate, detach_reset, backend, potential, n_params, has_bias = ctx.args
-        refuse_double_backward(
-            f"the recurrent {model.name} layer ({backend!r} backend)",
-            "use backend='reference', which runs plain PyTorch ops",
+    def backward(ctx, grad_spikes, *rest):
+        need = ctx.needs_input_grad
+        need = (*need[:4], *need[10:])
+        grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(
+            ctx, grad_spikes, rest[: ctx.n_init], need, _backward_impl
         )
-        ops = backend_module(backend)
-        bits, weight, bias, spikes0, par, init_all, *rest = saved_tensors(ctx, f"the recurrent {model.name} layer")
-        t_steps = ctx.t_steps
-        batch, hidden = spikes0.shape
-        shape = (t_steps, batch, hidden)
-        dtype, device = spikes0.dtype, spikes0.device
-        spikes = bitpack.unpack(bits, shape, dtype)
-        previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
-        if potential:
-            hist = rest[0]
-            xin = rest[1] if ctx.has_currents else None
-        else:
-            x = rest[0]
-            kept = ops.kernels(model, type(surrogate), dtype).KEPT_STATES
-            currents = _empty(shape, spikes0)
-            r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
-            for t in range(t_steps):
-                currents[t].copy_(current(previous[t], weight, bias, out=r))
-            hist = _empty((t_steps, len(kept), batch, hidden), spikes0)
-            ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
-            xin = x + currents if model.backward_reads_input else None
-        gy = grad_spikes.contiguous() if grad_spikes is not None else torch.zeros(shape, dtype=dtype, device=device)
-        gS = torch.stack(
-            [
-                torch.zeros(batch, hidden, dtype=dtype, device=device)
-                if g is None
-                else g.to(dtype).expand(batch, hidden)
-                for g in grad_final
-            ]
-        ).contiguous()
-        gs = torch.zeros(batch, hidden, dtype=dtype, device=device)
-        grec = torch.zeros_like(gs)
-        need = [bool(n) for n in ctx.needs_input_grad[10 : 10 + n_params]]
-        acc = torch.zeros(len(need) if any(need) else 1, batch, hidden, dtype=dtype, device=device)
-        G = _empty(shape, spikes0)
-        if model.handoff:
-            ops.handoff_grad(model, surrogate, detach_reset, need, gS, gs, hist, par, acc)
-        step = ops.bind_backward(
-            model,
-            surrogate,
-            detach_reset,
-            need,
-            gy,
-            grec,
-            G,
-            gS,
-            gs,
-            hist,
-            init_all,
-            G if xin is None else xin,
-            par,
-            acc,
-        )
-        for t in range(t_steps - 1, -1, -1):
-            step(t)
-            current_backward(G[t], weight, out=grec)
-        ginit = torch.empty_like(gS)
-        ops.initial(model, surrogate, need, gS, gs, ginit, init_all, par, acc)
+        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, *grad_params, *grad_init)
 
-        flat_g = G.reshape(-1, hidden)
-        grad_weight = grad_bias = None
-        if ctx.needs_input_grad[1]:
-            if weight.dim() == 2:
-                grad_weight = flat_g.t() @ previous.reshape(-1, hidden)
-            else:
-                grad_weight = (flat_g * previous.reshape(-1, hidden)).sum(0)
-        if has_bias and ctx.needs_input_grad[2]:
-            grad_bias = flat_g.sum(0)
-        param_shapes, init_shapes = ctx.shapes
-        grad_params = [
-            None if not need[i] else acc[i].sum().reshape(s) if s.numel() == 1 else acc[i].sum(0)
-            for i, s in enumerate(param_shapes)
-        ]
-        need_init = ctx.needs_input_grad[10 + n_params :]
-        grad_init = [
-            None if not need_init[i] else ginit[i] if s == ginit[i].shape else ginit[i].sum().reshape(s)
-            for i, s in enumerate(init_shapes)
-        ]
-        grad_spikes0 = grec.clone() if ctx.needs_input_grad[3] else None
-        return (G, grad_weight, grad_bias, grad_spikes0, None, None, None, None, None, None, *grad_params, *grad_init)
+
+def recurrent_layer(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset: bool, backend: str, memory):
+    """``[spikes [T, B, H], *final states [B, H]]`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype) with
+    autograd: the recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or
+    ``[H]`` each; ``init`` the initial states (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the
+    first step's current reads (None: those of the initial states). The custom op under ``torch.compile``, the plain Function in eager mode."""
+    model_key, surrogate_key = key_of(model), key_of(surrogate)
+    if torch.compiler.is_compiling():
+        out = recurrent_forward(
+            x,
+            weight,
+            bias,
+            spikes0,
+            list(params),
+            list(init),
+            model_key,
+            surrogate_key,
+            bool(detach_reset),
+            backend,
+            memory,
+        )
+    else:
+        out = _EagerRecurrent.apply(
+            x,
+            weight,
+            bias,
+            spikes0,
+            model_key,
+            surrogate_key,
+            bool(detach_reset),
+            backend,
+            memory,
+            len(params),
+            *params,
+            *init,
+        )
+    return list(out[: 1 + len(init)])
