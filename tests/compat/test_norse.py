@@ -87,3 +87,11 @@ def test_recurrent_modules_match_norse(name, backend):
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(a.abs().max())))
     assert not grads[1][2].diagonal().any()  # no autapses: the diagonal's gradient zeroed, as in Norse
+
+
+def test_backend_and_memory_refused_at_construction():
+    """As the native modules: an unknown backend or memory mode fails when the module is made, not at its first call."""
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        spikefuse.compat.norse.LIFRecurrent(4, 3, backend="cuda")
+    with pytest.raises(ValueError, match="unknown memory mode 'bogus'"):
+        spikefuse.compat.norse.LSNNRecurrent(4, 3, memory="bogus")

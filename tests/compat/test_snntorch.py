@@ -248,6 +248,11 @@ def test_surrogate_mapping_and_errors():
         (lambda: C.Leaky(beta=0.5, state_quant=True), NotImplementedError, "state_quant"),
         (lambda: C.Leaky(beta=0.5, reset_mechanism="hard"), ValueError, "reset_mechanism must be one of"),
         (lambda: C.RLeaky(beta=0.5), TypeError, "needs linear_features"),
+        (lambda: C.RLeaky(beta=0.5, linear_features=0), ValueError, "linear_features must be a positive int"),
+        # refused at construction, as the native modules refuse them (they failed only at the first call)
+        (lambda: C.RLeaky(beta=0.5, linear_features=4, backend="cuda"), ValueError, "unknown backend 'cuda'"),
+        (lambda: C.Synaptic(alpha=0.5, beta=0.5, backend="gpu"), ValueError, "unknown backend 'gpu'"),
+        (lambda: C.Leaky(beta=0.5, memory="bogus"), ValueError, "unknown memory mode 'bogus'"),
         (lambda: C.RLeaky(beta=0.5, conv2d_channels=2, kernel_size=3), NotImplementedError, "recurrent convolutions"),
         (lambda: C.RLeaky(beta=0.5, all_to_all=False, linear_features=3), TypeError, "takes V, not linear_features"),
         (lambda: C.Leaky(beta=torch.rand(3, 8))(torch.rand(3, 8)), ValueError, "per-neuron beta"),
@@ -260,3 +265,12 @@ def test_surrogate_mapping_and_errors():
     for make, error, message in refused:
         with pytest.raises(error, match=message):
             make()
+
+
+def test_one_to_one_layer_of_no_neurons_is_empty_as_in_snntorch():
+    """A recurrent layer of 0 neurons gives empty spikes and states, as snnTorch's (it ended in a reshape error)."""
+    for make in (snntorch.RLeaky, C.RLeaky):
+        spk, mem = make(beta=0.9, all_to_all=False, V=0.5)(torch.rand(2, 0))
+        assert spk.shape == mem.shape == (2, 0)
+    spikes, mem = C.RLeaky(beta=0.9, all_to_all=False, V=0.5).sequence(torch.rand(3, 2, 0))
+    assert spikes.shape == (3, 2, 0) and mem.shape == (2, 0)

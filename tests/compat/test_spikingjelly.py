@@ -228,6 +228,8 @@ def test_defaults_and_attributes_match_spikingjelly():
         (lambda: C.LIFNode(tau=1.0), "tau must be > 1"),
         (lambda: C.ParametricLIFNode(init_tau=0.5), "init_tau must be > 1"),
         (lambda: C.IFNode(step_mode="x"), "step_mode"),
+        (lambda: C.LIFNode(backend="cuda"), "unknown backend 'cuda'"),  # at construction, as the native modules
+        (lambda: C.ParametricLIFNode(memory="bogus"), "unknown memory mode 'bogus'"),
     ],
 )
 def test_clear_errors(make, match):

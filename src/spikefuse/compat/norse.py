@@ -29,8 +29,10 @@ import torch
 from torch import nn
 
 from ..neurons import NeuronModel
+from ..ops import check_backend_name
 from ..recurrent_functional import recurrent
 from ..surrogate import FastSigmoid
+from ..validation import check_memory_mode
 
 __all__ = [
     "NORSE_LIF",
@@ -157,6 +159,8 @@ class _Recurrent(nn.Module):
         super().__init__()
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)
         self.p, self.dt, self.autapses = p, dt, bool(autapses)
+        check_backend_name(backend)  # refused now, not at the first call
+        check_memory_mode(memory)
         self.backend, self.memory = backend, memory
         scale = torch.sqrt(2.0 / torch.as_tensor(self.hidden_size))  # Norse's: a float32 scale from the hidden size
         self.input_weights = (

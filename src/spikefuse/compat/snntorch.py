@@ -40,9 +40,11 @@ import torch
 from torch import nn
 
 from ..neuron_functional import neuron
+from ..ops import check_backend_name
 from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SYNAPTIC_NO_DELAY_MODELS
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
+from ..validation import check_memory_mode
 
 __all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "to_surrogate"]
 
@@ -151,6 +153,8 @@ class _SpikingNeuron(nn.Module):
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
         self.reset_mechanism = reset_mechanism
+        check_backend_name(backend)  # refused now, not at the first call
+        check_memory_mode(memory)
         self.backend = backend
         self.memory = memory
         self._keep("threshold", threshold, learn_threshold)
@@ -438,6 +442,8 @@ class _Recurrent(_SpikingNeuron):
                 "recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
                 "linear_features, or all_to_all=False"
             )
+        if all_to_all and linear_features is not None and (not isinstance(linear_features, int) or linear_features < 1):
+            raise ValueError(f"linear_features must be a positive int (the number of neurons), got {linear_features!r}")
         if all_to_all and not linear_features:
             raise TypeError("all_to_all=True needs linear_features (the number of neurons) for the recurrent nn.Linear")
         if not all_to_all and linear_features is not None:
@@ -470,7 +476,7 @@ class _Recurrent(_SpikingNeuron):
         if x_seq.ndim < 2:
             raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
         neurons = x_seq.shape[-1]
-        view = x_seq.reshape(x_seq.shape[0], -1, neurons)
+        view = x_seq.reshape(x_seq.shape[0], math.prod(x_seq.shape[1:-1]), neurons)  # (-1 is ambiguous for 0 neurons)
         delayed = self.reset_delay or self.reset_mechanism not in self.NO_DELAY_MODELS
         model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[self.reset_mechanism]
         state = (

@@ -32,7 +32,9 @@ from torch import nn
 
 from ..functional import run_lif
 from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
+from ..ops import check_backend_name
 from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
+from ..validation import check_memory_mode
 
 __all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate", "use_spikingjelly_neurons"]
 
@@ -153,6 +155,8 @@ class _BaseNode(nn.Module):
         self.store_v_seq = bool(store_v_seq)
         if backend in ("torch", "cupy"):  # SpikingJelly < 2.0 names: same results, pick the fused kernel
             backend = "auto"
+        check_backend_name(backend)  # refused now, not at the first call
+        check_memory_mode(memory)
         self.backend = backend
         self.memory = memory
         self.v = self._reset_value
