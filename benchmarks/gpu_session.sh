@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What to run on a CUDA GPU machine, from the repository root, with the machine's own torch and triton:
 #   OUT=<folder for logs and results> benchmarks/gpu_session.sh [cuda-tests] [triton-tests] [bench] [compile]
-#       [memory] [bench-quick] [recurrent] [tune] [step] [table1] [nonfinite]   (default: cuda-tests triton-tests bench)
+#       [memory] [bench-quick] [recurrent] [tune] [step] [table1] [nonfinite] [compile-ops]
+#       (default: cuda-tests triton-tests bench)
 # - cuda-tests: tests/ops/test_triton_cuda.py, tests/bench/test_gpu.py and test_memory.py (CUDA tensors through the
 #   public API, a lean ResNet18 trained on the GPU);
 # - triton-tests: every Triton test of the suite with its kernels compiled for and run on the GPU
@@ -19,7 +20,9 @@
 #   graphs);
 # - table1: `spikefuse bench table1 --device cuda` on MNIST (full width, T=32, a timed subset) from $DATA_ROOT
 #   (default .gpudata: copy ../shared/data/mnist there and carry it, since the data is not in the repository);
-# - nonfinite: the NaN/inf tests with their Triton kernels compiled for the GPU.
+# - nonfinite: the NaN/inf tests with their Triton kernels compiled for the GPU;
+# - compile-ops: the recurrent layer's and the spike packing's custom ops (opcheck, torch.compile against eager,
+#   the recurrent Triton tests) with their Triton kernels compiled for the GPU.
 # Peers and test dependencies missing there can travel as wheels in .whl/ (installed into /tmp/site; .whl/ is not
 # tracked by git, so the device tool must be told to carry it: carry [".whl"]).
 set -uo pipefail
@@ -85,10 +88,14 @@ for step in "${@:-cuda-tests triton-tests bench}"; do
         SPIKEFUSE_TEST_TRITON=cuda timeout "${NONFINITE_TIMEOUT:-150}" $PY -m pytest -q -p no:cacheprovider \
             -n "$workers" tests/ops/test_non_finite.py 2>&1 | tee "$OUT/pytest-nonfinite-cuda.log" | tail -8 \
             || status=1 ;;
+      compile-ops)
+        SPIKEFUSE_TEST_TRITON=cuda timeout "${OPS_TIMEOUT:-150}" $PY -m pytest -q -p no:cacheprovider -n "$workers" \
+            tests/nn/test_recurrent.py tests/ops/test_bitpack.py tests/ops/test_recurrent.py \
+            -k "triton or compile or opcheck" 2>&1 | tee "$OUT/pytest-compile-ops.log" | tail -8 || status=1 ;;
       bench-quick)
         $PY -m spikefuse.cli bench gpu --quick --out "$OUT" 2>&1 | tail -30 || status=1 ;;
       *) echo "unknown step $s: use cuda-tests, triton-tests, bench, compile, memory, bench-quick, recurrent, tune, step,"
-         echo "table1 or nonfinite"
+         echo "table1, nonfinite or compile-ops"
          exit 2 ;;
     esac
   done
