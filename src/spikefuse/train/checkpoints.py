@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
+import pickle
 import random
 import re
 import signal
 import tempfile
 import threading
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .config import ConfigError, TrainConfig, check_resume
+from .config import ConfigError, TrainConfig, a_or_an, check_resume, saved_config_problem
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -49,8 +52,21 @@ CURVES_NAME = "curves.png"
 CHECKPOINT_VERSION = 1
 TEMP_SUFFIX = ".tmp"
 WRITE_TEST_NAME = "write-test"
-# What a checkpoint must hold for eval and resume.
-_REQUIRED_KEYS = ("config", "info", "epoch", "model", "optimizer", "history", "rng")
+# What a checkpoint must hold for eval and resume, and of which type.
+_REQUIRED_KEYS = {
+    "config": dict,
+    "info": dict,
+    "epoch": int,
+    "model": dict,
+    "optimizer": dict,
+    "history": list,
+    "rng": dict,
+}
+#: The training loop's generators, by their names among a checkpoint's RNG states.
+GENERATORS = ("data", "encode")
+# The columns of a history row that are read back (the curves, the last epoch's report); the others are only
+# written to metrics.csv.
+_HISTORY_NUMBERS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc")
 
 
 def seed_everything(seed: int) -> None:
@@ -80,14 +96,40 @@ def rng_states(gens: dict[str, torch.Generator]) -> dict:
 
 def set_rng_states(states: dict, gens: dict[str, torch.Generator]) -> None:
     torch.set_rng_state(states["torch"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    py = states["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state(_numpy_state(states["numpy"]))
+    random.setstate(_python_state(states["python"]))
     for name, g in gens.items():
         g.set_state(states["generators"][name])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _numpy_state(n: dict) -> tuple:
+    return ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+
+
+def _python_state(py) -> tuple:
+    return (py[0], tuple(py[1]), py[2])
+
+
+def _rng_problem(states: dict) -> str | None:
+    """What keeps a checkpoint's RNG states from loading, found by loading each into a new generator (the
+    process's own stay as they are); None if they all load."""
+    loads = {
+        "torch": lambda: torch.Generator().set_state(states["torch"]),
+        "numpy": lambda: np.random.RandomState().set_state(_numpy_state(states["numpy"])),
+        "python": lambda: random.Random().setstate(_python_state(states["python"])),
+        "generators": lambda: [torch.Generator().set_state(states["generators"][name]) for name in GENERATORS],
+    }
+    if "cuda" in states and torch.cuda.is_available():  # each GPU's state, checked on one GPU
+        loads["cuda"] = lambda: [torch.Generator("cuda").set_state(state) for state in states["cuda"]]
+    for part, load in loads.items():
+        try:
+            load()
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as err:
+            why = f"lacks {err}" if isinstance(err, KeyError) else _first_line(err)
+            return f"its RNG states do not load: {part}: {why}"
+    return None
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -160,23 +202,149 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """A checkpoint written by ``spikefuse train``, read without unpickling code (``torch.load(weights_only=True)``)
-    and checked for its version and fields; a missing, corrupt or foreign file raises an error that says which."""
+    and checked for its version and every field eval and resume use (types, the config's settings, finite
+    weights, RNG states that load); a missing, corrupt, foreign or malformed file raises a one-line
+    :class:`ConfigError` naming the file and what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no checkpoint at {path}")
-    if path.stat().st_size == 0:
-        raise ConfigError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"cannot read checkpoint {path}: {reason}") from None
-    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
+    ckpt = _read(path)
+    if not isinstance(ckpt, dict) or type(ckpt.get("version")) is not int or ckpt["version"] != CHECKPOINT_VERSION:
         raise ConfigError(f"{path} is not a spikefuse checkpoint (version {CHECKPOINT_VERSION})")
     missing = [k for k in _REQUIRED_KEYS if k not in ckpt]
     if missing:
         raise ConfigError(f"checkpoint {path} is incomplete: it lacks {', '.join(repr(k) for k in missing)}")
+    problem = _malformed(ckpt)
+    if problem:
+        raise ConfigError(f"checkpoint {path} is malformed: {problem}")
     return ckpt
+
+
+def _read(path: Path):
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise ConfigError(f"cannot read checkpoint {path}: {err.strerror or err}") from None
+    if not head:
+        raise ConfigError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
+    if head != b"PK\x03\x04":
+        raise ConfigError(f"cannot read checkpoint {path}: not a file that torch.save wrote (a zip archive)")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(
+            f"cannot read checkpoint {path}: the file is truncated or corrupt (its zip archive has no end)"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # torch's advice (weights_only=False) would run the file's code
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f"a {found.group(1)}" if found else "objects other than tensors and plain values"
+        raise ConfigError(
+            f"cannot read checkpoint {path}: it holds {what}, which checkpoints never hold (spikefuse reads them "
+            "without running code from the file)"
+        ) from None
+    except Exception as err:
+        raise ConfigError(f"cannot read checkpoint {path}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _malformed(ckpt: dict) -> str | None:
+    """What is wrong with the fields of a checkpoint (its version and keys checked), or None."""
+    for key, kind in _REQUIRED_KEYS.items():
+        value = ckpt[key]
+        if kind is int and (type(value) is not int or value < 1):
+            return f"its {key} must be an int >= 1, got {value!r}"
+        if not isinstance(value, kind):
+            return f"its {key} is {a_or_an(type(value).__name__)}, not {a_or_an(kind.__name__)}"
+    return (
+        saved_config_problem(ckpt["config"])
+        or _weights_problem(ckpt["model"])
+        or _optimizer_problem(ckpt["optimizer"])
+        or _history_problem(ckpt["history"], ckpt["epoch"])
+        or _rng_problem(ckpt["rng"])
+    )
+
+
+def _weights_problem(model: dict) -> str | None:
+    for name, value in model.items():
+        if not isinstance(name, str):
+            return f"its model holds the key {name!r}, not a parameter's name"
+        if not isinstance(value, torch.Tensor):
+            return f"its model's {name!r} is {a_or_an(type(value).__name__)}, not a tensor"
+        if value.layout != torch.strided or value.is_meta or value.is_quantized or value.is_complex():
+            return f"its model's {name!r} is not a dense tensor of real numbers"
+    if not all(bool(torch.isfinite(v).all()) for v in model.values() if v.is_floating_point()):
+        return "its model's weights hold NaN or inf"
+    return None
+
+
+def _optimizer_problem(optimizer: dict) -> str | None:
+    for key, kind in (("state", dict), ("param_groups", list)):
+        if key not in optimizer:
+            return f"its optimizer lacks {key!r}"
+        if not isinstance(optimizer[key], kind):
+            return f"its optimizer's {key} is {a_or_an(type(optimizer[key]).__name__)}, not {a_or_an(kind.__name__)}"
+    if not all(isinstance(group, dict) for group in optimizer["param_groups"]):
+        return "its optimizer's param_groups are not all dicts"
+    return None
+
+
+def _history_problem(history: list, epoch: int) -> str | None:
+    for i, row in enumerate(history, 1):
+        if not isinstance(row, dict):
+            return f"its history's row {i} is {a_or_an(type(row).__name__)}, not a dict"
+        for column in _HISTORY_NUMBERS:
+            if column not in row:
+                return f"its history's row {i} lacks {column!r}"
+            value = row[column]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"its history's row {i} holds {column} {value!r}, not a number"
+    epochs = [row["epoch"] for row in history]
+    if epochs != list(range(1, epoch + 1)):  # a row per epoch so far, as training appends them
+        shown = ", ".join(map(str, epochs[:8])) + (", ..." if len(epochs) > 8 else "")
+        return f"its history holds epochs [{shown}], not 1 to its epoch {epoch}"
+    return None
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, ckpt: dict, path) -> None:
+    """``optimizer.load_state_dict`` with a one-line error when the state does not fit the model's parameters or
+    the optimizer (Adam would fail at its first step, or train on with moments of other shapes)."""
+
+    def refuse(why: str):
+        raise ConfigError(f"the optimizer state in {path} does not fit the model's parameters: {why}")
+
+    fresh = optimizer.state_dict()["param_groups"]
+    for saved, group in zip(ckpt["optimizer"]["param_groups"], fresh):
+        for key, value in group.items():  # each setting as the fresh optimizer's, where both have it
+            if key in saved and not _same_kind(saved[key], value):
+                refuse(f"its param group's {key} is {saved[key]!r}")
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        refuse(f"{'lacks ' if isinstance(err, KeyError) else ''}{_first_line(err)}")
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for name, value in state.items() if isinstance(state, dict) else [("state", state)]:
+                if not isinstance(value, torch.Tensor) or (value.ndim and value.shape != param.shape):
+                    shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                    refuse(f"its {name} is {shape} for a parameter of shape {tuple(param.shape)}")
+
+
+def _same_kind(saved, fresh) -> bool:
+    """Whether ``saved`` is a value of the kind of ``fresh`` (a setting of a param group): a flag, a number, a
+    tuple of as many numbers; ``params`` and settings without a value (None) take any."""
+    if isinstance(fresh, bool):
+        return isinstance(saved, bool)
+    if isinstance(fresh, (int, float)):
+        return not isinstance(saved, bool) and isinstance(saved, (int, float)) and math.isfinite(saved)
+    if isinstance(fresh, tuple):
+        return isinstance(saved, (tuple, list)) and len(saved) == len(fresh) and all(map(_same_kind, saved, fresh))
+    return True
 
 
 def load_model_state(model: torch.nn.Module, ckpt: dict, path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -119,7 +120,34 @@ class TrainConfig:
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
 
     def validate(self) -> None:
-        for name in ("T", "epochs", "batch_size", "threads", "seed", "image_size", "width", "hidden", "layers"):
+        """Check every setting for a run on this machine: :meth:`check_settings`, then the thread count, the device
+        and the neuron backend. Raises :class:`ConfigError` saying which setting is wrong and why."""
+        self.check_settings()
+        problem = None if self.threads is None else out_of_bounds("threads", self.threads)
+        if problem:
+            raise ConfigError(f"--threads {problem}")
+        from ..ops import resolve_backend
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as err:
+            raise ConfigError(f"bad --device {self.device!r}: {err}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {self.device} requested but CUDA is not available (this torch: {torch.__version__})"
+            )
+        if self.neurons == "spikefuse":
+            try:
+                resolve_backend(self.neuron_backend, device)
+            except ValueError as err:
+                raise ConfigError(
+                    f"--neuron-backend {self.neuron_backend} cannot run on --device {self.device}: {err}"
+                ) from None
+
+    def check_settings(self) -> None:
+        """The checks that hold on any machine (a checkpoint's config, perhaps from another machine, gets these):
+        bounds, choices, and the settings that exclude one another."""
+        for name in ("T", "epochs", "batch_size", "seed", "image_size", "width", "hidden", "layers"):
             value = getattr(self, name)
             problem = None if value is None else out_of_bounds(name, value)
             if problem:
@@ -136,8 +164,10 @@ class TrainConfig:
             raise ConfigError(
                 f"--width sets the channels of a ResNet's first stage; got {self.width} for --model {self.model}"
             )
-        from ..models import RECURRENT_MODELS
+        from ..data import DATASETS
+        from ..models import MEMORY_FORMS, MODELS, RECURRENT_MODELS
         from ..models.srnn import CELLS
+        from ..ops import BACKENDS
 
         if self.model not in RECURRENT_MODELS and (self.hidden, self.layers, self.cell) != (256, 1, "lif"):
             raise ConfigError(
@@ -149,9 +179,6 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-        from ..models import MEMORY_FORMS, MODELS
-        from ..ops import BACKENDS, resolve_backend
-
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.memory not in MEMORY_FORMS:
@@ -161,26 +188,14 @@ class TrainConfig:
                 "--memory lean fuses BatchNorm with spikefuse's neurons; --neurons spikingjelly keeps "
                 "SpikingJelly's: use --memory fused with it"
             )
-
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"unknown data set {self.dataset!r}: use one of {', '.join(DATASETS)}")
         if self.neuron_backend not in BACKENDS:
             raise ConfigError(f"unknown neuron backend {self.neuron_backend!r}: use one of {', '.join(BACKENDS)}")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as err:
-            raise ConfigError(f"bad --device {self.device!r}: {err}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(
-                f"--device {self.device} requested but CUDA is not available (this torch: {torch.__version__})"
-            )
-        if self.neurons == "spikefuse":
-            try:
-                resolve_backend(self.neuron_backend, device)
-            except ValueError as err:
-                raise ConfigError(
-                    f"--neuron-backend {self.neuron_backend} cannot run on --device {self.device}: {err}"
-                ) from None
+        if self.neuron is not None:
+            _check_neuron_options(self.neuron)
 
     def check_data_kind(self, kind: str) -> None:
         """Settings that depend on the data set: Poisson coding applies to images, not to event frames or sequences;
@@ -202,6 +217,55 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _check_neuron_options(options: dict) -> None:
+    """``options`` (``LIFOptions.to_dict()``) make LIF options. The surrogate is looked up among the surrogates
+    before ``LIFOptions.from_dict`` runs: that calls whatever the surrogate module holds by the name given."""
+    from ..models import LIFOptions
+    from ..surrogate import SURROGATES
+
+    names = [cls.__name__ for cls in SURROGATES.values()]
+    surrogate = options.get("surrogate")
+    name = surrogate.get("name") if isinstance(surrogate, dict) else surrogate
+    if name not in names:
+        raise ConfigError(f"bad neuron options: unknown surrogate {name!r}: use one of {', '.join(names)}")
+    try:
+        LIFOptions.from_dict(options)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"bad neuron options: {err}") from None
+
+
+def saved_config_problem(saved: dict) -> str | None:
+    """What is wrong with a checkpoint's config (:func:`dataclasses.asdict` of a :class:`TrainConfig`), or None:
+    settings this version lacks (a newer one wrote it), values of another type than the setting's, or values
+    :meth:`TrainConfig.check_settings` refuses. Settings the config lacks (an older version wrote it) are their
+    defaults."""
+    types = typing.get_type_hints(TrainConfig)
+    unknown = [name for name in saved if name not in types]
+    if unknown:
+        return f"its config holds settings this spikefuse does not know: {', '.join(map(repr, unknown))}"
+    for name, value in saved.items():
+        allowed = typing.get_args(types[name]) or (types[name],)
+        if not any(_is_a(value, kind) for kind in allowed):
+            kinds = " or ".join("None" if kind is type(None) else a_or_an(kind.__name__) for kind in allowed)
+            return f"its config's {name} must be {kinds}, got {value!r}"
+    try:
+        TrainConfig(**saved).check_settings()
+    except ConfigError as err:
+        return f"its config cannot run: {err}"
+    return None
+
+
+def _is_a(value, kind: type) -> bool:
+    if isinstance(value, bool):  # a bool is an int to isinstance; never a number setting here
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def a_or_an(noun: str) -> str:
+    """``noun`` with its indefinite article, for messages that name a type."""
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:

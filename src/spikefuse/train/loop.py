@@ -27,6 +27,7 @@ from .checkpoints import (
     check_out_dir,
     load_checkpoint,
     load_model_state,
+    load_optimizer_state,
     load_resume_checkpoint,
     lock_out_dir,
     remove_stale_temp_files,
@@ -61,8 +62,6 @@ def reset_states(model: nn.Module) -> None:
 def _load_data(cfg: TrainConfig):
     from .. import data
 
-    if cfg.dataset not in data.DATASETS:
-        raise ConfigError(f"unknown data set {cfg.dataset!r}: use one of {', '.join(data.DATASETS)}")
     kw = {} if cfg.image_size is None else {"size": cfg.image_size}
     try:
         train_ds, info = data.load_dataset(cfg.dataset, cfg.data_dir, train=True, T=cfg.T, seed=cfg.seed, **kw)
@@ -406,7 +405,7 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
     start_epoch = 0
     if ckpt is not None:
         load_model_state(model, ckpt, path)
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(optimizer, ckpt, path)
         history = list(ckpt["history"])
         start_epoch = int(ckpt["epoch"])
         set_rng_states(ckpt["rng"], gens)
