@@ -204,3 +204,10 @@ def test_resume_refuses_a_hostile_checkpoint_in_one_line(tmp_path, capsys, check
         ["train", "--resume", str(path), "--out", str(out), "--epochs", "2", "--no-progress"], capsys, path, message
     )
     assert not out.exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a checkpoint holds CUDA RNG states where CUDA is")
+def test_eval_refuses_a_bad_cuda_rng_state_in_one_line(tmp_path, capsys, checkpoint):
+    path = tmp_path / "checkpoint.pt"
+    torch.save(_rng(checkpoint, cuda=[state[:10] for state in checkpoint["rng"]["cuda"]]), path)
+    _refused(["eval", "--checkpoint", str(path), "--no-progress"], capsys, path, "its RNG states do not load: cuda: ")
