@@ -59,7 +59,9 @@ def _pack_kernel(x, mask, one, out, words):
     64 elements at once (a compare per element and a shift into the word, which LLVM vectorizes: 2-3x faster than
     a byte at a time); the elements after the last whole word go bit by bit into ``out``'s last bytes. Returns how
     many words (and trailing elements) hold a nonzero element other than ``one`` (the bit pattern of 1): whether
-    ``x`` was binary, told as it is read (~4% of the packing's time, side by side on a 268 MB tensor)."""
+    ``x`` was binary, told as it is read, by a second word of the elements equal to ``one``, made as the first is
+    (on a 268 MB tensor within 3% of the time without it; 1.55x where ``x`` is in cache, 4 MB: +19 us,
+    ``benchmarks/results/issue55_pack_check.md``)."""
     n = x.size
     tasks = (words.size + _WORDS_PER_TASK - 1) // _WORDS_PER_TASK
     others = 0
@@ -68,13 +70,12 @@ def _pack_kernel(x, mask, one, out, words):
         for w in range(t * _WORDS_PER_TASK, min((t + 1) * _WORDS_PER_TASK, words.size)):
             xs = x[64 * w : 64 * w + 64]
             bits = np.uint64(0)
-            other = False
+            ones = np.uint64(0)
             for k in range(64):
-                nonzero = (xs[k] & mask) != 0
-                bits |= np.uint64(nonzero) << np.uint64(k)
-                other |= nonzero & (xs[k] != one)
+                bits |= np.uint64((xs[k] & mask) != 0) << np.uint64(k)
+                ones |= np.uint64(xs[k] == one) << np.uint64(k)
             words[w] = bits
-            task_others += other
+            task_others += bits != ones
         others += task_others
     for j in range(8 * words.size, out.size):
         out[j] = 0
