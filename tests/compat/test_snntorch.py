@@ -274,3 +274,80 @@ def test_one_to_one_layer_of_no_neurons_is_empty_as_in_snntorch():
         assert spk.shape == mem.shape == (2, 0)
     spikes, mem = C.RLeaky(beta=0.9, all_to_all=False, V=0.5).sequence(torch.rand(3, 2, 0))
     assert spikes.shape == (3, 2, 0) and mem.shape == (2, 0)
+
+
+def test_snntorch_utils_reset_resets_the_drop_ins():
+    """The tutorials' network of ``init_hidden=True`` neurons in an ``nn.Sequential``, reset between samples by
+    ``snntorch.utils.reset(net)``: the drop-ins are found as snnTorch's own (they have snnTorch's classes as bases
+    where it is importable), so an evaluation under ``torch.no_grad()`` gives snnTorch's outputs (the drop-ins'
+    states were carried over from the previous sample, silently)."""
+    import snntorch.utils
+
+    def net(lib):
+        torch.manual_seed(5)
+        return torch.nn.Sequential(
+            torch.nn.Linear(6, N),
+            lib.Leaky(beta=0.8, init_hidden=True),
+            torch.nn.Linear(N, N),
+            lib.Synaptic(alpha=0.7, beta=0.85, init_hidden=True),
+            torch.nn.Linear(N, 4),
+            lib.RLeaky(beta=0.8, threshold=0.2, linear_features=4, init_hidden=True, output=True),
+        )
+
+    peer, ours = net(snntorch), net(C)
+    assert isinstance(ours[1], snntorch.Leaky) and isinstance(ours[5], snntorch.RLeaky)
+    samples = torch.rand(3, T, B, 6, generator=torch.Generator().manual_seed(6)) * 4
+    with torch.no_grad():
+        for x in samples:
+            outs = []
+            for module in (peer, ours):
+                snntorch.utils.reset(module)
+                outs.append([module(x_t) for x_t in x])
+            for (s1, *st1), (s2, *st2) in zip(*outs):
+                assert torch.equal(s1, s2) and all(map(torch.equal, st1, st2))
+    assert float(torch.stack([o[0] for o in outs[1]]).mean()) > 0
+    assert all(float(ours[i].mem.abs().sum()) > 0 for i in (1, 3, 5))
+    snntorch.utils.reset(ours)
+    assert all(float(ours[i].mem.abs().sum()) == 0 for i in (1, 3, 5))
+
+
+@pytest.mark.parametrize("name", ["leaky", "synaptic", "rleaky", "rsynaptic"])
+@pytest.mark.parametrize("reset_delay", [True, False])
+def test_reset_mechanism_set_after_construction_runs_as_snntorch(name, reset_delay):
+    """snnTorch picks its state update in the constructor: setting ``reset_mechanism`` later changes only the reset in
+    the step of a spike of ``reset_delay=False`` (and ``reset_mechanism_val``); the drop-ins run what snnTorch runs,
+    bit for bit, and refuse the mixtures they do not define (the drop-ins ran the new mechanism throughout)."""
+    peer_cls, ours_cls, kw, _ = CASES[name]
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(8)) * 1.5
+    for made in RESETS:
+        for now in RESETS:
+            peer, ours = _pair(peer_cls, ours_cls, "cpu", reset_mechanism=made, reset_delay=reset_delay, **kw)
+            peer.reset_mechanism = ours.reset_mechanism = now
+            assert int(ours.reset_mechanism_val) == int(peer.reset_mechanism_val)
+            try:
+                want = _loop(peer, x)
+            except TypeError:  # snnTorch 1.0's RSynaptic(reset_delay=False) fails on its own graded spikes factor
+                continue
+            try:
+                got = _loop(ours, x)
+            except NotImplementedError as err:
+                assert not reset_delay and made != now and "spikefuse does not define" in str(err)
+                continue
+            assert torch.equal(want[0], got[0]), (made, now)
+            assert all(torch.equal(a, b) for a, b in zip(want[1], got[1])), (made, now)
+    with pytest.raises(ValueError, match="reset_mechanism must be one of"):
+        ours.reset_mechanism = "hard"
+
+
+def test_snntorch_detach_hidden_detaches_the_drop_ins():
+    """Truncated BPTT as snnTorch's users write it: ``snntorch.Leaky.detach_hidden()`` detaches every Leaky's state
+    in place, the drop-ins' too (their states were views, which torch cannot detach in place)."""
+    ours = C.Leaky(beta=0.9, init_hidden=True)
+    x = torch.rand(T, B, N, requires_grad=True)
+    for x_t in x[:3]:
+        ours(x_t)
+    assert ours.mem.requires_grad
+    snntorch.Leaky.detach_hidden()
+    assert not ours.mem.requires_grad
+    ours(x[3]).sum().backward()
+    assert x.grad[:3].abs().sum() == 0 and x.grad[3].abs().sum() > 0

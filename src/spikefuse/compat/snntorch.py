@@ -18,6 +18,12 @@ snnTorch keeps ``Synaptic``'s current in the input's dtype, rounded every step, 
 ``sequence(x_seq, *state)``: all T steps of ``x_seq`` ``[T, ...]`` in one call, the spikes ``[T, ...]`` and the
 final states returned (``(spk_seq, mem)``, ``(spk_seq, syn, mem)``), the same values as the loop above.
 
+Where snnTorch is importable the drop-ins have snnTorch's classes as second bases (its constructor is not run),
+so snnTorch's own utilities treat them as its neurons: ``snntorch.utils.reset(net)``, ``snntorch.Leaky.reset_hidden()``
+and ``detach_hidden()``. Setting ``reset_mechanism`` after construction does what it does in snnTorch, which picks its
+state update in the constructor: it changes only the reset in the step of a spike of ``reset_delay=False`` (mixtures
+no neuron definition holds are refused by name).
+
 A state kept from a batch whose backward has run (a training loop without ``reset_mem()`` between batches) makes
 the next backward fail with an error that says to reset it; :func:`spikefuse.nn.reset_states` resets every neuron
 of a network.
@@ -110,9 +116,22 @@ def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
     return tuple(kept[k] if k in kept else torch.zeros_like(kept["v"]) for k in model.states)
 
 
+def _peer_class(name: str) -> tuple:
+    """snnTorch's class ``name``, as a second base of its drop-in, where snnTorch is importable: snnTorch's own
+    utilities find neurons by ``isinstance`` and ``SpikingNeuron.instances`` (``snntorch.utils.reset(net)``, the
+    classes' ``reset_hidden``/``detach_hidden``), and with the drop-ins among them they reset those too. The drop-in's
+    own methods come first; snnTorch's constructor is not run."""
+    try:
+        import snntorch
+    except ImportError:
+        return ()
+    return (getattr(snntorch, name),)
+
+
 def _kept_states(model, final, shape) -> dict:
-    """snnTorch's kept states of ``shape`` from ``model``'s final ones."""
-    return {_KEPT[k]: v.reshape(shape) for k, v in zip(model.states, final) if k in _KEPT}
+    """snnTorch's kept states of ``shape`` from ``model``'s final ones: tensors of their own, not views, since
+    snnTorch's ``detach_hidden`` detaches them in place (which torch refuses for a view)."""
+    return {_KEPT[k]: v.reshape(shape).clone() for k, v in zip(model.states, final) if k in _KEPT}
 
 
 class _SpikingNeuron(nn.Module):
@@ -123,6 +142,7 @@ class _SpikingNeuron(nn.Module):
 
     STATES: tuple[str, ...] = ()
     RETURNED: tuple[str, ...] = ()
+    NO_DELAY: tuple[str, ...] = ()  # the reset mechanisms whose reset_delay=False has a reset in the step of a spike
 
     def __init__(
         self,
@@ -140,7 +160,7 @@ class _SpikingNeuron(nn.Module):
         backend,
         memory,
     ):
-        super().__init__()
+        nn.Module.__init__(self)  # not super(): snnTorch's class may follow in the MRO (_peer_class), unconstructed
         if inhibition:
             raise NotImplementedError("inhibition=True is not supported")
         if state_quant:
@@ -152,7 +172,7 @@ class _SpikingNeuron(nn.Module):
         self.spike_grad = spike_grad
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
-        self.reset_mechanism = reset_mechanism
+        self._made_with = self._reset_mechanism = reset_mechanism
         check_backend_name(backend)  # refused now, not at the first call
         check_memory_mode(memory)
         self.backend = backend
@@ -162,6 +182,40 @@ class _SpikingNeuron(nn.Module):
         self.register_buffer("reset_mechanism_val", torch.as_tensor(_RESET_VALUES[reset_mechanism]))
         for name in self.STATES:
             self.register_buffer(name, torch.zeros(0), persistent=False)
+        peer = next((c for c in type(self).__mro__ if c.__module__.startswith("snntorch")), None)
+        if peer is not None:  # as snnTorch's constructor does: its utilities walk this list
+            peer.instances.append(self)
+
+    @property
+    def reset_mechanism(self) -> str:
+        return self._reset_mechanism
+
+    @reset_mechanism.setter
+    def reset_mechanism(self, value: str) -> None:
+        """As snnTorch's setter: checked, ``reset_mechanism_val`` follows, and the dynamics change as snnTorch's do
+        (:meth:`_mechanism`)."""
+        if value not in _RESET_VALUES:
+            raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {value!r}")
+        self._reset_mechanism = value
+        self.reset_mechanism_val = torch.as_tensor(_RESET_VALUES[value], device=self.reset_mechanism_val.device)
+
+    def _mechanism(self) -> tuple[str, bool]:
+        """``(reset mechanism, delayed)`` of the dynamics snnTorch runs. snnTorch picks its state update, and with it
+        the delayed reset, in the constructor: a ``reset_mechanism`` set later changes only the reset in the step of
+        a spike of ``reset_delay=False``, which then runs with the constructor's state update. Where that mixture is
+        none of the neuron's definitions (a zero reset made, another set), it is refused rather than run otherwise.
+        """
+        made, now = self._made_with, self._reset_mechanism
+        if self.reset_delay or now not in self.NO_DELAY:
+            return made, True
+        # after a zero reset in the step the membrane never starts a step above threshold: no delayed reset is left
+        if now == made or (made, now) == ("subtract", "zero"):
+            return now, False
+        raise NotImplementedError(
+            f"{type(self).__name__} made with reset_mechanism={made!r} and set to {now!r} with reset_delay=False: "
+            f"snnTorch then runs the {made!r} state update with a {now!r} reset in the step of a spike, which "
+            f"spikefuse does not define; make the neuron with reset_mechanism={now!r}"
+        )
 
     def _keep(self, name: str, value, learn: bool) -> None:
         """A number of snnTorch's as it keeps it: a tensor (float32 for a Python number), learnable or a buffer."""
@@ -266,7 +320,7 @@ def _neuron_view(x_seq: torch.Tensor) -> torch.Tensor:
     return x_seq if x_seq.ndim == 2 else x_seq.reshape(*x_seq.shape[:2], -1)
 
 
-class Leaky(_SpikingNeuron):
+class Leaky(_SpikingNeuron, *_peer_class("Leaky")):
     """snnTorch's first-order leaky integrate-and-fire neuron: ``mem[t] = beta.clamp(0, 1) * mem[t-1] + x[t] - R[t] *
     threshold`` with the detached reset ``R[t] = (mem[t-1] > threshold)`` ("subtract"; "zero" zeroes ``mem[t-1]``
     where ``R[t]``, "none" never resets), ``spk[t] = (mem[t] > threshold) * graded_spikes_factor``. ``forward(input_,
@@ -274,6 +328,7 @@ class Leaky(_SpikingNeuron):
     ``memory`` (as :func:`spikefuse.neuron`)."""
 
     STATES = RETURNED = ("mem",)
+    NO_DELAY = ("subtract", "zero")
     _MODELS = {
         "subtract": LIF_MODELS[("snntorch", "soft")],
         "zero": LIF_MODELS[("snntorch", "hard")],
@@ -322,10 +377,8 @@ class Leaky(_SpikingNeuron):
 
     def _run(self, x_seq, states):
         view = _neuron_view(x_seq)
-        delayed = self.reset_delay or self.reset_mechanism == "none"
-        model = (
-            self._MODELS[self.reset_mechanism] if delayed else SNNTORCH_NO_DELAY_MODELS[("leaky", self.reset_mechanism)]
-        )
+        mechanism, delayed = self._mechanism()
+        model = self._MODELS[mechanism] if delayed else SNNTORCH_NO_DELAY_MODELS[("leaky", mechanism)]
         # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
         spikes, final = neuron(
             view,
@@ -342,7 +395,7 @@ class Leaky(_SpikingNeuron):
         return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
 
 
-class Synaptic(_SpikingNeuron):
+class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
     """snnTorch's second-order (current-based) LIF neuron: ``syn[t] = alpha.clamp(0, 1) * syn[t-1] + x[t]``,
     ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] * threshold`` with the detached reset ``R[t] = (mem[t-1] >
     threshold)`` ("subtract"; "zero" zeroes the membrane of a step after a spike; "none"), ``spk[t] = (mem[t] >
@@ -351,6 +404,7 @@ class Synaptic(_SpikingNeuron):
     snnTorch's NIR import builds for a CubaLIF node)."""
 
     STATES = RETURNED = ("syn", "mem")
+    NO_DELAY = tuple(SYNAPTIC_NO_DELAY_MODELS)
 
     def __init__(
         self,
@@ -388,22 +442,27 @@ class Synaptic(_SpikingNeuron):
             memory,
         )
         self.reset_delay = bool(reset_delay)
-        delayed = self.reset_delay or reset_mechanism == "none"
-        self.model = CUBA_LIF_MODELS[reset_mechanism] if delayed else SYNAPTIC_NO_DELAY_MODELS[reset_mechanism]
         self._keep("beta", beta, learn_beta)
         self._keep("alpha", alpha, learn_alpha)
 
     init_synaptic = _SpikingNeuron.reset_mem
 
+    @property
+    def model(self):
+        """The neuron definition of the dynamics snnTorch runs (:meth:`_mechanism`)."""
+        mechanism, delayed = self._mechanism()
+        return CUBA_LIF_MODELS[mechanism] if delayed else SYNAPTIC_NO_DELAY_MODELS[mechanism]
+
     def _run(self, x_seq, states):
         view = _neuron_view(x_seq)
+        model = self.model
         # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
         spikes, final = neuron(
             view,
-            self.model,
+            model,
             surrogate=self._surrogate,
-            detach_reset=self.model in CUBA_LIF_MODELS.values(),
-            state=_engine_states(self.model, states, view.shape[1:]),
+            detach_reset=model in CUBA_LIF_MODELS.values(),
+            state=_engine_states(model, states, view.shape[1:]),
             return_state=True,
             backend=self.backend,
             memory=self.memory,
@@ -411,7 +470,7 @@ class Synaptic(_SpikingNeuron):
             beta=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
             threshold=_per_neuron(self.threshold, x_seq, "threshold"),
         )
-        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(self.model, final, x_seq.shape[1:])
+        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
 
 
 class RecurrentOneToOne(nn.Module):
@@ -477,8 +536,8 @@ class _Recurrent(_SpikingNeuron):
             raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
         neurons = x_seq.shape[-1]
         view = x_seq.reshape(x_seq.shape[0], math.prod(x_seq.shape[1:-1]), neurons)  # (-1 is ambiguous for 0 neurons)
-        delayed = self.reset_delay or self.reset_mechanism not in self.NO_DELAY_MODELS
-        model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[self.reset_mechanism]
+        mechanism, delayed = self._mechanism()
+        model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[mechanism]
         state = (
             *_engine_states(model, states, view.shape[1:], view.dtype),
             states["spk"].reshape(view.shape[1:]).to(view.dtype),
@@ -505,7 +564,7 @@ class _Recurrent(_SpikingNeuron):
         return spikes, {"spk": spikes[-1], **_kept_states(model, final, x_seq.shape[1:])}
 
 
-class RLeaky(_Recurrent):
+class RLeaky(_Recurrent, *_peer_class("RLeaky")):
     """snnTorch's recurrent leaky integrate-and-fire neuron: :class:`Leaky`'s membrane plus the recurrent current of
     the previous spikes, ``mem[t] = ((beta.clamp(0, 1) * mem[t-1] + x[t]) + recurrent(spk[t-1])) - R[t] * threshold``
     ("zero": the whole membrane of a step after a spike is 0), with ``recurrent`` an ``nn.Linear(N, N)``
@@ -519,6 +578,7 @@ class RLeaky(_Recurrent):
         "none": LIF_MODELS[("snntorch", "none")],
     }
     NO_DELAY_MODELS = {k: SNNTORCH_NO_DELAY_MODELS[("rleaky", k)] for k in ("subtract", "zero")}
+    NO_DELAY = tuple(NO_DELAY_MODELS)
     PARAMS = (("decay", "beta"), ("threshold", "threshold"))
 
     def __init__(
@@ -570,7 +630,7 @@ class RLeaky(_Recurrent):
     init_rleaky = _SpikingNeuron.reset_mem
 
 
-class RSynaptic(_Recurrent):
+class RSynaptic(_Recurrent, *_peer_class("RSynaptic")):
     """snnTorch's recurrent current-based LIF neuron: :class:`Synaptic` with the recurrent current added to the
     synaptic current, ``syn[t] = (alpha.clamp(0, 1) * syn[t-1] + x[t]) + recurrent(spk[t-1])``. ``forward(input_,
     spk=None, syn=None, mem=None) -> (spk, syn, mem)``, ``sequence(x_seq, spk=None, syn=None, mem=None) -> (spk_seq,
