@@ -313,8 +313,8 @@ def test_sizes_that_only_exhaust_the_machine_are_refused_at_parse_time(tmp_path,
 
 
 def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, monkeypatch):
-    """The command line's --data-dir (train, and bench train), the Python API's root=: each route names its own way
-    to give the folder (the command line said root=...)."""
+    """The command line's --data-dir (train, bench train and any other command), the Python API's root=: each route
+    names its own way to give the folder (the command line said root=...)."""
     from spikefuse.data import DataError, load_dataset
 
     monkeypatch.delenv("SPIKEFUSE_DATA", raising=False)
@@ -323,6 +323,8 @@ def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, m
     assert err.startswith("spikefuse: error: data set 'shd' needs a root folder (pass --data-dir or set "), err
     assert "root=" not in err
     assert main(["bench", "train", "--dataset", "shd", "--results-dir", str(tmp_path), *TINY[:2]]) == 2
+    assert "(pass --data-dir or set SPIKEFUSE_DATA)" in capsys.readouterr().err
+    assert main(["bench", "recurrent", "--smnist-batches", "1", "--out", str(tmp_path)]) == 2
     assert "(pass --data-dir or set SPIKEFUSE_DATA)" in capsys.readouterr().err
     with pytest.raises(
         DataError, match=r"data set 'shd' needs a root folder \(pass root=\.\.\. or set SPIKEFUSE_DATA\)"

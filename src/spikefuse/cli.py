@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else 130
     except Exception as err:
         if isinstance(err, _user_error_types()):
-            print(f"spikefuse: error: {err}", file=sys.stderr)
+            naming = getattr(err, "naming", None)  # a missing data folder: every command takes it as --data-dir
+            print(f"spikefuse: error: {naming('--data-dir') if naming else err}", file=sys.stderr)
             return 2
         raise
     finally:
