@@ -91,7 +91,26 @@ def test_recurrent_modules_match_norse(name, backend):
 
 def test_backend_and_memory_refused_at_construction():
     """As the native modules: an unknown backend or memory mode fails when the module is made, not at its first call."""
+    import spikefuse.compat.norse as CN
+
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
-        spikefuse.compat.norse.LIFRecurrent(4, 3, backend="cuda")
+        CN.LIFRecurrent(4, 3, backend="cuda")
     with pytest.raises(ValueError, match="unknown memory mode 'bogus'"):
-        spikefuse.compat.norse.LSNNRecurrent(4, 3, memory="bogus")
+        CN.LSNNRecurrent(4, 3, memory="bogus")
+
+
+@pytest.mark.parametrize("name", ["LIFRecurrent", "LSNNRecurrent"])
+def test_compiles_without_a_graph_break(name):
+    """``torch.compile(fullgraph=True)``: no graph break (the initial states were filled from values read on the
+    host), and the eager spikes and states."""
+    import spikefuse.compat.norse as CN
+
+    cls = getattr(CN, name)
+    torch.manual_seed(0)
+    eager = cls(6, 5)
+    traced = cls(6, 5)
+    traced.load_state_dict(eager.state_dict())
+    x = torch.rand(9, 3, 6) * 2
+    assert torch._dynamo.explain(traced)(x).graph_break_count == 0
+    (s1, st1), (s2, st2) = eager(x), torch.compile(traced, fullgraph=True, backend="aot_eager")(x)
+    assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2))

@@ -43,6 +43,7 @@ def _loop(module, x, state=(), membranes=None):
 
 def _handed_back(module, out):
     """What snnTorch's users pass to the next call: the spikes too for the recurrent neurons."""
+    module = getattr(module, "_orig_mod", module)  # a compiled module: the one it wraps
     return tuple(out) if type(module).__name__.startswith("R") else tuple(out[1:])
 
 
@@ -351,3 +352,30 @@ def test_snntorch_detach_hidden_detaches_the_drop_ins():
     assert not ours.mem.requires_grad
     ours(x[3]).sum().backward()
     assert x.grad[:3].abs().sum() == 0 and x.grad[3].abs().sum() > 0
+
+
+def test_every_drop_in_compiles_without_a_graph_break():
+    """``torch.compile(fullgraph=True)`` of each drop-in called as snnTorch's users call it (a step with the kept
+    states, with states given, ``init_hidden``, ``sequence``): no graph break (the graded spikes factor was read on
+    the host), and a compiled step loop gives the eager spikes and gradients."""
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(9)) * 1.5
+    for name, (_, ours_cls, kw, _) in CASES.items():
+        calls = {
+            "kept": (ours_cls(**kw), (x[0],)),
+            "given": (ours_cls(**kw), (x[0], *(torch.zeros(B, N) for _ in ours_cls.STATES))),
+            "init_hidden": (ours_cls(**kw, init_hidden=True), (x[0],)),
+        }
+        for call, (module, args) in calls.items():
+            module(x[0])  # a state of this shape kept, as in a loop's later steps
+            assert torch._dynamo.explain(module)(*args).graph_break_count == 0, (name, call)
+        module = ours_cls(**kw)
+        assert torch._dynamo.explain(module.sequence)(x).graph_break_count == 0, name
+        eager, traced = ours_cls(**kw), ours_cls(**kw)
+        traced.load_state_dict(eager.state_dict())
+        compiled = torch.compile(traced, fullgraph=True, backend="aot_eager")
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        (s1, st1), (s2, st2) = _loop(eager, xe), _loop(compiled, xc)
+        assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2)), name
+        (s1.sum() + st1[-1].sum()).backward()
+        (s2.sum() + st2[-1].sum()).backward()
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-6, msg=name)

@@ -235,3 +235,21 @@ def test_defaults_and_attributes_match_spikingjelly():
 def test_clear_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_compiles_without_a_graph_break():
+    """``torch.compile(fullgraph=True)`` of the drop-ins, single- and multi-step: no graph break, the eager spikes."""
+    x = torch.rand(6, 3, 5) * 2
+    for make, inputs in (
+        (lambda: C.LIFNode(), [x[0], x[1]]),
+        (lambda: C.LIFNode(step_mode="m"), [x]),
+        (lambda: C.ParametricLIFNode(step_mode="m"), [x]),
+        (lambda: C.IFNode(step_mode="m"), [x]),
+    ):
+        eager, traced = make(), make()
+        assert torch._dynamo.explain(make())(inputs[0]).graph_break_count == 0
+        compiled = torch.compile(traced, fullgraph=True, backend="aot_eager")
+        for x_in in inputs:
+            want, got = eager(x_in), compiled(x_in)
+            assert torch.equal(want, got)
+        assert float(want.mean()) > 0

@@ -208,6 +208,12 @@ class _Recurrent(nn.Module):
         return spikes, self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
 
 
+def _filled(shape, value: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.full(shape, float(value))`` as Norse fills its initial states, from the tensor ``value`` without
+    reading it on the host (a graph break under ``torch.compile``)."""
+    return value.to(dtype=dtype, device=device).expand(shape).clone()
+
+
 class LIFRecurrent(_Recurrent):
     """Norse 1.1's ``LIFRecurrent`` on the fused recurrent layer: the current jumps by the input and the recurrent
     current of the previous spikes, ``i = (i + W_in x[t]) + W_rec z[t-1]``, then Norse's LIF step
@@ -227,7 +233,7 @@ class LIFRecurrent(_Recurrent):
         v_leak = lif_params(self.p, self.dt)["v_leak"]
         return LIFState(
             z=x.new_zeros(shape),
-            v=torch.full(shape, float(v_leak), device=x.device),
+            v=_filled(shape, v_leak, torch.get_default_dtype(), x.device),
             i=torch.zeros(shape, device=x.device),
         )
 
@@ -249,5 +255,10 @@ class LSNNRecurrent(_Recurrent):
     def initial_state(self, x):
         shape = (*x.shape[1:-1], self.hidden_size)
         params = lsnn_params(self.p, self.dt)
-        full = lambda value: torch.full(shape, float(value), dtype=x.dtype, device=x.device)  # noqa: E731
-        return LSNNState(z=full(0.0), v=full(params["v_leak"]), i=full(0.0), b=full(params["v_th"]))
+        zeros = lambda: torch.zeros(shape, dtype=x.dtype, device=x.device)  # noqa: E731
+        return LSNNState(
+            z=zeros(),
+            v=_filled(shape, params["v_leak"], x.dtype, x.device),
+            i=zeros(),
+            b=_filled(shape, params["v_th"], x.dtype, x.device),
+        )

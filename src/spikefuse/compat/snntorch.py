@@ -287,7 +287,9 @@ class _SpikingNeuron(nn.Module):
         """snnTorch's spikes: float32 whatever the input's dtype, times the graded spikes factor."""
         spikes = spikes.float()
         factor = self.graded_spikes_factor
-        if isinstance(factor, nn.Parameter) or not bool(factor == 1):
+        # a factor of 1 is skipped in eager mode (a pass less); a compiled graph multiplies, the same values,
+        # rather than break on reading the factor
+        if torch.compiler.is_compiling() or isinstance(factor, nn.Parameter) or not bool(factor == 1):
             spikes = spikes * factor
         return spikes
 
