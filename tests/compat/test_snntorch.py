@@ -379,3 +379,20 @@ def test_every_drop_in_compiles_without_a_graph_break():
         (s1.sum() + st1[-1].sum()).backward()
         (s2.sum() + st2[-1].sum()).backward()
         torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attributes_set_after_construction_change_the_dynamics_as_in_snntorch(name):
+    """beta, alpha, threshold and the graded spikes factor set as tensors after construction: snnTorch's spikes and
+    states bit for bit (a Python number is refused by torch for both, as for any buffer)."""
+    peer_cls, ours_cls, kw, _ = CASES[name]
+    x = torch.rand(T, B, N, generator=torch.Generator().manual_seed(10)) * 1.5
+    values = {"beta": 0.55, "alpha": 0.35, "threshold": 0.6, "graded_spikes_factor": 2.0}
+    for attr, value in values.items():
+        peer, ours = _pair(peer_cls, ours_cls, "cpu", **kw)
+        if not hasattr(peer, attr) or (attr == "graded_spikes_factor" and name.startswith("r")):
+            continue
+        setattr(peer, attr, torch.tensor(value))
+        setattr(ours, attr, torch.tensor(value))
+        (s1, st1), (s2, st2) = _loop(peer, x), _loop(ours, x)
+        assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2)), attr
