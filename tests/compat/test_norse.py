@@ -114,3 +114,67 @@ def test_compiles_without_a_graph_break(name):
     assert torch._dynamo.explain(traced)(x).graph_break_count == 0
     (s1, st1), (s2, st2) = eager(x), torch.compile(traced, fullgraph=True, backend="aot_eager")(x)
     assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2))
+
+
+FEED_FORWARD = {
+    "LIF": lambda p: norse.LIFParameters(
+        v_leak=torch.tensor(0.1), v_th=torch.tensor(0.6), tau_mem_inv=torch.tensor(80.0)
+    ),
+    "LSNN": lambda p: norse.LSNNParameters(v_th=torch.tensor(0.7), beta=torch.tensor(0.3)),
+}
+
+
+@pytest.mark.parametrize("name", list(FEED_FORWARD))
+def test_feed_forward_modules_match_norse(name):
+    """Norse's ``LIF``/``LSNN`` (all steps a call) and ``LIFCell``/``LSNNCell`` (a step a call, in Norse's loop), with
+    Norse's parameter records: the spikes and states of Norse's modules bit for bit, Norse's state records, the input
+    gradient; ``[T, F]`` inputs without a batch, a sparse input, and a net of Norse's ``SequentialState``."""
+    import spikefuse.compat.norse as CN
+
+    p = FEED_FORWARD[name](None)
+    g = torch.Generator().manual_seed(4)
+    x = (torch.rand(30, 3, 12, generator=g) * (3.0 if name == "LSNN" else 1.0)).requires_grad_()
+    theirs, ours = getattr(norse, name)(p), getattr(CN, name)(p)
+    (z1, s1), (z2, s2) = theirs(x), ours(x)
+    assert 0.02 < float(z1.mean()) < 0.9 and torch.equal(z1, z2)
+    assert type(s2) is type(s1) and all(torch.equal(a, b) for a, b in zip(s1, s2))
+    w = torch.rand(z1.shape, generator=g)
+    (g1,) = torch.autograd.grad((z1 * w).sum(), x)
+    (g2,) = torch.autograd.grad((z2 * w).sum(), x)
+    torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
+    cells = getattr(norse, f"{name}Cell")(p), getattr(CN, f"{name}Cell")(p)
+    runs = []
+    for cell in cells:
+        state, zs = None, []
+        for x_t in x.detach():
+            z, state = cell(x_t, state)
+            zs.append(z)
+        runs.append((torch.stack(zs), state))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[1][0], z1.detach())
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    flat = x.detach()[:, 0]  # [T, F]: no batch
+    assert torch.equal(theirs(flat)[0], ours(flat)[0])
+    assert torch.equal(ours(x.detach().to_sparse())[0], z1.detach())
+    nets = [norse.SequentialState(torch.nn.Linear(12, 12), m) for m in (theirs, ours)]
+    nets[1][0].load_state_dict(nets[0][0].state_dict())
+    outs = [net(x.detach()) for net in nets]
+    assert torch.equal(outs[0][0], outs[1][0])
+
+
+def test_norse_records_and_refusals():
+    """The recurrent modules hand out Norse's own state records; a spike function other than Norse's default is
+    refused (it ran the default's gradient, silently)."""
+    import spikefuse.compat.norse as CN
+
+    _, state = CN.LIFRecurrent(4, 3)(torch.rand(5, 2, 4))
+    assert isinstance(state, norse.LIFState)
+    _, state = CN.LSNNRecurrent(4, 3)(torch.rand(5, 2, 4))
+    assert isinstance(state, norse.LSNNState)
+    for make in (
+        lambda: CN.LIF(norse.LIFParameters(method="tanh")),
+        lambda: CN.LIFRecurrent(4, 3, p=norse.LIFParameters(method="heaviside"))(torch.rand(5, 2, 4)),
+    ):
+        with pytest.raises(NotImplementedError, match="spike function method='(tanh|heaviside)'"):
+            make()
+    with pytest.raises(NotImplementedError, match="record_states"):
+        CN.LIF(record_states=True)

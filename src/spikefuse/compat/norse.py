@@ -1,7 +1,9 @@
 """Norse 1.1's ``LIF`` (current-based) and ``LSNN`` (adaptive) neurons as spikefuse neuron models
-(:class:`~spikefuse.neurons.NeuronModel`, run by the engine's generated kernels), and its recurrent modules
-``LIFRecurrent`` and ``LSNNRecurrent`` on spikefuse's fused recurrent layer (:func:`spikefuse.recurrent`): the same
-definitions, the recurrent current of the previous spikes joining the input where Norse adds it.
+(:class:`~spikefuse.neurons.NeuronModel`, run by the engine's generated kernels); its feed-forward modules ``LIF``,
+``LIFCell``, ``LSNN`` and ``LSNNCell`` on them; and its recurrent modules ``LIFRecurrent`` and ``LSNNRecurrent`` on
+spikefuse's fused recurrent layer (:func:`spikefuse.recurrent`): the same definitions, the recurrent current of the
+previous spikes joining the input where Norse adds it. The modules take Norse's parameter records and return its
+state records (Norse's own classes where Norse is importable).
 
 Norse applies the reset of a spike in the step that fires it and returns post-reset states; the models below apply
 the reset at the start of the next step, with Norse's operations in Norse's order, and hand out the post-reset
@@ -28,6 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..neuron_functional import neuron
 from ..neurons import NeuronModel
 from ..ops import check_backend_name
 from ..recurrent_functional import recurrent
@@ -40,10 +43,16 @@ __all__ = [
     "lif_params",
     "lsnn_params",
     "SUPERSPIKE",
+    "LIF",
+    "LIFCell",
+    "LSNN",
+    "LSNNCell",
     "LIFRecurrent",
     "LSNNRecurrent",
     "LIFState",
     "LSNNState",
+    "LIFFeedForwardState",
+    "LSNNFeedForwardState",
 ]
 
 #: Norse 1.1's "super" spike gradient (alpha unused there).
@@ -86,12 +95,22 @@ def _scalar(value) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float32).reshape(())
 
 
+def _check_method(p) -> None:
+    method = getattr(p, "method", "super")
+    if method != "super":
+        raise NotImplementedError(
+            f"Norse's spike function method={method!r}: spikefuse's Norse neurons run Norse's default 'super' only "
+            "(the gradient 1 / (|u| + 1)^2); leave method at its default"
+        )
+
+
 def lif_params(p=None, dt: float = 0.001) -> dict:
     """The parameters of :data:`NORSE_LIF` from a ``norse.torch.LIFParameters`` (default: Norse's defaults)."""
     if p is None:
         from norse.torch import LIFParameters
 
         p = LIFParameters()
+    _check_method(p)
     return {
         "dt_mem": dt * _scalar(p.tau_mem_inv),
         "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
@@ -107,6 +126,7 @@ def lsnn_params(p=None, dt: float = 0.001) -> dict:
         from norse.torch import LSNNParameters
 
         p = LSNNParameters()
+    _check_method(p)
     return {
         "dt_mem": dt * _scalar(p.tau_mem_inv),
         "neg_dt_syn": -dt * _scalar(p.tau_syn_inv),
@@ -118,21 +138,119 @@ def lsnn_params(p=None, dt: float = 0.001) -> dict:
     }
 
 
-class LIFState(NamedTuple):
-    """Norse's ``LIFState``: the last spikes, the membrane, the synaptic current."""
+def _norse_state(name: str, fields: tuple[str, ...], doc: str) -> type:
+    """Norse's state record ``name`` where Norse is importable (its users test ``isinstance(state, LIFState)`` and
+    pass its records), else a NamedTuple of the same fields."""
+    try:
+        import norse.torch as norse
+    except ImportError:
+        record = NamedTuple(name, [(f, torch.Tensor) for f in fields])
+        record.__doc__ = doc
+        return record
+    return getattr(norse, name)
 
-    z: torch.Tensor
-    v: torch.Tensor
-    i: torch.Tensor
+
+LIFState = _norse_state(
+    "LIFState", ("z", "v", "i"), "Norse's ``LIFState``: the last spikes, membrane, synaptic current."
+)
+LSNNState = _norse_state(
+    "LSNNState", ("z", "v", "i", "b"), "Norse's ``LSNNState``: the last spikes, membrane, current, threshold."
+)
+LIFFeedForwardState = _norse_state(
+    "LIFFeedForwardState", ("v", "i"), "Norse's ``LIFFeedForwardState``: the membrane, the synaptic current."
+)
+LSNNFeedForwardState = _norse_state(
+    "LSNNFeedForwardState", ("v", "i", "b"), "Norse's ``LSNNFeedForwardState``: membrane, current, threshold."
+)
 
 
-class LSNNState(NamedTuple):
-    """Norse's ``LSNNState``: the last spikes, the membrane, the synaptic current, the (absolute) threshold."""
+class _FeedForward(nn.Module):
+    """What Norse's feed-forward neurons share: Norse's parameter record ``p`` and ``dt``, and a call of
+    :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
+    ``[...]`` for the ``*Cell`` modules (``CELL``). States start as Norse's do (``v`` at ``v_leak``, ``i`` at 0, ``b``
+    at ``v_th``) and are returned as Norse's records; a sparse input runs as its dense values."""
 
-    z: torch.Tensor
-    v: torch.Tensor
-    i: torch.Tensor
-    b: torch.Tensor
+    MODEL: NeuronModel
+    STATE: type
+    CELL = False
+
+    def __init__(self, p=None, dt: float = 0.001, record_states: bool = False, *, backend="auto", memory="potential"):
+        super().__init__()
+        if record_states:
+            raise NotImplementedError("record_states=True is not supported: the states of the last step are returned")
+        check_backend_name(backend)  # refused now, not at the first call
+        check_memory_mode(memory)
+        self.p, self.dt, self.backend, self.memory = p, dt, backend, memory
+        self._params = self.params()  # checks p (its spike function) now
+
+    def initial_state(self, x: torch.Tensor):
+        shape, dtype = x.shape[1:], torch.promote_types(x.dtype, torch.float32)
+        filled = {"v": self._params["v_leak"], "b": self._params.get("v_th")}
+        return self.STATE(
+            **{
+                k: _filled(shape, filled[k], dtype, x.device)
+                if k in filled
+                else torch.zeros(shape, dtype=dtype, device=x.device)
+                for k in self.MODEL.states
+            }
+        )
+
+    def forward(self, input_tensor: torch.Tensor, state=None):
+        """``(spikes, state)``: Norse's call."""
+        x = input_tensor.to_dense() if input_tensor.is_sparse else input_tensor
+        x = x.unsqueeze(0) if self.CELL else x
+        if x.ndim < 2:
+            raise ValueError(f"{type(self).__name__} takes [T, ...] inputs (T steps), got shape {tuple(x.shape)}")
+        state = self.initial_state(x) if state is None else state
+        init = tuple(getattr(state, k).to(x.device).expand(x.shape[1:]) for k in self.MODEL.states)
+        params = {k: v.to(x.device) for k, v in self._params.items()}  # Norse's records stay on the CPU
+        spikes, final = neuron(
+            x,
+            self.MODEL,
+            surrogate=SUPERSPIKE,
+            state=init,
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+            **params,
+        )
+        return (spikes[0] if self.CELL else spikes), self.STATE(**dict(zip(self.MODEL.states, final)))
+
+    def extra_repr(self) -> str:
+        return f"dt={self.dt}, backend={self.backend!r}, memory={self.memory!r}"
+
+
+class LIF(_FeedForward):
+    """Norse 1.1's ``LIF`` (:data:`NORSE_LIF`): ``forward(x [T, ...], state=None) -> (z [T, ...],
+    LIFFeedForwardState)``, all T steps in one fused call; Norse's spikes and states bit for bit (float32)."""
+
+    MODEL, STATE = NORSE_LIF, LIFFeedForwardState
+
+    def params(self) -> dict:
+        return lif_params(self.p, self.dt)
+
+
+class LIFCell(LIF):
+    """Norse 1.1's ``LIFCell``: :class:`LIF` one step a call, ``forward(x, state=None) -> (z, LIFFeedForwardState)``."""
+
+    CELL = True
+
+
+class LSNN(_FeedForward):
+    """Norse 1.1's ``LSNN`` (:data:`NORSE_LSNN`): ``forward(x [T, ...], state=None) -> (z [T, ...],
+    LSNNFeedForwardState)``, all T steps in one fused call; Norse's spikes and states bit for bit (float32)."""
+
+    MODEL, STATE = NORSE_LSNN, LSNNFeedForwardState
+
+    def params(self) -> dict:
+        return lsnn_params(self.p, self.dt)
+
+
+class LSNNCell(LSNN):
+    """Norse 1.1's ``LSNNCell``: :class:`LSNN` one step a call, ``forward(x, state=None) -> (z,
+    LSNNFeedForwardState)``."""
+
+    CELL = True
 
 
 class _Recurrent(nn.Module):
