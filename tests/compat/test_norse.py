@@ -154,7 +154,8 @@ def test_feed_forward_modules_match_norse(name):
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     flat = x.detach()[:, 0]  # [T, F]: no batch
     assert torch.equal(theirs(flat)[0], ours(flat)[0])
-    assert torch.equal(ours(x.detach().to_sparse())[0], z1.detach())
+    sparse = [m(x.detach().to_sparse())[0] for m in (theirs, ours)]
+    assert sparse[0].layout == sparse[1].layout and torch.equal(sparse[1].to_dense(), z1.detach())
     nets = [norse.SequentialState(torch.nn.Linear(12, 12), m) for m in (theirs, ours)]
     nets[1][0].load_state_dict(nets[0][0].state_dict())
     outs = [net(x.detach()) for net in nets]
@@ -178,3 +179,27 @@ def test_norse_records_and_refusals():
             make()
     with pytest.raises(NotImplementedError, match="record_states"):
         CN.LIF(record_states=True)
+
+
+@pytest.mark.parametrize("name", ["LIFRecurrent", "LSNNRecurrent"])
+def test_recurrent_modules_take_what_norse_takes(name):
+    """``[T, input_size]`` without a batch (the spikes ``[T, hidden_size]``, the states ``[hidden_size]``, which
+    continue a sequence) runs as a batch of one: Norse's spikes, its states up to the rounding of its vector
+    products (Norse multiplies vectors there, a BLAS kernel of its own); sparse inputs (sparse spikes where Norse's
+    are): Norse's spikes bit for bit."""
+    import spikefuse.compat.norse as CN
+
+    torch.manual_seed(2)
+    theirs = getattr(norse, name)(6, 5)
+    torch.manual_seed(2)
+    ours = getattr(CN, name)(6, 5)
+    x = (torch.rand(20, 6, generator=torch.Generator().manual_seed(3)) < 0.4).float() * 20
+    (z1, s1), (z2, s2) = theirs(x[:12]), ours(x[:12])
+    assert z1.sum() > 0 and torch.equal(z1, z2)
+    for a, b in zip(s1, s2):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-5)
+    assert torch.equal(theirs(x[12:], s1)[0], ours(x[12:], s2)[0])
+    batched = x.reshape(10, 2, 6)
+    (z1, _), (z2, _) = theirs(batched.to_sparse()), ours(batched.to_sparse())
+    assert z1.layout == z2.layout and torch.equal(z1.to_dense(), z2.to_dense())

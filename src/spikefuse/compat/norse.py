@@ -166,13 +166,15 @@ LSNNFeedForwardState = _norse_state(
 
 class _FeedForward(nn.Module):
     """What Norse's feed-forward neurons share: Norse's parameter record ``p`` and ``dt``, and a call of
-    :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
-    ``[...]`` for the ``*Cell`` modules (``CELL``). States start as Norse's do (``v`` at ``v_leak``, ``i`` at 0, ``b``
-    at ``v_th``) and are returned as Norse's records; a sparse input runs as its dense values."""
+        :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
+        ``[...]`` for the ``*Cell`` modules (``CELL``). States start as Norse's do (``v`` at ``v_leak``, ``i`` at 0, ``b``
+        at ``v_th``) and are returned as Norse's records; a sparse input runs as its dense values (the spikes sparse where Norse's
+    are)."""
 
     MODEL: NeuronModel
     STATE: type
     CELL = False
+    SPARSE_SPIKES = False  # a sparse input gives sparse spikes (Norse's LIF; its LSNN gives dense ones)
 
     def __init__(self, p=None, dt: float = 0.001, record_states: bool = False, *, backend="auto", memory="potential"):
         super().__init__()
@@ -197,7 +199,8 @@ class _FeedForward(nn.Module):
 
     def forward(self, input_tensor: torch.Tensor, state=None):
         """``(spikes, state)``: Norse's call."""
-        x = input_tensor.to_dense() if input_tensor.is_sparse else input_tensor
+        sparse = input_tensor.is_sparse
+        x = input_tensor.to_dense() if sparse else input_tensor
         x = x.unsqueeze(0) if self.CELL else x
         if x.ndim < 2:
             raise ValueError(f"{type(self).__name__} takes [T, ...] inputs (T steps), got shape {tuple(x.shape)}")
@@ -214,7 +217,9 @@ class _FeedForward(nn.Module):
             memory=self.memory,
             **params,
         )
-        return (spikes[0] if self.CELL else spikes), self.STATE(**dict(zip(self.MODEL.states, final)))
+        spikes = spikes[0] if self.CELL else spikes
+        spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
+        return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
 
     def extra_repr(self) -> str:
         return f"dt={self.dt}, backend={self.backend!r}, memory={self.memory!r}"
@@ -225,6 +230,7 @@ class LIF(_FeedForward):
     LIFFeedForwardState)``, all T steps in one fused call; Norse's spikes and states bit for bit (float32)."""
 
     MODEL, STATE = NORSE_LIF, LIFFeedForwardState
+    SPARSE_SPIKES = True
 
     def params(self) -> dict:
         return lif_params(self.p, self.dt)
@@ -300,12 +306,20 @@ class _Recurrent(nn.Module):
     def initial_state(self, x: torch.Tensor):
         raise NotImplementedError
 
+    SPARSE_SPIKES = False  # a sparse input gives sparse spikes (Norse's LIFRecurrent; its LSNNRecurrent dense ones)
+
     def forward(self, input_tensor: torch.Tensor, state=None):
-        """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)``."""
-        if input_tensor.ndim != 3 or input_tensor.shape[2] != self.input_size:
+        """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)``. A sparse
+        input runs as its dense values; ``[T, input_size]`` (no batch, as Norse takes it) as a batch of one, whose
+        states equal Norse's up to the rounding of the vector products Norse computes there."""
+        if input_tensor.ndim not in (2, 3) or input_tensor.shape[-1] != self.input_size:
             raise ValueError(
-                f"{type(self).__name__} takes [T, B, {self.input_size}] inputs, got {tuple(input_tensor.shape)}"
+                f"{type(self).__name__} takes [T, B, {self.input_size}] or [T, {self.input_size}] inputs, got "
+                f"{tuple(input_tensor.shape)}"
             )
+        sparse, unbatched = input_tensor.is_sparse, input_tensor.ndim == 2
+        input_tensor = input_tensor.to_dense() if sparse else input_tensor
+        input_tensor = input_tensor.unsqueeze(1) if unbatched else input_tensor
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
         names = self.MODEL.states
@@ -320,10 +334,16 @@ class _Recurrent(nn.Module):
             backend=self.backend,
             memory=self.memory,
             return_state=True,
-            state=(*(getattr(state, k).expand(current.shape[1:]) for k in names), state.z.to(current.dtype)),
+            state=(
+                *(getattr(state, k).expand(current.shape[1:]) for k in names),
+                state.z.to(current.dtype).expand(current.shape[1:]),
+            ),
             **params,
         )
-        return spikes, self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
+        state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
+        if unbatched:
+            spikes, state = spikes[:, 0], self.STATE(*(v[0] for v in state))
+        return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
 
 
 def _filled(shape, value: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
@@ -339,6 +359,7 @@ class LIFRecurrent(_Recurrent):
     (float32); ``forward(x [T, B, I], state=None) -> (z [T, B, H], LIFState)``."""
 
     MODEL, STATE = NORSE_LIF, LIFState
+    SPARSE_SPIKES = True
 
     def __init__(self, input_size: int, hidden_size: int, p=None, **kwargs):
         super().__init__(input_size, hidden_size, p, **kwargs)
