@@ -330,3 +330,19 @@ def test_a_missing_data_folder_names_the_option_that_sets_it(tmp_path, capsys, m
         DataError, match=r"data set 'shd' needs a root folder \(pass root=\.\.\. or set SPIKEFUSE_DATA\)"
     ):
         load_dataset("shd", None, train=True, T=4)
+
+
+def test_every_option_has_a_help_line():
+    """``--help`` says what each option of every command and benchmark does (bench recurrent listed --T, --repeats,
+    --peers and --out without a word)."""
+    import argparse
+
+    from spikefuse.cli import _parsers, build_parser
+
+    missing = [
+        f"{parser.prog} {action.option_strings[-1]}"
+        for parser in _parsers(build_parser())
+        for action in parser._actions
+        if action.option_strings and not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert not missing, missing

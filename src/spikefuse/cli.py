@@ -481,8 +481,10 @@ class EvalCommand:
         )
         p.add_argument("--checkpoint", required=True, help="path to checkpoint.pt, or the run folder holding it")
         p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--threads", type=_bounded_int("threads"), default=2)
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+        p.add_argument(
+            "--threads", type=_bounded_int("threads"), default=2, help="torch CPU threads (default: %(default)s)"
+        )
         p.add_argument("--batch-size", type=_bounded_int("batch_size"), default=None, help="(default: the run's)")
         p.add_argument(
             "--neuron-backend",
@@ -490,7 +492,7 @@ class EvalCommand:
             default=None,
             help="(default: the run's)",
         )
-        p.add_argument("--no-progress", action="store_true")
+        p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
         return p
 
     @staticmethod

@@ -42,7 +42,7 @@ def gpu_machine_info(detail: str = "") -> str:
 
 def add_result_args(p) -> None:
     """``--out`` and ``--tag``, which the benchmarks take (the tag defaults to full or quick: :func:`result_tag`)."""
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(RESULTS), help="folder of the result files (default: %(default)s)")
     p.add_argument("--tag", default=None, help="suffix of the result files (default: full or quick)")
 
 
@@ -50,7 +50,9 @@ def add_training_step_args(p, quick: dict) -> None:
     """The arguments of the one-model training step that ``bench layers`` and ``bench profile`` take apart (the step
     of ``bench memory``): the model and its input, threads, seed, ``--quick`` (``quick``: its sizes) and
     ``--results-dir``."""
-    p.add_argument("--model", choices=["resnet18", "liang-medium"], default="resnet18")
+    p.add_argument(
+        "--model", choices=["resnet18", "liang-medium"], default="resnet18", help="the network (default: %(default)s)"
+    )
     p.add_argument("-T", type=int, default=8, help="time steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16, help="batch size (default: %(default)s)")
     p.add_argument("--image-size", type=int, default=32, help="input height = width (default: %(default)s)")
@@ -62,7 +64,7 @@ def add_training_step_args(p, quick: dict) -> None:
         help="ResNet18 stem (default: %(default)s, as the bench memory run of the README)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="of the weights and inputs (default: %(default)s)")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -114,7 +114,9 @@ def add_parser(subparsers) -> None:
         "compile",
         help="cold start: a neuron's first forward+backward with empty and warm kernel caches, each in a fresh process",
     )
-    p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    p.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="the neurons timed (default: all)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="empty-cache runs per case (median)")
     p.add_argument("--device", default="cpu", help="where the input lives: cpu (numba kernels) or cuda (Triton)")
     p.add_argument("--quick", action="store_true", help="the default LIF only, one run: to check the harness")

@@ -187,10 +187,10 @@ def run(args) -> None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("engine", help="the neuron engine's CubaLIF / LSNN kernels vs snnTorch and Norse")
-    p.add_argument("--neurons", type=int, default=1_000_000)
-    p.add_argument("--T", type=int, nargs="+", default=[32])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--neurons", type=int, default=1_000_000, help="neurons of the layer (default: %(default)s)")
+    p.add_argument("--T", type=int, nargs="+", default=[32], help="time steps (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per case, median (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="torch/numba threads (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
     add_result_args(p)
     p.set_defaults(func=_run_cli)

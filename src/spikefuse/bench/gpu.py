@@ -352,9 +352,11 @@ def write_results(args, rows: list[dict], missing: list[str]) -> None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("gpu", help="one spiking layer on a CUDA GPU vs SpikingJelly, snnTorch, Norse, torch")
-    p.add_argument("--neurons", type=int, nargs="+", default=[1_000_000, 16_000_000])
-    p.add_argument("--T", type=int, nargs="+", default=[32])
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument(
+        "--neurons", type=int, nargs="+", default=[1_000_000, 16_000_000], help="layer sizes (default: %(default)s)"
+    )
+    p.add_argument("--T", type=int, nargs="+", default=[32], help="time steps (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs per case, median (default: %(default)s)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")
     add_result_args(p)

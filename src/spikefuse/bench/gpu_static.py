@@ -54,7 +54,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "definition of the public API in fp32 with the surrogates cycled; full: those with every "
         "surrogate in every dtype (default: %(default)s)",
     )
-    p.add_argument("--archs", nargs="+", default=["sm_80", "sm_90"], choices=["sm_80", "sm_90"])
+    p.add_argument(
+        "--archs", nargs="+", default=["sm_80", "sm_90"], choices=["sm_80", "sm_90"], help="GPU targets compiled for"
+    )
     p.add_argument("--jobs", type=int, default=2, help="compiler processes (default: %(default)s)")
     p.add_argument("--T", nargs="+", type=int, default=list(T_DEFAULT), help="time steps of the roofline table")
     p.add_argument("--N", type=int, default=N_DEFAULT, help="neurons of the roofline table (default: %(default)s)")

@@ -112,7 +112,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="saved-for-backward bytes, peak memory and step time: vanilla PyTorch vs SpikingJelly vs spikefuse lean",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="(default: all)")
     p.add_argument(
         "--forms",
         nargs="+",
@@ -174,7 +174,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="time every form's step replayed from a CUDA graph (captured after the warm-up; Adam capturable): the "
         "GPU's work without the host's launch costs; a form that cannot be captured is reported so",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="of the weights and inputs (default: %(default)s)")
     p.add_argument(
         "--in-process", action="store_true", help="run every form in this process (no maxrss column; faster start-up)"
     )

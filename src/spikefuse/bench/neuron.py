@@ -361,10 +361,12 @@ def plot(path: Path, by_t, names, neurons: int) -> None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("neuron", help="one LIF layer vs the peers over T (the paper's Fig. 5)")
-    p.add_argument("--neurons", type=int, default=1_000_000)
-    p.add_argument("--T", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--neurons", type=int, default=1_000_000, help="neurons of the layer (default: %(default)s)")
+    p.add_argument(
+        "--T", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128], help="time steps (default: %(default)s)"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per case, median (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="torch/numba threads (default: %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="skip SpikingJelly, snnTorch and Norse")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--quick", action="store_true", help="tiny sizes and no torch.compile, to check the harness")

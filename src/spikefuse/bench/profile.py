@@ -40,7 +40,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1],
     )
     add_training_step_args(p, QUICK)
-    p.add_argument("--forms", nargs="+", choices=list(MEMORY_FORMS), default=list(FORMS))
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        choices=list(MEMORY_FORMS),
+        default=list(FORMS),
+        help="the forms profiled (default: %(default)s)",
+    )
     p.add_argument("--steps", type=int, default=5, help="steps profiled per form and round (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of every form in turn (default: %(default)s)")
     p.add_argument(

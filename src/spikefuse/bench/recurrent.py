@@ -451,15 +451,16 @@ def add_parser(subparsers) -> None:
         "recurrent",
         help="a recurrent layer at the SHD size vs snnTorch, Norse, SpikingJelly and the matrix-product floor",
     )
-    p.add_argument("--T", type=int, nargs="+", default=[250, 1000])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--T", type=int, nargs="+", default=[250, 1000], help="sequence lengths (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds, median (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="torch/numba threads (default: %(default)s)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default: %(default)s)")
     p.add_argument(
         "--peers",
         nargs="*",
         default=["snntorch", "norse", "spikingjelly"],
         choices=["snntorch", "norse", "spikingjelly"],
+        help="the peer libraries timed beside spikefuse (default: all three)",
     )
     p.add_argument(
         "--smnist-batches",

@@ -289,11 +289,11 @@ def plot(path: Path, rows: list[dict], neurons: int) -> None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("timesplit", help="one LIF layer time-split over ranks vs Eq. (5) (the paper's Fig. 6)")
-    p.add_argument("--neurons", type=int, default=1_000_000)
-    p.add_argument("--T", type=int, nargs="+", default=list(_DEFAULT_T))
+    p.add_argument("--neurons", type=int, default=1_000_000, help="neurons of the layer (default: %(default)s)")
+    p.add_argument("--T", type=int, nargs="+", default=list(_DEFAULT_T), help="time steps (default: %(default)s)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts k to time (1 is always timed)")
     p.add_argument("--chunks", type=int, default=4, help="neuron chunks of the pipeline")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per case, median (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch/numba threads per rank (one core = one device)")
     p.add_argument("--backend", default="auto", help="neuron backend: auto, cpu, reference")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness")
