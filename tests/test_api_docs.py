@@ -94,6 +94,9 @@ def test_every_compat_module_is_on_the_porting_page():
 
     porting = (DOCS / "porting.md").read_text()
     for sub in spikefuse.compat.__all__:
+        if not inspect.ismodule(getattr(spikefuse.compat, sub)):  # the package's own functions, on the page too
+            assert re.search(rf"`{sub}\b", porting), sub
+            continue
         module = importlib.import_module(f"spikefuse.compat.{sub}")
         assert f"spikefuse.compat.{sub}" in porting, sub
         drop_ins = [n for n in module.__all__ if inspect.isclass(getattr(module, n))]

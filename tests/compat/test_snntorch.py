@@ -396,3 +396,44 @@ def test_attributes_set_after_construction_change_the_dynamics_as_in_snntorch(na
         setattr(ours, attr, torch.tensor(value))
         (s1, st1), (s2, st2) = _loop(peer, x), _loop(ours, x)
         assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2)), attr
+
+
+def test_use_spikefuse_neurons_swaps_an_snntorch_model_in_place():
+    """One call puts spikefuse's drop-ins in place of an snnTorch model's neurons: the same state_dict keys and values,
+    snnTorch's outputs; a neuron without a drop-in (Alpha) or with a setting the drop-in refuses (inhibition) is
+    kept and named with the reason."""
+    import copy
+
+    import snntorch.utils
+
+    from spikefuse.compat import use_spikefuse_neurons
+
+    torch.manual_seed(7)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(6, N),
+        snntorch.Leaky(beta=0.8, learn_beta=True, init_hidden=True, reset_mechanism="zero"),
+        torch.nn.Linear(N, N),
+        snntorch.Synaptic(alpha=0.7, beta=0.85, init_hidden=True, reset_delay=False),
+        torch.nn.Linear(N, N),
+        snntorch.RLeaky(beta=0.8, linear_features=N, init_hidden=True),
+        torch.nn.Linear(N, N),
+        snntorch.RSynaptic(alpha=0.6, beta=0.9, all_to_all=False, V=0.4, init_hidden=True),
+        torch.nn.Sequential(torch.nn.Linear(N, 4), snntorch.Leaky(beta=0.5, inhibition=True, init_hidden=True)),
+        snntorch.Alpha(alpha=0.9, beta=0.8, init_hidden=True),
+    )
+    net[1].reset_mechanism = "subtract"  # as made ("zero") for the state update, snnTorch's in-step reset set
+    peer = copy.deepcopy(net)
+    keys = list(net.state_dict())
+    swapped = use_spikefuse_neurons(net)
+    assert swapped.replaced == ["1", "3", "5", "7"]
+    assert set(swapped.kept) == {"8.1", "9"}
+    assert "inhibition" in swapped.kept["8.1"] and "Alpha has no spikefuse drop-in" in swapped.kept["9"]
+    assert isinstance(net[1], C.Leaky) and isinstance(net[7], C.RSynaptic) and type(net[9]) is snntorch.Alpha
+    assert list(net.state_dict()) == keys
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), peer.state_dict().values()))
+    x = torch.rand(T, B, 6, generator=torch.Generator().manual_seed(11)) * 2
+    head = lambda m: torch.nn.Sequential(*list(m)[:8])  # noqa: E731  (the neurons replaced)
+    for module in (head(peer), head(net)):
+        snntorch.utils.reset(module)
+    want, got = [head(peer)(x_t) for x_t in x], [head(net)(x_t) for x_t in x]
+    assert torch.stack(want).sum() > 0 and all(torch.equal(a, b) for a, b in zip(want, got))

@@ -253,3 +253,36 @@ def test_compiles_without_a_graph_break():
             want, got = eager(x_in), compiled(x_in)
             assert torch.equal(want, got)
         assert float(want.mean()) > 0
+
+
+def test_use_spikefuse_neurons_swaps_a_spikingjelly_model_in_place():
+    """One call puts spikefuse's drop-ins in place of a SpikingJelly model's neurons, step mode and parameters
+    carried (a ParametricLIFNode's learned w): the same state_dict and SpikingJelly's spikes; a neuron without a
+    drop-in is kept and named."""
+    import copy
+
+    from spikingjelly.activation_based import layer
+
+    from spikefuse.compat import use_spikefuse_neurons
+
+    torch.manual_seed(7)
+    net = torch.nn.Sequential(
+        layer.Linear(6, 10, step_mode="m"),
+        sj_neuron.LIFNode(tau=3.0, decay_input=False, v_reset=None, step_mode="m"),
+        layer.Linear(10, 10, step_mode="m"),
+        sj_neuron.ParametricLIFNode(init_tau=2.5, detach_reset=True, step_mode="m"),
+        layer.Linear(10, 10, step_mode="m"),
+        sj_neuron.IFNode(v_threshold=0.8, step_mode="m"),
+        sj_neuron.IzhikevichNode(step_mode="m"),
+    )
+    with torch.no_grad():
+        net[3].w.fill_(0.3)
+    peer = copy.deepcopy(net)
+    swapped = use_spikefuse_neurons(net)
+    assert swapped.replaced == ["1", "3", "5"] and list(swapped.kept) == ["6"]
+    assert isinstance(net[3], C.ParametricLIFNode) and net[3].step_mode == "m"
+    assert list(net.state_dict()) == list(peer.state_dict())
+    x = torch.rand(8, 4, 6, generator=torch.Generator().manual_seed(12)) * 3
+    head = lambda m: torch.nn.Sequential(*list(m)[:6])  # noqa: E731
+    want, got = head(peer)(x), head(net)(x)
+    assert want.sum() > 0 and torch.equal(want, got)

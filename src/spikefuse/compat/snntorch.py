@@ -694,3 +694,54 @@ class RSynaptic(_Recurrent, *_peer_class("RSynaptic")):
         self._keep("alpha", alpha, learn_alpha)
 
     init_rsynaptic = _SpikingNeuron.reset_mem
+
+
+#: snnTorch's state functions by the reset mechanism its constructor picked them for.
+_STATE_FUNCTIONS = {"_base_sub": "subtract", "_base_zero": "zero", "_base_int": "none"}
+
+
+def drop_in_for(module: nn.Module) -> nn.Module:
+    """The drop-in for snnTorch neuron ``module``: its settings, parameters and buffers (the same ``state_dict``,
+    loaded strictly), its reset mechanism as made and as set, its train/eval mode; the states start anew. Raises
+    ValueError naming what has no drop-in, and the drop-ins' own errors for settings they refuse."""
+    drop_ins = {"Leaky": Leaky, "Synaptic": Synaptic, "RLeaky": RLeaky, "RSynaptic": RSynaptic}
+    name = type(module).__name__
+    if name not in drop_ins or not type(module).__module__.startswith("snntorch"):
+        raise ValueError(f"snnTorch's {name} has no spikefuse drop-in")
+    learn = lambda attr: isinstance(getattr(module, attr), nn.Parameter)  # noqa: E731
+    state_function = getattr(getattr(module, "state_function", None), "__name__", "")
+    kw = dict(
+        threshold=module.threshold,
+        spike_grad=module.spike_grad,
+        surrogate_disable=module.surrogate_disable,
+        init_hidden=module.init_hidden,
+        inhibition=module.inhibition,
+        learn_threshold=learn("threshold"),
+        reset_mechanism=_STATE_FUNCTIONS.get(state_function, module.reset_mechanism),
+        state_quant=module.state_quant,
+        output=module.output,
+        reset_delay=module.reset_delay,
+        beta=module.beta,
+        learn_beta=learn("beta"),
+    )
+    if name in ("Synaptic", "RSynaptic"):
+        kw.update(alpha=module.alpha, learn_alpha=learn("alpha"))
+    if name == "Leaky":
+        kw.update(
+            graded_spikes_factor=module.graded_spikes_factor,
+            learn_graded_spikes_factor=learn("graded_spikes_factor"),
+        )
+    if name in ("RLeaky", "RSynaptic"):
+        kw.update(
+            all_to_all=module.all_to_all,
+            linear_features=module.linear_features,
+            conv2d_channels=module.conv2d_channels,
+            kernel_size=module.kernel_size,
+            learn_recurrent=module.learn_recurrent,
+        )
+        if not module.all_to_all:
+            kw.update(V=module.V, linear_features=None)
+    new = drop_ins[name](**kw)
+    new.reset_mechanism = module.reset_mechanism
+    new.load_state_dict(module.state_dict(), strict=True)
+    return new.train(module.training)

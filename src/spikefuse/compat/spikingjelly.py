@@ -369,3 +369,28 @@ class IFNode(_BaseNode):
 
     def _leak(self):
         return 1.0
+
+
+def drop_in_for(module: nn.Module) -> nn.Module:
+    """The drop-in for SpikingJelly neuron ``module``: its settings, step mode, parameters (the same ``state_dict``,
+    loaded strictly) and train/eval mode; the state starts reset. Raises ValueError naming what has no drop-in, and
+    the drop-ins' own errors for settings they refuse (an unsupported surrogate function)."""
+    drop_ins = {"LIFNode": LIFNode, "ParametricLIFNode": ParametricLIFNode, "IFNode": IFNode}
+    name = type(module).__name__
+    if name not in drop_ins or not type(module).__module__.startswith("spikingjelly"):
+        raise ValueError(f"SpikingJelly's {name} has no spikefuse drop-in")
+    kw = dict(
+        v_threshold=module.v_threshold,
+        v_reset=module.v_reset,
+        surrogate_function=module.surrogate_function,
+        detach_reset=module.detach_reset,
+        step_mode=module.step_mode,
+        store_v_seq=getattr(module, "store_v_seq", False),
+    )
+    if name == "LIFNode":
+        kw.update(tau=module.tau, decay_input=module.decay_input)
+    elif name == "ParametricLIFNode":
+        kw.update(decay_input=module.decay_input)  # its tau is the parameter w, loaded below
+    new = drop_ins[name](**kw)
+    new.load_state_dict(module.state_dict(), strict=True)
+    return new.train(module.training)
