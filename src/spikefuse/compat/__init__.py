@@ -2,8 +2,8 @@
 
 - :mod:`spikefuse.compat.spikingjelly`: ``LIFNode``, ``ParametricLIFNode``, ``IFNode`` (SpikingJelly 2.0)
 - :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic`` (snnTorch 1.0)
-- :mod:`spikefuse.compat.norse`: ``LIF``, ``LIFCell``, ``LSNN``, ``LSNNCell``, ``LIFRecurrent``, ``LSNNRecurrent`` and
-  Norse's neurons as definitions (Norse 1.1)
+- :mod:`spikefuse.compat.norse`: ``LIF``, ``LIFCell``, ``LSNN``, ``LSNNCell``, ``LIFRecurrent``, ``LSNNRecurrent``,
+  ``LIFRecurrentCell``, ``LSNNRecurrentCell`` and Norse's neurons as definitions (Norse 1.1)
 
 Each layer reproduces the peer's spikes and membrane potentials bit for bit in float32 (the definitions of
 :mod:`spikefuse.neurons` keep the peers' order of floating-point operations) and its gradients up to rounding.

@@ -49,6 +49,8 @@ __all__ = [
     "LSNNCell",
     "LIFRecurrent",
     "LSNNRecurrent",
+    "LIFRecurrentCell",
+    "LSNNRecurrentCell",
     "LIFState",
     "LSNNState",
     "LIFFeedForwardState",
@@ -307,18 +309,23 @@ class _Recurrent(nn.Module):
         raise NotImplementedError
 
     SPARSE_SPIKES = False  # a sparse input gives sparse spikes (Norse's LIFRecurrent; its LSNNRecurrent dense ones)
+    CELL = False  # one step a call, [B, input_size] (Norse's *RecurrentCell modules)
 
     def forward(self, input_tensor: torch.Tensor, state=None):
-        """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)``. A sparse
-        input runs as its dense values; ``[T, input_size]`` (no batch, as Norse takes it) as a batch of one, whose
-        states equal Norse's up to the rounding of the vector products Norse computes there."""
-        if input_tensor.ndim not in (2, 3) or input_tensor.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{type(self).__name__} takes [T, B, {self.input_size}] or [T, {self.input_size}] inputs, got "
-                f"{tuple(input_tensor.shape)}"
-            )
-        sparse, unbatched = input_tensor.is_sparse, input_tensor.ndim == 2
+        """All T steps of ``input_tensor`` ``[T, B, input_size]``: ``(spikes [T, B, hidden_size], state)`` (one step
+        ``[B, input_size]`` a call for the ``*Cell`` modules). A sparse input runs as its dense values;
+        ``[T, input_size]`` (no batch, as Norse takes it) as a batch of one, whose states equal Norse's up to the
+        rounding of the vector products Norse computes there."""
+        sparse = input_tensor.is_sparse
         input_tensor = input_tensor.to_dense() if sparse else input_tensor
+        input_tensor = input_tensor.unsqueeze(0) if self.CELL else input_tensor
+        if input_tensor.ndim not in (2, 3) or input_tensor.shape[-1] != self.input_size:
+            steps = "" if self.CELL else "T, "
+            raise ValueError(
+                f"{type(self).__name__} takes [{steps}B, {self.input_size}] or [{steps}{self.input_size}] inputs, "
+                f"got {tuple(input_tensor.shape[self.CELL :])}"
+            )
+        unbatched = input_tensor.ndim == 2
         input_tensor = input_tensor.unsqueeze(1) if unbatched else input_tensor
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
@@ -336,13 +343,14 @@ class _Recurrent(nn.Module):
             return_state=True,
             state=(
                 *(getattr(state, k).expand(current.shape[1:]) for k in names),
-                state.z.to(current.dtype).expand(current.shape[1:]),
+                (state.z.to_dense() if state.z.is_sparse else state.z).to(current.dtype).expand(current.shape[1:]),
             ),
             **params,
         )
         state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
         if unbatched:
             spikes, state = spikes[:, 0], self.STATE(*(v[0] for v in state))
+        spikes = spikes[0] if self.CELL else spikes
         return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
 
 
@@ -401,3 +409,17 @@ class LSNNRecurrent(_Recurrent):
             i=zeros(),
             b=_filled(shape, params["v_th"], x.dtype, x.device),
         )
+
+
+class LIFRecurrentCell(LIFRecurrent):
+    """Norse 1.1's ``LIFRecurrentCell``: :class:`LIFRecurrent` one step a call, ``forward(x [B, I], state=None) ->
+    (z [B, H], LIFState)``; the same weights as Norse draws them."""
+
+    CELL = True
+
+
+class LSNNRecurrentCell(LSNNRecurrent):
+    """Norse 1.1's ``LSNNRecurrentCell``: :class:`LSNNRecurrent` one step a call, ``forward(x [B, I], state=None) ->
+    (z [B, H], LSNNState)``; the same weights as Norse draws them."""
+
+    CELL = True
