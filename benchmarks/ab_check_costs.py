@@ -8,12 +8,12 @@ alternating, after an untimed round; each case's median over rounds.
 OLD_SRC / NEW_SRC: the `src` folders of the two checkouts (e.g. a `git worktree` of the older commit).
 """
 
-from ab_hot_paths import PRELUDE, main
+from ab_hot_paths import PRELUDE, RECURRENT_LAYER, main
 
 CASES = (
     PRELUDE
+    + RECURRENT_LAYER
     + r"""
-from spikefuse.neurons import LIF_MODELS
 
 
 def lif(T, n):
@@ -28,16 +28,6 @@ def lif(T, n):
             spikefuse.lif(x, decay=0.8, threshold=0.5)
 
     return forward, both
-
-
-T, B, H = 250, 32, 256
-xr = (torch.rand(T, B, H) * 0.6).requires_grad_()
-w = (torch.randn(H, H) * 0.05).requires_grad_()
-
-
-def recurrent():
-    spikefuse.recurrent(xr, LIF_MODELS[("snntorch", "soft")], w, decay=0.9, threshold=1.0).sum().backward()
-    xr.grad = w.grad = None
 
 
 big_forward, big_both = lif(32, 1_000_000)

@@ -36,22 +36,10 @@ def median_time(fn, repeats):
     return sorted(times)[len(times) // 2]
 """
 
-CASES = (
-    PRELUDE
-    + r"""
+#: Cases the side-by-side scripts share: ``train_step()``, a lean ResNet18's training step (the path `spikefuse bench
+#: memory` times), and ``recurrent()``, the recurrent LIF layer at the SHD size, forward+backward.
+LEAN_RESNET_STEP = r"""
 from spikefuse.models import build_model
-
-
-def layer(T, n, repeats):
-    x = torch.rand(T, n, requires_grad=True)
-    g = torch.rand(T, n)
-
-    def step():
-        spikefuse.lif(x, decay=0.8, threshold=0.5).backward(g)
-        x.grad = None
-
-    return median_time(step, repeats)
-
 
 model = build_model("resnet18", 3, 10, memory="lean", stem="cifar")
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -63,6 +51,35 @@ def train_step():
     opt.zero_grad()
     loss.backward()
     opt.step()
+"""
+RECURRENT_LAYER = r"""
+from spikefuse.neurons import LIF_MODELS
+
+T, B, H = 250, 32, 256
+xr = (torch.rand(T, B, H) * 0.6).requires_grad_()
+w = (torch.randn(H, H) * 0.05).requires_grad_()
+
+
+def recurrent():
+    spikefuse.recurrent(xr, LIF_MODELS[("snntorch", "soft")], w, decay=0.9, threshold=1.0).sum().backward()
+    xr.grad = w.grad = None
+"""
+
+CASES = (
+    PRELUDE
+    + LEAN_RESNET_STEP
+    + r"""
+
+
+def layer(T, n, repeats):
+    x = torch.rand(T, n, requires_grad=True)
+    g = torch.rand(T, n)
+
+    def step():
+        spikefuse.lif(x, decay=0.8, threshold=0.5).backward(g)
+        x.grad = None
+
+    return median_time(step, repeats)
 
 
 print(json.dumps({

@@ -9,13 +9,13 @@ each case's median over rounds.
 OLD_SRC / NEW_SRC: the `src` folders of the two checkouts (e.g. a `git worktree` of the older commit).
 """
 
-from ab_hot_paths import PRELUDE, main
+from ab_hot_paths import LEAN_RESNET_STEP, PRELUDE, RECURRENT_LAYER, main
 
 CASES = (
     PRELUDE
+    + LEAN_RESNET_STEP
+    + RECURRENT_LAYER
     + r"""
-from spikefuse.models import build_model
-from spikefuse.neurons import LIF_MODELS
 from spikefuse.nn import SpikeConv2d, SpikeLinear
 from spikefuse.ops import bitpack
 
@@ -33,27 +33,6 @@ def layer_step(layer, x):
 
 linear = layer_step(SpikeLinear(256, 256), (torch.rand(100, 32, 256) < 0.1).float())
 conv = layer_step(SpikeConv2d(16, 32, 3, padding=1), (torch.rand(8, 16, 16, 32, 32) < 0.2).float())
-
-T, B, H = 250, 32, 256
-xr = (torch.rand(T, B, H) * 0.6).requires_grad_()
-w = (torch.randn(H, H) * 0.05).requires_grad_()
-
-
-def recurrent():
-    spikefuse.recurrent(xr, LIF_MODELS[("snntorch", "soft")], w, decay=0.9, threshold=1.0).sum().backward()
-    xr.grad = w.grad = None
-
-
-model = build_model("resnet18", 3, 10, memory="lean", stem="cifar")
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-images, labels = torch.rand(4, 8, 3, 32, 32).round(), torch.randint(0, 10, (8,))
-
-
-def train_step():
-    loss = torch.nn.functional.cross_entropy(model(images).mean(0), labels)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
 
 
 print(json.dumps({
