@@ -31,7 +31,6 @@ from ..common import refuse_double_backward, refuse_flagged, saved_tensors
 from ...registry import OBJECTS, key_of
 from ..engine.reference import initial_spike
 from . import current, current_backward
-from .source import kept_states
 
 
 #: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
@@ -72,10 +71,16 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     return spikes, cur
 
 
-def _keeps_potential(model, memory: str) -> bool:
-    """Whether every step's states are kept for backward: ``memory="potential"``, or whatever the mode where they
-    take no more memory than the input would (nothing to recompute then)."""
-    return memory == "potential" or len(kept_states(model)) + model.backward_reads_input <= 1
+def _kept_states(backend: str, model, surrogate, dtype: torch.dtype) -> tuple[str, ...]:
+    """The states the backward reads at every step (:func:`.source.kept_states`), as the generated kernels' module
+    states them: a warm process does not derive them with sympy again (0.35 s for ALIF)."""
+    return backend_module(backend).kernels(model, type(surrogate), dtype).KEPT_STATES
+
+
+def _keeps_potential(model, kept: tuple[str, ...], memory: str) -> bool:
+    """Whether every step's ``kept`` states are kept for backward: ``memory="potential"``, or whatever the mode
+    where they take no more memory than the input would (nothing to recompute then)."""
+    return memory == "potential" or len(kept) + model.backward_reads_input <= 1
 
 
 def _stacked(params, init, batch: int, hidden: int, like: Tensor):
@@ -115,8 +120,9 @@ def _forward_impl(
     par, init_all = _stacked(params, init, batch, hidden, x)
     if spikes0 is None:
         spikes0 = _initial_spikes(model, par, init_all)
-    potential = _keeps_potential(model, memory)
-    hist = _empty((t_steps, len(kept_states(model)), batch, hidden), x) if potential else None
+    kept = _kept_states(backend, model, surrogate, x.dtype)
+    potential = _keeps_potential(model, kept, memory)
+    hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
     currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
     with torch.no_grad():
         spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par, init_all, spikes0, hist, currents)
@@ -132,11 +138,12 @@ recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", muta
 
 @recurrent_forward.register_fake
 def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory):
-    model = OBJECTS[model]
+    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
     t_steps, batch, hidden = x.shape
+    names = _kept_states(backend, model, surrogate, x.dtype)
     kept = []
-    if _keeps_potential(model, memory):
-        kept.append(x.new_empty(t_steps, len(kept_states(model)), batch, hidden))
+    if _keeps_potential(model, names, memory):
+        kept.append(x.new_empty(t_steps, len(names), batch, hidden))
         if model.backward_reads_input:
             kept.append(torch.empty_like(x))
     bits = x.new_empty(packed_numel(x.numel()), dtype=torch.uint8)
@@ -174,7 +181,7 @@ def _backward_impl(
         spikes0 = _initial_spikes(model, par, init_all)
     spikes = bitpack.unpack(bits, shape, dtype)
     previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
-    if _keeps_potential(model, memory):
+    if kept:  # memory "potential" (the forward kept every step's states)
         hist = kept[0]
         xin = kept[1] if model.backward_reads_input else None
     else:
@@ -182,7 +189,7 @@ def _backward_impl(
         r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
         for t in range(t_steps):
             currents[t].copy_(current(previous[t], weight, bias, out=r))
-        hist = _empty((t_steps, len(kept_states(model)), batch, hidden), spikes0)
+        hist = _empty((t_steps, len(_kept_states(backend, model, surrogate, dtype)), batch, hidden), spikes0)
         ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
         xin = x + currents if model.backward_reads_input else None
     gS = torch.stack([g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()
@@ -272,7 +279,7 @@ def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
     ctx.set_materialize_grads(False)
-    keep_x = x if not _keeps_potential(OBJECTS[model], memory) else x.new_empty(0)
+    keep_x = x.new_empty(0) if kept else x  # the input, where the backward recomputes the states from it
     ctx.save_for_backward(keep_x, weight, bias, spikes0, bits, *params, *init, *kept)
 
 
