@@ -251,3 +251,17 @@ def test_cli_reports_a_bad_shd_file_in_one_line(tmp_path, capsys, spoil, message
     err = capsys.readouterr().err
     assert err.startswith("spikefuse: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert re.search(message, err) and "shd_train.h5" in err, err
+
+
+def test_time_major_collate_batches_sequences_time_first():
+    """``collate_fn=spikefuse.data.time_major``: ``[T, B, F]`` batches, the labels as the default collate gives them
+    (the default's ``[B, T, F]`` fed to a model of ``[T, B, F]`` inputs swaps time and batch silently)."""
+    from torch.utils.data import DataLoader
+
+    from spikefuse.data import TensorDataset, time_major
+
+    data = torch.rand(6, 5, 3)  # 6 samples of T=5 steps, 3 features
+    ds = TensorDataset(data, torch.arange(6))
+    x, labels = next(iter(DataLoader(ds, batch_size=4, collate_fn=time_major)))
+    assert x.shape == (5, 4, 3) and x.is_contiguous() and torch.equal(x, data[:4].transpose(0, 1))
+    assert torch.equal(labels, torch.arange(4))

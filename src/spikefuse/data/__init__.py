@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from ._common import DataError, DatasetInfo, TensorDataset
 
-__all__ = ["DATASETS", "DataError", "DatasetInfo", "TensorDataset", "encode", "load_dataset"]
+__all__ = ["DATASETS", "DataError", "DatasetInfo", "TensorDataset", "encode", "load_dataset", "time_major"]
 
 DATASETS: tuple[str, ...] = (
     "digits",
@@ -41,6 +41,15 @@ DATASETS: tuple[str, ...] = (
 )
 FRAMINGS: tuple[str, ...] = ("events", "time")
 ENCODINGS: tuple[str, ...] = ("poisson", "direct")
+
+
+def time_major(batch):
+    """A ``DataLoader`` ``collate_fn`` for samples that hold time first (``[T, ...]``: framed events, sequences):
+    ``(x [T, B, ...], labels [B])``, time first as spikefuse's layers and models take it. The default collate makes
+    ``[B, T, ...]``, which a model taking ``[T, B, ...]`` reads with time and batch swapped, silently where the sizes
+    allow: ``DataLoader(dataset, batch_size=32, collate_fn=spikefuse.data.time_major)``."""
+    x, labels = torch.utils.data.default_collate(batch)
+    return x.transpose(0, 1).contiguous(), labels
 
 
 def load_dataset(
