@@ -170,3 +170,11 @@ def test_compiled_recurrent_layer_runs_as_its_first_call_in_a_process():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_repr_says_the_reset():
+    """A soft reset shows as the constructor's ``v_reset=None`` (the repr showed the definition's unused v_reset=0.0,
+    a hard reset's look); a hard one its value."""
+    assert "v_reset=None" in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=None))
+    assert "v_reset=0.0" not in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=None))
+    assert "v_reset=0.25" in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=0.25))

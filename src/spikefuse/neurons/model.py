@@ -213,6 +213,14 @@ class NeuronModel(Registered):
         return dict(self.initial).get(state, 0.0)
 
     @functools.cached_property
+    def params_read(self) -> tuple[str, ...]:
+        """The parameters the dynamics read: a definition may list one it does not use, to share its family's
+        arguments (the soft-reset LIF's ``v_reset``)."""
+        expressions = [(e, True) for _, e in (*self.step, *self.handoff)] + [(self.fire, False)]
+        read = set().union(*(_names(e, self.name, where=where) for e, where in expressions))
+        return tuple(p for p in self.params if p in read)
+
+    @functools.cached_property
     def recurrent_step(self) -> tuple[tuple[str, str], ...]:
         """The step of a recurrent layer of these neurons: the recurrent current ``x_rec`` joins the input where the
         step reads it, ``a + x`` becoming ``(a + x) + x_rec`` and any other ``x`` becoming ``(x + x_rec)``. The

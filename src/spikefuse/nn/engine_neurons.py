@@ -139,7 +139,7 @@ class EngineNeuron(nn.Module):
             else f"{p}=learnable{tuple(getattr(self, p).shape)}"
             if isinstance(getattr(self, p), nn.Parameter)
             else f"{p}=fixed{tuple(getattr(self, p).shape)}"
-            for p in self.model.params
+            for p in self.model.params_read  # not a parameter the dynamics ignore (a soft reset's v_reset)
         )
         return (
             f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "

@@ -116,6 +116,10 @@ class RecurrentLIF(Recurrent):
         params = dict(decay=decay, threshold=threshold, **({} if v_reset is None else {"v_reset": v_reset}))
         super().__init__(model, hidden_size, surrogate=surrogate, **options, **params)
 
+    def extra_repr(self) -> str:
+        soft = "v_reset" not in self.model.params_read  # the constructor's v_reset=None, a parameter no more
+        return super().extra_repr() + (", v_reset=None" if soft else "")
+
 
 class RecurrentCubaLIF(Recurrent):
     """Recurrent current-based LIF neurons (:class:`~spikefuse.nn.CubaLIF`'s dynamics and arguments): the recurrent
