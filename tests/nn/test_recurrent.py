@@ -132,7 +132,6 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
                 surrogate,
                 False,
                 backend,
-                memory,
                 [True, True, False, True, False, False, False],
             ),
         )

@@ -165,7 +165,6 @@ def _backward_impl(
     surrogate: str,
     detach_reset: bool,
     backend: str,
-    memory: str,
     need: list[bool],
 ) -> list[Tensor]:
     """``[grad_x, grad_weight, grad_bias, grad_spikes0, *per-neuron grad per parameter [H], grad_init [S, B, H]]``
@@ -255,7 +254,6 @@ def _(
     surrogate,
     detach_reset,
     backend,
-    memory,
     need,
 ):
     layer = grad_spikes.shape[1:]
@@ -274,7 +272,7 @@ def _(
 def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, out) -> None:
     n_init = len(init)
     bits, kept = out[1 + n_init], out[2 + n_init :]
-    ctx.args = (model, surrogate, detach_reset, backend, memory)
+    ctx.args = (model, surrogate, detach_reset, backend)
     ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
@@ -286,7 +284,7 @@ def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_
 def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
     None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
-    model, surrogate, detach_reset, backend, memory = ctx.args
+    model, surrogate, detach_reset, backend = ctx.args
     name = OBJECTS[model].name
     refuse_double_backward(
         f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
@@ -314,7 +312,6 @@ def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
         surrogate,
         detach_reset,
         backend,
-        memory,
         [bool(n) for n in (*need[1:4], *need_params)],
     )
     grad_x, grad_weight, grad_bias, grad_spikes0, *rest = out
@@ -380,7 +377,8 @@ def recurrent_layer(x, weight, bias, spikes0, params, init, model, surrogate, de
     """``[spikes [T, B, H], *final states [B, H]]`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype) with
     autograd: the recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or
     ``[H]`` each; ``init`` the initial states (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the
-    first step's current reads (None: those of the initial states). The custom op under ``torch.compile``, the plain Function in eager mode."""
+    first step's current reads (None: those of the initial states). The custom op under ``torch.compile``, the plain
+    Function in eager mode."""
     model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
         out = recurrent_forward(
