@@ -168,10 +168,10 @@ LSNNFeedForwardState = _norse_state(
 
 class _FeedForward(nn.Module):
     """What Norse's feed-forward neurons share: Norse's parameter record ``p`` and ``dt``, and a call of
-        :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
-        ``[...]`` for the ``*Cell`` modules (``CELL``). States start as Norse's do (``v`` at ``v_leak``, ``i`` at 0, ``b``
-        at ``v_th``) and are returned as Norse's records; a sparse input runs as its dense values (the spikes sparse where Norse's
-    are)."""
+    :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
+    ``[...]`` for the ``*Cell`` modules (``CELL``). States start as Norse's do (``v`` at ``v_leak``, ``i`` at 0, ``b``
+    at ``v_th``) and are returned as Norse's records; a sparse input runs as its dense values (the spikes sparse where
+    Norse's are)."""
 
     MODEL: NeuronModel
     STATE: type

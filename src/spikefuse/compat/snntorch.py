@@ -14,13 +14,14 @@ given continue from the module's own (kept between calls; zeros at first or when
 ``reset_mem()`` zeros them, ``init_hidden=True`` keeps them inside and returns the spikes only (``output=True``: the
 states too), and the spikes are float32 whatever the input's dtype. Parameters keep their float32 values with a
 float16/bfloat16 input, as snnTorch's do: ``Leaky`` gives snnTorch's spikes and membranes bit for bit there too;
-snnTorch keeps ``Synaptic``'s current in the input's dtype, rounded every step, where the drop-in keeps it float32. The fused path is one method,
-``sequence(x_seq, *state)``: all T steps of ``x_seq`` ``[T, ...]`` in one call, the spikes ``[T, ...]`` and the
-final states returned (``(spk_seq, mem)``, ``(spk_seq, syn, mem)``), the same values as the loop above.
+snnTorch keeps ``Synaptic``'s current in the input's dtype, rounded every step, where the drop-in keeps it float32.
+The fused path is one method, ``sequence(x_seq, *state)``: all T steps of ``x_seq`` ``[T, ...]`` in one call, the
+spikes ``[T, ...]`` and the final states returned (``(spk_seq, mem)``, ``(spk_seq, syn, mem)``), the same values as
+the loop above.
 
 Where snnTorch is importable the drop-ins have snnTorch's classes as second bases (its constructor is not run),
-so snnTorch's own utilities treat them as its neurons: ``snntorch.utils.reset(net)``, ``snntorch.Leaky.reset_hidden()``
-and ``detach_hidden()``. Setting ``reset_mechanism`` after construction does what it does in snnTorch, which picks its
+so snnTorch's own utilities treat them as its neurons: ``snntorch.utils.reset(net)``,
+``snntorch.Leaky.reset_hidden()`` and ``detach_hidden()``. Setting ``reset_mechanism`` after construction does what it does in snnTorch, which picks its
 state update in the constructor: it changes only the reset in the step of a spike of ``reset_delay=False`` (mixtures
 no neuron definition holds are refused by name).
 
@@ -116,6 +117,12 @@ def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
     return tuple(kept[k] if k in kept else torch.zeros_like(kept["v"]) for k in model.states)
 
 
+def _checked_reset(mechanism: str) -> str:
+    if mechanism not in _RESET_VALUES:
+        raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {mechanism!r}")
+    return mechanism
+
+
 def _peer_class(name: str) -> tuple:
     """snnTorch's class ``name``, as a second base of its drop-in, where snnTorch is importable: snnTorch's own
     utilities find neurons by ``isinstance`` and ``SpikingNeuron.instances`` (``snntorch.utils.reset(net)``, the
@@ -165,14 +172,12 @@ class _SpikingNeuron(nn.Module):
             raise NotImplementedError("inhibition=True is not supported")
         if state_quant:
             raise NotImplementedError("state_quant is not supported")
-        if reset_mechanism not in _RESET_VALUES:
-            raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {reset_mechanism!r}")
+        self._made_with = self._reset_mechanism = _checked_reset(reset_mechanism)
         self.surrogate_disable = bool(surrogate_disable)
         self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
         self.spike_grad = spike_grad
         self.init_hidden = bool(init_hidden)
         self.output = bool(output)
-        self._made_with = self._reset_mechanism = reset_mechanism
         check_backend_name(backend)  # refused now, not at the first call
         check_memory_mode(memory)
         self.backend = backend
@@ -194,9 +199,7 @@ class _SpikingNeuron(nn.Module):
     def reset_mechanism(self, value: str) -> None:
         """As snnTorch's setter: checked, ``reset_mechanism_val`` follows, and the dynamics change as snnTorch's do
         (:meth:`_mechanism`)."""
-        if value not in _RESET_VALUES:
-            raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {value!r}")
-        self._reset_mechanism = value
+        self._reset_mechanism = _checked_reset(value)
         self.reset_mechanism_val = torch.as_tensor(_RESET_VALUES[value], device=self.reset_mechanism_val.device)
 
     def _mechanism(self) -> tuple[str, bool]:

@@ -16,8 +16,9 @@ kernel checks this as it reads the input, always: a layer that keeps its input r
 the layer and the first offending value and its index (spikes a neuron kernel packed are not read again). On
 other devices reading that check's result would stall the host: there the input is checked in debug mode only
 (:func:`set_debug` ``(True)`` or the environment variable ``SPIKEFUSE_DEBUG=1``, read when this module is
-imported), which checks every call's input with a pass of its own. Debug mode also re-packs an input whose bits a neuron kernel made and refuses bits that an edit where torch counts
-nothing (through ``.data`` or a numpy view) left stale; edits through torch drop the bits without it.
+imported), which checks every call's input with a pass of its own. Debug mode also re-packs an input whose bits a
+neuron kernel made and refuses bits that an edit where torch counts nothing (through ``.data`` or a numpy view)
+left stale; edits through torch drop the bits without it.
 
 The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
 batch, as :class:`spikefuse.nn.SeqToBatch` does. They subclass the torch layers, with the same constructor
@@ -198,7 +199,8 @@ class SpikeLinear(nn.Linear):
 
     Same arguments, parameters and ``state_dict`` as :class:`torch.nn.Linear`; output and gradients are
     bit-identical to it. **The input must be binary (0/1) in the layer's dtype**: refused on the CPU where the
-    layer keeps it (as it packs it), on other devices in debug mode (:func:`set_debug`). See :mod:`spikefuse.nn.spike_layers`.
+    layer keeps it (as it packs it), on other devices in debug mode (:func:`set_debug`). See
+    :mod:`spikefuse.nn.spike_layers`.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
