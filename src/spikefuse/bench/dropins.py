@@ -23,6 +23,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--neurons", type=int, default=256, help="neurons per layer (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds, median (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch/numba threads (default: %(default)s)")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="only the peers whose name holds TEXT (e.g. 'snnTorch', 'RLeaky'); repeatable (default: every peer)",
+    )
     p.add_argument("--quick", action="store_true", help="T=6, batch 2, 8 neurons, two repeats: check the harness")
     add_result_args(p)
     return p
@@ -172,6 +178,8 @@ def run(args) -> int:
     x = torch.rand(T, B, N, generator=g)
     rows = []
     for peer_name, ours_name, make_peer, make_ours, forms in _cases(T, B, N):
+        if args.only and not any(text in peer_name for text in args.only):
+            continue
         torch.manual_seed(1)
         peer = make_peer()
         torch.manual_seed(1)

@@ -40,6 +40,7 @@ surrogates :func:`to_surrogate` does not know.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -48,6 +49,8 @@ from torch import nn
 
 from ..neuron_functional import neuron
 from ..ops import check_backend_name
+from ..ops.engine import DTYPES
+from ..ops.engine.step import step
 from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SYNAPTIC_NO_DELAY_MODELS
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
@@ -254,13 +257,21 @@ class _SpikingNeuron(nn.Module):
             )
         if self.init_hidden and any(g is not None for g in given):
             raise TypeError(f"with init_hidden=True {type(self).__name__} keeps its states: pass the input only")
+        kept = self._buffers
         for name, g in zip(self.STATES, given):
             if g is not None:
-                setattr(self, name, g)
+                self._set_state(name, g)
         for name in self.STATES:
-            if getattr(self, name).shape != step.shape:
-                setattr(self, name, torch.zeros_like(step, device=getattr(self, name).device))
-        return [getattr(self, name) for name in self.STATES]
+            if kept[name].shape != step.shape:
+                kept[name] = torch.zeros_like(step, device=kept[name].device)
+        return [kept[name] for name in self.STATES]
+
+    def _set_state(self, name: str, value) -> None:
+        """Keep state ``name`` (a buffer, written as ``nn.Module.__setattr__`` would, at a tenth of its cost: this
+        runs at every step of a loop)."""
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}: the state {name} must be a tensor, got {type(value).__name__}")
+        self._buffers[name] = value
 
     def _sequence(self, x_seq: torch.Tensor, given) -> torch.Tensor:
         if not isinstance(x_seq, torch.Tensor) or x_seq.ndim < 2:
@@ -271,11 +282,37 @@ class _SpikingNeuron(nn.Module):
             setattr(self, name, value)
         return spikes
 
+    def _step(self, x: torch.Tensor, given) -> torch.Tensor:
+        """One step as snnTorch's users call it, in one autograd node (:mod:`spikefuse.ops.engine.step`)."""
+        if x.dtype not in DTYPES:
+            raise TypeError(
+                f"{type(self).__name__}: the input must be float32, float64, float16 or bfloat16, got {x.dtype}"
+            )
+        states = dict(zip(self.STATES, self._states(x, given)))
+        spikes, final = self._run_step(x, states)
+        for name, value in final.items():
+            self._set_state(name, value)
+        return spikes
+
+    def _steps_alone(self, x: torch.Tensor) -> bool:
+        """Whether a one-step call runs the generated step (the same values as the fused kernels' one step, at a
+        fraction of their call's cost): eager calls on the CPU with the fused backend. Compiled graphs trace the
+        engine's custom op; the reference and Triton backends run as asked."""
+        return (
+            self.backend in ("auto", "cpu")
+            and x.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
+        )
+
     def forward(self, input_: torch.Tensor, *state):
         """One time step: snnTorch's ``forward(input_, *states)``."""
         if not isinstance(input_, torch.Tensor) or input_.ndim == 0:
             raise ValueError(f"{type(self).__name__}: the input must be a tensor of at least one dimension")
-        spk = self._sequence(input_.unsqueeze(0), state)[0]
+        if self._steps_alone(input_):
+            spk = self._step(input_, state)
+        else:
+            spk = self._sequence(input_.unsqueeze(0), state)[0]
         if self.init_hidden and not self.output:
             return spk
         return (spk, *(getattr(self, name) for name in self.RETURNED))
@@ -286,15 +323,58 @@ class _SpikingNeuron(nn.Module):
         spikes = self._sequence(x_seq, state)
         return (spikes, *(getattr(self, name) for name in self.RETURNED))
 
+    def _dynamics(self) -> tuple:
+        """``(model, detach_reset, {engine parameter: (snnTorch's name, value)})``: the neuron definition of the
+        dynamics snnTorch runs, with its parameters."""
+        raise NotImplementedError
+
+    def _run(self, x_seq, states):
+        """The steps of ``x_seq`` ``[T, ...]`` from snnTorch's ``states``: ``(spikes, final states by name)``."""
+        model, detach_reset, params = self._dynamics()
+        view = _neuron_view(x_seq)
+        spikes, final = neuron(
+            view,
+            model,
+            surrogate=self._surrogate,
+            detach_reset=detach_reset,
+            state=_engine_states(model, states, view.shape[1:]),
+            return_state=True,
+            backend=self.backend,
+            memory=self.memory,
+            **{p: _per_neuron(value, x_seq, name) for p, (name, value) in params.items()},
+        )
+        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
+
+    def _run_step(self, x, states):
+        """One step of ``x`` from snnTorch's ``states``: ``(spikes, new states by name)``."""
+        model, detach_reset, params = self._dynamics()
+        out = step(
+            model,
+            x,
+            _step_params(model, params, x),
+            _engine_states(model, states, x.shape),
+            self._surrogate,
+            detach_reset,
+        )
+        return self._graded(out[0]), {_KEPT[k]: v for k, v in zip(model.states, out[1:]) if k in _KEPT}
+
     def _graded(self, spikes: torch.Tensor) -> torch.Tensor:
         """snnTorch's spikes: float32 whatever the input's dtype, times the graded spikes factor."""
-        spikes = spikes.float()
+        if spikes.dtype != torch.float32:
+            spikes = spikes.float()
         factor = self.graded_spikes_factor
         # a factor of 1 is skipped in eager mode (a pass less); a compiled graph multiplies, the same values,
         # rather than break on reading the factor
-        if torch.compiler.is_compiling() or isinstance(factor, nn.Parameter) or not bool(factor == 1):
+        if torch.compiler.is_compiling() or isinstance(factor, nn.Parameter) or not self._unit_factor(factor):
             spikes = spikes * factor
         return spikes
+
+    def _unit_factor(self, factor: torch.Tensor) -> bool:
+        """Whether ``factor`` is 1: read once per tensor and version (a read is a host sync, per step of a loop)."""
+        key = (id(factor), factor._version)
+        if self.__dict__.get("_unit_factor_of", (None,))[0] != key:
+            self.__dict__["_unit_factor_of"] = (key, bool(factor == 1))
+        return self.__dict__["_unit_factor_of"][1]
 
     def extra_repr(self) -> str:
         return f"reset_mechanism={self.reset_mechanism!r}, backend={self.backend!r}, memory={self.memory!r}"
@@ -323,6 +403,29 @@ def _per_neuron(value: torch.Tensor, x_seq: torch.Tensor, name: str) -> torch.Te
 def _neuron_view(x_seq: torch.Tensor) -> torch.Tensor:
     """``x_seq`` as ``[T, B, N]`` (``[T, N]`` as it is): the neurons flattened after the batch."""
     return x_seq if x_seq.ndim == 2 else x_seq.reshape(*x_seq.shape[:2], -1)
+
+
+def _step_params(model, params: dict, x: torch.Tensor) -> list:
+    """``model``'s parameters in its order for one step of ``x`` (its default where ``params`` has none): one value,
+    or one per neuron shaped to broadcast against ``x`` (checked as :func:`_per_neuron` checks)."""
+    out = []
+    for p in model.params:
+        if p not in params:
+            out.append(_default(model, p, torch.promote_types(x.dtype, torch.float32), x.device))
+            continue
+        name, value = params[p]
+        if value.ndim == 0 and value.dtype == torch.promote_types(value.dtype, x.dtype):  # one value, as it is
+            out.append(value)
+            continue
+        value = _per_neuron(value, x.unsqueeze(0), name)
+        out.append(value if value.ndim == 0 else value.reshape(x.shape[1:] if x.ndim >= 2 else x.shape))
+    return out
+
+
+@functools.cache
+def _default(model, param: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``model``'s default value of ``param`` as a tensor, made once."""
+    return torch.tensor(dict(model.defaults)[param], dtype=dtype, device=device)
 
 
 class Leaky(_SpikingNeuron, *_peer_class("Leaky")):
@@ -380,24 +483,11 @@ class Leaky(_SpikingNeuron, *_peer_class("Leaky")):
 
     init_leaky = _SpikingNeuron.reset_mem
 
-    def _run(self, x_seq, states):
-        view = _neuron_view(x_seq)
+    def _dynamics(self):
         mechanism, delayed = self._mechanism()
         model = self._MODELS[mechanism] if delayed else SNNTORCH_NO_DELAY_MODELS[("leaky", mechanism)]
         # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
-        spikes, final = neuron(
-            view,
-            model,
-            surrogate=self._surrogate,
-            detach_reset=delayed,
-            state=_engine_states(model, states, view.shape[1:]),
-            return_state=True,
-            backend=self.backend,
-            memory=self.memory,
-            decay=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
-            threshold=_per_neuron(self.threshold, x_seq, "threshold"),
-        )
-        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
+        return model, delayed, {"decay": ("beta", self.beta.clamp(0, 1)), "threshold": ("threshold", self.threshold)}
 
 
 class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
@@ -458,24 +548,18 @@ class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
         mechanism, delayed = self._mechanism()
         return CUBA_LIF_MODELS[mechanism] if delayed else SYNAPTIC_NO_DELAY_MODELS[mechanism]
 
-    def _run(self, x_seq, states):
-        view = _neuron_view(x_seq)
+    def _dynamics(self):
         model = self.model
         # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
-        spikes, final = neuron(
-            view,
+        return (
             model,
-            surrogate=self._surrogate,
-            detach_reset=model in CUBA_LIF_MODELS.values(),
-            state=_engine_states(model, states, view.shape[1:]),
-            return_state=True,
-            backend=self.backend,
-            memory=self.memory,
-            alpha=_per_neuron(self.alpha.clamp(0, 1), x_seq, "alpha"),
-            beta=_per_neuron(self.beta.clamp(0, 1), x_seq, "beta"),
-            threshold=_per_neuron(self.threshold, x_seq, "threshold"),
+            model in CUBA_LIF_MODELS.values(),
+            {
+                "alpha": ("alpha", self.alpha.clamp(0, 1)),
+                "beta": ("beta", self.beta.clamp(0, 1)),
+                "threshold": ("threshold", self.threshold),
+            },
         )
-        return self._graded(spikes.reshape(x_seq.shape)), _kept_states(model, final, x_seq.shape[1:])
 
 
 class RecurrentOneToOne(nn.Module):
@@ -536,37 +620,57 @@ class _Recurrent(_SpikingNeuron):
             raise ValueError(f"V of shape {tuple(self.V.shape)}: one value, or one per neuron ({neurons})")
         return self.V.reshape(neurons), None
 
+    def _dynamics(self):
+        mechanism, delayed = self._mechanism()
+        model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[mechanism]
+        params = {
+            name: (attr, getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold)
+            for name, attr in self.PARAMS
+        }
+        return model, delayed, params  # snnTorch's in-step reset keeps the spike's gradient
+
     def _run(self, x_seq, states):
         if x_seq.ndim < 2:
             raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
         neurons = x_seq.shape[-1]
         view = x_seq.reshape(x_seq.shape[0], math.prod(x_seq.shape[1:-1]), neurons)  # (-1 is ambiguous for 0 neurons)
-        mechanism, delayed = self._mechanism()
-        model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[mechanism]
+        model, detach_reset, params = self._dynamics()
         state = (
             *_engine_states(model, states, view.shape[1:], view.dtype),
             states["spk"].reshape(view.shape[1:]).to(view.dtype),
         )
         weight, bias = self._weights(neurons)
-        params = {
-            name: _per_neuron(getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold, view, attr)
-            for name, attr in self.PARAMS
-        }
         spikes, final = recurrent(
             view,
             model,
             weight.to(view.dtype),
             None if bias is None else bias.to(view.dtype),
             surrogate=self._surrogate,
-            detach_reset=delayed,  # snnTorch's in-step reset keeps the spike's gradient
+            detach_reset=detach_reset,
             state=state,
             return_state=True,
             backend=self.backend,
             memory=self.memory,
-            **params,
+            **{p: _per_neuron(value, view, name) for p, (name, value) in params.items()},
         )
         spikes = self._graded(spikes.reshape(x_seq.shape))
         return spikes, {"spk": spikes[-1], **_kept_states(model, final, x_seq.shape[1:])}
+
+    def _run_step(self, x, states):
+        if not self.all_to_all:
+            self._weights(x.shape[-1])  # the fused layer's checks of V against the neurons
+        model, detach_reset, params = self._dynamics()
+        out = step(
+            model,
+            x,
+            _step_params(model, params, x),
+            _engine_states(model, states, x.shape),
+            self._surrogate,
+            detach_reset,
+            x_rec=self.recurrent(states["spk"]),  # snnTorch's call: the recurrent current of the kept spikes
+        )
+        spikes = self._graded(out[0])
+        return spikes, {"spk": spikes, **{_KEPT[k]: v for k, v in zip(model.states, out[1:]) if k in _KEPT}}
 
 
 class RLeaky(_Recurrent, *_peer_class("RLeaky")):
