@@ -1,0 +1,285 @@
+"""Products of binary spikes with a dense weight on the CPU that read only the active (spiking) inputs.
+
+A layer fed by spikes multiplies a 0/1 matrix ``S [M, K]`` (``M = T*B`` rows) by its weight ``W [N, K]``; at a few
+percent spikes almost every multiply-add of the dense product multiplies by zero. These numba kernels do only the
+others:
+
+- :func:`linear`: ``Y = S @ W.T (+ bias)``. Each row gathers the rows of ``W.T [K, N]`` (the caller's transposed
+  copy: one contiguous row of ``N`` weights per input) that its active inputs pick and adds them into the row's
+  output. Rows in parallel.
+- :func:`weight_grad`: ``dW = G.T @ S`` for the output gradient ``G [M, N]``: for each row ``m`` and each of its
+  active inputs ``k``, ``dW[:, k] += G[m, :]``, accumulated as ``dW.T [K, N]``. The threads split the inputs ``k``
+  between them, each reading every row of ``G`` and adding only into its own rows of ``dW.T``: no two threads write
+  one element, and each element sums in the order of the rows. (Splitting the rows instead, with a partial ``dW``
+  per thread summed at the end, reads ``G`` once instead of once per thread, but its sums would follow the split,
+  which changes with the thread count.)
+
+**The active lists are the packed bits** (:mod:`spikefuse.ops.bitpack`'s layout, ``S`` flattened row-major, bit
+``i`` of the string being element ``i``): a kernel reads a row's bits 64 at a time and takes the set ones lowest
+first, so no list of indices is built or kept. A neuron kernel writes these bits as it makes the spikes
+(:func:`spikefuse.ops.bitpack.spike_bits`), and a spike layer packs its input for backward anyway; from a dense 0/1
+tensor the bits are one :func:`~spikefuse.ops.bitpack.pack` pass (which also checks that it is binary) -- in this
+first form spikes that did not come from a neuron kernel take that pass, not yet a list the producer wrote.
+
+**Exactness.** Each output element is summed in one fixed order: ``linear`` from zero over the active inputs in
+increasing ``k``, then ``+ bias``; ``weight_grad`` from zero over the active rows in increasing ``m``. The plain-
+PyTorch references beside them, :func:`linear_reference` and :func:`weight_grad_reference`, sum in the same order
+and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
+float32 and float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange, types
+from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import intrinsic
+
+from ..threads import match_numba_threads
+from . import buffers
+from .bit_layout import packed_numel
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "linear",
+    "weight_grad",
+    "spike_count",
+    "linear_reference",
+    "weight_grad_reference",
+]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+# Below this many output elements a call runs on one thread: waking the pool costs more than the work (a recurrent
+# step's [32, 256] output takes a few microseconds).
+_SERIAL_WORK = 1 << 14
+
+# Row tasks per thread of the forward: enough that rows of different spike counts even out, few enough that each
+# task's list buffer is allocated rarely.
+_TASKS_PER_THREAD = 8
+
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+# ------------------------------------------------------------------------------------------------------- kernels
+@intrinsic
+def _popcount(typingctx, x):
+    """The number of set bits of an unsigned integer (LLVM's ctpop: one instruction where the machine has it)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.ctpop", [args[0].type])
+        return builder.call(fn, args)
+
+    return x(x), codegen
+
+
+@njit(inline="always")
+def _bits(words, start, n):
+    """Bits ``start .. start + n - 1`` (``1 <= n <= 64``) of the bit string ``words`` as the low bits of a uint64."""
+    w = start >> 6
+    shift = start & 63
+    word = words[w] >> np.uint64(shift)
+    if shift and w + 1 < words.size:
+        word |= words[w + 1] << np.uint64(64 - shift)
+    return word & (_ALL_ONES >> np.uint64(64 - n))
+
+
+@njit(inline="always")
+def _active_inputs(words, start, k_in, active):
+    """The indices of the set bits among bits ``start .. start + k_in - 1`` into ``active``, lowest first; returns
+    how many."""
+    count = 0
+    for c in range(0, k_in, 64):
+        word = _bits(words, start + c, min(64, k_in - c))
+        while word:
+            active[count] = c + trailing_zeros(word)
+            count += 1
+            word &= word - np.uint64(1)
+    return count
+
+
+@njit(parallel=True, cache=True)
+def _linear_kernel(words, weight_t, bias, tasks, out):
+    """``out[m] = sum of weight_t[k] over the set bits k of row m, in increasing k (+ bias)``. Four weight rows are
+    added per pass over the row's accumulator, ``((acc + a) + b) + c) + d``: the order of one at a time, with a
+    quarter of the accumulator's loads and stores."""
+    rows, n = out.shape
+    k_in = weight_t.shape[0]
+    per_task = -(-rows // tasks)
+    for t in prange(tasks):
+        active = np.empty(k_in, np.int64)
+        for m in range(t * per_task, min(rows, (t + 1) * per_task)):
+            count = _active_inputs(words, m * k_in, k_in, active)
+            acc = out[m]
+            for i in range(n):
+                acc[i] = 0
+            j = 0
+            while j + 4 <= count:
+                a, b, c, d = (
+                    weight_t[active[j]],
+                    weight_t[active[j + 1]],
+                    weight_t[active[j + 2]],
+                    weight_t[active[j + 3]],
+                )
+                for i in range(n):
+                    acc[i] = (((acc[i] + a[i]) + b[i]) + c[i]) + d[i]
+                j += 4
+            for jj in range(j, count):
+                a = weight_t[active[jj]]
+                for i in range(n):
+                    acc[i] += a[i]
+            if bias.size:
+                for i in range(n):
+                    acc[i] += bias[i]
+
+
+@njit(parallel=True, cache=True)
+def _weight_grad_kernel(words, k_in, grad, bounds, out_t):
+    """``out_t[k] = sum of grad[m] over the rows m whose bit k is set, in increasing m``; task ``t`` owns inputs
+    ``bounds[t] .. bounds[t + 1] - 1`` (its rows of ``out_t``, which no other task writes)."""
+    rows, n = grad.shape
+    for t in prange(bounds.size - 1):
+        k0, k1 = bounds[t], bounds[t + 1]
+        for k in range(k0, k1):
+            for i in range(n):
+                out_t[k, i] = 0
+        for m in range(rows):
+            g = grad[m]
+            for c in range(k0, k1, 64):
+                word = _bits(words, m * k_in + c, min(64, k1 - c))
+                while word:
+                    acc = out_t[c + trailing_zeros(word)]
+                    word &= word - np.uint64(1)
+                    for i in range(n):
+                        acc[i] += g[i]
+
+
+@njit(cache=True)
+def _count_kernel(words, nbits):
+    total = 0
+    whole = nbits >> 6
+    for w in range(whole):
+        total += _popcount(words[w])
+    if nbits & 63:
+        total += _popcount(words[whole] & (_ALL_ONES >> np.uint64(64 - (nbits & 63))))
+    return total
+
+
+# ------------------------------------------------------------------------------------------------------ wrappers
+def _words(bits: torch.Tensor, nbits: int) -> np.ndarray:
+    """The packed ``bits`` of ``nbits`` elements as uint64 words (bit ``i`` of word ``w`` is element ``64*w + i``),
+    padded with zeros to whole words: a view where the bytes are whole, aligned words, else a copy (1/8 of a byte
+    per element)."""
+    if bits.dtype != torch.uint8 or bits.dim() != 1 or bits.device.type != "cpu":
+        raise ValueError(f"bits must be a 1-D uint8 CPU tensor, got {bits.dtype} {tuple(bits.shape)} on {bits.device}")
+    if bits.numel() != packed_numel(nbits):
+        raise ValueError(f"bits has {bits.numel()} bytes, but {nbits} elements take {packed_numel(nbits)}")
+    raw = bits.contiguous().numpy()
+    nbytes = 8 * -(-nbits // 64)
+    if raw.size != nbytes or raw.ctypes.data % 8:
+        padded = np.zeros(nbytes, np.uint8)
+        padded[: raw.size] = raw
+        raw = padded
+    words = raw.view("<u8")  # the bit order of pack's bytes is little-endian's: elsewhere the words are swapped
+    return words if words.dtype.isnative else words.astype(np.uint64)
+
+
+def _check_float(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    if t.device.type != "cpu" or t.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"the sparse CPU products take float32 or float64 CPU tensors; {name} is {t.dtype} on {t.device}"
+        )
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} is {t.dtype}, the weight {dtype}: give both one dtype")
+
+
+def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``S @ weight_t (+ bias)`` of the spikes ``S [rows, K]`` given as their packed ``bits``
+    (:func:`spikefuse.ops.bitpack.pack` of ``S``), ``weight_t [K, N]`` the transposed weight of a linear layer
+    (``weight.t().contiguous()``): ``[rows, N]`` in the weight's dtype, each element summed from zero over the active
+    inputs in increasing ``k``, then the bias added (:func:`linear_reference`'s order)."""
+    _check_float("the weight", weight_t)
+    if weight_t.dim() != 2:
+        raise ValueError(f"weight_t must be [K, N], got shape {tuple(weight_t.shape)}")
+    k_in, n = weight_t.shape
+    if bias is not None:
+        _check_float("the bias", bias, weight_t.dtype)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    words = _words(bits, rows * k_in)
+    out = buffers.empty((rows, n), weight_t.dtype)
+    if out.numel():
+        threads = match_numba_threads(rows * n, _SERIAL_WORK)
+        no_bias = np.empty(0, weight_t.numpy().dtype)
+        _linear_kernel(
+            words,
+            weight_t.contiguous().numpy(),
+            no_bias if bias is None else bias.contiguous().numpy(),
+            min(rows, threads * _TASKS_PER_THREAD),
+            out.numpy(),
+        )
+    return out
+
+
+def weight_grad(grad: torch.Tensor, bits: torch.Tensor, k_in: int) -> torch.Tensor:
+    """``grad.T @ S`` of the output gradient ``grad [M, N]`` and the spikes ``S [M, k_in]`` given as their packed
+    ``bits``: the weight gradient ``[N, k_in]`` of a linear layer, each element summed from zero over the active rows
+    in increasing ``m`` (:func:`weight_grad_reference`'s order)."""
+    _check_float("the gradient", grad)
+    if grad.dim() != 2:
+        raise ValueError(f"grad must be [M, N], got shape {tuple(grad.shape)}")
+    rows, n = grad.shape
+    words = _words(bits, rows * k_in)
+    out_t = buffers.empty((k_in, n), grad.dtype)
+    if out_t.numel():
+        threads = match_numba_threads(rows * n, _SERIAL_WORK)
+        bounds = np.linspace(0, k_in, min(k_in, threads) + 1).round().astype(np.int64)
+        _weight_grad_kernel(words, k_in, grad.contiguous().numpy(), bounds, out_t.numpy())
+    return out_t.t().contiguous()
+
+
+def spike_count(bits: torch.Tensor, numel: int) -> int:
+    """The number of set bits among the first ``numel`` of ``bits``: the active inputs of a spike tensor of ``numel``
+    elements, from its packed bits (a pass over 1/32 of a float32 tensor's bytes)."""
+    return int(_count_kernel(_words(bits, numel), numel))
+
+
+# ---------------------------------------------------------------------------------------------------- references
+def _active_lists(spikes: torch.Tensor) -> torch.Tensor:
+    """``[R, C]`` indices: row ``r``'s nonzero columns of ``spikes [R, C']`` in increasing order, padded with ``C'``
+    (an index past the last column) to the longest row's count."""
+    rows, cols = spikes.shape
+    r, c = spikes.nonzero(as_tuple=True)  # row-major: columns increasing within a row
+    counts = torch.bincount(r, minlength=rows)
+    width = int(counts.max()) if rows else 0
+    first = torch.cumsum(counts, 0) - counts
+    lists = torch.full((rows, width), cols, dtype=torch.long, device=spikes.device)
+    lists[r, torch.arange(r.numel(), device=spikes.device) - first[r]] = c
+    return lists
+
+
+def _summed_in_order(lists: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Row ``r``: ``table[lists[r, 0]] + table[lists[r, 1]] + ...`` from zero, one term at a time, padding indices
+    reading an appended zero row (``acc + 0`` is ``acc``: the sum never holds -0.0)."""
+    table = torch.cat([table, table.new_zeros(1, table.shape[1])])
+    acc = table.new_zeros(lists.shape[0], table.shape[1])
+    for j in range(lists.shape[1]):
+        acc = acc + table[lists[:, j]]
+    return acc
+
+
+def linear_reference(spikes: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` in plain torch ops, its oracle: ``spikes [M, K] @ weight.T (+ bias)`` for ``weight [N, K]``,
+    summing the weights of each row's active inputs from zero in increasing ``k``, then adding the bias. Any
+    device; differentiable in ``weight`` and ``bias``."""
+    acc = _summed_in_order(_active_lists(spikes), weight.t())
+    return acc if bias is None else acc + bias
+
+
+def weight_grad_reference(grad: torch.Tensor, spikes: torch.Tensor) -> torch.Tensor:
+    """:func:`weight_grad` in plain torch ops, its oracle: ``grad [M, N].T @ spikes [M, K]``, summing for each input
+    ``k`` the gradient rows of the rows where it is active from zero in increasing ``m``."""
+    return _summed_in_order(_active_lists(spikes.t()), grad).t()

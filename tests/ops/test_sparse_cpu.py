@@ -1,0 +1,154 @@
+"""spikefuse.ops.sparse_cpu: the spike-sparse products bit for bit against their same-order references, to rounding
+against torch's dense products; odd shapes, empty and all-active rows, the bits' layouts, errors by message."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spikefuse.ops import sparse_cpu
+from spikefuse.ops.bitpack import pack
+
+
+def spikes(shape, seed, p, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < p).to(dtype)
+
+
+def randn(shape, seed, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def case_seed(shape, p) -> int:
+    """Other random inputs for every case."""
+    m, k, n = shape
+    return m * 1_000_003 + k * 1009 + n * 17 + int(p * 100)
+
+
+def assert_rounding_close(actual, dense):
+    """Equal to the dense product up to the rounding of its other summation order."""
+    scale = float(dense.abs().max()) if dense.numel() else 1.0
+    torch.testing.assert_close(actual, dense, rtol=1e-6, atol=1e-5 * max(scale, 1.0))
+
+
+# (M, K, N): one of each, rows shorter and longer than a 64-bit word, rows crossing word boundaries, a bit string
+# that does not end on a word
+SHAPES = [(1, 1, 1), (1, 700, 3), (5, 1, 4), (37, 13, 5), (9, 64, 17), (10, 65, 8), (3, 130, 33), (70, 9, 2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.4, 1.0])
+def test_linear_equals_its_reference_bit_for_bit(shape, p):
+    m, k, n = shape
+    seed = case_seed(shape, p)
+    s, w, b = spikes((m, k), seed, p), randn((n, k), seed + 1), randn((n,), seed + 2)
+    bits, _ = pack(s)
+    for bias in (b, None):
+        y = sparse_cpu.linear(bits, m, w.t().contiguous(), bias)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        assert torch.equal(y, sparse_cpu.linear_reference(s, w, bias))
+        assert_rounding_close(y, F.linear(s, w, bias))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.4, 1.0])
+def test_weight_grad_equals_its_reference_bit_for_bit(shape, p):
+    m, k, n = shape
+    seed = case_seed(shape, p) + 7
+    s, g = spikes((m, k), seed, p), randn((m, n), seed + 1)
+    bits, _ = pack(s)
+    dw = sparse_cpu.weight_grad(g, bits, k)
+    assert dw.shape == (n, k) and dw.is_contiguous()
+    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, s))
+    assert_rounding_close(dw, g.t().mm(s))
+
+
+def test_empty_and_all_active_rows_float64():
+    """Rows without a spike give the bias (and no weight gradient), rows of all ones the sum of every weight; in
+    float64 as in float32."""
+    s = spikes((6, 77), 3, 0.2, torch.float64)
+    s[0] = 0
+    s[3] = 1
+    s[5] = 0
+    w, b, g = randn((11, 77), 4, torch.float64), randn((11,), 5, torch.float64), randn((6, 11), 6, torch.float64)
+    bits, _ = pack(s)
+    y = sparse_cpu.linear(bits, 6, w.t().contiguous(), b)
+    assert y.dtype == torch.float64
+    assert torch.equal(y, sparse_cpu.linear_reference(s, w, b))
+    assert torch.equal(y[0], b) and torch.equal(y[5], b)
+    assert_rounding_close(y[3], w.sum(1) + b)
+    dw = sparse_cpu.weight_grad(g, bits, 77)
+    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, s))
+    assert_rounding_close(dw, g.t().mm(s))
+    silent = s.sum(0) == 0
+    assert torch.equal(dw[:, silent], torch.zeros_like(dw[:, silent]))
+
+
+def test_the_same_bits_on_one_thread_and_two():
+    """Each element sums in one order whatever the threads: rows split between tasks (forward), inputs split
+    between threads (weight gradient)."""
+    s, w, g = spikes((300, 150), 7, 0.1), randn((100, 150), 8), randn((300, 100), 9)
+    bits, _ = pack(s)
+    previous = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(
+                (sparse_cpu.linear(bits, 300, w.t().contiguous()).clone(), sparse_cpu.weight_grad(g, bits, 150))
+            )
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_bits_of_any_alignment_and_a_neurons_layout():
+    """Bits at an odd address (a view into a larger buffer) or of a length not a whole number of words are read
+    through a padded copy, with the same result."""
+    s, w = spikes((7, 19), 10, 0.3), randn((5, 19), 11)
+    bits, _ = pack(s)
+    buffer = torch.zeros(bits.numel() + 1, dtype=torch.uint8)
+    buffer[1:] = bits
+    expected = sparse_cpu.linear_reference(s, w)
+    assert torch.equal(sparse_cpu.linear(buffer[1:], 7, w.t().contiguous()), expected)
+    assert torch.equal(sparse_cpu.linear(bits, 7, w.t().contiguous()), expected)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 63, 64, 65, 1000])
+def test_spike_count(numel):
+    s = spikes((numel,), numel, 0.3)
+    bits, _ = pack(s)
+    assert sparse_cpu.spike_count(bits, numel) == int(s.sum())
+
+
+def test_no_rows_or_no_outputs():
+    w = randn((4, 10), 12)
+    assert sparse_cpu.linear(pack(torch.zeros(0, 10))[0], 0, w.t().contiguous()).shape == (0, 4)
+    s = spikes((3, 10), 13, 0.5)
+    assert sparse_cpu.linear(pack(s)[0], 3, torch.zeros(10, 0)).shape == (3, 0)
+    assert torch.equal(sparse_cpu.weight_grad(torch.zeros(0, 4), pack(torch.zeros(0, 10))[0], 10), torch.zeros(4, 10))
+
+
+def test_references_are_differentiable_and_gradcheck_in_float64():
+    s = spikes((5, 9), 14, 0.4, torch.float64)
+    w = randn((3, 9), 15, torch.float64).requires_grad_()
+    b = randn((3,), 16, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w, b: sparse_cpu.linear_reference(s, w, b), (w, b))
+    g = randn((5, 3), 17, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda g: sparse_cpu.weight_grad_reference(g, s), (g,))
+
+
+def test_errors_say_what_is_wrong():
+    s, w = spikes((4, 10), 18, 0.5), randn((3, 10), 19)
+    bits, _ = pack(s)
+    with pytest.raises(ValueError, match=r"bits has 5 bytes, but 50 elements take 7"):
+        sparse_cpu.linear(bits, 5, w.t().contiguous())
+    with pytest.raises(ValueError, match=r"bits must be a 1-D uint8 CPU tensor, got torch.int64"):
+        sparse_cpu.linear(bits.long(), 4, w.t().contiguous())
+    with pytest.raises(ValueError, match=r"take float32 or float64 CPU tensors; the weight is torch.bfloat16"):
+        sparse_cpu.linear(bits, 4, w.t().contiguous().bfloat16())
+    with pytest.raises(ValueError, match=r"the bias is torch.float64, the weight torch.float32: give both one dtype"):
+        sparse_cpu.linear(bits, 4, w.t().contiguous(), torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"bias must have shape \(3,\), got \(4,\)"):
+        sparse_cpu.linear(bits, 4, w.t().contiguous(), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"the gradient is torch.float16"):
+        sparse_cpu.weight_grad(torch.zeros(4, 3, dtype=torch.float16), bits, 10)
