@@ -33,6 +33,8 @@ from torch import nn
 from ..neuron_functional import neuron
 from ..neurons import NeuronModel
 from ..ops import check_backend_name
+from ..ops.common import compute_dtype
+from ..ops.engine import step as one_step
 from ..recurrent_functional import recurrent
 from ..surrogate import FastSigmoid
 from ..validation import check_memory_mode
@@ -208,6 +210,10 @@ class _FeedForward(nn.Module):
             raise ValueError(f"{type(self).__name__} takes [T, ...] inputs (T steps), got shape {tuple(x.shape)}")
         state = self.initial_state(x) if state is None else state
         init = tuple(getattr(state, k).to(x.device).expand(x.shape[1:]) for k in self.MODEL.states)
+        if self.CELL and one_step.takes(self.backend, x):  # one step in one autograd node (spikefuse.ops.engine.step)
+            spikes, *final = one_step.step(self.MODEL, x[0], self._step_params(x), init, SUPERSPIKE, False)
+            spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
+            return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
         params = {k: v.to(x.device) for k, v in self._params.items()}  # Norse's records stay on the CPU
         spikes, final = neuron(
             x,
@@ -222,6 +228,15 @@ class _FeedForward(nn.Module):
         spikes = spikes[0] if self.CELL else spikes
         spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
         return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
+
+    def _step_params(self, x: torch.Tensor) -> list:
+        """The parameters in the model's order as ``[1]`` tensors of the compute dtype of ``x`` (made once per dtype:
+        a step loop asks at every step; the values are fixed at construction)."""
+        cdt = compute_dtype(x.dtype)
+        made = self.__dict__.setdefault("_step_params_by_dtype", {})
+        if cdt not in made:
+            made[cdt] = [torch.tensor([float(self._params[k])], dtype=cdt) for k in self.MODEL.params]
+        return made[cdt]
 
     def extra_repr(self) -> str:
         return f"dt={self.dt}, backend={self.backend!r}, memory={self.memory!r}"

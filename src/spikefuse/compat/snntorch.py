@@ -49,8 +49,7 @@ from torch import nn
 
 from ..neuron_functional import neuron
 from ..ops import check_backend_name
-from ..ops.engine import DTYPES
-from ..ops.engine.step import step
+from ..ops.engine import step as one_step
 from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SYNAPTIC_NO_DELAY_MODELS
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
@@ -284,10 +283,6 @@ class _SpikingNeuron(nn.Module):
 
     def _step(self, x: torch.Tensor, given) -> torch.Tensor:
         """One step as snnTorch's users call it, in one autograd node (:mod:`spikefuse.ops.engine.step`)."""
-        if x.dtype not in DTYPES:
-            raise TypeError(
-                f"{type(self).__name__}: the input must be float32, float64, float16 or bfloat16, got {x.dtype}"
-            )
         states = dict(zip(self.STATES, self._states(x, given)))
         spikes, final = self._run_step(x, states)
         for name, value in final.items():
@@ -295,15 +290,7 @@ class _SpikingNeuron(nn.Module):
         return spikes
 
     def _steps_alone(self, x: torch.Tensor) -> bool:
-        """Whether a one-step call runs the generated step (the same values as the fused kernels' one step, at a
-        fraction of their call's cost): eager calls on the CPU with the fused backend. Compiled graphs trace the
-        engine's custom op; the reference and Triton backends run as asked."""
-        return (
-            self.backend in ("auto", "cpu")
-            and x.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active()
-        )
+        return one_step.takes(self.backend, x)
 
     def forward(self, input_: torch.Tensor, *state):
         """One time step: snnTorch's ``forward(input_, *states)``."""
@@ -322,6 +309,18 @@ class _SpikingNeuron(nn.Module):
         kept ones where not given): ``(spikes [T, ...], *final states)``, what T calls of ``forward`` give."""
         spikes = self._sequence(x_seq, state)
         return (spikes, *(getattr(self, name) for name in self.RETURNED))
+
+    def _clamped(self, name: str) -> torch.Tensor:
+        """snnTorch's ``<name>.clamp(0, 1)`` of a decay: made at each call for a parameter (its gradient goes through
+        the clamp), once per tensor and version for a buffer in eager mode (a step of a loop asks at every step)."""
+        value = getattr(self, name)
+        if isinstance(value, nn.Parameter) or torch.compiler.is_compiling():  # (a compiled graph clamps in it)
+            return value.clamp(0, 1)
+        key = (name, id(value), value._version)
+        made = self.__dict__.setdefault("_clamped_made", {})
+        if made.get(name, (None,))[0] != key:
+            made[name] = (key, value.clamp(0, 1))
+        return made[name][1]
 
     def _dynamics(self) -> tuple:
         """``(model, detach_reset, {engine parameter: (snnTorch's name, value)})``: the neuron definition of the
@@ -348,7 +347,7 @@ class _SpikingNeuron(nn.Module):
     def _run_step(self, x, states):
         """One step of ``x`` from snnTorch's ``states``: ``(spikes, new states by name)``."""
         model, detach_reset, params = self._dynamics()
-        out = step(
+        out = one_step.step(
             model,
             x,
             _step_params(model, params, x),
@@ -487,7 +486,7 @@ class Leaky(_SpikingNeuron, *_peer_class("Leaky")):
         mechanism, delayed = self._mechanism()
         model = self._MODELS[mechanism] if delayed else SNNTORCH_NO_DELAY_MODELS[("leaky", mechanism)]
         # snnTorch detaches the delayed reset; the in-step one keeps the spike's gradient
-        return model, delayed, {"decay": ("beta", self.beta.clamp(0, 1)), "threshold": ("threshold", self.threshold)}
+        return model, delayed, {"decay": ("beta", self._clamped("beta")), "threshold": ("threshold", self.threshold)}
 
 
 class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
@@ -555,8 +554,8 @@ class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
             model,
             model in CUBA_LIF_MODELS.values(),
             {
-                "alpha": ("alpha", self.alpha.clamp(0, 1)),
-                "beta": ("beta", self.beta.clamp(0, 1)),
+                "alpha": ("alpha", self._clamped("alpha")),
+                "beta": ("beta", self._clamped("beta")),
                 "threshold": ("threshold", self.threshold),
             },
         )
@@ -624,8 +623,7 @@ class _Recurrent(_SpikingNeuron):
         mechanism, delayed = self._mechanism()
         model = (self.MODELS if delayed else self.NO_DELAY_MODELS)[mechanism]
         params = {
-            name: (attr, getattr(self, attr).clamp(0, 1) if attr != "threshold" else self.threshold)
-            for name, attr in self.PARAMS
+            name: (attr, self._clamped(attr) if attr != "threshold" else self.threshold) for name, attr in self.PARAMS
         }
         return model, delayed, params  # snnTorch's in-step reset keeps the spike's gradient
 
@@ -660,7 +658,7 @@ class _Recurrent(_SpikingNeuron):
         if not self.all_to_all:
             self._weights(x.shape[-1])  # the fused layer's checks of V against the neurons
         model, detach_reset, params = self._dynamics()
-        out = step(
+        out = one_step.step(
             model,
             x,
             _step_params(model, params, x),

@@ -33,8 +33,9 @@ from torch import nn
 from ..functional import run_lif
 from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
 from ..ops import check_backend_name
+from ..ops.engine import step as one_step
 from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
-from ..validation import check_memory_mode
+from ..validation import check_memory_mode, leak_tensor
 
 __all__ = ["LIFNode", "ParametricLIFNode", "IFNode", "to_surrogate", "use_spikingjelly_neurons"]
 
@@ -205,16 +206,25 @@ class _BaseNode(nn.Module):
         raise NotImplementedError
 
     def neuron(self) -> LIFNeuron:
-        """The definition of these neurons (:data:`spikefuse.neurons.SPIKINGJELLY_MODELS`) with their constants."""
+        """The definition of these neurons (:data:`spikefuse.neurons.SPIKINGJELLY_MODELS`) with their constants
+        (made again only when a setting changed: a step loop asks at every step)."""
         hard = self.v_reset is not None
-        return LIFNeuron(
-            SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)],
-            float(self.v_threshold),
-            self._reset_value,
-            hard,
-            to_surrogate(self.surrogate_function),
-            bool(self.detach_reset),
-        )
+        settings = (hard, self._charge, self.v_threshold, self._reset_value, self.surrogate_function, self.detach_reset)
+        made = self.__dict__.get("_neuron_made")
+        if made is None or made[0] != settings:
+            made = (
+                settings,
+                LIFNeuron(
+                    SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)],
+                    float(self.v_threshold),
+                    self._reset_value,
+                    hard,
+                    to_surrogate(self.surrogate_function),
+                    bool(self.detach_reset),
+                ),
+            )
+            self.__dict__["_neuron_made"] = made
+        return made[1]
 
     def _state_for(self, x_ref: torch.Tensor) -> torch.Tensor:
         """SpikingJelly's ``materialize_states``: a float fills a new tensor; a tensor of another shape restarts."""
@@ -231,7 +241,16 @@ class _BaseNode(nn.Module):
         return run_lif(x_seq, self._leak(), self.neuron(), v_init=v, backend=self.backend, memory=self.memory)
 
     def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
-        spikes, v = self._run(x.unsqueeze(0), self._state_for(x))
+        if isinstance(x, torch.Tensor) and x.ndim > 0 and one_step.takes(self.backend, x):
+            # one step in one autograd node (spikefuse.ops.engine.step): the fused kernels' step, launched alone
+            neuron = self.neuron()
+            params = neuron.params(leak_tensor(self._leak(), x, "decay"))
+            spikes, v = one_step.step(
+                neuron.model, x, params, [self._state_for(x)], neuron.surrogate, neuron.detach_reset
+            )
+            spikes = spikes.unsqueeze(0)
+        else:
+            spikes, v = self._run(x.unsqueeze(0), self._state_for(x))
         self.v = v
         if self.store_v_seq:
             step = v.unsqueeze(0)

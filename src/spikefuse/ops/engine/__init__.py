@@ -2,7 +2,9 @@
 
 - :mod:`.reference`: the serial PyTorch loop, differentiated by autograd (the oracle);
 - :mod:`.cpu`: fused numba kernels generated from the definition (forward; backward from sympy's derivatives);
-- :mod:`.triton`: fused Triton kernels generated from the same definition (CUDA; the interpreter on the CPU).
+- :mod:`.triton`: fused Triton kernels generated from the same definition (CUDA; the interpreter on the CPU);
+- :mod:`.step`: one time step on the CPU in one autograd node, numba loops generated from the same definition (the
+  calls of a step loop, where there is no time to fuse).
 
 Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`), and ``READS_HALF``:
 whether it takes float16 / bfloat16 ``[T, N]`` streams (the input, the spikes' gradient) as they are, converting

@@ -277,6 +277,7 @@ _CACHE_DIRS: dict[str | None, Path] = {}  # by $SPIKEFUSE_CACHE_DIR: checked onc
 
 
 _MODULES: dict[tuple, object] = {}
+_BY_ID: dict[tuple, tuple] = {}
 
 
 def _formula_key(surrogate_type) -> str:
@@ -293,8 +294,14 @@ def _formula_key(surrogate_type) -> str:
 def load_generated(backend: str, model, surrogate_type, tag: str, generator: str, make_source: Callable[[], str]):
     """The module of ``backend``'s kernels for ``model`` with ``surrogate_type`` (``tag``: the dtype), imported from
     :func:`cache_dir`; ``make_source()`` writes it the first time. ``generator``: a hash of the generating code."""
+    # Looked up by the model's identity first: hashing a model's fields costs microseconds, which a step of a step
+    # loop pays at every call (the entry holds the model, so its id is not reused).
+    found = _BY_ID.get((backend, id(model), surrogate_type, tag))
+    if found is not None:
+        return found[1]
     key = (backend, model, surrogate_type, tag)
     if key in _MODULES:
+        _BY_ID[(backend, id(model), surrogate_type, tag)] = (model, _MODULES[key])
         return _MODULES[key]
     # The file name holds everything the source depends on (the dynamics, the surrogate's formula, the generator),
     # so an existing file is imported without deriving anything again (sympy costs ~0.5 s).
@@ -313,4 +320,5 @@ def load_generated(backend: str, model, surrogate_type, tag: str, generator: str
     sys.modules[name] = module
     spec.loader.exec_module(module)
     _MODULES[key] = module
+    _BY_ID[(backend, id(model), surrogate_type, tag)] = (model, module)
     return module
