@@ -427,3 +427,170 @@ def test_stale_bits_after_an_edit_around_torch(edit):
             pool(x)
     finally:
         sl.set_debug(previous)
+
+
+# ------------------------------------------------------------------------------------------ sparse SpikeLinear
+def run_sparse(sparse, x, in_features, out_features, bias=True, dtype=torch.float32, seed=0):
+    """nn.Linear and SpikeLinear(sparse=...) with the same weights, forward + backward with the same grad_y."""
+    torch.manual_seed(seed)
+    ref, mine = pair(
+        nn.Linear(in_features, out_features, bias=bias),
+        SpikeLinear(in_features, out_features, bias=bias, sparse=sparse),
+        dtype,
+    )
+    return (ref, mine, *run_both(ref, mine, x))
+
+
+@pytest.mark.parametrize("sparse", [True, "auto"])
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 1), (1, 3, 13), (4, 1, 13), (3, 2, 70), (2, 5, 3, 9)], ids=lambda s: "x".join(map(str, s))
+)
+@pytest.mark.parametrize("bias", [True, False])
+def test_sparse_linear_is_the_dense_product_to_rounding(sparse, shape, bias):
+    """T=1, B=1, K=1, extra dims: the output and weight gradient equal torch's to rounding and (sparse=True) their
+    same-order references bit for bit; the input and bias gradients are torch's own ops (the dense G @ W, G.sum(0))."""
+    from spikefuse.ops import sparse_cpu
+
+    x = spikes(shape, seed=sum(shape), p=0.2)
+    ref, mine, a, b = run_sparse(sparse, x, shape[-1], 7, bias)
+    x2, g2 = x.reshape(-1, shape[-1]), torch.randn(a[0].shape, generator=torch.Generator().manual_seed(1))
+    if sparse is True:  # auto may take either path at this rate
+        assert torch.equal(b[0].reshape(-1, 7), sparse_cpu.linear_reference(x2, mine.weight, mine.bias))
+        assert torch.equal(mine.weight.grad, sparse_cpu.weight_grad_reference(g2.reshape(-1, 7), x2))
+    for name, u, v in zip(("output", "grad_input", "grad_weight", "grad_bias"), a, b):
+        if u is not None:
+            torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_sparse_linear_empty_and_all_active_rows():
+    x = spikes((3, 2, 40), seed=5, p=0.1)
+    x[0, 0] = 0
+    x[1, 1] = 1
+    x[2] = 0
+    ref, mine, a, b = run_sparse(True, x, 40, 6)
+    assert torch.equal(b[0][2], mine.bias.detach().expand(2, 6))
+    for u, v in zip(a, b):
+        torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_linear_gradcheck_float64():
+    """gradcheck of the sparse kernels themselves (they run float64) in the weight and bias; the input stays
+    binary, as the layer requires (a perturbed input is no longer spikes)."""
+    x = spikes((2, 3, 11), seed=6, p=0.3, dtype=torch.float64)
+    layer = SpikeLinear(11, 4, sparse=True).double()
+
+    def f(weight, bias):
+        return sl._SpikeLinearFn.apply(x, weight, bias, sl.bitpack.pack(x.reshape(-1, 11))[0], True, True)
+
+    w, b = layer.weight.detach().clone().requires_grad_(), layer.bias.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(f, (w, b))
+
+
+def test_sparse_auto_picks_by_the_spike_rate(monkeypatch):
+    """``auto``: sparse below the crossover rates, torch's product (bit-identical to nn.Linear) above; the forward
+    and the weight gradient each by its own crossover; below the crossover rows the dense path without a count."""
+    from spikefuse.ops import sparse_cpu
+
+    calls = []
+    for name in ("linear", "weight_grad"):
+        monkeypatch.setattr(
+            sparse_cpu, name, lambda *a, f=getattr(sparse_cpu, name), name=name: calls.append(name) or f(*a)
+        )
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    x = spikes((4, 3, 50), seed=7, p=0.2)
+    for forward, weight_grad, expected in (
+        (0.3, 0.3, ["linear", "weight_grad"]),
+        (0.1, 0.3, ["weight_grad"]),
+        (0.1, 0.1, []),
+    ):
+        monkeypatch.setattr(sparse_cpu, "CROSSOVER_FORWARD", forward)
+        monkeypatch.setattr(sparse_cpu, "CROSSOVER_WEIGHT_GRAD", weight_grad)
+        calls.clear()
+        ref, mine, a, b = run_sparse("auto", x, 50, 5)
+        assert calls == expected
+        if not expected:
+            assert_identical(a, b)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 13)  # fewer rows: dense, the rate not counted
+    monkeypatch.setattr(sparse_cpu, "spike_count", lambda *a: pytest.fail("counted the spikes"))
+    calls.clear()
+    assert_identical(*run_sparse("auto", x, 50, 5)[2:])
+    assert calls == []
+
+
+def test_sparse_reads_a_neurons_bits_without_packing(monkeypatch):
+    """Spikes whose bits a neuron kernel made: the sparse products read them; the input is not packed again."""
+    from spikefuse.ops import bitpack
+
+    x = spikes((3, 4, 24), seed=8, p=0.3)
+    bitpack.remember(x, bitpack.pack_torch(x), spikes=True)
+    torch.manual_seed(0)
+    ref, mine = pair(nn.Linear(24, 5), SpikeLinear(24, 5, sparse=True))
+    ya = ref(x)
+    monkeypatch.setattr(bitpack, "_pack_new", lambda *a: pytest.fail("packed the input again"))
+    yb = mine(x)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(1))
+    ya.backward(g)
+    yb.backward(g)
+    torch.testing.assert_close(yb, ya, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_under_no_grad():
+    """sparse=True packs the input itself (checking it) where no neuron made its bits; ``auto`` does not pack only
+    to count, and gives torch's output there."""
+    from spikefuse.ops import sparse_cpu
+
+    torch.manual_seed(0)
+    layer, ref = SpikeLinear(30, 6, sparse=True), nn.Linear(30, 6)
+    ref.load_state_dict(layer.state_dict())
+    x = spikes((2, 3, 30), seed=9, p=0.1)
+    with torch.no_grad():
+        y = layer(x)
+        assert torch.equal(y.reshape(-1, 6), sparse_cpu.linear_reference(x.reshape(-1, 30), layer.weight, layer.bias))
+        layer.sparse = "auto"
+        assert torch.equal(layer(spikes((2, 3, 30), seed=10, p=0.1)), ref(spikes((2, 3, 30), seed=10, p=0.1)))
+
+
+def test_sparse_true_refuses_non_binary_input_by_message():
+    layer = SpikeLinear(4, 2, sparse=True)
+    x = torch.tensor([[[0.0, 1.0, 2.0, 1.0]]])
+    message = (
+        r"SpikeLinear\(in_features=4, out_features=2, bias=True, sparse=True\) expects binary spikes .*"
+        r"sparse=True adds the weights of the inputs that are 1.*2\.0 at index \(0, 0, 2\).*use sparse=False"
+    )
+    with pytest.raises(ValueError, match=message):
+        layer(x)
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        layer(x)
+
+
+def test_sparse_auto_leaves_non_binary_input_to_the_dense_path():
+    """``auto`` never reads counts as spikes: under no_grad torch's output; where the layer keeps its input for the
+    weight gradient, the dense path's refusal (as with sparse=False)."""
+    layer, ref = SpikeLinear(4, 2, sparse="auto"), nn.Linear(4, 2)
+    ref.load_state_dict(layer.state_dict())
+    x = torch.tensor([[[0.0, 1.0, 2.0, 1.0]]])
+    with torch.no_grad():
+        assert torch.equal(layer(x), ref(x))
+    with pytest.raises(ValueError, match=r"because it saves its input as bits for backward; got 2\.0"):
+        layer(x)
+
+
+def test_sparse_true_refuses_what_the_kernels_cannot_run_by_message():
+    x = spikes((2, 2, 6), seed=11, p=0.5)
+    with pytest.raises(
+        ValueError,
+        match=r"cannot use the sparse products: the sparse CPU kernels take float32 or float64 input and weight of "
+        r"one dtype, got a torch.bfloat16 input.*Use sparse='auto'",
+    ):
+        SpikeLinear(6, 3, sparse=True).bfloat16()(x.bfloat16())
+    with (
+        pytest.raises(ValueError, match=r"under autocast the product runs in torch.bfloat16"),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        SpikeLinear(6, 3, sparse=True)(x)
+    auto = SpikeLinear(6, 3, sparse="auto")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert auto(x).dtype == torch.bfloat16  # the dense path, as autocast has it
+    with pytest.raises(ValueError, match=r"sparse must be True, False or 'auto', got 'yes'"):
+        SpikeLinear(6, 3, sparse="yes")

@@ -20,6 +20,10 @@ imported), which checks every call's input with a pass of its own. Debug mode al
 neuron kernel made and refuses bits that an edit where torch counts nothing (through ``.data`` or a numpy view)
 left stale; edits through torch drop the bits without it.
 
+``SpikeLinear(..., sparse=True)`` (or ``"auto"``) computes its forward product and weight gradient on the CPU from
+the input's bits, adding only the weights of the active inputs (:mod:`spikefuse.ops.sparse_cpu`): faster below a
+spike rate, equal to the dense product up to rounding. The default, ``sparse=False``, keeps torch's product.
+
 The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
 batch, as :class:`spikefuse.nn.SeqToBatch` does. They subclass the torch layers, with the same constructor
 arguments, parameters and ``state_dict``, so weights of a ``nn.Conv2d`` / ``nn.Linear`` load unchanged.
@@ -27,13 +31,14 @@ arguments, parameters and ``state_dict``, so weights of a ``nn.Conv2d`` / ``nn.L
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import bitpack, maxpool_cpu
+from ..ops import bitpack, maxpool_cpu, sparse_cpu
 from ..ops.common import refuse_double_backward
 from ..ops.bitpack import pack, unpack
 
@@ -105,8 +110,15 @@ def _refusing_non_binary(module: nn.Module, x: torch.Tensor, op):
         raise
 
 
-def check_binary(module: nn.Module, x: torch.Tensor, what: str = "input") -> None:
-    """Raise ``ValueError`` naming ``module`` and the first element of ``x`` that is neither 0 nor 1."""
+def check_binary(
+    module: nn.Module,
+    x: torch.Tensor,
+    what: str = "input",
+    because: str = "it saves its {what} as bits for backward",
+    instead: str = "use the torch layer for non-binary input",
+) -> None:
+    """Raise ``ValueError`` naming ``module`` and the first element of ``x`` that is neither 0 nor 1, why the module
+    needs spikes (``because``) and what to do (``instead``)."""
     ok = (x == 0) | (x == 1)
     if bool(ok.all()):
         return
@@ -114,9 +126,9 @@ def check_binary(module: nn.Module, x: torch.Tensor, what: str = "input") -> Non
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), x.shape))
     value = x.reshape(-1)[first].item()
     raise ValueError(
-        f"{module._get_name()}({module.extra_repr()}) expects binary spikes (0 or 1) as {what}, because it saves "
-        f"its {what} as bits for backward; got {value!r} at index {index} of the {what} of shape "
-        f"{tuple(x.shape)}. Feed it spikes, or use the torch layer for non-binary input."
+        f"{module._get_name()}({module.extra_repr()}) expects binary spikes (0 or 1) as {what}, because "
+        f"{because.format(what=what)}; got {value!r} at index {index} of the {what} of shape "
+        f"{tuple(x.shape)}. Feed it spikes, or {instead}."
     )
 
 
@@ -154,17 +166,30 @@ def _shape_like(shape, dtype, device, perm) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- linear
 class _SpikeLinearFn(torch.autograd.Function):
+    """``F.linear`` saving its input as bits. ``bits``: the input's bits where the caller has them (else packed here
+    when the weight needs a gradient); ``sparse_forward`` / ``sparse_weight_grad``: the forward product / the weight
+    gradient from the bits by :mod:`spikefuse.ops.sparse_cpu` (the caller checked that they can run) instead of
+    torch's dense product."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        y = F.linear(x, weight, bias)
-        need_x, need_w, _ = ctx.needs_input_grad
+    def forward(ctx, x, weight, bias, bits=None, sparse_forward=False, sparse_weight_grad=False):
+        rows = math.prod(x.shape[:-1])
+        if sparse_forward:
+            y = sparse_cpu.linear(bits, rows, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
+        else:
+            y = F.linear(x, weight, bias)
+        need_x, need_w, _ = ctx.needs_input_grad[:3]
         ctx.x_shape = x.shape
         ctx.packed_meta = None
+        ctx.sparse_weight_grad = sparse_weight_grad
         saved = [None, None]
         if need_w:
-            packed, shape, dtype, _ = _pack_saved(x.reshape(-1, x.shape[-1]))
-            saved[0] = packed
-            ctx.packed_meta = (shape, dtype)
+            if bits is None:
+                bits, shape, dtype, _ = _pack_saved(x.reshape(-1, x.shape[-1]))
+                ctx.packed_meta = (shape, dtype)
+            else:
+                ctx.packed_meta = (torch.Size([rows, x.shape[-1]]), x.dtype)
+            saved[0] = bits
         if need_x:
             saved[1] = weight
         ctx.save_for_backward(*saved)
@@ -179,18 +204,40 @@ class _SpikeLinearFn(torch.autograd.Function):
             "the layer keeps its input as bits; use torch.nn.Linear where a gradient of the gradient is needed",
         )
         packed, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
         grad_x = grad_w = grad_b = None
         # The same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
         if need_x:
             grad_x = g2.mm(weight).view(ctx.x_shape)
         if need_w:
-            x2 = unpack(packed, *ctx.packed_meta)
-            grad_w = g2.t().mm(x2)
+            shape, dtype = ctx.packed_meta
+            if ctx.sparse_weight_grad:
+                grad_w = sparse_cpu.weight_grad(g2, packed, shape[1])
+            else:
+                grad_w = g2.t().mm(unpack(packed, shape, dtype))
         if need_b:
             grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the sparse CPU products cannot compute ``F.linear(x, weight)``, or None where they can."""
+    if x.device.type != "cpu" or weight.device.type != "cpu":
+        return f"the sparse products run on the CPU, and the input is on {x.device}, the weight on {weight.device}"
+    if torch.is_autocast_enabled("cpu"):
+        return (
+            f"under autocast the product runs in {torch.get_autocast_dtype('cpu')}, and the sparse CPU kernels take "
+            "float32 or float64"
+        )
+    if x.dtype != weight.dtype or x.dtype not in sparse_cpu.SUPPORTED_DTYPES:
+        return (
+            f"the sparse CPU kernels take float32 or float64 input and weight of one dtype, got a {x.dtype} input "
+            f"and a {weight.dtype} weight"
+        )
+    if torch.compiler.is_compiling():
+        return "torch.compile does not trace the sparse CPU kernels"
+    return None
 
 
 class SpikeLinear(nn.Linear):
@@ -201,7 +248,27 @@ class SpikeLinear(nn.Linear):
     bit-identical to it. **The input must be binary (0/1) in the layer's dtype**: refused on the CPU where the
     layer keeps it (as it packs it), on other devices in debug mode (:func:`set_debug`). See
     :mod:`spikefuse.nn.spike_layers`.
+
+    ``sparse``: ``True`` computes the forward product and the weight gradient from the input's bits, adding only
+    the weights of the inputs that spiked (:mod:`spikefuse.ops.sparse_cpu`; float32/float64 on the CPU, no
+    autocast; anything else is refused, naming why): equal to the dense product up to rounding, each sum taken in
+    increasing input (forward) or row (weight gradient) order; the input gradient stays the dense product.
+    ``"auto"`` measures the spike rate of every call from the bits and takes the sparse product below the
+    crossover rates measured on this machine (``sparse_cpu.CROSSOVER_FORWARD``, ``CROSSOVER_WEIGHT_GRAD``), the
+    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` and wherever the sparse one
+    cannot run; it counts only bits it has without a pass over the input (a neuron kernel's, or those the layer
+    packs to keep for backward), so without a weight gradient to keep it takes the sparse product only for spikes
+    whose bits were made before. ``False`` (the default): torch's product, bit-identical to ``nn.Linear``.
     """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, sparse=False):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        if not (isinstance(sparse, bool) or sparse == "auto"):
+            raise ValueError(f"SpikeLinear: sparse must be True, False or 'auto', got {sparse!r}")
+        self.sparse = sparse
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", sparse={self.sparse!r}" if self.sparse is not False else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 3:
@@ -211,11 +278,54 @@ class SpikeLinear(nn.Linear):
             )
         if _debug:
             check_input(self, x)
+        if self.sparse is not False:
+            y = self._sparse_forward(x)
+            if y is not None:
+                return y
         if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
             return super().forward(x)
         return _refusing_non_binary(
             self, x, lambda: _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
         )
+
+    def _sparse_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The output with the sparse products where ``sparse`` asks for them; None where ``"auto"`` leaves the call
+        to the dense path (which refuses a non-binary input it must keep, as with ``sparse=False``)."""
+        auto = self.sparse == "auto"
+        reason = _sparse_unavailable(x, self.weight)
+        if reason is not None:
+            if auto:
+                return None
+            raise ValueError(
+                f"{self._get_name()}({self.extra_repr()}) cannot use the sparse products: {reason}. Use "
+                "sparse='auto' (the dense product wherever the sparse ones cannot run) or sparse=False"
+            )
+        if auto and math.prod(x.shape[:-1]) < sparse_cpu.CROSSOVER_ROWS:
+            return None  # a product this small is over before the sparse one's per-call costs are
+        x2 = x.reshape(-1, self.in_features)
+        bits = bitpack.spike_bits(x2)
+        if bits is None:
+            if auto and not (torch.is_grad_enabled() and self.weight.requires_grad):
+                # nothing to keep for backward: packing the input only to count its spikes would cost a few percent
+                # of the dense product where that wins, and more on small products
+                return None
+            try:
+                bits, _ = bitpack.pack(x2, binary=True)
+            except bitpack.NotBinaryError:
+                if auto:
+                    return None
+                check_binary(
+                    self,
+                    x,
+                    because="sparse=True adds the weights of the inputs that are 1, read from its bits",
+                    instead="use sparse=False (torch's product) for non-binary input",
+                )
+                raise
+        forward = weight_grad = True
+        if auto:
+            rate = sparse_cpu.spike_count(bits, x2.numel()) / max(1, x2.numel())
+            forward, weight_grad = rate < sparse_cpu.CROSSOVER_FORWARD, rate < sparse_cpu.CROSSOVER_WEIGHT_GRAD
+        return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad)
 
 
 # ----------------------------------------------------------------------------------------------- convolution

@@ -8,11 +8,11 @@ others:
   copy: one contiguous row of ``N`` weights per input) that its active inputs pick and adds them into the row's
   output. Rows in parallel.
 - :func:`weight_grad`: ``dW = G.T @ S`` for the output gradient ``G [M, N]``: for each row ``m`` and each of its
-  active inputs ``k``, ``dW[:, k] += G[m, :]``, accumulated as ``dW.T [K, N]``. The threads split the inputs ``k``
-  between them, each reading every row of ``G`` and adding only into its own rows of ``dW.T``: no two threads write
-  one element, and each element sums in the order of the rows. (Splitting the rows instead, with a partial ``dW``
-  per thread summed at the end, reads ``G`` once instead of once per thread, but its sums would follow the split,
-  which changes with the thread count.)
+  active inputs ``k``, ``dW[:, k] += G[m, :]``, accumulated as ``dW.T [K, N]`` (then copied into ``dW``). The
+  threads split the inputs ``k`` between them, each reading every row of ``G`` and adding only into its own rows of
+  ``dW.T``: no two threads write one element, and each element sums in the order of the rows. (Splitting the rows
+  instead, with a partial ``dW`` per thread summed at the end, reads ``G`` once instead of once per thread, but its
+  sums would follow the split, which changes with the thread count.)
 
 **The active lists are the packed bits** (:mod:`spikefuse.ops.bitpack`'s layout, ``S`` flattened row-major, bit
 ``i`` of the string being element ``i``): a kernel reads a row's bits 64 at a time and takes the set ones lowest
@@ -26,9 +26,16 @@ increasing ``k``, then ``+ bias``; ``weight_grad`` from zero over the active row
 PyTorch references beside them, :func:`linear_reference` and :func:`weight_grad_reference`, sum in the same order
 and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
 float32 and float64.
+
+Speed (``spikefuse bench sparse``, ``benchmarks/results/sparse_full.md``, 2 threads): the SHD input product
+``[8000 x 700] @ [700 x 256]``, forward + weight gradient, in 0.16x torch's dense time at 5% spikes and 0.94x at
+50%; the transposes of the weight and of ``dW.T``, at every call, cost as much as a small product
+(:data:`CROSSOVER_ROWS`).
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
@@ -42,6 +49,9 @@ from .bit_layout import packed_numel
 
 __all__ = [
     "SUPPORTED_DTYPES",
+    "CROSSOVER_FORWARD",
+    "CROSSOVER_WEIGHT_GRAD",
+    "CROSSOVER_ROWS",
     "linear",
     "weight_grad",
     "spike_count",
@@ -50,6 +60,19 @@ __all__ = [
 ]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+#: Where ``SpikeLinear(sparse="auto")`` takes the sparse products: at least ``CROSSOVER_ROWS`` rows (``T*B*...``), and
+#: a spike rate below ``CROSSOVER_FORWARD`` (the forward, with its transpose of the weight) / ``CROSSOVER_WEIGHT_GRAD``
+#: (the weight gradient). Measured on the 2-core AMD EPYC (Zen 5) of ``benchmarks/results/sparse_crossover.md`` by
+#: ``spikefuse bench sparse --threads 2 --products recurrent shd nmnist --rows 128 256 8000 --rates 5 20 30 40 50
+#: 60 --repeats 9 --tag crossover``: the crossovers fall with the rows, as the per-call costs (the transposes of the
+#: weight and of the gradient, 0.03-0.9 ms) weigh more against a smaller product: at 8000 rows 44-54% (forward) and
+#: 41-56% (weight gradient), at 256 rows down to 30.8% and 28.5% (the N-MNIST layer), at 128 rows down to 22% and
+#: 17%. The constants sit below the lowest from 256 rows on, so that ``auto`` is not slower than dense where it
+#: picks sparse (and leaves some speed at 8000 rows, 30-50%, to the dense product).
+CROSSOVER_FORWARD = 0.30
+CROSSOVER_WEIGHT_GRAD = 0.25
+CROSSOVER_ROWS = 256
 
 # Below this many output elements a call runs on one thread: waking the pool costs more than the work (a recurrent
 # step's [32, 256] output takes a few microseconds).
@@ -60,6 +83,7 @@ _SERIAL_WORK = 1 << 14
 _TASKS_PER_THREAD = 8
 
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 # ------------------------------------------------------------------------------------------------------- kernels
@@ -177,13 +201,12 @@ def _words(bits: torch.Tensor, nbits: int) -> np.ndarray:
         raise ValueError(f"bits must be a 1-D uint8 CPU tensor, got {bits.dtype} {tuple(bits.shape)} on {bits.device}")
     if bits.numel() != packed_numel(nbits):
         raise ValueError(f"bits has {bits.numel()} bytes, but {nbits} elements take {packed_numel(nbits)}")
-    raw = bits.contiguous().numpy()
     nbytes = 8 * -(-nbits // 64)
-    if raw.size != nbytes or raw.ctypes.data % 8:
-        padded = np.zeros(nbytes, np.uint8)
-        padded[: raw.size] = raw
-        raw = padded
-    words = raw.view("<u8")  # the bit order of pack's bytes is little-endian's: elsewhere the words are swapped
+    if bits.numel() == nbytes and bits.is_contiguous() and bits.data_ptr() % 8 == 0 and _LITTLE_ENDIAN:
+        return bits.numpy().view(np.uint64)
+    padded = np.zeros(nbytes, np.uint8)
+    padded[: bits.numel()] = bits.numpy()
+    words = padded.view("<u8")  # pack's bit order is a little-endian word's: on other machines the bytes are swapped
     return words if words.dtype.isnative else words.astype(np.uint64)
 
 
@@ -200,7 +223,8 @@ def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Te
     """``S @ weight_t (+ bias)`` of the spikes ``S [rows, K]`` given as their packed ``bits``
     (:func:`spikefuse.ops.bitpack.pack` of ``S``), ``weight_t [K, N]`` the transposed weight of a linear layer
     (``weight.t().contiguous()``): ``[rows, N]`` in the weight's dtype, each element summed from zero over the active
-    inputs in increasing ``k``, then the bias added (:func:`linear_reference`'s order)."""
+    inputs in increasing ``k``, then the bias added (:func:`linear_reference`'s order). Not differentiable: the
+    autograd Function of :class:`spikefuse.nn.SpikeLinear` calls it and :func:`weight_grad`."""
     _check_float("the weight", weight_t)
     if weight_t.dim() != 2:
         raise ValueError(f"weight_t must be [K, N], got shape {tuple(weight_t.shape)}")
@@ -213,11 +237,11 @@ def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Te
     out = buffers.empty((rows, n), weight_t.dtype)
     if out.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
-        no_bias = np.empty(0, weight_t.numpy().dtype)
+        w = weight_t.detach().contiguous().numpy()  # detached: these are not differentiable ops
         _linear_kernel(
             words,
-            weight_t.contiguous().numpy(),
-            no_bias if bias is None else bias.contiguous().numpy(),
+            w,
+            np.empty(0, w.dtype) if bias is None else bias.detach().contiguous().numpy(),
             min(rows, threads * _TASKS_PER_THREAD),
             out.numpy(),
         )
@@ -237,7 +261,7 @@ def weight_grad(grad: torch.Tensor, bits: torch.Tensor, k_in: int) -> torch.Tens
     if out_t.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
         bounds = np.linspace(0, k_in, min(k_in, threads) + 1).round().astype(np.int64)
-        _weight_grad_kernel(words, k_in, grad.contiguous().numpy(), bounds, out_t.numpy())
+        _weight_grad_kernel(words, k_in, grad.detach().contiguous().numpy(), bounds, out_t.numpy())
     return out_t.t().contiguous()
 
 
