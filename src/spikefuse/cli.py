@@ -39,6 +39,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.neuron",
     "spikefuse.bench.engine",
     "spikefuse.bench.recurrent",
+    "spikefuse.bench.sparse",
     "spikefuse.bench.dropins",
     "spikefuse.bench.compile",
     "spikefuse.bench.memory",
