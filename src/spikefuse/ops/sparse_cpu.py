@@ -128,7 +128,7 @@ def _active_inputs(words, start, k_in, active):
 @njit(parallel=True, cache=True)
 def _linear_kernel(words, weight_t, bias, tasks, out):
     """``out[m] = sum of weight_t[k] over the set bits k of row m, in increasing k (+ bias)``. Four weight rows are
-    added per pass over the row's accumulator, ``((acc + a) + b) + c) + d``: the order of one at a time, with a
+    added per pass over the row's accumulator, ``(((acc + a) + b) + c) + d``: the order of one at a time, with a
     quarter of the accumulator's loads and stores."""
     rows, n = out.shape
     k_in = weight_t.shape[0]
