@@ -164,6 +164,73 @@ def _cases(T: int, B: int, N: int) -> list[tuple[str, str, object, object, objec
     ]
 
 
+def _model_rows(T: int, B: int, repeats: int, features: tuple[int, int, int]) -> list[dict]:
+    """A snnTorch user's recurrent model (issue 56's script: Linear, ``RLeaky``, Linear, ``Leaky(output=True)``,
+    ``init_hidden=True`` in an ``nn.Sequential``, a loss on the mean membrane, Adam) per training step: snnTorch's
+    loop, the same loop with the drop-ins imported instead, and :func:`spikefuse.compat.fuse` of it. The losses of
+    every form are checked equal first."""
+    import snntorch
+    import torch
+    from snntorch import utils
+    from torch import nn
+
+    from ..compat import fuse
+    from ..compat import snntorch as cs
+    from .common import round_robin
+
+    n_in, hidden, n_out = features
+    g = torch.Generator().manual_seed(2)
+    x = (torch.rand(T, B, n_in, generator=g) < 0.05).float()  # events of a spike-encoded dataset (SHD's density)
+    y = torch.randint(0, n_out, (B,), generator=g)
+
+    def make(library):
+        torch.manual_seed(3)
+        return nn.Sequential(
+            nn.Linear(n_in, hidden),
+            library.RLeaky(beta=0.9, linear_features=hidden, init_hidden=True),
+            nn.Linear(hidden, n_out),
+            library.Leaky(beta=0.9, init_hidden=True, output=True),
+        )
+
+    def training_step(net, run):
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+        def step():
+            utils.reset(net)
+            loss = nn.functional.cross_entropy(run(net).mean(0), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return float(loss)
+
+        return step
+
+    def loop(net):
+        return torch.stack([net(x_t)[1] for x_t in x.unbind(0)])
+
+    forms = {
+        "snnTorch model, loop": training_step(make(snntorch), loop),
+        "same model with compat.snntorch imported, loop": training_step(make(cs), loop),
+        "compat.fuse(model)": training_step(fuse(make(snntorch)), lambda net: net(x)[1]),
+    }
+    losses = {name: fn() for name, fn in forms.items()}
+    if len(set(losses.values())) != 1:
+        raise AssertionError(f"the forms' first losses differ: {losses}")
+    # the first steps changed the weights alike; each form goes on from its own copy
+    times = round_robin(forms, repeats)
+    peer = times["snnTorch model, loop"]
+    return [
+        {
+            "peer": "snnTorch model",
+            "implementation": name,
+            "ms_per_step": round(seconds * 1e3, 3),
+            "vs_peer_loop": round(seconds / peer, 3),
+            "spike_rate": "",
+        }
+        for name, seconds in times.items()
+    ]
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -214,6 +281,9 @@ def run(args) -> int:
                     "spike_rate": round(float(want.float().mean()), 4),
                 }
             )
+    features = (12, 10, 4) if args.quick else (700, 256, 20)
+    if not args.only or any(text in "snnTorch model" for text in args.only):
+        rows += _model_rows(T, B, repeats, features)
     tag = result_tag(args)
     out = Path(args.out)
     write_csv(out / f"dropins_{tag}.csv", rows)
@@ -230,7 +300,11 @@ def run(args) -> int:
             "",
             "Medians of round-robin runs in one process. 'loop': one step a call in the peer's users' loop; 'fused':"
             " the drop-in's call over all T steps (snnTorch's `sequence`, SpikingJelly's step_mode='m', Norse's "
-            "multi-step module). Every form's spikes were checked equal to the peer loop's first.",
+            "multi-step module). Every form's spikes were checked equal to the peer loop's first. The last rows: a "
+            f"snnTorch user's recurrent model (Linear {features[0]}->{features[1]}, RLeaky, Linear ->{features[2]}, "
+            "Leaky(output=True), a loss on the mean membrane, Adam; input events at 5%), per training step: "
+            "snnTorch's loop, the loop with the drop-ins imported, and `spikefuse.compat.fuse` of the model (the "
+            "first losses checked equal).",
             "",
             table,
             "",

@@ -4,6 +4,8 @@
 - :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic`` (snnTorch 1.0)
 - :mod:`spikefuse.compat.norse`: ``LIF``, ``LIFCell``, ``LSNN``, ``LSNNCell``, ``LIFRecurrent``, ``LSNNRecurrent``,
   ``LIFRecurrentCell``, ``LSNNRecurrentCell`` and Norse's neurons as definitions (Norse 1.1)
+- :func:`fuse`: a model written for the step loop (an ``nn.Sequential`` of layers and neurons) run over whole
+  sequences, each neuron fused over time
 
 Each layer reproduces the peer's spikes and membrane potentials bit for bit in float32 (the definitions of
 :mod:`spikefuse.neurons` keep the peers' order of floating-point operations) and its gradients up to rounding.
@@ -18,7 +20,7 @@ from typing import NamedTuple
 
 from torch import nn
 
-__all__ = ["spikingjelly", "snntorch", "norse", "Swapped", "use_spikefuse_neurons"]
+__all__ = ["spikingjelly", "snntorch", "norse", "Swapped", "use_spikefuse_neurons", "fuse", "FusedSteps"]
 
 _SUBMODULES = ("spikingjelly", "snntorch", "norse")
 #: The neuron base class of each peer whose neurons :func:`use_spikefuse_neurons` replaces.
@@ -63,6 +65,9 @@ def use_spikefuse_neurons(model: nn.Module) -> Swapped:
             else:
                 swapped.replaced.append(name)
     return swapped
+
+
+from .fuse import FusedSteps, fuse  # noqa: E402  (it uses use_spikefuse_neurons)
 
 
 def __getattr__(name: str):

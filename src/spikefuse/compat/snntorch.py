@@ -304,11 +304,24 @@ class _SpikingNeuron(nn.Module):
             return spk
         return (spk, *(getattr(self, name) for name in self.RETURNED))
 
-    def sequence(self, x_seq: torch.Tensor, *state):
+    def sequence(self, x_seq: torch.Tensor, *state, record: bool = False):
         """All T steps of ``x_seq`` ``[T, ...]`` in one fused call, from ``state`` (the states ``forward`` takes; the
-        kept ones where not given): ``(spikes [T, ...], *final states)``, what T calls of ``forward`` give."""
-        spikes = self._sequence(x_seq, state)
-        return (spikes, *(getattr(self, name) for name in self.RETURNED))
+        kept ones where not given): ``(spikes [T, ...], *final states)``, what T calls of ``forward`` give.
+
+        ``record=True``: every step's states instead of the final ones, ``(spikes [T, ...], *states [T, ...])``,
+        with their gradients (a loss on the membranes of every step). The fused kernels hand out the last step's
+        states only, so this runs the steps one call each (each one autograd node, see :meth:`forward`)."""
+        if not record:
+            spikes = self._sequence(x_seq, state)
+            return (spikes, *(getattr(self, name) for name in self.RETURNED))
+        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim < 2:
+            raise ValueError(f"{type(self).__name__}: x_seq must be a tensor [T, ...] of T steps of inputs")
+        rows = []
+        for t, x_t in enumerate(x_seq.unbind(0)):
+            given = state if t == 0 else ()
+            spk = self._step(x_t, given) if self._steps_alone(x_t) else self._sequence(x_t.unsqueeze(0), given)[0]
+            rows.append((spk, *(getattr(self, name) for name in self.RETURNED)))
+        return tuple(torch.stack(column) for column in zip(*rows))
 
     def _clamped(self, name: str) -> torch.Tensor:
         """snnTorch's ``<name>.clamp(0, 1)`` of a decay: made at each call for a parameter (its gradient goes through
