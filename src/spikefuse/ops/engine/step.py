@@ -29,7 +29,9 @@ from . import DTYPES, emit
 
 __all__ = ["step", "takes", "kernels", "MAX_NEURONS"]
 
-#: The largest step this path runs: beyond it the fused kernels' threads win over one thread's loop.
+#: The largest step this path runs: beyond it the fused kernels' threads win over one thread's loop (a snnTorch
+#: ``Leaky`` drop-in's step, forward and backward, 2 threads, AMD EPYC: 0.55x the fused call's time at 8,192 neurons,
+#: 0.89x at 65,536, 1.2x at 262,144).
 MAX_NEURONS = 1 << 16
 
 _GENERATOR = hashlib.sha256(
