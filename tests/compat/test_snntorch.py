@@ -437,3 +437,60 @@ def test_use_spikefuse_neurons_swaps_an_snntorch_model_in_place():
         snntorch.utils.reset(module)
     want, got = [head(peer)(x_t) for x_t in x], [head(net)(x_t) for x_t in x]
     assert torch.stack(want).sum() > 0 and all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+# Neurons without reset_delay: (peer, drop-in, arguments, learnables, input scale)
+MORE = {
+    "lapicque": (snntorch.Lapicque, C.Lapicque, dict(beta=0.8, threshold=0.9), ["threshold"], 2.5),
+    "lapicque_rc": (
+        snntorch.Lapicque,
+        C.Lapicque,
+        dict(R=2.0, C=1.5, time_step=0.5, threshold=0.9),
+        ["threshold"],
+        1.5,
+    ),
+}
+
+
+@pytest.mark.parametrize("reset", RESETS)
+@pytest.mark.parametrize("name", list(MORE))
+def test_more_neurons_match_snntorch(name, reset):
+    """Each step loop with states passed back, ``init_hidden=True`` and ``sequence`` against snnTorch's step loop:
+    spikes and states bit for bit, gradients of the input and learnables to 1e-5 (the fused CPU kernels, the step
+    path of the loop); snnTorch's ``state_dict`` loads strict; ``drop_in_for`` makes the same neuron."""
+    peer_cls, ours_cls, kw, learn, scale = MORE[name]
+    flags = {f"learn_{n}": True for n in learn}
+    peer, ours = _pair(peer_cls, ours_cls, "cpu", reset_mechanism=reset, **kw, **flags)
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(T, B, N, generator=g) * scale
+    upstream = torch.randn(T, B, N, generator=g)
+    results = []
+    for module, run in (
+        (peer, _loop),
+        (ours, _loop),
+        (ours, lambda m, x: (lambda o: (o[0], o[1:]))(m.sequence(x))),
+        (C.drop_in_for(peer), _loop),
+    ):
+        module.reset_mem()
+        xs = x.clone().requires_grad_()
+        spikes, states = run(module, xs)
+        loss = (spikes * upstream).sum() + sum((s * (i + 1)).sum() for i, s in enumerate(states))
+        results.append((spikes, states, torch.autograd.grad(loss, [xs, *_learnables(module, learn)])))
+    p_spk, p_states, p_grads = results[0]
+    assert 0 < float(p_spk.detach().mean()) < 1, "degenerate input: all or no spikes"
+    for spikes, states, grads in results[1:]:
+        assert torch.equal(spikes, p_spk) and all(map(torch.equal, states, p_states))
+        for n, a, b in zip(["x", *learn], grads, p_grads):
+            _close(a, b, n)
+    hidden = [cls(init_hidden=True, reset_mechanism=reset, **kw) for cls in (peer_cls, ours_cls)]
+    hidden[1].load_state_dict(hidden[0].state_dict(), strict=True)
+    assert torch.equal(*(torch.stack([m(x_t) for x_t in x]) for m in hidden))
+
+
+def test_more_neurons_refuse_what_snntorch_cannot_run():
+    with pytest.raises(NotImplementedError, match="snnTorch's Lapicque does not read beta"):
+        C.Lapicque(beta=0.9, learn_beta=True)
+    with pytest.raises(ValueError, match="Either beta or 2 of beta, R and C"):
+        C.Lapicque(R=1.0)
+    with pytest.raises(ValueError, match="not all three"):
+        C.Lapicque(beta=0.9, R=1.0, C=2.0)

@@ -1,4 +1,4 @@
-"""snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky`` and ``RSynaptic`` on spikefuse's neuron engine, called as snnTorch's
+"""snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic`` and ``Lapicque`` on spikefuse's neuron engine, called as snnTorch's
 are, with a fused call over whole sequences beside.
 
 Each module takes snnTorch's constructor arguments and keeps its tensors under snnTorch's names (its saved
@@ -50,12 +50,19 @@ from torch import nn
 from ..neuron_functional import neuron
 from ..ops import check_backend_name
 from ..ops.engine import step as one_step
-from ..neurons import CUBA_LIF_MODELS, LIF_MODELS, RLEAKY_ZERO, SNNTORCH_NO_DELAY_MODELS, SYNAPTIC_NO_DELAY_MODELS
+from ..neurons import (
+    CUBA_LIF_MODELS,
+    LAPICQUE_MODELS,
+    LIF_MODELS,
+    RLEAKY_ZERO,
+    SNNTORCH_NO_DELAY_MODELS,
+    SYNAPTIC_NO_DELAY_MODELS,
+)
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 from ..validation import check_memory_mode
 
-__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "to_surrogate"]
+__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "Lapicque", "to_surrogate"]
 
 # snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
 _SNNTORCH_SURROGATES = {
@@ -502,6 +509,90 @@ class Leaky(_SpikingNeuron, *_peer_class("Leaky")):
         return model, delayed, {"decay": ("beta", self._clamped("beta")), "threshold": ("threshold", self.threshold)}
 
 
+class Lapicque(_SpikingNeuron, *_peer_class("Lapicque")):
+    """snnTorch's Lapicque neuron, a leaky integrator written as an RC circuit: ``mem[t] = x[t] * R * (1 / (R * C)) *
+    time_step + (1 - time_step / (R * C)) * mem[t-1] - R[t] * threshold`` with the detached reset ``R[t] =
+    (mem[t-1] > threshold)`` ("subtract"; "zero" zeroes the whole membrane of a step after a spike; "none"), in
+    snnTorch's order of operations (:data:`~spikefuse.neurons.LAPICQUE_MODELS`). As in snnTorch, ``beta`` or two of
+    ``beta``, ``R`` and ``C`` are given and the missing ones derived (the buffers ``beta``, ``R``, ``C`` and
+    ``time_step``, snnTorch's values), and the step reads ``R``, ``C`` and ``time_step``, not ``beta``.
+    ``forward(input_, mem=None) -> (spk, mem)``, ``sequence(x_seq, mem=None) -> (spk_seq, mem)``.
+    ``learn_beta=True`` is refused: snnTorch's step does not read beta (its ``C`` derived from a learnable beta holds
+    the graph of that derivation, which a second backward cannot run through)."""
+
+    STATES = RETURNED = ("mem",)
+    reset_delay = True  # snnTorch's Lapicque has only the reset of the step after a spike
+
+    def __init__(
+        self,
+        beta=False,
+        R=False,
+        C=False,
+        time_step=1,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_beta=False,
+        learn_threshold=False,
+        reset_mechanism="subtract",
+        state_quant=False,
+        output=False,
+        *,
+        backend="auto",
+        memory="potential",
+    ):
+        if learn_beta:
+            raise NotImplementedError(
+                "learn_beta=True is not supported: snnTorch's Lapicque does not read beta in its step (R, C and "
+                "time_step are fixed); use Leaky(learn_beta=True) for a learnable decay"
+            )
+        super().__init__(
+            threshold,
+            spike_grad,
+            surrogate_disable,
+            init_hidden,
+            inhibition,
+            learn_threshold,
+            reset_mechanism,
+            state_quant,
+            output,
+            1.0,
+            False,
+            backend,
+            memory,
+        )
+        for name, value in zip(("beta", "time_step", "R", "C"), _lapicque_constants(beta, R, C, time_step)):
+            self.register_buffer(name, value)
+
+    init_lapicque = _SpikingNeuron.reset_mem
+
+    def _dynamics(self):
+        params = {p: (p, getattr(self, p)) for p in ("R", "C", "time_step", "threshold")}
+        return LAPICQUE_MODELS[self._mechanism()[0]], True, params  # snnTorch's reset is detached
+
+
+def _lapicque_constants(beta, R, C, time_step) -> tuple:
+    """``(beta, time_step, R, C)`` as snnTorch's Lapicque derives them, with its tensor operations (its cases on the
+    truth of the arguments; the values of a saved ``state_dict`` replace them when loaded)."""
+    time_step = torch.as_tensor(time_step)
+    beta = torch.as_tensor(beta)
+    if not beta and not (R and C):
+        raise ValueError("Either beta or 2 of beta, R and C must be specified as an input argument.")
+    if beta and R and C:
+        raise ValueError("give beta, or two of beta, R and C, not all three (snnTorch's Lapicque then makes no R, C)")
+    if not beta:
+        return torch.exp(torch.ones(1) * (-time_step / (R * C))), time_step, torch.as_tensor(R), torch.as_tensor(C)
+    if not (R or C):
+        R = torch.as_tensor(1)
+        return beta, time_step, R, time_step / (R * torch.log(1 / beta))
+    if R:
+        return beta, time_step, torch.as_tensor(R), time_step / (R * torch.log(1 / beta))
+    C = torch.as_tensor(C)
+    return beta, time_step, time_step / (C * torch.log(1 / beta)), C
+
+
 class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
     """snnTorch's second-order (current-based) LIF neuron: ``syn[t] = alpha.clamp(0, 1) * syn[t-1] + x[t]``,
     ``mem[t] = beta.clamp(0, 1) * mem[t-1] + syn[t] - R[t] * threshold`` with the detached reset ``R[t] = (mem[t-1] >
@@ -822,7 +913,7 @@ def drop_in_for(module: nn.Module) -> nn.Module:
     """The drop-in for snnTorch neuron ``module``: its settings, parameters and buffers (the same ``state_dict``,
     loaded strictly), its reset mechanism as made and as set, its train/eval mode; the states start anew. Raises
     ValueError naming what has no drop-in, and the drop-ins' own errors for settings they refuse."""
-    drop_ins = {"Leaky": Leaky, "Synaptic": Synaptic, "RLeaky": RLeaky, "RSynaptic": RSynaptic}
+    drop_ins = {"Leaky": Leaky, "Synaptic": Synaptic, "RLeaky": RLeaky, "RSynaptic": RSynaptic, "Lapicque": Lapicque}
     name = type(module).__name__
     if name not in drop_ins or not type(module).__module__.startswith("snntorch"):
         raise ValueError(f"snnTorch's {name} has no spikefuse drop-in")
@@ -838,10 +929,11 @@ def drop_in_for(module: nn.Module) -> nn.Module:
         reset_mechanism=_STATE_FUNCTIONS.get(state_function, module.reset_mechanism),
         state_quant=module.state_quant,
         output=module.output,
-        reset_delay=module.reset_delay,
         beta=module.beta,
         learn_beta=learn("beta"),
     )
+    if name != "Lapicque":  # (it has no reset_delay)
+        kw.update(reset_delay=module.reset_delay)
     if name in ("Synaptic", "RSynaptic"):
         kw.update(alpha=module.alpha, learn_alpha=learn("alpha"))
     if name == "Leaky":
@@ -860,6 +952,9 @@ def drop_in_for(module: nn.Module) -> nn.Module:
         if not module.all_to_all:
             kw.update(V=module.V, linear_features=None)
     new = drop_ins[name](**kw)
+    if name == "Lapicque":  # R, C and time_step as the peer derived them: their shapes follow its arguments
+        for attr in ("time_step", "R", "C"):
+            new.register_buffer(attr, getattr(module, attr).clone())
     new.reset_mechanism = module.reset_mechanism
     new.load_state_dict(module.state_dict(), strict=True)
     return new.train(module.training)

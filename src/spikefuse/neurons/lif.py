@@ -7,6 +7,7 @@ that the spikes and states equal theirs bit for bit::
     no reset:               v[t] = decay*v[t-1] + x[t]
     snnTorch, subtract:     v[t] = (decay*v[t-1] + x[t]) - where(s, threshold, 0)      (fires on v > threshold)
     snnTorch, zero:         v[t] = where(s, 0, decay*v[t-1]) + x[t]                    (fires on v > threshold)
+    snnTorch Lapicque:      v[t] = x[t]*R*(1/(R*C))*dt + (1 - dt/(R*C))*v[t-1], reset as snnTorch's (LAPICQUE_MODELS)
 
 ``s`` is the previous step's spike; the state is the pre-reset membrane. SpikingJelly's neurons
 (:data:`SPIKINGJELLY_MODELS`) hand on the membrane after the reset, ``u``, and charge from it by one of five
@@ -40,6 +41,7 @@ from ..surrogate import Surrogate
 from .model import NeuronModel
 
 __all__ = [
+    "LAPICQUE_MODELS",
     "LIF_MODELS",
     "RLEAKY_ZERO",
     "SNNTORCH_NO_DELAY_MODELS",
@@ -79,6 +81,32 @@ LIF_MODELS = {
 #: snnTorch's ``RLeaky(reset_mechanism="zero")``: the whole membrane of a step after a spike is 0, its input too
 #: (``Leaky``'s "zero" zeroes the previous membrane only, before the input is added).
 RLEAKY_ZERO = _lif("rleaky_zero", "where(s, 0, decay*v + x)", strict=True)
+
+
+def _lapicque(reset: str, step: str) -> NeuronModel:
+    return NeuronModel(
+        name=f"lapicque_{reset}",
+        states=("v",),
+        params=("R", "C", "time_step", "threshold"),
+        step=(("v", step),),
+        fire="v - threshold",
+        strict=True,
+        defaults=(("threshold", 1.0),),
+        equations=f"v[t] = {step};  s[t] = H(v[t] - threshold)",
+    )
+
+
+# snnTorch's Lapicque charge as it writes it: the RC terms are evaluated from R, C and time_step at every step, not
+# from beta (which only derives a missing R or C at construction), so the decay is snnTorch's rounding of them.
+_LAPICQUE_CHARGE = "x*R*(1/(R*C))*time_step + (1 - time_step/(R*C))*v"
+
+#: snnTorch's ``Lapicque`` by reset mechanism (its detached reset of the step after a spike; "zero" zeroes the whole
+#: charged membrane, input included, as snnTorch's ``base - reset*base``).
+LAPICQUE_MODELS = {
+    "subtract": _lapicque("subtract", f"({_LAPICQUE_CHARGE}) - where(s, threshold, 0)"),
+    "zero": _lapicque("zero", f"where(s, 0, {_LAPICQUE_CHARGE})"),
+    "none": _lapicque("none", _LAPICQUE_CHARGE),
+}
 
 
 def snntorch_no_delay(
