@@ -319,6 +319,12 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)",
     )
     p.add_argument(
+        "--cnf",
+        choices=("ADD", "AND", "IAND"),
+        default=d.get("cnf", "ADD"),
+        help="SEW-ResNets: how a block joins its residual spikes and its shortcut (default: %(default)s)",
+    )
+    p.add_argument(
         "--memory",
         choices=("fused", "lean"),
         default="fused",

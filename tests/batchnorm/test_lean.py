@@ -90,6 +90,9 @@ SIZES = {
     "resnet18": {"width": 4, "stem": "cifar"},
     "resnet34": {"width": 4},
     "resnet50": {"width": 4},
+    "sew_resnet_tiny": {"width": 4, "stem": "cifar"},
+    "sew_resnet18": {"width": 4, "stem": "cifar"},
+    "sew_resnet34": {"width": 4, "stem": "cifar"},
 }
 
 

@@ -13,7 +13,8 @@ with the neurons, recompute in backward, spike inputs saved as bits); ``memory="
 form with the fused neuron kernels.
 
 Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
-``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``liang-small``, ``liang-medium``,
+``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``sew_resnet18``, ``sew_resnet34``,
+``sew_resnet_tiny`` (SEW-ResNets, connect function ``cnf``: :mod:`spikefuse.models.sew_resnet`), ``liang-small``, ``liang-medium``,
 ``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I), ``srnn`` (recurrent LIF or ALIF layers with a
 leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`).
 """
@@ -79,6 +80,7 @@ def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> in
 
 from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
 from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
+from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet_tiny  # noqa: E402
 from .srnn import SRNN, srnn  # noqa: E402
 
 #: name -> builder(in_channels, num_classes, neuron=..., neuron_backend=None, **kw)
@@ -87,6 +89,9 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": spiking_resnet18,
     "resnet34": spiking_resnet34,
     "resnet50": spiking_resnet50,
+    "sew_resnet_tiny": sew_resnet_tiny,
+    "sew_resnet18": sew_resnet18,
+    "sew_resnet34": sew_resnet34,
     "liang-small": liang_small,
     "liang-medium": liang_medium,
     "liang-large": liang_large,
@@ -142,3 +147,4 @@ def build_model(
 
 __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50"]
 __all__ += ["liang_small", "liang_medium", "liang_large", "SRNN", "srnn", "RECURRENT_MODELS"]
+__all__ += ["SEWResNet", "sew_resnet18", "sew_resnet34", "sew_resnet_tiny"]

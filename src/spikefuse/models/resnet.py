@@ -155,6 +155,7 @@ class SpikingResNet(nn.Module):
         width: channels of the first stage (64 in SpikingJelly; stages use width, 2x, 4x, 8x).
         stem: ``"imagenet"`` (7x7/2 conv + 3x3/2 max-pool, as SpikingJelly) or ``"cifar"`` (3x3/1 conv, no pool).
         zero_init_residual: zero the last BN weight of every residual branch (SpikingJelly's option, off by default).
+        block_kwargs: more keyword arguments of every block (:mod:`spikefuse.models.sew_resnet`'s ``cnf``).
     """
 
     def __init__(
@@ -167,8 +168,10 @@ class SpikingResNet(nn.Module):
         width: int = 64,
         stem: str = "imagenet",
         zero_init_residual: bool = False,
+        block_kwargs: dict | None = None,
     ):
         super().__init__()
+        self._block_kwargs = dict(block_kwargs or {})  # for each block's constructor (SEW-ResNet's connect function)
         if stem not in STEMS:
             raise ValueError(f"unknown stem {stem!r}: use one of {STEMS}")
         if len(layers) != 4:
@@ -210,9 +213,9 @@ class SpikingResNet(nn.Module):
             downsample = nn.Sequential(
                 conv1x1(self.inplanes, planes * block.expansion, stride), bn(planes * block.expansion)
             )
-        layers = [block(self.inplanes, planes, stride, downsample, neuron)]
+        layers = [block(self.inplanes, planes, stride, downsample, neuron, **self._block_kwargs)]
         self.inplanes = planes * block.expansion
-        layers += [block(self.inplanes, planes, 1, None, neuron) for _ in range(1, blocks)]
+        layers += [block(self.inplanes, planes, 1, None, neuron, **self._block_kwargs) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
     def convert_to_lean(self, counts: dict) -> None:
@@ -237,12 +240,14 @@ class SpikingResNet(nn.Module):
         return self.fc(self.flatten(self.avgpool(x)))
 
 
-def _build(block, layers, in_channels, num_classes, neuron, neuron_backend, **kw) -> SpikingResNet:
+def _build(
+    block, layers, in_channels, num_classes, neuron, neuron_backend, network=SpikingResNet, **kw
+) -> SpikingResNet:
     from . import PAPER_NEURON
 
     opts = _neuron_options(neuron, neuron_backend, PAPER_NEURON)
     kw.pop("image_size", None)  # size-agnostic (global average pooling); accepted so every builder takes it
-    return SpikingResNet(block, layers, in_channels, num_classes, opts, **kw)
+    return network(block, layers, in_channels, num_classes, opts, **kw)
 
 
 def spiking_resnet18(in_channels: int = 3, num_classes: int = 10, neuron=None, neuron_backend: str | None = None, **kw):

@@ -31,6 +31,7 @@ TRAJECTORY_KEYS = (
     "hidden",
     "layers",
     "cell",
+    "cnf",
 )
 
 
@@ -113,6 +114,7 @@ class TrainConfig:
     hidden: int = 256  # srnn: recurrent neurons per layer
     layers: int = 1  # srnn: recurrent layers
     cell: str = "lif"  # srnn: the recurrent neurons, "lif" or "alif"
+    cnf: str = "ADD"  # SEW-ResNets: the connect function of residual and shortcut (models.sew_resnet)
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     precision: str = "fp32"  # "bf16": forward and loss under torch.autocast in bfloat16 (PRECISIONS)
     compile: bool = False  # torch.compile the model
@@ -160,18 +162,25 @@ class TrainConfig:
             raise ConfigError(f"--neurons must be 'spikefuse' or 'spikingjelly', got {self.neurons!r}")
         if self.stem not in ("auto", "cifar", "imagenet"):
             raise ConfigError(f"--stem must be auto, cifar or imagenet, got {self.stem!r}")
-        if self.width is not None and not self.model.startswith("resnet"):
+        if self.width is not None and not self.model.startswith(("resnet", "sew_resnet")):
             raise ConfigError(
                 f"--width sets the channels of a ResNet's first stage; got {self.width} for --model {self.model}"
             )
         from ..data import DATASETS
         from ..models import MEMORY_FORMS, MODELS, RECURRENT_MODELS
+        from ..models.sew_resnet import CONNECT_FUNCTIONS
         from ..models.srnn import CELLS
         from ..ops import BACKENDS
 
         if self.model not in RECURRENT_MODELS and (self.hidden, self.layers, self.cell) != (256, 1, "lif"):
             raise ConfigError(
                 f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model {self.model}"
+            )
+        if self.cnf not in CONNECT_FUNCTIONS:
+            raise ConfigError(f"--cnf must be one of {', '.join(CONNECT_FUNCTIONS)}, got {self.cnf!r}")
+        if self.cnf != "ADD" and not self.model.startswith("sew_resnet"):
+            raise ConfigError(
+                f"--cnf sets a SEW-ResNet's connect function (--model sew_resnet*), not --model {self.model}"
             )
         if self.cell not in CELLS:
             raise ConfigError(f"--cell must be one of {', '.join(CELLS)}, got {self.cell!r}")

@@ -126,10 +126,12 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
             cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw
         )
     kw = {"image_size": (info["height"], info["width"])}
-    if cfg.model.startswith("resnet"):
+    if cfg.model.startswith(("resnet", "sew_resnet")):
         kw["stem"] = _resolved_stem(cfg, info)
         if cfg.width is not None:
             kw["width"] = cfg.width
+    if cfg.model.startswith("sew_resnet"):
+        kw["cnf"] = cfg.cnf
     neuron = None if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
     model = build_model(
         cfg.model,
