@@ -400,7 +400,7 @@ def test_attributes_set_after_construction_change_the_dynamics_as_in_snntorch(na
 
 def test_use_spikefuse_neurons_swaps_an_snntorch_model_in_place():
     """One call puts spikefuse's drop-ins in place of an snnTorch model's neurons: the same state_dict keys and values,
-    snnTorch's outputs; a neuron without a drop-in (Alpha) or with a setting the drop-in refuses (inhibition) is
+    snnTorch's outputs; a neuron without a drop-in (SLSTM) or with a setting the drop-in refuses (inhibition) is
     kept and named with the reason."""
     import copy
 
@@ -420,15 +420,16 @@ def test_use_spikefuse_neurons_swaps_an_snntorch_model_in_place():
         snntorch.RSynaptic(alpha=0.6, beta=0.9, all_to_all=False, V=0.4, init_hidden=True),
         torch.nn.Sequential(torch.nn.Linear(N, 4), snntorch.Leaky(beta=0.5, inhibition=True, init_hidden=True)),
         snntorch.Alpha(alpha=0.9, beta=0.8, init_hidden=True),
+        snntorch.SLSTM(N, N, init_hidden=True),
     )
     net[1].reset_mechanism = "subtract"  # as made ("zero") for the state update, snnTorch's in-step reset set
     peer = copy.deepcopy(net)
     keys = list(net.state_dict())
     swapped = use_spikefuse_neurons(net)
-    assert swapped.replaced == ["1", "3", "5", "7"]
-    assert set(swapped.kept) == {"8.1", "9"}
-    assert "inhibition" in swapped.kept["8.1"] and "Alpha has no spikefuse drop-in" in swapped.kept["9"]
-    assert isinstance(net[1], C.Leaky) and isinstance(net[7], C.RSynaptic) and type(net[9]) is snntorch.Alpha
+    assert swapped.replaced == ["1", "3", "5", "7", "9"]
+    assert set(swapped.kept) == {"8.1", "10"}
+    assert "inhibition" in swapped.kept["8.1"] and "SLSTM has no spikefuse drop-in" in swapped.kept["10"]
+    assert isinstance(net[1], C.Leaky) and isinstance(net[9], C.Alpha) and type(net[10]) is snntorch.SLSTM
     assert list(net.state_dict()) == keys
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), peer.state_dict().values()))
     x = torch.rand(T, B, 6, generator=torch.Generator().manual_seed(11)) * 2
@@ -449,6 +450,7 @@ MORE = {
         ["threshold"],
         1.5,
     ),
+    "alpha": (snntorch.Alpha, C.Alpha, dict(alpha=0.9, beta=0.8, threshold=0.5), ["beta", "threshold"], 1.0),
 }
 
 
@@ -494,3 +496,7 @@ def test_more_neurons_refuse_what_snntorch_cannot_run():
         C.Lapicque(R=1.0)
     with pytest.raises(ValueError, match="not all three"):
         C.Lapicque(beta=0.9, R=1.0, C=2.0)
+    with pytest.raises(NotImplementedError, match="snnTorch's Alpha cannot be made with it"):
+        C.Alpha(alpha=0.9, beta=0.8, learn_alpha=True)
+    with pytest.raises(ValueError, match="alpha must be greater than beta"):
+        C.Alpha(alpha=0.8, beta=0.9)

@@ -1,4 +1,4 @@
-"""snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic`` and ``Lapicque`` on spikefuse's neuron engine, called as snnTorch's
+"""snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic``, ``Lapicque`` and ``Alpha`` on spikefuse's neuron engine, called as snnTorch's
 are, with a fused call over whole sequences beside.
 
 Each module takes snnTorch's constructor arguments and keeps its tensors under snnTorch's names (its saved
@@ -51,6 +51,7 @@ from ..neuron_functional import neuron
 from ..ops import check_backend_name
 from ..ops.engine import step as one_step
 from ..neurons import (
+    ALPHA_MODELS,
     CUBA_LIF_MODELS,
     LAPICQUE_MODELS,
     LIF_MODELS,
@@ -62,7 +63,7 @@ from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 from ..validation import check_memory_mode
 
-__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "Lapicque", "to_surrogate"]
+__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "Lapicque", "Alpha", "to_surrogate"]
 
 # snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
 _SNNTORCH_SURROGATES = {
@@ -114,7 +115,8 @@ def to_surrogate(spike_grad) -> Surrogate:
 
 _RESET_VALUES = {"subtract": 0, "zero": 1, "none": 2}  # snnTorch's reset_mechanism_val
 
-_KEPT = {"v": "mem", "i": "syn"}  # the engine's states by snnTorch's names; others (r) start at 0
+# the engine's states by snnTorch's names; others (r) start at 0
+_KEPT = {"v": "mem", "i": "syn", "syn_exc": "syn_exc", "syn_inh": "syn_inh"}
 
 
 def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
@@ -573,6 +575,78 @@ class Lapicque(_SpikingNeuron, *_peer_class("Lapicque")):
         return LAPICQUE_MODELS[self._mechanism()[0]], True, params  # snnTorch's reset is detached
 
 
+class Alpha(_SpikingNeuron, *_peer_class("Alpha")):
+    """snnTorch's Alpha neuron: an excitatory and an inhibitory current of the same input, ``syn_exc[t] =
+    alpha.clamp(0, 1) * syn_exc[t-1] + x[t]``, ``syn_inh[t] = beta.clamp(0, 1) * syn_inh[t-1] - x[t]``, and the
+    membrane ``mem[t] = tau * (syn_exc[t] + syn_inh[t])`` with ``tau = log(alpha) / (log(beta) - log(alpha)) + 1``,
+    ``spk[t] = (mem[t] > threshold)``; snnTorch's detached reset of the step after a spike ("zero", its default:
+    all three states of that step zeroed; "subtract"; "none"), in its order of operations
+    (:data:`~spikefuse.neurons.ALPHA_MODELS`). ``forward(input_, syn_exc=None, syn_inh=None, mem=None) -> (spk,
+    syn_exc, syn_inh, mem)``, ``sequence(x_seq, ...) -> (spk_seq, syn_exc, syn_inh, mem)``. As snnTorch, ``alpha``
+    is kept clamped and must exceed ``beta``, and ``beta`` may not be 1. ``learn_alpha=True`` is refused: snnTorch's
+    Alpha cannot be made with it (its constructor assigns the clamped alpha, a plain tensor, over the parameter)."""
+
+    STATES = RETURNED = ("syn_exc", "syn_inh", "mem")
+    reset_delay = True  # snnTorch's Alpha has only the reset of the step after a spike
+
+    def __init__(
+        self,
+        alpha,
+        beta,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        init_hidden=False,
+        inhibition=False,
+        learn_alpha=False,
+        learn_beta=False,
+        learn_threshold=False,
+        reset_mechanism="zero",
+        state_quant=False,
+        output=False,
+        *,
+        backend="auto",
+        memory="potential",
+    ):
+        if learn_alpha:
+            raise NotImplementedError(
+                "learn_alpha=True is not supported: snnTorch's Alpha cannot be made with it (its constructor assigns "
+                "the clamped alpha over the parameter, a TypeError), so there are no dynamics of it to match"
+            )
+        super().__init__(
+            threshold,
+            spike_grad,
+            surrogate_disable,
+            init_hidden,
+            inhibition,
+            learn_threshold,
+            reset_mechanism,
+            state_quant,
+            output,
+            1.0,
+            False,
+            backend,
+            memory,
+        )
+        self._keep("beta", beta, learn_beta)
+        self._keep("alpha", _float_tensor(alpha).clamp(0, 1), False)  # snnTorch keeps it clamped
+        if (self.alpha <= self.beta).any():
+            raise ValueError("alpha must be greater than beta.")
+        if (self.beta == 1).any():
+            raise ValueError(
+                "beta cannot be '1' otherwise ZeroDivisionError occurs: tau_alpha = log(alpha)/log(beta) - "
+                "log(alpha) + 1"
+            )
+
+    init_alpha = _SpikingNeuron.reset_mem
+
+    def _dynamics(self):
+        alpha, beta = self._clamped("alpha"), self._clamped("beta")
+        tau = torch.log(alpha) / (torch.log(beta) - torch.log(alpha)) + 1  # snnTorch's, in torch (see ALPHA_MODELS)
+        params = {"alpha": alpha, "beta": beta, "tau": tau, "threshold": self.threshold}
+        return ALPHA_MODELS[self._mechanism()[0]], True, {k: (k, v) for k, v in params.items()}  # (detached reset)
+
+
 def _lapicque_constants(beta, R, C, time_step) -> tuple:
     """``(beta, time_step, R, C)`` as snnTorch's Lapicque derives them, with its tensor operations (its cases on the
     truth of the arguments; the values of a saved ``state_dict`` replace them when loaded)."""
@@ -913,7 +987,14 @@ def drop_in_for(module: nn.Module) -> nn.Module:
     """The drop-in for snnTorch neuron ``module``: its settings, parameters and buffers (the same ``state_dict``,
     loaded strictly), its reset mechanism as made and as set, its train/eval mode; the states start anew. Raises
     ValueError naming what has no drop-in, and the drop-ins' own errors for settings they refuse."""
-    drop_ins = {"Leaky": Leaky, "Synaptic": Synaptic, "RLeaky": RLeaky, "RSynaptic": RSynaptic, "Lapicque": Lapicque}
+    drop_ins = {
+        "Leaky": Leaky,
+        "Synaptic": Synaptic,
+        "RLeaky": RLeaky,
+        "RSynaptic": RSynaptic,
+        "Lapicque": Lapicque,
+        "Alpha": Alpha,
+    }
     name = type(module).__name__
     if name not in drop_ins or not type(module).__module__.startswith("snntorch"):
         raise ValueError(f"snnTorch's {name} has no spikefuse drop-in")
@@ -932,9 +1013,9 @@ def drop_in_for(module: nn.Module) -> nn.Module:
         beta=module.beta,
         learn_beta=learn("beta"),
     )
-    if name != "Lapicque":  # (it has no reset_delay)
+    if name not in ("Lapicque", "Alpha"):  # (they have no reset_delay)
         kw.update(reset_delay=module.reset_delay)
-    if name in ("Synaptic", "RSynaptic"):
+    if name in ("Synaptic", "RSynaptic", "Alpha"):
         kw.update(alpha=module.alpha, learn_alpha=learn("alpha"))
     if name == "Leaky":
         kw.update(

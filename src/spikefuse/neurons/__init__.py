@@ -3,6 +3,7 @@ backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :
 """
 
 from .alif import ALIF_MODEL
+from .alpha import ALPHA_MODELS
 from .cuba_lif import (
     CUBA_LIF,
     CUBA_LIF_EULER,
@@ -38,6 +39,7 @@ __all__ = [
     "SYNAPTIC_NO_DELAY_MODELS",
     "SNNTORCH_NO_DELAY_MODELS",
     "ALIF_MODEL",
+    "ALPHA_MODELS",
     "LAPICQUE_MODELS",
     "LIF_MODELS",
     "SPIKINGJELLY_MODELS",
