@@ -4,8 +4,8 @@
 - all to all: ``s[t-1] @ W.T + b`` (``W`` ``[H, H]``, an ``nn.Linear``'s weight; the bias optional);
 - one to one: ``w * s[t-1] + b`` (``w`` ``[H]``, each neuron's own spike).
 
-The current joins the step's input as :attr:`NeuronModel.recurrent_step` says. Backends, with the same entry points
-(:mod:`.driver`): ``reference`` (:func:`spikefuse.ops.engine.reference.run` with ``recurrent``: the serial PyTorch
+The current joins the step's input as :attr:`NeuronModel.recurrent_step` says. Backends, run by :mod:`.autograd`
+(its time loop, forward and reverse, around each backend's step kernels): ``reference`` (:func:`spikefuse.ops.engine.reference.run` with ``recurrent``: the serial PyTorch
 loop, differentiated by autograd, the oracle), ``cpu`` (numba step kernels, :mod:`.cpu`) and ``triton``
 (:mod:`.triton`). The generated backends compute each step's current with the same torch call as the reference
 (:func:`current`), on the same ``[B, H]`` spikes, so their spikes and states equal the reference's bit for bit; all

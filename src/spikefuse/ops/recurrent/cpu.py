@@ -1,7 +1,7 @@
 """A recurrent layer's neuron steps as numba kernels generated from a :class:`~spikefuse.neurons.NeuronModel`.
 
 The recurrent current of a step needs every neuron's previous spike, so a recurrent layer cannot run its T steps per
-neuron in one pass as the feed-forward kernels do: :mod:`.driver` runs the time loop, a matrix product per step
+neuron in one pass as the feed-forward kernels do: :mod:`.autograd` runs the time loop, a matrix product per step
 between the kernels of this module, which do everything else of a step for all ``[B, H]`` neurons at once:
 
 - ``forward_rows``: one step (:attr:`NeuronModel.recurrent_step`) from the states in ``cur`` (updated in place), the
