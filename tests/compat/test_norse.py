@@ -229,3 +229,44 @@ def test_recurrent_cells_match_norse_in_its_loop(name):
     assert all(torch.equal(a, b) for a, b in zip(s1, s2))
     sparse = [cell(x[0].to_sparse())[0] for cell in (theirs, ours)]
     assert sparse[0].layout == sparse[1].layout and torch.equal(sparse[0].to_dense(), sparse[1].to_dense())
+
+
+def test_leaky_integrators_match_norse():
+    """Norse's ``LI`` (all steps a call) and ``LICell`` (a step a call, in Norse's loop, the state passed back): the
+    membranes and ``LIState`` bit for bit, gradients of the input and a learnable ``tau_mem_inv`` to 1e-5; ``[T, F]``
+    inputs, sparse inputs, ``record_states``, Norse's ``SequentialState``."""
+    import spikefuse.compat.norse as CN
+
+    tau = torch.tensor(80.0, requires_grad=True)
+    p = norse.LIParameters(tau_mem_inv=tau, v_leak=torch.tensor(0.1))
+    x = torch.randn(30, 3, 12, generator=torch.Generator().manual_seed(7)) * 4
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(8))
+    runs = []
+    for make in (norse.LI, CN.LI, norse.LICell, CN.LICell):
+        module, xs = make(p), x.clone().requires_grad_()
+        if make in (norse.LI, CN.LI):
+            v, state = module(xs)
+        else:
+            state, vs = None, []
+            for x_t in xs:
+                v_t, state = module(x_t, state)
+                vs.append(v_t)
+            v = torch.stack(vs)
+        assert type(state) is norse.LIState
+        runs.append((v, state, torch.autograd.grad((v * w).sum() + state.i.sum(), [xs, tau])))
+    (v1, s1, g1), *others = runs
+    for v, state, grads in others:
+        assert torch.equal(v, v1) and all(map(torch.equal, state, s1))
+        for a, b in zip(grads, g1):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+    theirs, ours = norse.LI(p), CN.LI(p)
+    for inp in (x[:, 0], x.to_sparse()):  # [T, F] without a batch; a sparse input
+        (a, sa), (b, sb) = theirs(inp), ours(inp)
+        assert torch.equal(a, b) and all(map(torch.equal, sa, sb))
+    (a, sa), (b, sb) = norse.LI(p, record_states=True)(x), CN.LI(p, record_states=True)(x)
+    assert sb.v.shape == x.shape and all(map(torch.equal, sa, sb))
+    nets = [norse.SequentialState(torch.nn.Linear(12, 5), m) for m in (theirs, ours)]
+    nets[1][0].load_state_dict(nets[0][0].state_dict())
+    assert torch.equal(nets[0](x)[0], nets[1](x)[0])
+    with pytest.raises(TypeError, match="record_states is an argument of LI, not of LICell"):
+        CN.LICell(p, record_states=True)

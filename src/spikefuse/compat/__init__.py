@@ -4,7 +4,7 @@
 - :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic``, ``Lapicque``, ``Alpha``
   (snnTorch 1.0)
 - :mod:`spikefuse.compat.norse`: ``LIF``, ``LIFCell``, ``LSNN``, ``LSNNCell``, ``LIFRecurrent``, ``LSNNRecurrent``,
-  ``LIFRecurrentCell``, ``LSNNRecurrentCell`` and Norse's neurons as definitions (Norse 1.1)
+  ``LIFRecurrentCell``, ``LSNNRecurrentCell``, ``LI``, ``LICell`` and Norse's neurons as definitions (Norse 1.1)
 - :func:`fuse`: a model written for the step loop (an ``nn.Sequential`` of layers and neurons) run over whole
   sequences, each neuron fused over time
 

@@ -3,7 +3,8 @@
 ``LIFCell``, ``LSNN`` and ``LSNNCell`` on them; and its recurrent modules ``LIFRecurrent`` and ``LSNNRecurrent`` on
 spikefuse's fused recurrent layer (:func:`spikefuse.recurrent`): the same definitions, the recurrent current of the
 previous spikes joining the input where Norse adds it. The modules take Norse's parameter records and return its
-state records (Norse's own classes where Norse is importable).
+state records (Norse's own classes where Norse is importable). Its leaky integrators ``LI`` and ``LICell`` (no
+spikes: they return the membrane) are plain torch operations in Norse's order.
 
 Norse applies the reset of a spike in the step that fires it and returns post-reset states; the models below apply
 the reset at the start of the next step, with Norse's operations in Norse's order, and hand out the post-reset
@@ -57,6 +58,9 @@ __all__ = [
     "LSNNState",
     "LIFFeedForwardState",
     "LSNNFeedForwardState",
+    "LI",
+    "LICell",
+    "LIState",
 ]
 
 #: Norse 1.1's "super" spike gradient (alpha unused there).
@@ -438,3 +442,75 @@ class LSNNRecurrentCell(LSNNRecurrent):
     (z [B, H], LSNNState)``; the same weights as Norse draws them."""
 
     CELL = True
+
+
+LIState = _norse_state("LIState", ("v", "i"), "Norse's ``LIState``: the membrane, the input current.")
+
+
+class LICell(nn.Module):
+    """Norse 1.1's ``LICell``, a leaky integrator: one step a call, ``forward(x, state=None) -> (v, LIState)``, the
+    membrane and state of Norse's ``li_feed_forward_step``, bit for bit (float32), with its gradients::
+
+        i = i + x;  v = v + dt*tau_mem_inv*((v_leak - v) + i);  i = i + -dt*tau_syn_inv*i
+
+    Plain torch operations in Norse's order, not a :class:`~spikefuse.neurons.NeuronModel`: a definition there
+    always fires, and the engine's fused call hands out the last step's states where an integrator's output is its
+    membrane at every step; the step is a linear recurrence of four element-wise operations. ``p``: Norse's
+    ``LIParameters`` (its defaults when None; tensors, learnable ones too, each read at every call as Norse reads
+    them); the state starts as Norse's (``v`` at ``v_leak``, ``i`` at 0); any shape, ``[F]`` without a batch
+    too."""
+
+    STEPS = False  # LI: the input is [T, ...] and every step's membrane is returned
+
+    def __init__(self, p=None, dt: float = 0.001, record_states: bool = False):
+        super().__init__()
+        if p is None:
+            from norse.torch import LIParameters
+
+            p = LIParameters()
+        if record_states and not self.STEPS:
+            raise TypeError("record_states is an argument of LI, not of LICell")
+        self.p, self.dt, self.record_states = p, dt, bool(record_states)
+
+    def initial_state(self, x: torch.Tensor):
+        """Norse's initial state: for a cell ``v`` the 0-d ``v_leak`` (broadcast by the first step) and ``i`` zeros
+        of the input's dtype; for ``LI`` float32 ones of a step's shape. ``v`` requires a gradient, as Norse's."""
+        if self.STEPS:
+            v = torch.full(x.shape[1:], float(self.p.v_leak), device=x.device, dtype=torch.float32)
+            i = torch.zeros(x.shape[1:], device=x.device, dtype=torch.float32)
+        else:
+            v, i = self.p.v_leak.detach(), torch.zeros(x.shape, device=x.device, dtype=x.dtype)
+        v.requires_grad = True
+        return LIState(v=v, i=i)
+
+    def forward(self, input_tensor: torch.Tensor, state=None):
+        x = input_tensor.to_dense() if input_tensor.is_sparse else input_tensor
+        if self.STEPS and x.ndim < 1:
+            raise ValueError(f"LI takes [T, ...] inputs (T steps), got shape {tuple(x.shape)}")
+        state = self.initial_state(x) if state is None else state
+        p = self.p
+        dt_mem, neg_dt_syn = self.dt * p.tau_mem_inv, -self.dt * p.tau_syn_inv  # Norse's products, once a call
+        v, i = state.v, state.i
+        vs, currents = [], []
+        for x_t in x.unbind(0) if self.STEPS else (x,):
+            i = i + x_t
+            v = v + dt_mem * ((p.v_leak - v) + i)
+            i = i + neg_dt_syn * i
+            vs.append(v)
+            currents.append(i)
+        if not self.STEPS:
+            return v, LIState(v=v, i=i)
+        if self.record_states:
+            return torch.stack(vs), LIState(v=torch.stack(vs), i=torch.stack(currents))
+        return torch.stack(vs), LIState(v=v, i=i)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, dt={self.dt}"
+
+
+class LI(LICell):
+    """Norse 1.1's ``LI``: :class:`LICell` over the outer dimension, ``forward(x [T, ...], state=None) -> (v [T, ...],
+    LIState)``, every step's membrane (``[T, F]`` without a batch too); ``record_states=True`` returns every step's
+    states stacked, as Norse's. Norse's values bit for bit: its loop, in torch's operations (see :class:`LICell`)."""
+
+    STEPS = True
