@@ -28,6 +28,8 @@ import re
 import signal
 import sys
 
+from .train.arguments import add_train_arguments, bounded_int
+
 __all__ = ["main", "build_parser", "COMMANDS", "BENCH_COMMANDS"]
 
 #: Modules (or ``"module:object"``) providing ``add_parser(subparsers)`` and ``run(args)``: top-level subcommands.
@@ -203,163 +205,6 @@ def _raise_terminated(signum, frame):
 # train / eval ----------------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _bounded_int(setting: str):
-    """An argparse type: an integer within the bounds of ``setting`` (:func:`spikefuse.train.config.bounds`), so that
-    a value that would only exhaust the machine is refused before anything starts."""
-
-    def parse(text: str) -> int:
-        from .train.config import out_of_bounds
-
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        problem = out_of_bounds(setting, value)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return value
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return v
-
-
-def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
-    """The options shared by ``spikefuse train`` and ``spikefuse bench train`` (defaults from ``TrainConfig``)."""
-    from .data import DATASETS
-    from .models import MODELS
-
-    d = defaults or {}
-    p.add_argument(
-        "--model", default=d.get("model", "resnet-tiny"), choices=list(MODELS), help="network (default: %(default)s)"
-    )
-    p.add_argument(
-        "--dataset",
-        default=d.get("dataset", "digits"),
-        choices=DATASETS,
-        help="data set; digits and digits-events are embedded, the others read --data-dir (default: %(default)s)",
-    )
-    p.add_argument("--data-dir", default=None, help="folder holding the data set files (default: $SPIKEFUSE_DATA)")
-    p.add_argument("--T", type=_bounded_int("T"), default=d.get("T", 4), help="time steps (default: %(default)s)")
-    p.add_argument(
-        "--epochs",
-        type=_bounded_int("epochs"),
-        default=d.get("epochs", 6),
-        help="epochs in total (default: %(default)s)",
-    )
-    p.add_argument(
-        "--batch-size", type=_bounded_int("batch_size"), default=d.get("batch_size", 32), help="(default: %(default)s)"
-    )
-    p.add_argument(
-        "--lr", type=_positive_float, default=d.get("lr", 1e-3), help="Adam learning rate (default: %(default)s)"
-    )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
-    p.add_argument(
-        "--threads", type=_bounded_int("threads"), default=2, help="torch CPU threads (default: %(default)s)"
-    )
-    p.add_argument("--seed", type=_bounded_int("seed"), default=0, help="(default: %(default)s)")
-    p.add_argument(
-        "--encoding",
-        choices=("direct", "poisson"),
-        default=d.get("encoding", "direct"),
-        help="input coding of static images: the analog image every step, or Bernoulli rate coding (default: %(default)s)",
-    )
-    p.add_argument(
-        "--neuron-backend",
-        choices=("auto", "cpu", "triton", "reference"),
-        default="auto",
-        help="spikefuse neuron backend; 'reference' is the serial PyTorch loop (default: %(default)s)",
-    )
-    p.add_argument(
-        "--stem",
-        choices=("auto", "cifar", "imagenet"),
-        default="auto",
-        help="ResNet stem; auto: cifar (3x3 conv, no max-pool) for images up to 64 px (default: %(default)s)",
-    )
-    p.add_argument(
-        "--width",
-        type=_bounded_int("width"),
-        default=d.get("width"),
-        help="ResNets: channels of the first stage (default: the model's, 64; resnet-tiny 16)",
-    )
-    p.add_argument(
-        "--hidden",
-        type=_bounded_int("hidden"),
-        default=d.get("hidden", 256),
-        help="srnn: recurrent neurons per layer (default: %(default)s)",
-    )
-    p.add_argument(
-        "--layers",
-        type=_bounded_int("layers"),
-        default=d.get("layers", 1),
-        help="srnn: recurrent layers (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cell",
-        choices=("lif", "alif"),
-        default=d.get("cell", "lif"),
-        help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cnf",
-        choices=("ADD", "AND", "IAND"),
-        default=d.get("cnf", "ADD"),
-        help="SEW-ResNets: how a block joins its residual spikes and its shortcut (default: %(default)s)",
-    )
-    p.add_argument(
-        "--memory",
-        choices=("fused", "lean"),
-        default="fused",
-        help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
-        "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
-        "(about a third of the memory saved for backward; same results) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="bf16: convolutions and linear layers under torch.autocast in bfloat16 (the neurons read and write "
-        "bfloat16, their membranes stay float32) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model (the fused neurons are custom ops it traces through; the first batches "
-        "compile for a minute or more)",
-    )
-    p.add_argument(
-        "--image-size",
-        type=_bounded_int("image_size"),
-        default=None,
-        help="resize static images to this size (digits: upsample from 8) (default: native)",
-    )
-    p.add_argument(
-        "--train-subset", type=_positive_int, default=None, help="train on a seeded random subset of this many samples"
-    )
-    p.add_argument(
-        "--test-subset", type=_positive_int, default=None, help="test on a seeded random subset of this many samples"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-
-
 def config_from_args(args, **overrides):
     from .train import TrainConfig
 
@@ -431,7 +276,7 @@ class TrainCommand:
         )
         p.add_argument(
             "--nproc",
-            type=_bounded_int("nproc"),
+            type=bounded_int("nproc"),
             default=1,
             help="data-parallel training (DDP; gloo on CPU, NCCL on GPUs) over this many local processes; "
             "--batch-size is the global batch, split evenly over them, and --threads is per process. "
@@ -491,9 +336,9 @@ class EvalCommand:
         p.add_argument("--data-dir", default=None, help="data folder (default: the one the run used)")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
         p.add_argument(
-            "--threads", type=_bounded_int("threads"), default=2, help="torch CPU threads (default: %(default)s)"
+            "--threads", type=bounded_int("threads"), default=2, help="torch CPU threads (default: %(default)s)"
         )
-        p.add_argument("--batch-size", type=_bounded_int("batch_size"), default=None, help="(default: the run's)")
+        p.add_argument("--batch-size", type=bounded_int("batch_size"), default=None, help="(default: the run's)")
         p.add_argument(
             "--neuron-backend",
             choices=("auto", "cpu", "triton", "reference"),

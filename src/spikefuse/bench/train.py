@@ -35,7 +35,7 @@ QUICK = {"epochs": 1, "train_subset": 64, "test_subset": 64, "T": 4}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_train_arguments
+    from ..train.arguments import add_train_arguments
 
     p = subparsers.add_parser(
         "train",
