@@ -124,8 +124,8 @@ def test_what_fuse_refuses():
         fuse(snntorch.Leaky(beta=0.9, init_hidden=True))
     with pytest.raises(ValueError, match="init_hidden=False"):
         fuse(nn.Sequential(nn.Linear(2, 2), snntorch.Leaky(beta=0.9)))
-    with pytest.raises(ValueError, match="Alpha"):
-        fuse(nn.Sequential(nn.Linear(2, 2), snntorch.Alpha(alpha=0.9, beta=0.8, init_hidden=True)))
+    with pytest.raises(ValueError, match="SLSTM has no spikefuse drop-in"):
+        fuse(nn.Sequential(nn.Linear(2, 2), snntorch.SLSTM(2, 2, init_hidden=True)))
     fused = fuse(
         nn.Sequential(
             snntorch.Leaky(beta=0.9, init_hidden=True, output=True), snntorch.Leaky(beta=0.9, init_hidden=True)
