@@ -1,8 +1,8 @@
 """``spikefuse bench memory``: memory of one BPTT training step, vanilla PyTorch vs SpikingJelly vs spikefuse.
 
 The memory-lean BPTT paper's CIFAR-10 "medium" network (Liang et al., Table I: 128C-128C-128C-256C-256C-512C-512C-
-1024FC-512FC-10FC, :mod:`spikefuse.models.liang`) and a Spiking-ResNet18 (``--stem cifar``, the default, or
-SpikingJelly's ``imagenet`` stem), each in five forms built from the same weights:
+1024FC-512FC-10FC, :mod:`spikefuse.models.liang`), a Spiking-ResNet18 and a SEW-ResNet18 (connect function ADD)
+(``--stem cifar``, the default, or SpikingJelly's ``imagenet`` stem), each in five forms built from the same weights:
 
 - ``vanilla``: ``nn.BatchNorm`` + the serial PyTorch LIF loop (spikefuse's reference backend, differentiated by
   autograd), ``nn.Conv2d``/``nn.Linear`` -- what a plain PyTorch implementation does;
@@ -58,7 +58,8 @@ from pathlib import Path
 
 from .common import RESULTS, command_line, gpu_machine_info, machine_info, markdown_table, write_csv
 
-MODELS = ("liang-medium", "resnet18")
+MODELS = ("liang-medium", "resnet18", "sew_resnet18")
+RESNETS = ("resnet18", "sew_resnet18")  # built with --stem and --resnet-width
 FORMS = {
     "vanilla": "vanilla PyTorch (nn.BatchNorm + serial LIF loop)",
     "spikingjelly": "SpikingJelly 2.0 LIFNode + nn.BatchNorm",
@@ -196,8 +197,8 @@ def _build(cfg: dict):
     from ..models import build_model
 
     torch.manual_seed(cfg["seed"])
-    if cfg["model"] == "resnet18":
-        return build_model("resnet18", 3, 10, neuron_backend="reference", stem=cfg["stem"], width=cfg["resnet_width"])
+    if cfg["model"] in RESNETS:
+        return build_model(cfg["model"], 3, 10, neuron_backend="reference", stem=cfg["stem"], width=cfg["resnet_width"])
     return build_model(cfg["model"], 3, 10, neuron_backend="reference", image_size=cfg["image_size"])
 
 
