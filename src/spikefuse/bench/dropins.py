@@ -119,6 +119,20 @@ def _cases(T: int, B: int, N: int) -> list[tuple[str, str, object, object, objec
             snn_forms(feed_forward),
         ),
         (
+            "snnTorch Lapicque",
+            "compat.snntorch.Lapicque",
+            lambda: snntorch.Lapicque(beta=0.9, threshold=0.2),
+            lambda: cs.Lapicque(beta=0.9, threshold=0.2),
+            snn_forms(feed_forward),
+        ),
+        (
+            "snnTorch Alpha",
+            "compat.snntorch.Alpha",
+            lambda: snntorch.Alpha(alpha=0.9, beta=0.8, threshold=0.5),
+            lambda: cs.Alpha(alpha=0.9, beta=0.8, threshold=0.5),
+            snn_forms(feed_forward),
+        ),
+        (
             "snnTorch RLeaky",
             "compat.snntorch.RLeaky",
             lambda: snntorch.RLeaky(beta=0.9, threshold=0.5, linear_features=N),
