@@ -93,6 +93,8 @@ SIZES = {
     "sew_resnet_tiny": {"width": 4, "stem": "cifar"},
     "sew_resnet18": {"width": 4, "stem": "cifar"},
     "sew_resnet34": {"width": 4, "stem": "cifar"},
+    "spikformer_tiny": {"embed_dims": 16, "num_heads": 2, "image_size": 8},
+    "spikformer": {"embed_dims": 16, "num_heads": 2, "depths": 1, "image_size": 8},
 }
 
 

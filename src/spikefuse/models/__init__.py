@@ -14,7 +14,8 @@ form with the fused neuron kernels.
 
 Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
 ``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``sew_resnet18``, ``sew_resnet34``,
-``sew_resnet_tiny`` (SEW-ResNets, connect function ``cnf``: :mod:`spikefuse.models.sew_resnet`), ``liang-small``, ``liang-medium``,
+``sew_resnet_tiny`` (SEW-ResNets, connect function ``cnf``: :mod:`spikefuse.models.sew_resnet`), ``spikformer``,
+``spikformer_tiny`` (SpikingJelly's zoo Spikformer: :mod:`spikefuse.models.spikformer`), ``liang-small``, ``liang-medium``,
 ``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I), ``srnn`` (recurrent LIF or ALIF layers with a
 leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`).
 """
@@ -81,6 +82,7 @@ def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> in
 from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
 from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet_tiny  # noqa: E402
+from .spikformer import Spikformer, spikformer, spikformer_cifar10, spikformer_tiny  # noqa: E402
 from .srnn import SRNN, srnn  # noqa: E402
 
 #: name -> builder(in_channels, num_classes, neuron=..., neuron_backend=None, **kw)
@@ -92,6 +94,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "sew_resnet_tiny": sew_resnet_tiny,
     "sew_resnet18": sew_resnet18,
     "sew_resnet34": sew_resnet34,
+    "spikformer_tiny": spikformer_tiny,
+    "spikformer": spikformer,
     "liang-small": liang_small,
     "liang-medium": liang_medium,
     "liang-large": liang_large,
@@ -130,7 +134,8 @@ def build_model(
     **kw,
 ) -> nn.Module:
     """Build the registered model ``name``. ``neuron=None`` uses the model's paper defaults
-    (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets); ``neuron_backend``
+    (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets, SpikingJelly's for the
+    Spikformers: :data:`~spikefuse.models.spikformer.SPIKFORMER_NEURON`); ``neuron_backend``
     overrides ``neuron.backend``; ``memory="lean"`` builds the memory-lean form (:func:`spikefuse.nn.to_lean`),
     same outputs and gradients as ``"fused"``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the
     ResNets)."""
@@ -148,3 +153,4 @@ def build_model(
 __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spiking_resnet34", "spiking_resnet50"]
 __all__ += ["liang_small", "liang_medium", "liang_large", "SRNN", "srnn", "RECURRENT_MODELS"]
 __all__ += ["SEWResNet", "sew_resnet18", "sew_resnet34", "sew_resnet_tiny"]
+__all__ += ["Spikformer", "spikformer", "spikformer_cifar10", "spikformer_tiny"]
