@@ -206,7 +206,6 @@ class SpikingSelfAttention(nn.Module):
             SeqToBatch(nn.Conv1d(dim, dim, kernel_size=1, bias=False)), SeqToBatch(nn.BatchNorm1d(dim))
         )
         self.proj_lif = neuron.make()
-        self.input_spikes = False  # the residual stream: spike counts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T, B, C, L = x.shape
@@ -217,7 +216,7 @@ class SpikingSelfAttention(nn.Module):
         return self.proj_lif(self.proj_conv_bn(x))
 
     def convert_to_lean(self, counts: dict) -> None:
-        _fuse(self.qkv_conv_bn, self, "qkv_lif", self.input_spikes, counts)
+        _fuse(self.qkv_conv_bn, self, "qkv_lif", False, counts)  # reads the residual stream: spike counts
         _fuse(self.proj_conv_bn, self, "proj_lif", True, counts)
 
     def extra_repr(self) -> str:
@@ -237,13 +236,12 @@ class SpikformerMLP(nn.Module):
             SeqToBatch(nn.Conv1d(hidden, dim, kernel_size=1, bias=False)), SeqToBatch(nn.BatchNorm1d(dim))
         )
         self.neuron2 = neuron.make()
-        self.input_spikes = False  # the residual stream: spike counts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.neuron2(self.fc2(self.neuron1(self.fc1(x))))
 
     def convert_to_lean(self, counts: dict) -> None:
-        _fuse(self.fc1, self, "neuron1", self.input_spikes, counts)
+        _fuse(self.fc1, self, "neuron1", False, counts)  # reads the residual stream: spike counts
         _fuse(self.fc2, self, "neuron2", True, counts)
 
 
