@@ -135,3 +135,18 @@ def test_what_fuse_refuses():
         fused(torch.rand(T, B, 2))
     with pytest.raises(ValueError, match=r"whole sequence \[T, B, ...\]"):
         fused(torch.rand(2))
+
+
+def test_a_layer_along_the_batch_runs_per_step():
+    """A softmax over dimension 0 of a step's input (the batch) would mix the steps over T*B samples: it runs one
+    call per step, as the loop calls it."""
+
+    def make():
+        return nn.Sequential(
+            nn.Linear(6, 4),
+            nn.Softmax(dim=0),
+            nn.Linear(4, 4),
+            snntorch.Leaky(beta=0.9, threshold=0.1, init_hidden=True),
+        )
+
+    _check(make, torch.rand(T, B, 6) * 2)

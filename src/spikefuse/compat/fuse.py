@@ -21,7 +21,6 @@ __all__ = ["FusedSteps", "fuse"]
 #: training, Dropout draws a mask per element as it does per step (the same distribution, other random numbers).
 _PER_SAMPLE = (
     nn.Linear,
-    nn.Bilinear,
     nn.Identity,
     nn.Flatten,
     nn.Unflatten,
@@ -125,6 +124,19 @@ def _layers(module: nn.Sequential, prefix: str = "") -> list[tuple[str, nn.Modul
     return layers
 
 
+def _reads_the_batch(layer: nn.Module) -> bool:
+    """Whether a per-sample layer is set to work along the batch (dimension 0 of a step's input), where the T*B
+    samples in one call would mix the steps: a softmax over it (``dim=0``, or None, which torch reads as 0 for most
+    ranks), a flattening from it, an unflattening of it."""
+    if isinstance(layer, (nn.Softmax, nn.LogSoftmax)):
+        return layer.dim is None or layer.dim == 0
+    if isinstance(layer, nn.Flatten):
+        return layer.start_dim == 0
+    if isinstance(layer, nn.Unflatten):
+        return layer.dim == 0
+    return False
+
+
 def _run(layer: nn.Module, x: torch.Tensor):
     """``layer`` over all steps of ``x`` ``[T, B, ...]``, as T calls of it stacked give."""
     from . import snntorch as cs
@@ -136,7 +148,7 @@ def _run(layer: nn.Module, x: torch.Tensor):
         return layer.sequence(x)[0]
     if isinstance(layer, cj._BaseNode):
         return layer.multi_step_forward(x)
-    if isinstance(layer, _PER_SAMPLE) and x.ndim >= 2:
+    if isinstance(layer, _PER_SAMPLE) and not _reads_the_batch(layer):
         y = layer(x.flatten(0, 1))
         return y.unflatten(0, x.shape[:2])
     if isinstance(layer, _BATCHNORM) and not layer.training:  # running statistics: per sample
