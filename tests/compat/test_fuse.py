@@ -47,7 +47,7 @@ def _check(make, x):
     for out, net, xi in ((want, peer, xs[0]), (got, fused, xs[1])):
         sum((o * w).sum() for o, w in zip(out, weights)).backward()
     pairs = [("x", xs[1].grad, xs[0].grad)]
-    pairs += [(name, p.grad, q.grad) for (name, p), q in zip(fused.module.named_parameters(), peer.parameters())]
+    pairs += [(name, p.grad, q.grad) for (name, p), q in zip(fused.named_parameters(), peer.parameters())]
     for name, a, b in pairs:  # to 1e-5 of the largest element or of 1 (a bias before a BatchNorm: rounding noise)
         scale = max(float(b.abs().max()), 1.0)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
@@ -119,6 +119,21 @@ def test_spikingjelly_single_step_net():
     assert sj is not None
 
 
+def test_snntorch_reset_finds_the_fused_models_neurons():
+    """``snntorch.utils.reset`` looks at a network's direct children: it finds a fused model's neurons as it finds
+    the model's (a wrapper around the model would hide them, and the next batch would start from the last one's
+    states, silently); the fused model's state_dict is the model's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), snntorch.Leaky(beta=0.9, threshold=0.2, init_hidden=True))
+    keys = list(net.state_dict())
+    fused = fuse(net)
+    assert list(fused.state_dict()) == keys
+    x = torch.rand(T, B, 5)
+    first = fused(x)
+    snn_utils.reset(fused)
+    assert torch.equal(fused(x), first)
+
+
 def test_what_fuse_refuses():
     with pytest.raises(TypeError, match="nn.Sequential"):
         fuse(snntorch.Leaky(beta=0.9, init_hidden=True))
@@ -150,3 +165,26 @@ def test_a_layer_along_the_batch_runs_per_step():
         )
 
     _check(make, torch.rand(T, B, 6) * 2)
+
+
+def test_the_fused_model_compiles_without_a_graph_break():
+    """``torch.compile(fullgraph=True)`` of a fused model (``torch._dynamo.explain``: no break), giving the eager
+    outputs."""
+    torch.manual_seed(0)
+    fused = fuse(
+        nn.Sequential(
+            nn.Linear(8, 6),
+            snntorch.Leaky(beta=0.9, threshold=0.5, init_hidden=True),
+            nn.Linear(6, 3),
+            snntorch.Leaky(beta=0.9, threshold=0.5, init_hidden=True, output=True),
+        )
+    )
+    x = torch.rand(T, B, 8) * 2
+    snn_utils.reset(fused)
+    eager = fused(x)
+    snn_utils.reset(fused)
+    explained = torch._dynamo.explain(fused)(x)
+    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    snn_utils.reset(fused)
+    compiled = torch.compile(fused, fullgraph=True, backend="eager")(x)
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))

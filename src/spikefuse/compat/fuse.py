@@ -12,6 +12,8 @@ last neuron hands them out (snnTorch's ``output=True``), with their gradients.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 from torch import nn
 
@@ -46,18 +48,18 @@ _PER_SAMPLE = (
 _BATCHNORM = nn.modules.batchnorm._BatchNorm
 
 
-class FusedSteps(nn.Module):
-    """A step-loop model (``module``, an ``nn.Sequential``) run over whole sequences: ``forward(x [T, B, ...])``
-    gives what ``torch.stack`` of the loop's per-step outputs gives (a tuple of stacks where the loop's output is
-    a tuple). The neurons keep their states between calls as in the loop: reset them between batches as the loop
-    does (``snntorch.utils.reset``, SpikingJelly's ``functional.reset_net``, :func:`spikefuse.nn.reset_states`).
-    ``module`` is the model itself, not a copy: its parameters are trained through this one and its
-    ``state_dict`` is the model's under ``module.``."""
+class FusedSteps(nn.Sequential):
+    """A step-loop model (an ``nn.Sequential``) run over whole sequences: ``forward(x [T, B, ...])`` gives what
+    ``torch.stack`` of the loop's per-step outputs gives (a tuple of stacks where the loop's output is a tuple). It
+    holds the model's layers themselves, not copies, under the model's names: training it trains them, its
+    ``state_dict`` is the model's, and ``snntorch.utils.reset(fused)`` finds its neurons as it finds them in the
+    model (snnTorch looks at a network's direct children). The neurons keep their states between calls as in the
+    loop: reset them between batches as the loop does (``snntorch.utils.reset``, SpikingJelly's
+    ``functional.reset_net``, :func:`spikefuse.nn.reset_states`)."""
 
     def __init__(self, module: nn.Sequential):
-        super().__init__()
-        self.module = module
-        self._layers = _layers(module)
+        super().__init__(OrderedDict(module.named_children()))
+        self._layers = _layers(self)
 
     def forward(self, x: torch.Tensor):
         if not isinstance(x, torch.Tensor) or x.ndim < 2:
@@ -72,9 +74,6 @@ class FusedSteps(nn.Module):
                 )
             out = _run(layer, out)
         return out
-
-    def extra_repr(self) -> str:
-        return f"layers={len(self._layers)}"
 
 
 def fuse(model: nn.Module) -> FusedSteps:
