@@ -34,8 +34,12 @@ __all__ = ["step", "takes", "kernels", "MAX_NEURONS"]
 #: 0.89x at 65,536, 1.2x at 262,144).
 MAX_NEURONS = 1 << 16
 
+# The generator's version: this file, the emitters, the numba helpers and the CPU kernels' dialect (cpu.py, read
+# as a file: importing it is for calls that run the fused kernels)
 _GENERATOR = hashlib.sha256(
-    b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common)) + Path(__file__).read_bytes()
+    b"".join(Path(m.__file__).read_bytes() for m in (emit, numba_common))
+    + Path(__file__).read_bytes()
+    + Path(__file__).with_name("cpu.py").read_bytes()
 ).hexdigest()[:12]
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
@@ -57,40 +61,11 @@ def takes(backend: str, x: torch.Tensor) -> bool:
 # ----------------------------------------------------------------------------------------------------- generation
 
 
-def _select(condition: str, a: str, b: str) -> str:
-    if condition == "(s_ != F(0.0))":  # a selection on the spike reads its comparison (see _source)
-        condition = "c_"
-    return f"({a} if {condition} else {b})"
-
-
-#: How the generated step spells a neuron's expressions: numbers in the compute dtype ``F``.
-NUMBA_STEP = emit.Dialect(
-    number=lambda v: f"F({v!r})",
-    functions={"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt"},
-    divide=lambda a, b: f"({a} / {b})",
-    select=_select,
-    abs="abs",
-    maximum="max",
-    minimum="min",
-    power="np.power",
-)
-
-
-def _chain(pairs, derivatives: dict, base: str | None = None) -> str:
-    """:func:`~spikefuse.ops.engine.emit.chain_sum` without the products by a derivative of 1 or -1."""
-    terms = [base] if base else []
-    for g, d in pairs:
-        value = derivatives[d]
-        if value == 0:
-            continue
-        terms.append(g if value == 1 else f"(-{g})" if value == -1 else f"{g} * {d}")
-    return " + ".join(terms) if terms else "F(0.0)"
-
-
 def _live(lines: list[str]) -> list[str]:
     """A loop body's ``lines`` without the assignments whose value nothing reads (derivatives the chain left out, a
-    spike no derivative reads). An assignment in a nested block (deeper indented: the ``if``) may not run, so it
-    leaves the value before it live."""
+    spike no derivative reads): LLVM would drop them, but numba types and lowers them first, and compiling is most
+    of a first call's time. An assignment in a nested block (deeper indented: the ``if``) may not run, so it leaves
+    the value before it live."""
     live: set[str] = set()
     kept: list[str] = []
     for line in reversed(lines):
@@ -117,6 +92,8 @@ def _nested(lines: list[str]) -> list[str]:
 def _source(model, surrogate_type, recurrent: bool) -> list[str]:
     """The forward and the two backwards (without and with the parameters' gradients, suffix ``_grads``) of one step
     of ``model`` (``recurrent``: of its recurrent step, suffix ``_recurrent``)."""
+    from .cpu import NUMBA  # the fused kernels' spelling of the expressions
+
     S, P = model.states, model.params
     sfx = "_recurrent" if recurrent else ""
     names = {**{k: f"v_{k}" for k in S}, **{p: f"p_{p}" for p in P}, "x": "x_", "s": "s_", "x_rec": "xr_"}
@@ -128,14 +105,13 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
     step = model.recurrent_step if recurrent else model.step
 
     def fire(state_names, indent=ind) -> str:
-        return f"{indent}u_ = {emit.step_source(model.fire, state_names, NUMBA_STEP)}"
+        return f"{indent}u_ = {emit.step_source(model.fire, state_names, NUMBA)}"
 
     def spike(indent=ind) -> list[str]:
-        """The spike of ``u_``: ``c_`` (what a selection on it reads) and ``s_``."""
-        return [f"{indent}c_ = {fired}", f"{indent}s_ = F(1.0) if c_ else F(0.0)"]
+        return [f"{indent}s_ = F(1.0) if {fired} else F(0.0)"]
 
     def charge(indent=ind) -> list[str]:
-        return [f"{indent}v_{t} = {emit.step_source(e, names, NUMBA_STEP)}" for t, e in step]
+        return [f"{indent}v_{t} = {emit.step_source(e, names, NUMBA)}" for t, e in step]
 
     # neurons (r * C + c) * inner + q: the parameters' values loaded per c, outside the loop over q (no integer
     # division per neuron; a layer of one value per parameter is one run, inner = N)
@@ -152,7 +128,7 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
         *[f"        o_{k} = old_{k}[j]" for k in S],
     ]
     first = (
-        [f"{ind}c_ = False", f"{ind}s_ = F(0.0)"] if model.handoff else [fire(old_names), *spike()]
+        [f"{ind}s_ = F(0.0)"] if model.handoff else [fire(old_names), *spike()]
     )  # the reset's spike: of the old states, none with a handoff (post-reset initial states)
     forward = [
         "@njit(cache=True, error_model='numpy')",
@@ -173,7 +149,7 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
                     *charge(),
                     fire(names),
                     *spike(),
-                    *[f"{ind}v_{t} = {emit.step_source(e, names, NUMBA_STEP)}" for t, e in model.handoff],
+                    *[f"{ind}v_{t} = {emit.step_source(e, names, NUMBA)}" for t, e in model.handoff],
                     f"{ind}spikes[j] = s_",
                     *[f"{ind}new_{k}[j] = v_{k}" for k in S],
                 ]
@@ -193,7 +169,7 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
     for grads in (False, True):
         g = "_grads" if grads else ""
         P_ = P if grads else ()
-        chain = lambda pairs, base=None: _chain(pairs, derivs, base)  # noqa: E731
+        chain = lambda pairs, base=None: emit.chain_sum(pairs, derivs, "F(0.0)", base)  # noqa: E731
         if model.handoff:
             # w_* are the states handed out: the step's own new states are recomputed (its first step sees no
             # spike), and the gradients of the handed-out states carried back to them
@@ -203,19 +179,18 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
                 *charge(),
                 fire(names),
                 *spike(),
-                *emit.assignments(handoff_derivs, sym_names, ind, NUMBA_STEP),
+                *emit.assignments(handoff_derivs, sym_names, ind, NUMBA),
                 *[f"{ind}gH_{k} = gS_{k}" for k in S],
                 *[f"{ind}gS_{i} = " + chain([(f"gH_{k}", f"dH_{k}_{i}") for k in S]) for i in S],
                 f"{ind}gs = F(0.0) if detach else " + chain([(f"gH_{k}", f"dHs_{k}") for k in S]),
                 *[f"{ind}acc_{p} = " + chain([(f"gH_{k}", f"dHP_{k}_{p}") for k in S]) for p in P_],
-                f"{ind}c_ = False",
                 f"{ind}s_ = F(0.0)",
             ]
         else:
             body = [*first, *[f"{ind}v_{k} = w_{k}" for k in S]]
         body += [
             fire(names),
-            *emit.assignments({**fire_derivs, **step_derivs}, step_syms, ind, NUMBA_STEP),
+            *emit.assignments({**fire_derivs, **step_derivs}, step_syms, ind, NUMBA),
             f"{ind}g_s = g_ + gs" if model.handoff else f"{ind}g_s = g_",
             *[f"{ind}g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}") for k in S],
             f"{ind}gx_ = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
@@ -234,7 +209,7 @@ def _source(model, surrogate_type, recurrent: bool) -> list[str]:
                 f"{ind}if not detach:",
                 f"{ind}    gso = " + chain([(f"g_{k}", f"ds_{k}") for k in S]),
                 fire(old_names, ind + "    "),
-                *emit.assignments(fire_derivs, old_fire_syms, ind + "    ", NUMBA_STEP),
+                *emit.assignments(fire_derivs, old_fire_syms, ind + "    ", NUMBA),
                 *[f"{ind}    gO_{k} = " + chain([("gso * sg_", f"df_{k}")], base=f"gO_{k}") for k in S],
                 *[f"{ind}    gp_{p} = " + chain([("gso * sg_", f"dF_{p}")], base=f"gp_{p}") for p in P_],
             ]
