@@ -147,10 +147,8 @@ def _run(layer: nn.Module, x: torch.Tensor):
         return layer.sequence(x)[0]
     if isinstance(layer, cj._BaseNode):
         return layer.multi_step_forward(x)
-    if isinstance(layer, _PER_SAMPLE) and not _reads_the_batch(layer):
-        y = layer(x.flatten(0, 1))
-        return y.unflatten(0, x.shape[:2])
-    if isinstance(layer, _BATCHNORM) and not layer.training:  # running statistics: per sample
+    per_sample = isinstance(layer, _PER_SAMPLE) and not _reads_the_batch(layer)
+    if per_sample or (isinstance(layer, _BATCHNORM) and not layer.training):  # (BN's running statistics: per sample)
         return layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
     steps = [layer(x_t) for x_t in x.unbind(0)]  # a module of unknown time behaviour: as the loop calls it
     if isinstance(steps[0], tuple):

@@ -291,24 +291,21 @@ class _SpikingNeuron(nn.Module):
         return spikes
 
     def _step(self, x: torch.Tensor, given) -> torch.Tensor:
-        """One step as snnTorch's users call it, in one autograd node (:mod:`spikefuse.ops.engine.step`)."""
+        """One step as snnTorch's users call it: one autograd node (:mod:`spikefuse.ops.engine.step`) where that
+        path takes the call, else the fused call of one step."""
+        if not one_step.takes(self.backend, x):
+            return self._sequence(x.unsqueeze(0), given)[0]
         states = dict(zip(self.STATES, self._states(x, given)))
         spikes, final = self._run_step(x, states)
         for name, value in final.items():
             self._set_state(name, value)
         return spikes
 
-    def _steps_alone(self, x: torch.Tensor) -> bool:
-        return one_step.takes(self.backend, x)
-
     def forward(self, input_: torch.Tensor, *state):
         """One time step: snnTorch's ``forward(input_, *states)``."""
         if not isinstance(input_, torch.Tensor) or input_.ndim == 0:
             raise ValueError(f"{type(self).__name__}: the input must be a tensor of at least one dimension")
-        if self._steps_alone(input_):
-            spk = self._step(input_, state)
-        else:
-            spk = self._sequence(input_.unsqueeze(0), state)[0]
+        spk = self._step(input_, state)
         if self.init_hidden and not self.output:
             return spk
         return (spk, *(getattr(self, name) for name in self.RETURNED))
@@ -327,8 +324,7 @@ class _SpikingNeuron(nn.Module):
             raise ValueError(f"{type(self).__name__}: x_seq must be a tensor [T, ...] of T steps of inputs")
         rows = []
         for t, x_t in enumerate(x_seq.unbind(0)):
-            given = state if t == 0 else ()
-            spk = self._step(x_t, given) if self._steps_alone(x_t) else self._sequence(x_t.unsqueeze(0), given)[0]
+            spk = self._step(x_t, state if t == 0 else ())
             rows.append((spk, *(getattr(self, name) for name in self.RETURNED)))
         return tuple(torch.stack(column) for column in zip(*rows))
 
