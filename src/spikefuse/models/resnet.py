@@ -66,22 +66,29 @@ def _fuse_bn_neuron(parent: nn.Module, bn_name: str, sn_name: str, counts: dict,
 
 
 def _convert_block(
-    block: nn.Module, convs: tuple[str, ...], pairs: tuple[tuple[str, str], ...], last: tuple[str, str], counts: dict
+    block: nn.Module,
+    convs: tuple[str, ...],
+    pairs: tuple[tuple[str, str], ...],
+    last: tuple[str, str] | None,
+    counts: dict,
+    input_spikes: bool = True,
 ) -> None:
-    """Lean form of a residual block whose input is spikes: see the module docstring."""
+    """Lean form of a residual block (see the module docstring): ``convs`` read spikes, and so does the downsample
+    conv where the block's input is spikes (``input_spikes``); each pair of ``pairs`` fused; ``last`` the BN and
+    neuron of the block's tail, fused with the residual add (None: a SEW block, whose tail is a pair)."""
     for name in convs:
         new = spike_layer_from(getattr(block, name))
         if new is not None:
             setattr(block, name, new)
             counts["spike_layers"] += 1
-    if block.downsample is not None:
+    if block.downsample is not None and input_spikes:
         new = spike_layer_from(block.downsample[0])
         if new is not None:
             block.downsample[0] = new
             counts["spike_layers"] += 1
     for bn_name, sn_name in pairs:
         _fuse_bn_neuron(block, bn_name, sn_name, counts)
-    if _fuse_bn_neuron(block, *last, counts, key="bn_add_lif"):
+    if last is not None and _fuse_bn_neuron(block, *last, counts, key="bn_add_lif"):
         block.fused_tail = True
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..batchnorm.lean import fused_batchnorm_from, spike_layer_from
-from .resnet import BasicBlock, Bottleneck, SpikingResNet, _build, _fuse_bn_neuron
+from ..batchnorm.lean import fused_batchnorm_from
+from .resnet import BasicBlock, Bottleneck, SpikingResNet, _build, _convert_block
 
 __all__ = ["CONNECT_FUNCTIONS", "SEWBasicBlock", "SEWBottleneck", "sew_resnet18", "sew_resnet34", "sew_resnet_tiny"]
 
@@ -54,23 +54,13 @@ class _SEW:
         return connect(identity, out, self.cnf)
 
     def _convert(self, input_convs: tuple[str, ...], spike_convs: tuple[str, ...], pairs, counts: dict) -> None:
-        for name in (*spike_convs, *(input_convs if self.input_spikes else ())):
-            new = spike_layer_from(getattr(self, name))
-            if new is not None:
-                setattr(self, name, new)
-                counts["spike_layers"] += 1
-        if self.downsample is not None:
-            if self.input_spikes:
-                new = spike_layer_from(self.downsample[0])
-                if new is not None:
-                    self.downsample[0] = new
-                    counts["spike_layers"] += 1
+        convs = spike_convs + (input_convs if self.input_spikes else ())
+        _convert_block(self, convs, pairs, None, counts, input_spikes=self.input_spikes)
+        if self.downsample is not None:  # the shortcut's BN and neuron
             fused = fused_batchnorm_from(self.downsample[1], self.downsample_sn)
             if fused is not None:
                 self.downsample[1], self.downsample_sn = fused, nn.Identity()
                 counts["bn_lif"] += 1
-        for bn_name, sn_name in pairs:
-            _fuse_bn_neuron(self, bn_name, sn_name, counts)
 
 
 class SEWBasicBlock(_SEW, BasicBlock):
