@@ -27,6 +27,7 @@ from spikefuse.bench import timesplit as bench_timesplit
 from spikefuse.distributed import (
     TimeSplitBatchNorm,
     TimeSplitLIF,
+    TimeSplitNeuron,
     allreduce_gradients,
     convert_timesplit,
     gather_time,
@@ -35,7 +36,9 @@ from spikefuse.distributed import (
     time_partition,
     time_reduce,
     timesplit_lif,
+    timesplit_neuron,
 )
+from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, NeuronModel
 
 # plain PyTorch by default: no numba compile in every spawned rank. SPIKEFUSE_TEST_DIST_BACKEND=cpu runs the fused kernel.
 BACKEND = os.environ.get("SPIKEFUSE_TEST_DIST_BACKEND", "reference")
@@ -142,41 +145,150 @@ def _check_module_stateful(group, failures):
     _equal(out, whole, "stateful TimeSplitLIF", failures)
 
 
+# --------------------------------------------------------------------------------------- any neuron model
+
+#: A user's neuron: three states, the post-reset ones handed on (the next block's first step sees no spike).
+THREE_STATES = NeuronModel(
+    name="test_timesplit_three_states",
+    states=("i", "v", "a"),
+    params=("alpha", "decay", "rho", "threshold"),
+    step=(
+        ("v", "where(s, 0, v)"),
+        ("a", "a + s"),
+        ("i", "alpha*i + x"),
+        ("v", "decay*v + i"),
+        ("a", "rho*a"),
+    ),
+    fire="v - threshold - a",
+    handoff=(("v", "where(s, 0, v)"), ("a", "a + s")),
+    defaults=(("threshold", 0.5),),
+)
+
+NEURON_CASES = [
+    # name, model, x shape, parameters (a tuple: a tensor of that shape requiring grad), other arguments, chunks,
+    # start states given
+    ("cubalif-per-channel", CUBA_LIF, (9, 3, 5), dict(alpha=(5,), beta=0.8, threshold=0.6), {}, 2, True),
+    ("cubalif-channels-chunked", CUBA_LIF, (8, 2, 6), dict(alpha=(6,), beta=(6,), threshold=0.5), {}, 4, False),
+    (
+        "alif-detach-reset",
+        ALIF_MODEL,
+        (7, 4, 6),
+        dict(decay=(), rho=0.7, b0=0.4, beta=(6,)),
+        dict(detach_reset=True),
+        4,
+        True,
+    ),
+    (
+        "user-three-states",
+        THREE_STATES,
+        (10, 6),
+        dict(alpha=0.6, decay=(6,), rho=()),
+        dict(surrogate="sigmoid"),
+        3,
+        True,
+    ),
+]
+
+
+def _check_any_neuron(group, failures):
+    """timesplit_neuron hands on every state: spikes, final states and gradients (input, start states, parameters)
+    as spikefuse.neuron over the whole sequence."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    for case, (name, model, shape, param_spec, options, chunks, with_start) in enumerate(NEURON_CASES):
+        g = torch.Generator().manual_seed(200 + case)  # the same data on every rank
+        x = torch.rand(shape, generator=g) * 0.9
+        grad_spikes = torch.rand(shape, generator=g)
+        grad_states = [torch.rand(shape[1:], generator=g) for _ in model.states]
+        start = [(torch.rand(shape[1:], generator=g) * 0.3).requires_grad_() for _ in model.states]
+        params = {
+            k: (torch.rand(v, generator=g) * 0.5 + 0.3).requires_grad_() if isinstance(v, tuple) else v
+            for k, v in param_spec.items()
+        }
+        learned = [p for p in params.values() if isinstance(p, torch.Tensor)]
+        kw = dict(state=tuple(start) if with_start else None, return_state=True, backend=BACKEND, **options, **params)
+        # single process, whole sequence
+        xr = x.clone().requires_grad_()
+        spikes, final = spikefuse.neuron(xr, model, **kw)
+        loss = (spikes * grad_spikes).sum() + sum((f * gf).sum() for f, gf in zip(final, grad_states))
+        ref_x, *ref_params = torch.autograd.grad(loss, [xr, *learned], retain_graph=with_start)
+        ref_start = torch.autograd.grad(loss, start) if with_start else ()
+        # time split
+        xl = split_time(x, group).clone().requires_grad_()
+        spikes_l, final_l = timesplit_neuron(xl, model, group=group, chunks=chunks, **kw)
+        loss = (spikes_l * split_time(grad_spikes, group)).sum()
+        if rank == size - 1:
+            loss = loss + sum((f * gf).sum() for f, gf in zip(final_l, grad_states))
+            for k, f, fr in zip(model.states, final_l, final):
+                _equal(f, fr.detach(), f"{name}: final state {k}", failures)
+        loss.backward()
+        _equal(gather_time(spikes_l, group), spikes.detach(), f"{name}: spikes", failures)
+        _close(gather_time(xl.grad, group), ref_x, f"{name}: grad x", failures)
+        if rank == 0:
+            for k, s, r in zip(model.states, start, ref_start):
+                _close(s.grad, r, f"{name}: grad of start state {k}", failures)
+        allreduce_gradients(learned, group)
+        for k, p, r in zip([k for k, v in params.items() if isinstance(v, torch.Tensor)], learned, ref_params):
+            _close(p.grad, r, f"{name}: grad {k}", failures)
+
+
+def _check_neuron_module_stateful(group, failures):
+    """TimeSplitNeuron(stateful=True) of an ALIF over two calls equals one ALIF over the two sequences back to back:
+    both states carried between the calls."""
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.rand(5, 2, 4, generator=g), torch.rand(6, 2, 4, generator=g)
+    whole = snn.ALIF(0.8, 0.9, b0=0.5, backend=BACKEND)(torch.cat([a, b]))
+    m = TimeSplitNeuron.from_neuron(snn.ALIF(0.8, 0.9, b0=0.5, backend=BACKEND, stateful=True), group, chunks=2)
+    with torch.no_grad():
+        out = torch.cat([gather_time(m(split_time(a, group)), group), gather_time(m(split_time(b, group)), group)])
+    _equal(out, whole, "stateful TimeSplitNeuron", failures)
+
+
 # --------------------------------------------------------------------------------------- conv-BN-LIF network
 
 
-def _network():
+def _network(engine=False):
+    """LIF layers, or with ``engine`` a CubaLIF and an ALIF layer (learnable per-channel and scalar parameters)."""
     torch.manual_seed(11)
+    if engine:
+        first = snn.CubaLIF(0.5, 0.8, 0.5, learnable=("alpha", "beta"), channels=4, backend=BACKEND)
+        second = snn.ALIF(0.6, 0.7, b0=0.4, learnable=("rho",), backend=BACKEND)
+    else:
+        first = snn.LIF(0.5, 0.5, backend=BACKEND, learnable_decay=True, channels=4)
+        second = snn.LIF(0.6, 0.4, v_reset=None, backend=BACKEND)
     return nn.Sequential(
         snn.SeqToBatch(nn.Conv2d(2, 4, 3, padding=1)),
         snn.SeqToBatch(nn.BatchNorm2d(4)),
-        snn.LIF(0.5, 0.5, backend=BACKEND, learnable_decay=True, channels=4),
+        first,
         snn.SeqToBatch(nn.Conv2d(4, 4, 3, padding=1)),
         snn.SeqToBatch(nn.BatchNorm2d(4)),
-        snn.LIF(0.6, 0.4, v_reset=None, backend=BACKEND),
+        second,
     ).double()
 
 
-def _check_network(group, failures, lean=False):
-    """``lean``: the network in its memory-lean form (fused BatchNorm+LIF, spike-input conv) before the split."""
+def _check_network(group, failures, lean=False, engine=False):
+    """``lean``: the network in its memory-lean form (fused BatchNorm+neuron, spike-input conv) before the split;
+    ``engine``: its neurons a CubaLIF and an ALIF."""
     g = torch.Generator().manual_seed(3)
     x = torch.rand(7, 2, 2, 5, 5, generator=g, dtype=torch.float64) * 2
     w = torch.randn(2, 4, 5, 5, generator=g, dtype=torch.float64)
-    ref_net = _network()
+    ref_net = _network(engine)
     xr = x.clone().requires_grad_()
     ref_out = ref_net(xr)
     (ref_out.mean(0) * w).sum().backward()
 
-    net = _network()
+    net = _network(engine)
     if lean:
         snn.to_lean(net)
     net = convert_timesplit(net, group, chunks=2)
     kinds = [type(m).__name__ for m in net.modules()]
-    if kinds.count("TimeSplitLIF") != 2 or kinds.count("TimeSplitBatchNorm") != 2:
+    neuron, fused = (
+        ("TimeSplitNeuron", "TimeSplitBatchNormNeuron") if engine else ("TimeSplitLIF", "TimeSplitBatchNormLIF")
+    )
+    if kinds.count(neuron) != 2 or kinds.count("TimeSplitBatchNorm") != 2:
         failures.append(f"convert_timesplit gave {kinds}")
-    if lean and kinds.count("TimeSplitBatchNormLIF") != 2:
+    if lean and kinds.count(fused) != 2:
         failures.append(f"convert_timesplit of the lean network gave {kinds}")
-    what = "lean network" if lean else "network"
+    what = ("lean network" if lean else "network") + (" of CubaLIF and ALIF" if engine else "")
     xl = split_time(x, group).clone().requires_grad_()
     out_l = net(xl)
     (time_reduce(out_l, group, op="mean") * w).sum().backward()
@@ -249,8 +361,12 @@ def _worker(rank, world):
             try:
                 _check_lif_layer(group, failures)
                 _check_module_stateful(group, failures)
+                _check_any_neuron(group, failures)
+                _check_neuron_module_stateful(group, failures)
                 _check_network(group, failures)
                 _check_network(group, failures, lean=True)
+                _check_network(group, failures, engine=True)
+                _check_network(group, failures, lean=True, engine=True)
                 _check_batchnorm_float32(group, failures)
             except Exception:  # report instead of raising: a raise would kill the other checks' ranks
                 failures.append(traceback.format_exc())
@@ -354,3 +470,56 @@ def test_single_process_without_process_group_is_plain_lif():
     assert torch.equal(s, spikefuse.lif(x, decay=0.5, threshold=0.6, backend=BACKEND))
     s.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_single_process_without_process_group_is_plain_neuron():
+    """One rank: timesplit_neuron is spikefuse.neuron (chunks only cut the neurons), states and gradients too."""
+    x = (torch.rand(6, 3, 4) * 2).requires_grad_()
+    alpha = torch.full((4,), 0.6, requires_grad=True)
+    kw = dict(alpha=alpha, beta=0.8, threshold=0.5, return_state=True, backend=BACKEND)
+    spikes, (_, v) = timesplit_neuron(x, CUBA_LIF, chunks=3, **kw)
+    ref_spikes, (_, ref_v) = spikefuse.neuron(x, CUBA_LIF, **kw)
+    assert torch.equal(spikes, ref_spikes) and torch.equal(v, ref_v)
+    grads = torch.autograd.grad(spikes.sum() + v.sum(), [x, alpha])
+    ref_grads = torch.autograd.grad(ref_spikes.sum() + ref_v.sum(), [x, alpha])
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=1e-7)
+
+
+def test_timesplit_neuron_module_shares_the_layer_and_its_names():
+    layer = snn.CubaLIF(0.5, 0.8, learnable=("beta",), channels=3, backend=BACKEND)
+    split = TimeSplitNeuron.from_neuron(layer, chunks=2)
+    assert split.beta is layer.beta and split.state_dict().keys() == layer.state_dict().keys()
+    x = torch.rand(5, 2, 3) * 2
+    assert torch.equal(split(x), layer(x))
+    built = TimeSplitNeuron(ALIF_MODEL, decay=0.9, rho=0.8, learnable=("decay",), backend=BACKEND, chunks=2)
+    assert torch.equal(built(x), spikefuse.neuron(x, ALIF_MODEL, decay=0.9, rho=0.8, backend=BACKEND))
+    net = convert_timesplit(nn.Sequential(snn.SeqToBatch(nn.Linear(3, 3)), snn.ALIF(0.9, 0.8), snn.LIF()))
+    assert [type(m).__name__ for m in net] == ["SeqToBatch", "TimeSplitNeuron", "TimeSplitLIF"]
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: timesplit_neuron(torch.rand(4, 3), CUBA_LIF, alpha=0.5, beta=0.8, chunks=0),
+            "chunks must be an int >= 1",
+        ),
+        (lambda: timesplit_neuron(torch.rand(0, 3), CUBA_LIF, alpha=0.5, beta=0.8), "holds no time steps"),
+        (lambda: timesplit_neuron(torch.rand(4, 3), snn.CubaLIF(0.5, 0.8)), "must be a spikefuse.neurons.NeuronModel"),
+        (lambda: timesplit_neuron(torch.rand(4, 3), CUBA_LIF, beta=0.8), "needs the parameter 'alpha'"),
+        (
+            lambda: timesplit_neuron(torch.rand(4, 3), CUBA_LIF, alpha=0.5, beta=0.8, state=(torch.zeros(3),)),
+            "state must be a tuple of 2 tensors",
+        ),
+        (lambda: TimeSplitNeuron.from_neuron(snn.LIF()), "a spikefuse.nn.LIF becomes a TimeSplitLIF"),
+        (lambda: TimeSplitNeuron(CUBA_LIF, alpha=0.5, beta=0.8, chunks=1.5), "chunks must be an int >= 1"),
+        (
+            lambda: convert_timesplit(nn.Sequential(snn.RecurrentCubaLIF(3, 0.5, 0.8))),
+            "a recurrent layer cannot be time-split",
+        ),
+    ],
+)
+def test_bad_input_says_what_is_wrong(call, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        call()

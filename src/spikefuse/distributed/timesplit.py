@@ -8,11 +8,13 @@ The ``k`` ranks of a process group (``group``, default the whole world) split th
 neurons on every rank, only other time steps. :func:`time_partition` gives the usual near-equal split; any split
 works as long as the blocks are contiguous and ordered by rank. Every rank holds a full replica of the weights.
 
-- :class:`TimeSplitLIF` / :func:`timesplit_lif`: the LIF recursion is serial in time, so rank ``r`` needs the
-  membrane state at ``t_r``. It receives it from rank ``r-1`` (as ``v_init`` of its block), runs its block with the
-  fused kernel and sends its final state to rank ``r+1``. Backward runs the chain in reverse: rank ``r`` receives
-  the gradient of its final state from rank ``r+1``, runs the block's backward and sends the gradient of its
-  ``v_init`` to rank ``r-1``. To keep the ranks busy at the same time (the pipelining Eq. (4b) assumes), the
+- :class:`TimeSplitNeuron` / :func:`timesplit_neuron` (any :class:`~spikefuse.neurons.NeuronModel`: CubaLIF,
+  ALIF, a user's), with :class:`TimeSplitLIF` / :func:`timesplit_lif` its LIF preset: the neuron recursion is
+  serial in time, so rank ``r`` needs the neurons' states at ``t_r``. It receives all of them from rank ``r-1``
+  (stacked in one message, the start states of its block), runs its block with the fused kernel and sends its
+  final states to rank ``r+1``. Backward runs the chain in reverse: rank ``r`` receives the gradients of its final
+  states from rank ``r+1``, runs the block's backward and sends the gradients of its start states to rank
+  ``r-1``. To keep the ranks busy at the same time (the pipelining Eq. (4b) assumes), the
   neurons are split into ``chunks`` groups: rank ``r`` computes chunk ``j`` while rank ``r+1`` computes chunk
   ``j-1``, and the states travel with ``isend``/``irecv`` so that transfer overlaps compute. With ``chunks=m`` the
   chain costs about ``t_k + (k-1) * (t_k + T_c) / m`` instead of ``k * t_k``.
@@ -54,16 +56,23 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..batchnorm.modules import BatchNormLIFBase, ConvBatchNormLIF, running_average_factor
+from ..batchnorm.modules import BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF, running_average_factor
+from ..neuron_functional import neuron
+from ..neurons import NeuronModel
 from ..nn.containers import SeqToBatch
+from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIF
+from ..nn.recurrent import Recurrent
 from ..ops.common import compute_dtype
-from ..surrogate import Sigmoid
+from ..surrogate import Sigmoid, Surrogate
+from ..validation import check_input, check_memory_mode, check_v_init, resolve_neuron
 
 __all__ = [
     "TimeSplitLIF",
+    "TimeSplitNeuron",
     "TimeSplitBatchNorm",
     "TimeSplitBatchNormLIF",
+    "TimeSplitBatchNormNeuron",
     "timesplit_lif",
     "timesplit_neuron",
     "time_partition",
@@ -225,20 +234,25 @@ def allreduce_gradients(module_or_params, group=None, params: Iterable[torch.Ten
 
 @dataclass
 class _Plan:
-    """How one call splits its neurons: ``dim`` of ``x_local`` (>= 1) and the chunk sizes along it."""
+    """How one call splits its neurons: ``dim`` of ``x_local`` (>= 1; the same dim of the stacked states
+    ``[S, ...]``) and the chunk sizes along it."""
 
     dim: int | None
     sizes: list[int]
-    split_leak: bool  # the chunks cut the per-channel leak's channel dim
+    split_channels: bool  # the chunks cut the channel dim of the per-channel parameters
 
     @property
     def chunks(self) -> int:
         return len(self.sizes)
 
 
-def _plan(shape: torch.Size, chunks: int, leak_channels: int) -> _Plan:
-    if chunks < 1:
-        raise ValueError(f"chunks must be >= 1, got {chunks}")
+def _check_chunks(chunks) -> int:
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an int >= 1, got {chunks!r}")
+    return chunks
+
+
+def _plan(shape: torch.Size, chunks: int, channels: int) -> _Plan:
     if len(shape) < 2 or chunks == 1 or math.prod(shape[1:]) == 0:
         return _Plan(None, [1], False)
     dims = range(1, len(shape))
@@ -247,22 +261,36 @@ def _plan(shape: torch.Size, chunks: int, leak_channels: int) -> _Plan:
     base, extra = divmod(shape[dim], m)
     sizes = [base + (1 if j < extra else 0) for j in range(m)]
     channel_dim = 2 if len(shape) >= 3 else 1
-    return _Plan(dim, sizes, leak_channels > 1 and dim == channel_dim)
+    return _Plan(dim, sizes, channels > 1 and dim == channel_dim)
 
 
-def _split(t: torch.Tensor | None, plan: _Plan, dim: int) -> list:
+def _split(t: torch.Tensor | None, plan: _Plan) -> list:
     if t is None:
         return [None] * plan.chunks
     if plan.dim is None:
         return [t]
-    return list(t.split(plan.sizes, dim))
+    return list(t.split(plan.sizes, plan.dim))
+
+
+def _chunk_params(params: tuple, plan: _Plan) -> list[tuple]:
+    """The parameter tensors of each chunk: per-channel ones cut with the channels when the chunks cut them."""
+    if not plan.split_channels:
+        return [params] * plan.chunks
+    parts = [p.reshape(-1).split(plan.sizes) if p.numel() > 1 else [p] * plan.chunks for p in params]
+    return [tuple(part[j] for part in parts) for j in range(plan.chunks)]
+
+
+#: Runs one block ``[t, ...]`` of the neurons: ``(x, start states (a tuple, or None for the neuron's own start),
+#: parameter tensors) -> (spikes, final states (a tuple))``, differentiably.
+_BlockRunner = Callable[[torch.Tensor, tuple | None, tuple], tuple[torch.Tensor, tuple]]
 
 
 @dataclass
 class _Chain:
-    """One call's settings: the neuron function, the group and the neighbour ranks."""
+    """One call's settings: the block runner, the number of states, the group and the neighbour ranks."""
 
-    neuron: Callable  # (x [T, ...], v_init or None, leak or None) -> (spikes, state)
+    run_block: _BlockRunner
+    n_states: int
     group: object
     rank: int
     size: int
@@ -273,171 +301,217 @@ class _Chain:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
 
-def _chunk_leak(leak: torch.Tensor | None, chain: _Chain) -> list:
-    if leak is None or not chain.plan.split_leak:
-        return [leak] * chain.plan.chunks
-    return list(leak.split(chain.plan.sizes))
-
-
-def _run_chain(chain: _Chain, x_local, v_init, leak, build_graph: bool):
-    """The forward pipeline. Returns ``(spikes, state, saved)``; ``saved`` holds the per-chunk graphs."""
+def _run_chain(chain: _Chain, x_local, start, params: tuple, build_graph: bool):
+    """The forward pipeline. ``start``: the stacked start states ``[S, ...]`` (first rank) or None. Returns
+    ``(spikes, final states stacked [S, ...], saved)``; ``saved`` holds the per-chunk graphs."""
     plan = chain.plan
     first, last = chain.rank == 0, chain.rank == chain.size - 1
-    xs = _split(x_local, plan, plan.dim or 0)
-    state_dim = (plan.dim or 1) - 1
-    vs = _split(v_init, plan, state_dim) if first else [None] * plan.chunks
-    sdt = compute_dtype(x_local.dtype)
+    xs, starts = _split(x_local, plan), _split(start, plan)
     recvs = []
     if not first:  # post every receive at once: chunk j+1 arrives while chunk j computes
         for j, xj in enumerate(xs):
-            buf = torch.empty(xj.shape[1:], dtype=sdt, device=x_local.device)
+            buf = torch.empty((chain.n_states, *xj.shape[1:]), dtype=compute_dtype(x_local.dtype), device=xj.device)
             recvs.append((buf, dist.irecv(buf, src=chain.peer(chain.rank - 1), group=chain.group, tag=_FWD_TAG + j)))
-    leak_leaf = None
-    if leak is not None:
-        leak_leaf = leak.detach().requires_grad_(build_graph and leak.requires_grad)
-    sends, spikes, states, saved = [], [], [], []
+    param_leaves = tuple(p.detach().requires_grad_(build_graph and p.requires_grad) for p in params)
+    sends, spikes, finals, saved = [], [], [], []
     with torch.set_grad_enabled(build_graph):
-        leaks = _chunk_leak(leak_leaf, chain)  # inside: the slices must be recorded for the leak's gradient
+        chunk_params = _chunk_params(param_leaves, plan)  # inside: the slices must be recorded for their gradient
         for j in range(plan.chunks):
             xj = xs[j].detach().requires_grad_(build_graph and x_local.requires_grad)
             if first:
-                vj = vs[j]
-                if vj is not None:
-                    vj = vj.detach().requires_grad_(build_graph and v_init.requires_grad)
+                start_j = starts[j]
+                if start_j is not None:
+                    start_j = start_j.detach().requires_grad_(build_graph and start.requires_grad)
             else:
-                buf, work = recvs[j]
+                start_j, work = recvs[j]
                 work.wait()
-                vj = buf.requires_grad_(build_graph)
-            sj, stj = chain.neuron(xj, vj, leaks[j])
+                start_j.requires_grad_(build_graph)
+            spikes_j, final_states = chain.run_block(
+                xj, None if start_j is None else tuple(start_j.unbind(0)), chunk_params[j]
+            )
+            final_j = torch.stack(final_states)  # one message per chunk however many states the neuron has
             if not last:
-                out = stj.detach().contiguous()
+                out = final_j.detach()
                 sends.append(
                     (out, dist.isend(out, dst=chain.peer(chain.rank + 1), group=chain.group, tag=_FWD_TAG + j))
                 )
-            spikes.append(sj)
-            states.append(stj)
-            saved.append((xj, vj, sj, stj))
+            spikes.append(spikes_j)
+            finals.append(final_j)
+            saved.append((xj, start_j, spikes_j, final_j))
     for _, work in sends:
         work.wait()
     if plan.dim is None:
-        spikes_out, state_out = spikes[0].detach(), states[0].detach()
+        spikes_out, final_out = spikes[0].detach(), finals[0].detach()
     else:
         spikes_out = torch.cat([s.detach() for s in spikes], plan.dim)
-        state_out = torch.cat([s.detach() for s in states], state_dim)
-    return spikes_out, state_out, (saved, leak_leaf)
+        final_out = torch.cat([f.detach() for f in finals], plan.dim)
+    return spikes_out, final_out, (saved, param_leaves)
+
+
+def _block_gradients(outputs: tuple, grads: tuple, leaves: list) -> tuple:
+    """Gradients of ``leaves`` through one chunk's graph (zeros for a leaf the outputs do not depend on)."""
+    pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+    if not pairs:
+        return tuple(torch.zeros_like(t) for t in leaves)
+    return torch.autograd.grad(
+        [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True, materialize_grads=True
+    )
 
 
 class _TimeSplitFunction(torch.autograd.Function):
     """The whole pipelined chain of one layer on one rank as one autograd node (deterministic message order)."""
 
     @staticmethod
-    def forward(ctx, chain: _Chain, x_local, v_init, leak):
-        spikes, state, saved = _run_chain(chain, x_local, v_init, leak, build_graph=True)
+    def forward(ctx, chain: _Chain, x_local, start, *params):
+        spikes, final, saved = _run_chain(chain, x_local, start, params, build_graph=True)
         ctx.chain, ctx.saved = chain, saved
-        ctx.x_meta = (x_local.shape, x_local.dtype, x_local.device)
-        ctx.v_meta = None if v_init is None else (v_init.shape, v_init.dtype)
-        return spikes, state
+        ctx.x_dtype = x_local.dtype
+        return spikes, final
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_spikes, grad_state):
-        chain, (chunks, leak_leaf) = ctx.chain, ctx.saved
+    def backward(ctx, grad_spikes, grad_final):
+        chain, (chunks, param_leaves) = ctx.chain, ctx.saved
         ctx.saved = None  # free the graphs as soon as possible
         plan = chain.plan
         first, last = chain.rank == 0, chain.rank == chain.size - 1
-        state_dim = (plan.dim or 1) - 1
-        gs = _split(grad_spikes, plan, plan.dim or 0)
-        gst = _split(grad_state, plan, state_dim)
+        grad_spikes_chunks, grad_final_chunks = _split(grad_spikes, plan), _split(grad_final, plan)
         recvs = []
         if not last:
-            for j, (_, _, _, stj) in enumerate(chunks):
-                buf = torch.empty_like(stj, memory_format=torch.contiguous_format)
+            for j, (_, _, _, final_j) in enumerate(chunks):
+                buf = torch.empty_like(final_j, memory_format=torch.contiguous_format)
                 recvs.append(
                     (buf, dist.irecv(buf, src=chain.peer(chain.rank + 1), group=chain.group, tag=_BWD_TAG + j))
                 )
-        sends, grad_x, grad_v = [], [], []
-        grad_leak = None
-        for j, (xj, vj, sj, stj) in enumerate(chunks):
-            g_state = gst[j]
+        sends, grad_x, grad_start = [], [], []
+        grad_params = [None] * len(param_leaves)
+        for j, (xj, start_j, spikes_j, final_j) in enumerate(chunks):
+            g_final = grad_final_chunks[j]
             if not last:
                 buf, work = recvs[j]
                 work.wait()
-                g_state = buf if g_state is None else g_state + buf
-            inputs = [t for t in (xj, vj, leak_leaf) if t is not None and t.requires_grad]
-            if inputs and (sj.requires_grad or stj.requires_grad):
-                outs = [(o, g) for o, g in ((sj, gs[j]), (stj, g_state)) if o.requires_grad and g is not None]
-                grads = torch.autograd.grad([o for o, _ in outs], inputs, [g for _, g in outs], allow_unused=True)
-                got = dict(zip(map(id, inputs), grads))
-            else:
-                got = {}
-            gx = got.get(id(xj))
-            gv = got.get(id(vj)) if vj is not None else None
-            gl = got.get(id(leak_leaf)) if leak_leaf is not None else None
-            for name, t, gt in (("x", xj, gx), ("v_init", vj, gv), ("decay", leak_leaf, gl)):
-                if t is not None and t.requires_grad and gt is None:  # the state always feeds the outputs
-                    raise RuntimeError(
-                        f"time split: the neuron returned no gradient for its {name} (rank {chain.rank}, chunk {j}); "
-                        "its backend does not differentiate the state/decay, so the chain's gradient would be wrong"
-                    )
+                g_final = g_final + buf
+            leaves = [t for t in (xj, start_j, *param_leaves) if t is not None and t.requires_grad]
+            got = dict(
+                zip(map(id, leaves), _block_gradients((spikes_j, final_j), (grad_spikes_chunks[j], g_final), leaves))
+            )
+            g_start = got.get(id(start_j))
             if not first:
-                out = (gv if gv is not None else torch.zeros_like(stj)).contiguous()
+                out = g_start.contiguous()
                 sends.append(
                     (out, dist.isend(out, dst=chain.peer(chain.rank - 1), group=chain.group, tag=_BWD_TAG + j))
                 )
-            grad_x.append(gx if gx is not None else torch.zeros_like(xj))
-            grad_v.append(gv)
-            if gl is not None:
-                grad_leak = gl if grad_leak is None else grad_leak + gl
+            grad_x.append(got.get(id(xj)))
+            grad_start.append(g_start)
+            for i, leaf in enumerate(param_leaves):
+                if id(leaf) in got:
+                    grad_params[i] = got[id(leaf)] if grad_params[i] is None else grad_params[i] + got[id(leaf)]
         for _, work in sends:
             work.wait()
-        x_shape, x_dtype, _ = ctx.x_meta
-        gx = grad_x[0] if plan.dim is None else torch.cat(grad_x, plan.dim)
-        gv = None
-        if first and ctx.v_meta is not None and ctx.needs_input_grad[2]:
-            parts = [g if g is not None else torch.zeros_like(c[3]) for g, c in zip(grad_v, chunks)]
-            gv = (parts[0] if plan.dim is None else torch.cat(parts, state_dim)).to(ctx.v_meta[1])
+
+        def joined(parts: list, needed: bool):
+            if not needed:
+                return None
+            return parts[0] if plan.dim is None else torch.cat(parts, plan.dim)
+
+        gx = joined(grad_x, ctx.needs_input_grad[1])
         return (
             None,
-            gx.to(x_dtype) if ctx.needs_input_grad[1] else None,
-            gv,
-            grad_leak if ctx.needs_input_grad[3] else None,
+            None if gx is None else gx.to(ctx.x_dtype),
+            joined(grad_start, ctx.needs_input_grad[2]),  # only the first rank has start states
+            *grad_params,
         )
+
+
+def _check_block(x_local, group) -> None:
+    """This rank's block is a tensor of at least one time step (more ranks than steps leave some without)."""
+    if not isinstance(x_local, torch.Tensor):
+        raise TypeError(f"x_local must be a torch.Tensor, got {type(x_local).__name__}")
+    if x_local.ndim >= 1 and x_local.shape[0] == 0:
+        raise ValueError(
+            f"this rank (group rank {_group_info(group)[0]}) holds no time steps (x_local has shape "
+            f"{tuple(x_local.shape)}): use at most T ranks"
+        )
+
+
+def _timesplit(run_block: _BlockRunner, x_local, start, params: tuple, n_states: int, group, chunks: int):
+    """The chain over this rank's block: ``(spikes_local, final states stacked [S, ...])``. ``start``: the
+    stacked start states ``[S, ...]`` in the compute dtype (read on the first rank only) or None; ``params``: the
+    parameter tensors (scalar or per channel), handed to ``run_block`` cut to each chunk."""
+    rank, size = _group_info(group)
+    channels = max((p.numel() for p in params), default=1)
+    chain = _Chain(run_block, n_states, group, rank, size, _plan(x_local.shape, _check_chunks(chunks), channels))
+    if rank != 0:
+        start = None
+    tensors = [t for t in (x_local, start, *params) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _TimeSplitFunction.apply(chain, x_local, start, *params)
+    spikes, final, _ = _run_chain(chain, x_local, start, params, build_graph=False)
+    return spikes, final
+
+
+def _from_last_rank(states: tuple, group) -> tuple:
+    """The states at the end of the whole sequence (the last rank's), detached, on every rank: what a stateful
+    layer starts its next call from."""
+    stacked = torch.stack([s.detach() for s in states])
+    _, size = _group_info(group)
+    if size > 1:
+        last = size - 1 if group is None else dist.get_global_rank(group, size - 1)
+        dist.broadcast(stacked, src=last, group=group)
+    return tuple(stacked.unbind(0))
 
 
 def timesplit_neuron(
-    neuron: Callable,
     x_local: torch.Tensor,
+    model: NeuronModel,
     *,
-    v_init: torch.Tensor | None = None,
-    leak: torch.Tensor | None = None,
+    surrogate: Surrogate | str = "atan",
+    detach_reset: bool = False,
+    state=None,
+    return_state: bool = False,
+    backend: str = "auto",
+    memory: str = "potential",
     group=None,
     chunks: int = 4,
+    **params,
 ):
-    """Run a stateful neuron over a time-split sequence; returns ``(spikes_local, state_local)``.
+    """:func:`spikefuse.neuron` of any :class:`~spikefuse.neurons.NeuronModel` on the time block ``x_local``
+    ``[T_r, *]`` that this rank of ``group`` holds.
 
-    ``neuron(x, v_init, leak) -> (spikes, state)`` runs a block ``[t, ...]`` from state ``v_init`` (None: the
-    neuron's default start) with the leak tensor ``leak`` (None when the leak is a number) and returns the block's
-    spikes and final state, differentiably. ``v_init`` here is the state before the first global step and is used
-    on the first rank only. ``state_local`` is the state at the end of this rank's block (on the last rank: the
-    end of the sequence).
+    Every rank calls it with its own block (same ``*`` shape everywhere, blocks in rank order) and the same
+    arguments; the result equals the matching block of ``spikefuse.neuron`` over the whole sequence, forward and
+    backward: each rank receives all the model's states at the start of its block from the rank before and sends
+    their gradients back. ``state`` (a tuple in ``model.states`` order or a dict) is the start of global step 0,
+    read on rank 0 only. ``chunks`` splits the neurons for pipelining (see the module docstring). With
+    ``return_state=True`` also returns the states at the end of this rank's block (a tuple). The other arguments
+    are :func:`spikefuse.neuron`'s; the gradients of tensor parameters cover this rank's block only (sum them with
+    :func:`allreduce_gradients`).
     """
-    if not isinstance(x_local, torch.Tensor):
-        raise TypeError(f"x_local must be a torch.Tensor, got {type(x_local).__name__}")
-    rank, size = _group_info(group)
-    channels = 1 if leak is None else leak.numel()
-    chain = _Chain(neuron, group, rank, size, _plan(x_local.shape, int(chunks), channels))
-    if rank != 0:
-        v_init = None
-    if x_local.ndim >= 1 and x_local.shape[0] == 0:
-        raise ValueError(
-            f"this rank (group rank {rank}) holds no time steps (x_local has shape {tuple(x_local.shape)}): "
-            "use at most T ranks"
+    _check_block(x_local, group)
+    check_input(x_local)
+    check_memory_mode(memory)
+    _, surrogate, _, _, init = resolve_neuron(x_local, model, surrogate, state, backend, params)
+    start = None if state is None else torch.stack(init).view(len(init), *x_local.shape[1:])
+    tensor_names = [name for name, value in params.items() if isinstance(value, torch.Tensor)]
+    fixed = {name: value for name, value in params.items() if name not in tensor_names}
+
+    def run_block(x, start_states, tensors):
+        return neuron(
+            x,
+            model,
+            surrogate=surrogate,
+            detach_reset=detach_reset,
+            state=start_states,
+            return_state=True,
+            backend=backend,
+            memory=memory,
+            **fixed,
+            **dict(zip(tensor_names, tensors)),
         )
-    tensors = [t for t in (x_local, v_init, leak) if t is not None]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _TimeSplitFunction.apply(chain, x_local, v_init, leak)
-    spikes, state, _ = _run_chain(chain, x_local, v_init, leak, build_graph=False)
-    return spikes, state
+
+    tensors = tuple(params[name] for name in tensor_names)
+    spikes, final = _timesplit(run_block, x_local, start, tensors, len(model.states), group, chunks)
+    return (spikes, tuple(final.unbind(0))) if return_state else spikes
 
 
 def timesplit_lif(
@@ -455,35 +529,112 @@ def timesplit_lif(
     group=None,
     chunks: int = 4,
 ):
-    """:func:`spikefuse.lif` on the time block ``x_local`` ``[T_r, *]`` that this rank of ``group`` holds.
+    """:func:`spikefuse.lif` on the time block ``x_local`` ``[T_r, *]`` that this rank of ``group`` holds: the
+    same chain as :func:`timesplit_neuron` with LIF's one state, each block run by :func:`spikefuse.lif` itself.
 
     Every rank calls it with its own block (same ``*`` shape everywhere, blocks in rank order); the result equals
     the matching block of ``spikefuse.lif`` over the whole sequence, forward and backward. ``v_init`` is the state
     before global step 0 (used on rank 0 only). ``chunks`` splits the neurons for pipelining (see the module
     docstring). With ``return_state=True`` also returns the state at the end of this rank's block.
     """
-    leak = decay if isinstance(decay, torch.Tensor) else None
+    _check_block(x_local, group)
+    start = None
+    if v_init is not None:
+        check_v_init(v_init, x_local)
+        start = v_init.to(compute_dtype(x_local.dtype)).unsqueeze(0)
 
-    def neuron(x, v0, k):
-        return F.lif(
+    def run_block(x, start_states, tensors):
+        spikes, state = F.lif(
             x,
-            decay=decay if k is None else k,
+            decay=tensors[0] if tensors else decay,
             threshold=threshold,
             v_reset=v_reset,
             surrogate=surrogate,
             detach_reset=detach_reset,
-            v_init=v0,
+            v_init=None if start_states is None else start_states[0],
             return_state=True,
             backend=backend,
             memory=memory,
         )
+        return spikes, (state,)
 
-    spikes, state = timesplit_neuron(neuron, x_local, v_init=v_init, leak=leak, group=group, chunks=chunks)
-    return (spikes, state) if return_state else spikes
+    tensors = (decay,) if isinstance(decay, torch.Tensor) else ()
+    spikes, final = _timesplit(run_block, x_local, start, tensors, 1, group, chunks)
+    return (spikes, final[0]) if return_state else spikes
+
+
+def _time_split_copy(cls, layer: nn.Module, group, chunks: int):
+    """A ``cls`` copy of the neuron layer ``layer`` sharing its options, parameters and buffers (the same names in
+    the ``state_dict``), without its kept state."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    for key, value in vars(layer).items():
+        if not key.startswith("_"):
+            setattr(new, key, value)
+    new._parameters = dict(layer._parameters)
+    new._buffers = dict(layer._buffers)
+    new.group, new.chunks = group, _check_chunks(chunks)
+    new.state = None
+    return new
+
+
+class TimeSplitNeuron(EngineNeuron):
+    """:class:`spikefuse.nn.EngineNeuron` of any :class:`~spikefuse.neurons.NeuronModel` over a time-split
+    sequence (:func:`timesplit_neuron`): this rank holds the steps ``[t_r, t_{r+1})`` and every state of the model
+    travels down the ranks.
+
+    Same arguments as :class:`~spikefuse.nn.EngineNeuron`, plus ``group`` (the time ranks, default the world) and
+    ``chunks`` (neuron chunks of the pipeline); :meth:`from_neuron` makes one of a built layer
+    (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, a user's ``EngineNeuron``). Gradients of
+    learnable parameters cover only the local block: sum them with :func:`allreduce_gradients`. With
+    ``stateful=True`` the states at the end of the whole sequence (last rank) are broadcast to all ranks after each
+    call and start the next call on rank 0.
+    """
+
+    def __init__(self, model: NeuronModel, *, group=None, chunks: int = 4, **kwargs):
+        super().__init__(model, **kwargs)
+        self.group = group
+        self.chunks = _check_chunks(chunks)
+
+    @classmethod
+    def from_neuron(cls, layer: EngineNeuron, group=None, chunks: int = 4) -> "TimeSplitNeuron":
+        """A time-split copy of the neuron layer ``layer`` sharing its parameters and buffers (the same names in the
+        ``state_dict``) and its parameter range checks."""
+        if not isinstance(layer, EngineNeuron):
+            raise TypeError(
+                f"layer must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got {type(layer).__name__}; "
+                "a spikefuse.nn.LIF becomes a TimeSplitLIF (TimeSplitLIF.from_lif)"
+            )
+        if isinstance(layer, Recurrent):
+            raise TypeError(
+                f"{type(layer).__name__} feeds its spikes back through weights: the time split hands on the "
+                "neuron states only, so a recurrent layer cannot be time-split"
+            )
+        new = _time_split_copy(cls, layer, group, chunks)
+        new.unit_interval = layer.unit_interval  # a class attribute of CubaLIF and ALIF
+        return new
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        spikes, final = timesplit_neuron(
+            x_local,
+            self.model,
+            return_state=True,
+            memory=self.memory,
+            group=self.group,
+            chunks=self.chunks,
+            **self.call_arguments(x_local),
+        )
+        if self.stateful:
+            self.keep_state(_from_last_rank(final, self.group))
+        return spikes
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, chunks={self.chunks}"
 
 
 class TimeSplitLIF(LIF):
-    """:class:`spikefuse.nn.LIF` over a time-split sequence: this rank holds the steps ``[t_r, t_{r+1})``.
+    """:class:`spikefuse.nn.LIF` over a time-split sequence (:func:`timesplit_lif`): this rank holds the steps
+    ``[t_r, t_{r+1})``.
 
     Same options as :class:`~spikefuse.nn.LIF`, plus ``group`` (the time ranks, default the world) and ``chunks``
     (neuron chunks of the pipeline). Gradients of a learnable decay cover only the local block: sum them with
@@ -493,35 +644,20 @@ class TimeSplitLIF(LIF):
 
     def __init__(self, *args, group=None, chunks: int = 4, **kwargs):
         super().__init__(*args, **kwargs)
-        if chunks < 1:
-            raise ValueError(f"chunks must be >= 1, got {chunks}")
         self.group = group
-        self.chunks = int(chunks)
+        self.chunks = _check_chunks(chunks)
 
     @classmethod
     def from_lif(cls, lif: LIF, group=None, chunks: int = 4) -> "TimeSplitLIF":
         """A time-split copy of ``lif`` sharing its learnable decay parameter (if any)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        for key, value in vars(lif).items():
-            if not key.startswith("_"):
-                setattr(new, key, value)
-        new._parameters = dict(lif._parameters)
-        new.group, new.chunks = group, int(chunks)
-        new.state = None
-        return new
+        return _time_split_copy(cls, lif, group, chunks)
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         spikes, state = timesplit_lif(
             x_local, memory=self.memory, group=self.group, chunks=self.chunks, **self._neuron_call_kwargs(x_local)
         )
         if self.stateful:
-            state = state.detach().contiguous()
-            _, size = _group_info(self.group)
-            if size > 1:
-                last = size - 1 if self.group is None else dist.get_global_rank(self.group, size - 1)
-                dist.broadcast(state, src=last, group=self.group)
-            self.state = state
+            (self.state,) = _from_last_rank((state,), self.group)
         return spikes
 
     def extra_repr(self) -> str:
@@ -634,7 +770,33 @@ class TimeSplitBatchNorm(nn.modules.batchnorm._BatchNorm):
         return f"{super().extra_repr()}, channel_dim={self.channel_dim}"
 
 
-class TimeSplitBatchNormLIF(nn.Module):
+class _BatchNormThenNeuron(nn.Module):
+    """The call of a fused BatchNorm+neuron, ``module(x, residual=None, residual_binary=False)``, as the unfused
+    ``neuron(bn(x) + residual)`` of its modules ``bn`` and ``neuron``."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False):
+        y = self.bn(x)
+        return self.neuron(y if residual is None else y + residual)
+
+    def reset_state(self) -> None:
+        self.neuron.reset_state()
+
+
+class TimeSplitBatchNormNeuron(_BatchNormThenNeuron):
+    """A fused :class:`~spikefuse.nn.BatchNormNeuron` (BatchNorm then a CubaLIF, an ALIF, any
+    :class:`~spikefuse.nn.EngineNeuron`) whose statistics are taken over the ranks of ``group``:
+    :class:`TimeSplitBatchNorm` then the fused module's own neuron (which :func:`convert_timesplit` makes a
+    :class:`TimeSplitNeuron`), sharing its parameters and buffers under the same names. Same call as
+    :class:`TimeSplitBatchNormLIF`, and the same memory cost against the fused op."""
+
+    def __init__(self, fused: BatchNormNeuron, group=None):
+        super().__init__()
+        self.bn = TimeSplitBatchNorm.from_batchnorm(fused.bn, group, channel_dim=2)
+        self.neuron = fused.neuron
+        self.train(fused.training)
+
+
+class TimeSplitBatchNormLIF(_BatchNormThenNeuron):
     """A fused :class:`~spikefuse.nn.BatchNormLIF2d` (or ``1d``) whose statistics are taken over the ranks of
     ``group``: :class:`TimeSplitBatchNorm` then the neuron with ``memory="recompute"``, sharing the fused module's
     parameters, buffers and learnable decay. Same call, ``module(x, residual=None, residual_binary=False)``.
@@ -661,24 +823,19 @@ class TimeSplitBatchNormLIF(nn.Module):
             self.neuron.decay = fused.decay
         self.train(fused.training)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, residual_binary: bool = False):
-        y = self.bn(x)
-        return self.neuron(y if residual is None else y + residual)
-
-    def reset_state(self) -> None:
-        self.neuron.reset_state()
-
 
 # ---------------------------------------------------------------------------------------------------- converters
 
 
 def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
     """Replace ``SeqToBatch(nn.BatchNormNd)`` and bare ``nn.BatchNormNd`` by :class:`TimeSplitBatchNorm`, and the
-    fused BatchNorm+LIF modules of the lean form by :class:`TimeSplitBatchNormLIF`, over ``group`` (sharing
-    parameters and buffers). Returns the converted module (``module`` itself is changed in place where it is a
+    fused BatchNorm+neuron modules of the lean form by :class:`TimeSplitBatchNormLIF` (LIF) and
+    :class:`TimeSplitBatchNormNeuron` (any other neuron), over ``group`` (sharing parameters and buffers). Returns the converted module (``module`` itself is changed in place where it is a
     container)."""
     if isinstance(module, BatchNormLIFBase):
         return TimeSplitBatchNormLIF(module, group)
+    if isinstance(module, BatchNormNeuron):
+        return TimeSplitBatchNormNeuron(module, group)
     if isinstance(module, ConvBatchNormLIF):  # the convolution's output is kept again
         return nn.Sequential(SeqToBatch(module.conv), TimeSplitBatchNormLIF(module.bn_lif, group))
     if isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm):
@@ -694,16 +851,23 @@ def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
 
 def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Module:
     """Make a network time-split: every :class:`~spikefuse.nn.LIF` (and ``IF``) becomes a :class:`TimeSplitLIF`,
-    every BatchNorm a :class:`TimeSplitBatchNorm` and every fused BatchNorm+LIF a :class:`TimeSplitBatchNormLIF`
-    (whose neuron is time-split in turn) over ``group``, sharing parameters and buffers.
+    every other neuron layer (:class:`~spikefuse.nn.EngineNeuron`: CubaLIF, ALIF, a user's) a
+    :class:`TimeSplitNeuron`, every BatchNorm a :class:`TimeSplitBatchNorm` and every fused BatchNorm+neuron a
+    :class:`TimeSplitBatchNormLIF` or :class:`TimeSplitBatchNormNeuron` (whose neuron is time-split in turn) over
+    ``group``, sharing parameters and buffers. A recurrent layer (:class:`~spikefuse.nn.Recurrent`) raises: its
+    spikes feed back through weights, which the chain does not hand on.
 
     Layers without memory across time steps (conv, linear, pooling applied through ``SeqToBatch``) need no change.
     Layers that mix time steps any other way (attention over time, a readout of the last step) are not handled.
     """
     if isinstance(module, LIF) and not isinstance(module, TimeSplitLIF):
         return TimeSplitLIF.from_lif(module, group, chunks)
+    if isinstance(module, EngineNeuron) and not isinstance(module, TimeSplitNeuron):
+        return TimeSplitNeuron.from_neuron(module, group, chunks)
     if isinstance(module, BatchNormLIFBase):
         module = TimeSplitBatchNormLIF(module, group)  # its neuron is converted below
+    if isinstance(module, BatchNormNeuron):
+        module = TimeSplitBatchNormNeuron(module, group)  # likewise
     if isinstance(module, ConvBatchNormLIF):
         module = nn.Sequential(SeqToBatch(module.conv), module.bn_lif)  # converted below
     is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm)
