@@ -63,8 +63,9 @@ def _assert_same_training(plain, lean, x, labels, steps=2):
         torch.testing.assert_close(loss_l, loss_p, rtol=1e-6, atol=0)
         assert len(grads_l) == len(grads_p)
         # A gradient that is 0 up to rounding (a conv bias before BatchNorm, which removes the mean) is rounding
-        # noise, not 1e-5 of itself: every gradient may also be off by 1e-6 of the model's largest gradient.
-        noise = 1e-6 * max(float(g.abs().max()) for _, g in grads_p)
+        # noise, not 1e-5 of itself: every gradient may also be off by 5e-6 of the model's largest gradient (the
+        # Spike-driven Transformer's projection bias is 1.4e-6 of it in the vanilla form alone, against float64).
+        noise = 5e-6 * max(float(g.abs().max()) for _, g in grads_p)
         for (name, g), (lean_name, g_l) in zip(grads_p, grads_l):
             assert g.shape == g_l.shape, f"{name} / {lean_name}: shapes {tuple(g.shape)} {tuple(g_l.shape)}"
             scale = float(g.abs().max())
@@ -95,6 +96,10 @@ SIZES = {
     "sew_resnet34": {"width": 4, "stem": "cifar"},
     "spikformer_tiny": {"embed_dims": 16, "num_heads": 2, "image_size": 8},
     "spikformer": {"embed_dims": 16, "num_heads": 2, "depths": 1, "image_size": 8},
+    "sdt_tiny": {"embed_dims": 16, "num_heads": 2, "image_size": 8},
+    "sdt": {"embed_dims": 16, "num_heads": 2, "depths": 1, "image_size": 8},
+    "qkformer_tiny": {"embed_dims": 16, "num_heads": (1, 1, 2), "image_size": 8},
+    "qkformer": {"embed_dims": 16, "num_heads": (1, 1, 2), "depths": (1, 1, 1), "image_size": 8},
 }
 
 

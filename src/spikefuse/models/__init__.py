@@ -15,7 +15,9 @@ form with the fused neuron kernels.
 Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (SpikingJelly's Spiking-ResNets),
 ``resnet-tiny`` (width 16, one BasicBlock per stage; the CLI default), ``sew_resnet18``, ``sew_resnet34``,
 ``sew_resnet_tiny`` (SEW-ResNets, connect function ``cnf``: :mod:`spikefuse.models.sew_resnet`), ``spikformer``,
-``spikformer_tiny`` (SpikingJelly's zoo Spikformer: :mod:`spikefuse.models.spikformer`), ``liang-small``, ``liang-medium``,
+``spikformer_tiny`` (SpikingJelly's zoo Spikformer: :mod:`spikefuse.models.spikformer`), ``sdt``, ``sdt_tiny``
+(its Spike-driven Transformer v1: :mod:`spikefuse.models.spike_driven_transformer`), ``qkformer``,
+``qkformer_tiny`` (its QKFormer: :mod:`spikefuse.models.qkformer`), ``liang-small``, ``liang-medium``,
 ``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I), ``srnn`` (recurrent LIF or ALIF layers with a
 leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`).
 """
@@ -82,6 +84,8 @@ def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> in
 from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
 from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet_tiny  # noqa: E402
+from .qkformer import QKFormer, qkformer, qkformer_10_384, qkformer_tiny  # noqa: E402
+from .spike_driven_transformer import SpikeDrivenTransformer, sdt, sdt_8_384, sdt_tiny  # noqa: E402
 from .spikformer import Spikformer, spikformer, spikformer_cifar10, spikformer_tiny  # noqa: E402
 from .srnn import SRNN, srnn  # noqa: E402
 
@@ -96,6 +100,10 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "sew_resnet34": sew_resnet34,
     "spikformer_tiny": spikformer_tiny,
     "spikformer": spikformer,
+    "sdt_tiny": sdt_tiny,
+    "sdt": sdt,
+    "qkformer_tiny": qkformer_tiny,
+    "qkformer": qkformer,
     "liang-small": liang_small,
     "liang-medium": liang_medium,
     "liang-large": liang_large,
@@ -135,7 +143,7 @@ def build_model(
 ) -> nn.Module:
     """Build the registered model ``name``. ``neuron=None`` uses the model's paper defaults
     (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets, SpikingJelly's for the
-    Spikformers: :data:`~spikefuse.models.spikformer.SPIKFORMER_NEURON`); ``neuron_backend``
+    spiking transformers: :data:`~spikefuse.models.spikformer.SPIKFORMER_NEURON` and its kin); ``neuron_backend``
     overrides ``neuron.backend``; ``memory="lean"`` builds the memory-lean form (:func:`spikefuse.nn.to_lean`),
     same outputs and gradients as ``"fused"``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the
     ResNets)."""
@@ -154,3 +162,5 @@ __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spi
 __all__ += ["liang_small", "liang_medium", "liang_large", "SRNN", "srnn", "RECURRENT_MODELS"]
 __all__ += ["SEWResNet", "sew_resnet18", "sew_resnet34", "sew_resnet_tiny"]
 __all__ += ["Spikformer", "spikformer", "spikformer_cifar10", "spikformer_tiny"]
+__all__ += ["SpikeDrivenTransformer", "sdt", "sdt_tiny", "sdt_8_384"]
+__all__ += ["QKFormer", "qkformer", "qkformer_tiny", "qkformer_10_384"]

@@ -47,8 +47,6 @@ instead of multiply-adds.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
@@ -59,6 +57,7 @@ from ..surrogate import Sigmoid
 __all__ = [
     "SPIKFORMER_NEURON",
     "SPIKFORMER_ATTENTION_NEURON",
+    "ZOO_LIF_NEURON",
     "PATCH_SIZES",
     "Spikformer",
     "SpikformerConv2dBNLIF",
@@ -82,6 +81,10 @@ SPIKFORMER_ATTENTION_NEURON = LIFOptions(
     decay=0.5, threshold=1.0, v_reset=0.0, surrogate=Sigmoid(2.0), detach_reset=True
 )
 
+#: SpikingJelly's ``LIFNode()`` with its own defaults (:data:`SPIKFORMER_NEURON` but ``detach_reset=False``), scaled
+#: likewise: the neurons the zoo's Spike-driven Transformer and QKFormer make outside their attention layers.
+ZOO_LIF_NEURON = LIFOptions(decay=0.5, threshold=2.0, v_reset=0.0, surrogate=Sigmoid(2.0), detach_reset=False)
+
 #: The patch sizes the stem takes: a 3x3 stride-2 max-pool in each of its last ``log2(patch_size)`` stages.
 PATCH_SIZES = (1, 2, 4, 8, 16)
 
@@ -103,28 +106,45 @@ def spike_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return ((qt @ kt.transpose(-2, -1)) @ vt).transpose(-2, -1) * scale
 
 
-def _replace_spike_layer(container: nn.Module, name: str, counts: dict) -> None:
-    new = spike_layer_from(getattr(container, name))
+def _zoo_neurons(
+    neuron: LIFOptions | None, attention_neuron: LIFOptions | None, backend: str | None
+) -> tuple[LIFOptions, LIFOptions, LIFOptions]:
+    """The neurons of a zoo transformer whose layers take SpikingJelly's defaults or the attention's (the
+    Spike-driven Transformer, QKFormer): ``(outside the attention, in the attention layers, the attention neuron)``.
+    ``neuron=None``: the zoo's, :data:`ZOO_LIF_NEURON`, :data:`SPIKFORMER_NEURON` and
+    :data:`SPIKFORMER_ATTENTION_NEURON`; else ``neuron`` for all three (as the zoo's ``spiking_neuron``), the last
+    ``attention_neuron`` where given. ``backend`` overrides each one's."""
+    if attention_neuron is None:
+        attention_neuron = SPIKFORMER_ATTENTION_NEURON if neuron is None else neuron
+    outside, inside = (ZOO_LIF_NEURON, SPIKFORMER_NEURON) if neuron is None else (neuron, neuron)
+    return outside.with_backend(backend), inside.with_backend(backend), attention_neuron.with_backend(backend)
+
+
+def _replace_spike_layer(owner: nn.Module, path: str, counts: dict) -> None:
+    """The conv/linear at ``owner``'s dotted ``path`` (which reads spikes) as its spike layer, saving them as bits."""
+    new = spike_layer_from(owner.get_submodule(path))
     if new is not None:
-        setattr(container, name, new)
+        owner.set_submodule(path, new)
         counts["spike_layers"] += 1
 
 
-def _fuse(container: nn.Sequential, owner: nn.Module, neuron_name: str, input_spikes: bool, counts: dict) -> None:
-    """Lean form of ``owner.<neuron_name>(container(x))`` with ``container = [SeqToBatch(conv), SeqToBatch(BN)]``:
-    BN fused with the neuron; the conv saving spikes as bits, or, reading real values, recomputed in backward."""
+def _fuse(owner: nn.Module, conv: str, bn: str, neuron: str, input_spikes: bool, counts: dict) -> None:
+    """Lean form of ``neuron(bn(conv(x)))``, three submodules of ``owner`` at these dotted paths (the conv and the
+    BN in ``SeqToBatch``): BN fused with the neuron; the conv saving spikes as bits, or, reading real values,
+    recomputed in backward."""
     if input_spikes:
-        _replace_spike_layer(container, "0", counts)
-    fused = fused_batchnorm_from(container[1], getattr(owner, neuron_name))
+        _replace_spike_layer(owner, conv, counts)
+    fused = fused_batchnorm_from(owner.get_submodule(bn), owner.get_submodule(neuron))
     if fused is None:
         return
-    container[1] = fused
-    setattr(owner, neuron_name, nn.Identity())
+    owner.set_submodule(bn, fused)
+    owner.set_submodule(neuron, nn.Identity())
     counts["bn_lif"] += 1
     if not input_spikes:
-        conv_bn_lif = conv_batchnorm_lif_from(container[0], fused)
+        conv_bn_lif = conv_batchnorm_lif_from(owner.get_submodule(conv), fused)
         if conv_bn_lif is not None:
-            container[0], container[1] = conv_bn_lif, nn.Identity()
+            owner.set_submodule(conv, conv_bn_lif)
+            owner.set_submodule(bn, nn.Identity())
             counts["conv_bn_lif"] += 1
 
 
@@ -159,11 +179,10 @@ class SpikformerConv2dBNLIF(nn.Module):
         return self.neuron(self.conv_bn(x))
 
     def convert_to_lean(self, counts: dict) -> None:
-        block = self.conv_bn.block
-        if len(block) == 2:  # conv, BN, neuron
-            _fuse(block, self, "neuron", self.input_spikes, counts)
+        if len(self.conv_bn.block) == 2:  # conv, BN, neuron
+            _fuse(self, "conv_bn.block.0", "conv_bn.block.1", "neuron", self.input_spikes, counts)
         elif self.input_spikes:  # BN then max-pool of real values: only the conv reads spikes
-            _replace_spike_layer(block, "0", counts)
+            _replace_spike_layer(self, "conv_bn.block.0", counts)
 
 
 class SpikformerPatchStem(nn.Module):
@@ -216,8 +235,8 @@ class SpikingSelfAttention(nn.Module):
         return self.proj_lif(self.proj_conv_bn(x))
 
     def convert_to_lean(self, counts: dict) -> None:
-        _fuse(self.qkv_conv_bn, self, "qkv_lif", False, counts)  # reads the residual stream: spike counts
-        _fuse(self.proj_conv_bn, self, "proj_lif", True, counts)
+        _fuse(self, "qkv_conv_bn.0", "qkv_conv_bn.1", "qkv_lif", False, counts)  # reads the residual stream: counts
+        _fuse(self, "proj_conv_bn.0", "proj_conv_bn.1", "proj_lif", True, counts)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, scale={self.scale}"
@@ -241,8 +260,8 @@ class SpikformerMLP(nn.Module):
         return self.neuron2(self.fc2(self.neuron1(self.fc1(x))))
 
     def convert_to_lean(self, counts: dict) -> None:
-        _fuse(self.fc1, self, "neuron1", False, counts)  # reads the residual stream: spike counts
-        _fuse(self.fc2, self, "neuron2", True, counts)
+        _fuse(self, "fc1.0", "fc1.1", "neuron1", False, counts)  # reads the residual stream: spike counts
+        _fuse(self, "fc2.0", "fc2.1", "neuron2", True, counts)
 
 
 class SpikformerBlock(nn.Module):
@@ -342,14 +361,21 @@ def _pair(size) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
-_ZOO_CONTAINERS = re.compile(r"^(.*(?:conv_bn\.block|qkv_conv_bn|proj_conv_bn|mlp\.fc1|mlp\.fc2)\.\d+\.)")
+def _with_seq_to_batch_keys(state_dict: dict) -> dict:
+    """A zoo transformer's ``state_dict`` with :class:`~spikefuse.nn.SeqToBatch`'s ``module.`` inserted before the
+    last name of every key but the head's: each of its layers but the head is a conv or BatchNorm that spikefuse
+    wraps (``blocks.0.mlp.fc1.0.weight`` -> ``blocks.0.mlp.fc1.0.module.weight``)."""
+    return {
+        key if key.startswith("head.") else "{}.module.{}".format(*key.rsplit(".", 1)): value
+        for key, value in state_dict.items()
+    }
 
 
 def from_spikingjelly_state_dict(state_dict: dict) -> dict:
     """A SpikingJelly zoo ``Spikformer``'s ``state_dict`` with its keys as :class:`Spikformer`'s: ``module.``
     inserted after the index of each layer in its ``SeqToANNContainer`` (``blocks.0.mlp.fc1.0.weight`` ->
-    ``blocks.0.mlp.fc1.0.module.weight``); the other keys (the head) unchanged."""
-    return {_ZOO_CONTAINERS.sub(r"\1module.", key): value for key, value in state_dict.items()}
+    ``blocks.0.mlp.fc1.0.module.weight``); the head's keys unchanged."""
+    return _with_seq_to_batch_keys(state_dict)
 
 
 def _build(in_channels, num_classes, neuron, neuron_backend, attention_neuron=None, **kw) -> Spikformer:
