@@ -231,6 +231,7 @@ def config_from_args(args, **overrides):
         out=getattr(args, "out", "runs/spikefuse"),
         memory=args.memory,
         precision=args.precision,
+        sparse=args.sparse,
         compile=args.compile,
         hidden=args.hidden,
         layers=args.layers,

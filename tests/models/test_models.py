@@ -60,6 +60,7 @@ def test_registry_names():
         "liang-medium",
         "liang-large",
         "srnn",
+        "mlp",
     }
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet19", 3, 10)

@@ -551,29 +551,106 @@ def test_sparse_under_no_grad():
         assert torch.equal(layer(spikes((2, 3, 30), seed=10, p=0.1)), ref(spikes((2, 3, 30), seed=10, p=0.1)))
 
 
-def test_sparse_true_refuses_non_binary_input_by_message():
-    layer = SpikeLinear(4, 2, sparse=True)
-    x = torch.tensor([[[0.0, 1.0, 2.0, 1.0]]])
-    message = (
-        r"SpikeLinear\(in_features=4, out_features=2, bias=True, sparse=True\) expects binary spikes .*"
-        r"sparse=True adds the weights of the inputs that are 1.*2\.0 at index \(0, 0, 2\).*use sparse=False"
+def counts(shape, seed=0, p=0.3, dtype=torch.float32):
+    """Framed events: nonzero with probability ``p``, then 1, 2 or 3 events."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < p).to(dtype) * torch.randint(1, 4, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 1), (1, 3, 13), (4, 1, 13), (3, 2, 70), (2, 5, 3, 9)], ids=lambda s: "x".join(map(str, s))
+)
+def test_sparse_true_takes_counts_by_their_values(shape):
+    """A non-binary input (found so by the packing's check) takes the CSR with values: the output and weight gradient
+    are the same-order references' bits and torch's to rounding; the input and bias gradients torch's."""
+    from spikefuse.ops import sparse_cpu
+
+    x = counts(shape, seed=sum(shape), p=0.4)
+    x.view(-1)[0] = 2.0  # not binary, whatever the draw
+    ref, mine, a, b = run_sparse(True, x, shape[-1], 7)
+    x2, g2 = x.reshape(-1, shape[-1]), torch.randn(a[0].shape, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(b[0].reshape(-1, 7), sparse_cpu.linear_reference(x2, mine.weight, mine.bias))
+    assert torch.equal(mine.weight.grad, sparse_cpu.weight_grad_reference(g2.reshape(-1, 7), x2))
+    for name, u, v in zip(("output", "grad_input", "grad_weight", "grad_bias"), a, b):
+        torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
+    with torch.no_grad():
+        assert torch.equal(mine(x), b[0])
+
+
+def test_sparse_counts_empty_and_all_active_rows_and_gradcheck_float64():
+    x = counts((3, 2, 40), seed=12, p=0.2, dtype=torch.float64)
+    x[0, 0] = 0
+    x[1, 1] = 3
+    x[2] = 0
+    layer = SpikeLinear(40, 6, sparse=True).double()
+    ref = nn.Linear(40, 6).double()
+    ref.load_state_dict(layer.state_dict())
+    y = layer(x)
+    assert torch.equal(y[2], layer.bias.detach().expand(2, 6))
+    torch.testing.assert_close(y, ref(x), rtol=1e-12, atol=1e-12)
+    w, b = layer.weight.detach().clone().requires_grad_(), layer.bias.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda w, b: torch.func.functional_call(layer, {"weight": w, "bias": b}, (x,)), (w, b)
     )
-    with pytest.raises(ValueError, match=message):
-        layer(x)
-    with torch.no_grad(), pytest.raises(ValueError, match=message):
-        layer(x)
 
 
-def test_sparse_auto_leaves_non_binary_input_to_the_dense_path():
-    """``auto`` never reads counts as spikes: under no_grad torch's output; where the layer keeps its input for the
-    weight gradient, the dense path's refusal (as with sparse=False)."""
+def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
+    """``auto`` on counts: the CSR below ``CROSSOVER_VALUES``, torch's product (``nn.Linear``'s bits, the input kept
+    for backward) from it on and for fewer rows than ``CROSSOVER_ROWS``; under no_grad torch's product without a
+    count (nothing to keep for backward)."""
+    from spikefuse.ops import sparse_cpu
+
+    calls = []
+    monkeypatch.setattr(
+        sparse_cpu.CSRLinearFunction, "apply", lambda *a, f=sparse_cpu.CSRLinearFunction.apply: calls.append(1) or f(*a)
+    )
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    x = counts((4, 3, 50), seed=13, p=0.2)
+    for crossover, expected in ((0.3, [1]), (0.1, [])):
+        monkeypatch.setattr(sparse_cpu, "CROSSOVER_VALUES", crossover)
+        calls.clear()
+        ref, mine, a, b = run_sparse("auto", x, 50, 5)
+        assert calls == expected
+        if expected:
+            for u, v in zip(a, b):
+                torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5)
+        else:
+            assert_identical(a, b)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_VALUES", 0.3)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 13)
+    monkeypatch.setattr(sparse_cpu, "nonzero_counts", lambda *a: pytest.fail("counted the entries"))
+    calls.clear()
+    assert_identical(*run_sparse("auto", x, 50, 5)[2:])
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    with torch.no_grad():
+        assert torch.equal(mine(x), ref(x))
+    assert calls == []
+
+
+def test_sparse_auto_takes_counts_where_the_sparse_kernels_cannot_run():
+    """Under autocast (the sparse kernels take float32/float64), for a frozen weight: torch's product, not a
+    refusal; ``sparse=False`` still refuses counts it must keep as bits, by message."""
     layer, ref = SpikeLinear(4, 2, sparse="auto"), nn.Linear(4, 2)
     ref.load_state_dict(layer.state_dict())
     x = torch.tensor([[[0.0, 1.0, 2.0, 1.0]]])
-    with torch.no_grad():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(layer(x), ref(x))
+    layer.weight.requires_grad_(False)
+    assert torch.equal(layer(x), ref(x))
     with pytest.raises(ValueError, match=r"because it saves its input as bits for backward; got 2\.0"):
-        layer(x)
+        SpikeLinear(4, 2)(x)
+
+
+def test_sparse_debug_mode_lets_counts_through_on_the_cpu():
+    previous = sl.set_debug(True)
+    try:
+        layer = SpikeLinear(4, 2, sparse=True)
+        x = torch.tensor([[[0.0, 1.0, 2.0, 1.0]]])
+        torch.testing.assert_close(layer(x), sl.F.linear(x, layer.weight, layer.bias))
+        with pytest.raises(ValueError, match=r"expects binary spikes \(0 or 1\) as input.*got 2\.0"):
+            SpikeLinear(4, 2)(x)
+    finally:
+        sl.set_debug(previous)
 
 
 def test_sparse_true_refuses_what_the_kernels_cannot_run_by_message():

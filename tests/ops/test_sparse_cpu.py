@@ -152,3 +152,121 @@ def test_errors_say_what_is_wrong():
         sparse_cpu.linear(bits, 4, w.t().contiguous(), torch.zeros(4))
     with pytest.raises(ValueError, match=r"the gradient is torch.float16"):
         sparse_cpu.weight_grad(torch.zeros(4, 3, dtype=torch.float16), bits, 10)
+
+
+# ----------------------------------------------------------------------------------------------- inputs with values
+def counts(shape, seed, p, dtype=torch.float32):
+    """Framed events: nonzero with probability ``p``, then 1, 2 or 3 events; negative and fractional values too
+    (the CSR takes any value)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(1, 4, shape, generator=g).to(dtype)
+    values[torch.rand(shape, generator=g) < 0.1] = -0.75
+    return (torch.rand(shape, generator=g) < p).to(dtype) * values
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.4, 1.0])
+def test_csr_products_equal_their_references_bit_for_bit(shape, p):
+    m, k, n = shape
+    seed = case_seed(shape, p) + 11
+    x, w, b, g = counts((m, k), seed, p), randn((n, k), seed + 1), randn((n,), seed + 2), randn((m, n), seed + 3)
+    csr = sparse_cpu.to_csr(x)
+    assert int(csr.indptr[-1]) == int((x != 0).sum()) and csr.cols == k
+    for bias in (b, None):
+        y = sparse_cpu.csr_linear(csr, w.t().contiguous(), bias)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        assert torch.equal(y, sparse_cpu.linear_reference(x, w, bias))
+        assert_rounding_close(y, F.linear(x, w, bias))
+    dw = sparse_cpu.csr_weight_grad(g, csr)
+    assert dw.shape == (n, k) and dw.is_contiguous()
+    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, x))
+    assert_rounding_close(dw, g.t().mm(x))
+
+
+def test_csr_of_spikes_gives_the_binary_kernels_bits():
+    """Values 1: ``1 * w`` is ``w``, so the CSR products of spikes are the bits' products, bit for bit."""
+    s, w, g = spikes((40, 70), 20, 0.2), randn((9, 70), 21), randn((40, 9), 22)
+    bits, _ = pack(s)
+    csr = sparse_cpu.to_csr(s)
+    assert torch.equal(sparse_cpu.csr_linear(csr, w.t().contiguous()), sparse_cpu.linear(bits, 40, w.t().contiguous()))
+    assert torch.equal(sparse_cpu.csr_weight_grad(g, csr), sparse_cpu.weight_grad(g, bits, 70))
+
+
+def test_csr_empty_and_all_active_rows_float64_and_threads():
+    x = counts((6, 77), 23, 0.2, torch.float64)
+    x[0] = 0
+    x[3] = torch.arange(1, 78, dtype=torch.float64)
+    x[5] = 0
+    w, b, g = randn((11, 77), 24, torch.float64), randn((11,), 25, torch.float64), randn((6, 11), 26, torch.float64)
+    csr = sparse_cpu.to_csr(x)
+    assert csr.values.dtype == torch.float64 and torch.equal(
+        csr.indices[csr.indptr[3] : csr.indptr[4]], torch.arange(77)
+    )
+    y = sparse_cpu.csr_linear(csr, w.t().contiguous(), b)
+    assert torch.equal(y, sparse_cpu.linear_reference(x, w, b))
+    assert torch.equal(y[0], b) and torch.equal(y[5], b)
+    assert_rounding_close(y, F.linear(x, w, b))
+    previous = torch.get_num_threads()
+    try:
+        grads = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            grads.append(sparse_cpu.csr_weight_grad(g, csr))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], sparse_cpu.weight_grad_reference(g, x))
+    assert_rounding_close(grads[0], g.t().mm(x))
+
+
+def test_csr_counts_nan_as_a_value_and_negative_zero_as_zero():
+    x = torch.tensor([[0.0, -0.0, float("nan"), 2.0]])
+    assert sparse_cpu.nonzero_counts(x).tolist() == [2]
+    csr = sparse_cpu.to_csr(x)
+    assert csr.indices.tolist() == [2, 3] and csr.values[1] == 2.0 and csr.values[0].isnan()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 5), (1, 4, 5), (3, 1, 5), (2, 3, 4, 5)], ids=lambda s: "x".join(map(str, s)))
+def test_csr_linear_function_forward_and_backward(shape):
+    """T=1, B=1, extra dims: the output and weight gradient are the references' bits; the input and bias gradients
+    torch's (``G @ W``, ``G.sum(0)``)."""
+    x = counts(shape, sum(shape), 0.4).requires_grad_()
+    w, b = randn((3, shape[-1]), 27).requires_grad_(), randn((3,), 28).requires_grad_()
+    x2 = x.detach().reshape(-1, shape[-1])
+    y = sparse_cpu.CSRLinearFunction.apply(x, w, b, sparse_cpu.to_csr(x2))
+    assert y.shape == (*shape[:-1], 3)
+    assert torch.equal(y.reshape(-1, 3), sparse_cpu.linear_reference(x2, w, b))
+    g = randn(y.shape, 29)
+    y.backward(g)
+    g2 = g.reshape(-1, 3)
+    assert torch.equal(w.grad, sparse_cpu.weight_grad_reference(g2, x2))
+    assert torch.equal(x.grad, g2.mm(w).view(shape)) and torch.equal(b.grad, g2.sum(0))
+
+
+def test_csr_linear_function_gradcheck_float64():
+    """gradcheck in the weight and bias (the input is data, given as its CSR; its gradient is torch's G @ W)."""
+    x = counts((2, 3, 11), 30, 0.4, torch.float64)
+    csr = sparse_cpu.to_csr(x.reshape(-1, 11))
+    w, b = randn((4, 11), 31, torch.float64).requires_grad_(), randn((4,), 32, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w, b: sparse_cpu.CSRLinearFunction.apply(x, w, b, csr), (w, b))
+    y = sparse_cpu.CSRLinearFunction.apply(x, w, b, csr)
+    with pytest.raises(RuntimeError, match=r"double backward .* through a sparse linear product"):
+        torch.autograd.grad(y.sum(), w, create_graph=True)
+
+
+def test_csr_errors_say_what_is_wrong():
+    x, w = counts((4, 10), 33, 0.5), randn((3, 10), 34)
+    csr = sparse_cpu.to_csr(x)
+    with pytest.raises(ValueError, match=r"the input must be a matrix \[rows, cols\], got shape \(40,\)"):
+        sparse_cpu.to_csr(x.reshape(-1))
+    with pytest.raises(ValueError, match=r"take float32 or float64 CPU tensors; the input is torch.int64"):
+        sparse_cpu.nonzero_counts(x.long())
+    with pytest.raises(ValueError, match=r"counts must be int64 of shape \(4,\), got torch.int64 \(3,\)"):
+        sparse_cpu.to_csr(x, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"weight_t must be \[10, N\] for a CSR of 10 columns, got \(3, 10\)"):
+        sparse_cpu.csr_linear(csr, w)
+    with pytest.raises(ValueError, match=r"the CSR is torch.float32, the weight torch.float64: give both one dtype"):
+        sparse_cpu.csr_linear(csr, w.t().contiguous().double())
+    with pytest.raises(ValueError, match=r"the gradient has 5 rows, the CSR 4"):
+        sparse_cpu.csr_weight_grad(torch.zeros(5, 3), csr)
+    with pytest.raises(ValueError, match=r"the CSR is of a \[4, 10\] matrix, the input has 2 rows of 10"):
+        sparse_cpu.CSRLinearFunction.apply(x[:2], w, None, csr)

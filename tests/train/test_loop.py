@@ -383,8 +383,10 @@ def test_sequences_need_a_recurrent_network(tmp_path):
             ),
             log=quiet,
         )
-    with pytest.raises(ConfigError, match="--hidden, --layers and --cell set a recurrent network"):
+    with pytest.raises(ConfigError, match="--hidden sets the neurons of a layer of --model srnn or mlp, not"):
         fit(tiny_config(tmp_path / "run2", hidden=64), log=quiet)
+    with pytest.raises(ConfigError, match="--layers and --cell set a recurrent network"):
+        fit(tiny_config(tmp_path / "run3", layers=2), log=quiet)
 
 
 def test_an_empty_split_is_an_error(tmp_path):
@@ -421,3 +423,44 @@ def test_lean_recurrent_network_on_event_counts_has_the_fused_gradients():
     assert grads["lean"].keys() == grads["fused"].keys()
     for name, grad in grads["fused"].items():
         torch.testing.assert_close(grads["lean"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("model", ["mlp", "srnn"])
+def test_sparse_reaches_the_linear_layers(model):
+    """--sparse sets ``sparse`` of every linear layer of the model (the input layer reading event counts
+    included); false keeps torch's layers."""
+    from spikefuse.nn import SpikeLinear
+    from spikefuse.train.loop import make_model
+
+    info = {"name": "digits-events", "in_channels": 2, "num_classes": 10, "height": 8, "width": 8, "kind": "event"}
+    for sparse, expected in (("true", True), ("auto", "auto"), ("false", None)):
+        built = make_model(TrainConfig(model=model, dataset="digits-events", sparse=sparse, hidden=32), info)
+        layers = [m for n, m in built.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("recurrent")]
+        assert len(layers) == (3 if model == "mlp" else 2)
+        if expected is None:
+            assert not any(isinstance(m, SpikeLinear) for m in layers)
+        else:
+            assert all(isinstance(m, SpikeLinear) and m.sparse == expected for m in layers)
+
+
+@pytest.mark.parametrize("model", ["mlp", "srnn"])
+def test_a_sparse_run_gives_the_dense_runs_losses_to_rounding(tmp_path, model):
+    histories = {}
+    for sparse in ("false", "true"):
+        cfg = tiny_config(tmp_path / sparse, model=model, dataset="digits-events", T=4, hidden=32, sparse=sparse)
+        histories[sparse] = fit(cfg, log=quiet)
+    for dense, sparse in zip(histories["false"], histories["true"]):
+        for key in ("train_loss", "test_loss", "train_acc", "test_acc"):
+            assert sparse[key] == pytest.approx(dense[key], rel=1e-4, abs=1e-5), key
+
+
+def test_sparse_settings_that_cannot_run_are_refused():
+    with pytest.raises(ConfigError, match=r"--sparse sets the linear layers of --model mlp or srnn, not --model"):
+        TrainConfig(sparse="auto").check_settings()
+    with pytest.raises(ConfigError, match=r"--sparse must be one of false, true, auto, got 'yes'"):
+        TrainConfig(model="mlp", sparse="yes").check_settings()
+    with pytest.raises(ConfigError, match=r"--sparse true runs float32 CPU kernels.*--precision bf16"):
+        TrainConfig(model="mlp", sparse="true", precision="bf16").check_settings()
+    with pytest.raises(ConfigError, match=r"--sparse true runs CPU kernels; on --device meta use --sparse auto"):
+        TrainConfig(model="mlp", sparse="true", device="meta").validate()
+    TrainConfig(model="mlp", sparse="auto", precision="bf16").check_settings()

@@ -19,7 +19,8 @@ Registry names (see :data:`MODELS`): ``resnet18``, ``resnet34``, ``resnet50`` (S
 (its Spike-driven Transformer v1: :mod:`spikefuse.models.spike_driven_transformer`), ``qkformer``,
 ``qkformer_tiny`` (its QKFormer: :mod:`spikefuse.models.qkformer`), ``liang-small``, ``liang-medium``,
 ``liang-large`` (the memory-lean BPTT paper's CIFAR-10 nets, Table I), ``srnn`` (recurrent LIF or ALIF layers with a
-leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`).
+leaky-integrator readout, for sequences ``[T, B, F]``: :mod:`spikefuse.models.srnn`), ``mlp`` (a feed-forward
+spiking MLP for event frames: :mod:`spikefuse.models.mlp`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def replace_neurons(model: nn.Module, factory: Callable[[LIF], nn.Module]) -> in
 # Registry -------------------------------------------------------------------------------------------------------
 
 from .liang import LiangNet, liang_large, liang_medium, liang_small  # noqa: E402
+from .mlp import SpikingMLP, mlp  # noqa: E402
 from .resnet import SpikingResNet, resnet_tiny, spiking_resnet18, spiking_resnet34, spiking_resnet50  # noqa: E402
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet_tiny  # noqa: E402
 from .qkformer import QKFormer, qkformer, qkformer_10_384, qkformer_tiny  # noqa: E402
@@ -108,10 +110,15 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "liang-medium": liang_medium,
     "liang-large": liang_large,
     "srnn": srnn,
+    "mlp": mlp,
 }
 
 #: The recurrent models: they take ``memory`` themselves (their layers' memory modes) and sequences ``[T, B, F]``.
 RECURRENT_MODELS = ("srnn",)
+
+#: The models whose linear layers take ``sparse=False | True | "auto"`` (:class:`spikefuse.nn.SpikeLinear`'s;
+#: ``spikefuse train --sparse``).
+SPARSE_MODELS = ("mlp", "srnn")
 
 
 #: The ``memory`` forms of :func:`build_model`.
@@ -162,5 +169,6 @@ __all__ += ["SpikingResNet", "LiangNet", "resnet_tiny", "spiking_resnet18", "spi
 __all__ += ["liang_small", "liang_medium", "liang_large", "SRNN", "srnn", "RECURRENT_MODELS"]
 __all__ += ["SEWResNet", "sew_resnet18", "sew_resnet34", "sew_resnet_tiny"]
 __all__ += ["Spikformer", "spikformer", "spikformer_cifar10", "spikformer_tiny"]
+__all__ += ["SpikingMLP", "mlp", "SPARSE_MODELS"]
 __all__ += ["SpikeDrivenTransformer", "sdt", "sdt_tiny", "sdt_8_384"]
 __all__ += ["QKFormer", "qkformer", "qkformer_tiny", "qkformer_10_384"]

@@ -55,7 +55,9 @@ class SRNN(nn.Module):
     "fused" (the recurrent layers keep their states for backward) or "lean" (they recompute them, and every layer
     fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input holds
     only 0 and 1, so the first layer may keep it as bits too (framed events, SHD's and N-MNIST's, are counts per
-    bin: not spikes)."""
+    bin: not spikes). ``sparse`` (``True`` or ``"auto"``): every linear layer, the readout and the input layer
+    included, is a :class:`spikefuse.nn.SpikeLinear` with that ``sparse``, its products reading only the nonzero
+    inputs (the input layer's counts by their values); ``False`` keeps the layers above."""
 
     def __init__(
         self,
@@ -69,6 +71,7 @@ class SRNN(nn.Module):
         memory: str = "fused",
         spike_inputs: bool = False,
         readout_decay: float = 0.9,
+        sparse: bool | str = False,
     ):
         super().__init__()
         if cell not in CELLS:
@@ -79,10 +82,16 @@ class SRNN(nn.Module):
         lean = memory == "lean"
         mode = "recompute" if lean else "potential"
         blocks = []
+        if not (isinstance(sparse, bool) or sparse == "auto"):
+            raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
+
+        def linear(n_in: int, n_out: int, fed_spikes: bool) -> nn.Linear:
+            if sparse is not False:
+                return SpikeLinear(n_in, n_out, sparse=sparse)
+            return SpikeLinear(n_in, n_out) if lean and fed_spikes else nn.Linear(n_in, n_out)
+
         for i in range(layers):
-            fed_spikes = i > 0 or spike_inputs
-            linear = SpikeLinear if lean and fed_spikes else nn.Linear
-            blocks.append(linear(in_features if i == 0 else hidden, hidden))
+            blocks.append(linear(in_features if i == 0 else hidden, hidden, fed_spikes=i > 0 or spike_inputs))
             if cell == "lif":
                 blocks.append(
                     RecurrentLIF(
@@ -101,7 +110,7 @@ class SRNN(nn.Module):
                     RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend, memory=mode)
                 )
         self.layers = nn.Sequential(*blocks)
-        self.readout = (SpikeLinear if lean else nn.Linear)(hidden, num_classes)
+        self.readout = linear(hidden, num_classes, fed_spikes=True)
         self.integrator = LeakyReadout(readout_decay)
         self.in_features = in_features
         for layer in self.layers:

@@ -22,7 +22,9 @@ left stale; edits through torch drop the bits without it.
 
 ``SpikeLinear(..., sparse=True)`` (or ``"auto"``) computes its forward product and weight gradient on the CPU from
 the input's bits, adding only the weights of the active inputs (:mod:`spikefuse.ops.sparse_cpu`): faster below a
-spike rate, equal to the dense product up to rounding. The default, ``sparse=False``, keeps torch's product.
+spike rate, equal to the dense product up to rounding. On the CPU such a layer also takes an input that is not
+binary (framed events are counts), by its nonzero entries and their values. The default, ``sparse=False``, keeps
+torch's product.
 
 The layers take multi-step input ``[T, B, ...]`` and return ``[T, B, ...]``; the time steps are merged into the
 batch, as :class:`spikefuse.nn.SeqToBatch` does. They subclass the torch layers, with the same constructor
@@ -86,11 +88,12 @@ def _apply_as_autocast_would(fn, x: torch.Tensor, weight: torch.Tensor, bias, *a
         return fn.apply(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), *args)
 
 
-def check_input(module: nn.Module, x: torch.Tensor) -> None:
-    """The debug mode's checks of a spike layer's input: binary (:func:`check_binary`), and no bits remembered for it
-    that an edit around torch's version counter (``.data``, numpy) left stale, which the layer would read instead of
-    ``x``."""
-    check_binary(module, x)
+def check_input(module: nn.Module, x: torch.Tensor, binary: bool = True) -> None:
+    """The debug mode's checks of a spike layer's input: binary (:func:`check_binary`; skipped with ``binary=False``,
+    for a layer that takes values too), and no bits remembered for it that an edit around torch's version counter
+    (``.data``, numpy) left stale, which the layer would read instead of ``x``."""
+    if binary:
+        check_binary(module, x)
     if bitpack.stale(x):
         raise ValueError(
             f"{module._get_name()}({module.extra_repr()}): its input was changed in place where torch does not count "
@@ -259,6 +262,12 @@ class SpikeLinear(nn.Linear):
     cannot run; it counts only bits it has without a pass over the input (a neuron kernel's, or those the layer
     packs to keep for backward), so without a weight gradient to keep it takes the sparse product only for spikes
     whose bits were made before. ``False`` (the default): torch's product, bit-identical to ``nn.Linear``.
+
+    Inputs with values: on the CPU, ``True`` and ``"auto"`` take an input the packing finds not binary (framed
+    events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.sparse_cpu.to_csr`, kept for
+    backward instead of the input): each term ``value * weight``, summed in the same orders. ``"auto"`` counts the
+    nonzero entries and takes them below ``sparse_cpu.CROSSOVER_VALUES``, torch's product (keeping the input, as
+    ``nn.Linear``) otherwise, under ``torch.no_grad()`` and wherever the sparse kernels cannot run.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, sparse=False):
@@ -276,17 +285,24 @@ class SpikeLinear(nn.Linear):
                 f"{self._get_name()} expects multi-step input [T, B, ..., {self.in_features}], "
                 f"got shape {tuple(x.shape)}"
             )
-        if _debug:
-            check_input(self, x)
+        if _debug:  # on the CPU a sparse layer takes values too, and packing checks what it keeps as bits
+            check_input(self, x, binary=self.sparse is False or x.device.type != "cpu")
         if self.sparse is not False:
             y = self._sparse_forward(x)
             if y is not None:
                 return y
         if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
             return super().forward(x)
-        return _refusing_non_binary(
-            self, x, lambda: _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
-        )
+
+        def dense():
+            return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
+
+        if self.sparse == "auto":
+            try:
+                return dense()
+            except bitpack.NotBinaryError:  # values, not spikes: torch's layer, which keeps them for backward
+                return super().forward(x)
+        return _refusing_non_binary(self, x, dense)
 
     def _sparse_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """The output with the sparse products where ``sparse`` asks for them; None where ``"auto"`` leaves the call
@@ -312,20 +328,22 @@ class SpikeLinear(nn.Linear):
             try:
                 bits, _ = bitpack.pack(x2, binary=True)
             except bitpack.NotBinaryError:
-                if auto:
-                    return None
-                check_binary(
-                    self,
-                    x,
-                    because="sparse=True adds the weights of the inputs that are 1, read from its bits",
-                    instead="use sparse=False (torch's product) for non-binary input",
-                )
-                raise
+                return self._values_forward(x, x2, auto)
         forward = weight_grad = True
         if auto:
             rate = sparse_cpu.spike_count(bits, x2.numel()) / max(1, x2.numel())
             forward, weight_grad = rate < sparse_cpu.CROSSOVER_FORWARD, rate < sparse_cpu.CROSSOVER_WEIGHT_GRAD
         return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad)
+
+    def _values_forward(self, x: torch.Tensor, x2: torch.Tensor, auto: bool) -> torch.Tensor:
+        """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
+        are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
+        backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
+        ``sparse_cpu.CROSSOVER_VALUES`` or more."""
+        counts = sparse_cpu.nonzero_counts(x2)
+        if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():
+            return super().forward(x)
+        return sparse_cpu.CSRLinearFunction.apply(x, self.weight, self.bias, sparse_cpu.to_csr(x2, counts))
 
 
 # ----------------------------------------------------------------------------------------------- convolution

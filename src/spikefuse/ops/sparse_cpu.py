@@ -27,6 +27,17 @@ PyTorch references beside them, :func:`linear_reference` and :func:`weight_grad_
 and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
 float32 and float64.
 
+**Inputs with values** (framed events are counts per pixel and bin, not spikes): :func:`to_csr` lists a dense
+``X [M, K]``'s nonzero entries row by row with their values (a :class:`CSR`: one pass counting each row's, one
+writing them), and :func:`csr_linear` / :func:`csr_weight_grad` are the same products weighted by the values,
+``Y = X @ W.T (+ bias)`` and ``dW = G.T @ X``, in the same orders (each term ``value * weight``, rounded, then added).
+The forward reads the rows, the weight gradient splits the inputs ``k`` between threads as above, each thread
+skipping the entries of other threads in every row (the rows' indices are increasing, so a row's scan stops at its
+first index past the thread's: one comparison per entry and thread, where a column-major copy would cost a
+counting sort of the entries at every call). :class:`CSRLinearFunction` is the autograd operation of both, keeping
+the CSR for backward instead of ``X``. The references take any input: for spikes every value is 1 and ``1 * w`` is
+``w``, the same bits as the binary kernels'.
+
 Speed (``spikefuse bench sparse``, ``benchmarks/results/sparse_full.md``, 2 threads): the SHD input product
 ``[8000 x 700] @ [700 x 256]``, forward + weight gradient, in 0.16x torch's dense time at 5% spikes and 0.94x at
 50%; the transposes of the weight and of ``dW.T``, at every call, cost as much as a small product
@@ -35,7 +46,9 @@ Speed (``spikefuse bench sparse``, ``benchmarks/results/sparse_full.md``, 2 thre
 
 from __future__ import annotations
 
+import math
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -46,6 +59,7 @@ from numba.extending import intrinsic
 from ..threads import match_numba_threads
 from . import buffers
 from .bit_layout import packed_numel
+from .common import refuse_double_backward
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -55,6 +69,13 @@ __all__ = [
     "linear",
     "weight_grad",
     "spike_count",
+    "CROSSOVER_VALUES",
+    "CSR",
+    "nonzero_counts",
+    "to_csr",
+    "csr_linear",
+    "csr_weight_grad",
+    "CSRLinearFunction",
     "linear_reference",
     "weight_grad_reference",
 ]
@@ -73,6 +94,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 CROSSOVER_FORWARD = 0.30
 CROSSOVER_WEIGHT_GRAD = 0.25
 CROSSOVER_ROWS = 256
+#: Where ``SpikeLinear(sparse="auto")`` takes the products of an input with values (:class:`CSR`): at least
+#: ``CROSSOVER_ROWS`` rows and a share of nonzero entries below this, forward and weight gradient together (the CSR is
+#: built for both). Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_values_crossover.py --threads 2
+#: --repeats 9`` (``benchmarks/results/sparse_values_crossover.md``): one training call of the layer, every per-call
+#: cost included, ties torch's at 20% nonzero for [320 x 2312] -> 256 (the N-MNIST input layer at T=10, batch 32), at
+#: 21-30% for larger products; below the lowest, as the spikes' crossovers are.
+CROSSOVER_VALUES = 0.15
 
 # Below this many output elements a call runs on one thread: waking the pool costs more than the work (a recurrent
 # step's [32, 256] output takes a few microseconds).
@@ -192,6 +220,84 @@ def _count_kernel(words, nbits):
     return total
 
 
+@njit(parallel=True, cache=True)
+def _nonzero_counts_kernel(x, counts):
+    rows, cols = x.shape
+    for m in prange(rows):
+        count = 0
+        for k in range(cols):
+            if x[m, k] != 0:
+                count += 1
+        counts[m] = count
+
+
+@njit(parallel=True, cache=True)
+def _csr_fill_kernel(x, indptr, indices, values):
+    rows, cols = x.shape
+    for m in prange(rows):
+        j = indptr[m]
+        for k in range(cols):
+            v = x[m, k]
+            if v != 0:
+                indices[j] = k
+                values[j] = v
+                j += 1
+
+
+@njit(parallel=True, cache=True)
+def _csr_linear_kernel(indptr, indices, values, weight_t, bias, tasks, out):
+    """``out[m] = sum of values[j] * weight_t[indices[j]]`` over row ``m``'s entries in increasing index (+ bias):
+    :func:`_linear_kernel` with each weight row scaled by its value, four per pass over the accumulator."""
+    rows, n = out.shape
+    per_task = -(-rows // tasks)
+    for t in prange(tasks):
+        for m in range(t * per_task, min(rows, (t + 1) * per_task)):
+            acc = out[m]
+            for i in range(n):
+                acc[i] = 0
+            j, end = indptr[m], indptr[m + 1]
+            while j + 4 <= end:
+                a, b, c, d = (
+                    weight_t[indices[j]],
+                    weight_t[indices[j + 1]],
+                    weight_t[indices[j + 2]],
+                    weight_t[indices[j + 3]],
+                )
+                va, vb, vc, vd = values[j], values[j + 1], values[j + 2], values[j + 3]
+                for i in range(n):
+                    acc[i] = (((acc[i] + a[i] * va) + b[i] * vb) + c[i] * vc) + d[i] * vd
+                j += 4
+            for jj in range(j, end):
+                a, va = weight_t[indices[jj]], values[jj]
+                for i in range(n):
+                    acc[i] += a[i] * va
+            if bias.size:
+                for i in range(n):
+                    acc[i] += bias[i]
+
+
+@njit(parallel=True, cache=True)
+def _csr_weight_grad_kernel(indptr, indices, values, grad, bounds, out_t):
+    """``out_t[k] = sum of grad[m] * value`` over the entries ``(m, k, value)`` in increasing ``m``; task ``t`` owns
+    inputs ``bounds[t] .. bounds[t + 1] - 1``, as in :func:`_weight_grad_kernel`."""
+    rows, n = grad.shape
+    for t in prange(bounds.size - 1):
+        k0, k1 = bounds[t], bounds[t + 1]
+        for k in range(k0, k1):
+            for i in range(n):
+                out_t[k, i] = 0
+        for m in range(rows):
+            g = grad[m]
+            for j in range(indptr[m], indptr[m + 1]):
+                k = indices[j]
+                if k >= k1:
+                    break
+                if k >= k0:
+                    acc, v = out_t[k], values[j]
+                    for i in range(n):
+                        acc[i] += g[i] * v
+
+
 # ------------------------------------------------------------------------------------------------------ wrappers
 def _words(bits: torch.Tensor, nbits: int) -> np.ndarray:
     """The packed ``bits`` of ``nbits`` elements as uint64 words (bit ``i`` of word ``w`` is element ``64*w + i``),
@@ -271,39 +377,187 @@ def spike_count(bits: torch.Tensor, numel: int) -> int:
     return int(_count_kernel(_words(bits, numel), numel))
 
 
+# --------------------------------------------------------------------------------------------- inputs with values
+class CSR(NamedTuple):
+    """The nonzero entries of a matrix ``[rows, cols]`` row by row (compressed sparse rows): row ``m``'s are
+    ``indices[indptr[m] : indptr[m + 1]]`` (int64, increasing) with their ``values`` (the matrix's dtype)."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    values: torch.Tensor
+    cols: int
+
+
+def _check_matrix(name: str, x: torch.Tensor) -> None:
+    _check_float(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be a matrix [rows, cols], got shape {tuple(x.shape)}")
+
+
+def nonzero_counts(x: torch.Tensor) -> torch.Tensor:
+    """The number of nonzero entries of each row of ``x [rows, cols]`` (float32 or float64 on the CPU): int64
+    ``[rows]``, one pass over ``x``. NaN counts as nonzero, ``-0.0`` as zero (the dense product would add ``+-0``)."""
+    _check_matrix("the input", x)
+    counts = torch.empty(x.shape[0], dtype=torch.int64)
+    if x.numel():
+        match_numba_threads(x.numel(), _SERIAL_WORK)
+        _nonzero_counts_kernel(x.detach().contiguous().numpy(), counts.numpy())
+    else:
+        counts.zero_()
+    return counts
+
+
+def to_csr(x: torch.Tensor, counts: torch.Tensor | None = None) -> CSR:
+    """The :class:`CSR` of ``x [rows, cols]``; ``counts``: :func:`nonzero_counts` of ``x`` where the caller has
+    them (``SpikeLinear(sparse="auto")`` counts first to choose), else counted here."""
+    if counts is None:
+        counts = nonzero_counts(x)
+    else:
+        _check_matrix("the input", x)
+        if counts.shape != (x.shape[0],) or counts.dtype != torch.int64:
+            raise ValueError(f"counts must be int64 of shape ({x.shape[0]},), got {counts.dtype} {tuple(counts.shape)}")
+    indptr = torch.zeros(x.shape[0] + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    nnz = int(indptr[-1])
+    indices, values = torch.empty(nnz, dtype=torch.int64), torch.empty(nnz, dtype=x.dtype)
+    if nnz:
+        match_numba_threads(x.numel(), _SERIAL_WORK)
+        _csr_fill_kernel(x.detach().contiguous().numpy(), indptr.numpy(), indices.numpy(), values.numpy())
+    return CSR(indptr, indices, values, x.shape[1])
+
+
+def csr_linear(csr: CSR, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``X @ weight_t (+ bias)`` of the input ``X [rows, K]`` given as its :class:`CSR`, ``weight_t [K, N]`` the
+    transposed weight: ``[rows, N]``, each element summed from zero over the row's entries in increasing ``k``, each
+    term ``value * weight`` (:func:`linear_reference`'s order), then the bias added. Not differentiable:
+    :class:`CSRLinearFunction` is."""
+    _check_float("the weight", weight_t)
+    if weight_t.dim() != 2 or weight_t.shape[0] != csr.cols:
+        raise ValueError(
+            f"weight_t must be [{csr.cols}, N] for a CSR of {csr.cols} columns, got {tuple(weight_t.shape)}"
+        )
+    _check_float("the CSR", csr.values, weight_t.dtype)
+    rows, n = csr.indptr.numel() - 1, weight_t.shape[1]
+    if bias is not None:
+        _check_float("the bias", bias, weight_t.dtype)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    out = buffers.empty((rows, n), weight_t.dtype)
+    if out.numel():
+        threads = match_numba_threads(rows * n, _SERIAL_WORK)
+        w = weight_t.detach().contiguous().numpy()
+        _csr_linear_kernel(
+            csr.indptr.numpy(),
+            csr.indices.numpy(),
+            csr.values.numpy(),
+            w,
+            np.empty(0, w.dtype) if bias is None else bias.detach().contiguous().numpy(),
+            min(rows, threads * _TASKS_PER_THREAD),
+            out.numpy(),
+        )
+    return out
+
+
+def csr_weight_grad(grad: torch.Tensor, csr: CSR) -> torch.Tensor:
+    """``grad.T @ X`` of the output gradient ``grad [M, N]`` and the input ``X [M, K]`` given as its :class:`CSR`:
+    the weight gradient ``[N, K]``, each element summed from zero over the rows in increasing ``m``, each term
+    ``gradient * value`` (:func:`weight_grad_reference`'s order)."""
+    _check_matrix("the gradient", grad)
+    _check_float("the CSR", csr.values, grad.dtype)
+    rows, n = grad.shape
+    if csr.indptr.numel() != rows + 1:
+        raise ValueError(f"the gradient has {rows} rows, the CSR {csr.indptr.numel() - 1}")
+    out_t = buffers.empty((csr.cols, n), grad.dtype)
+    if out_t.numel():
+        threads = match_numba_threads(rows * n, _SERIAL_WORK)
+        bounds = np.linspace(0, csr.cols, min(csr.cols, threads) + 1).round().astype(np.int64)
+        _csr_weight_grad_kernel(
+            csr.indptr.numpy(),
+            csr.indices.numpy(),
+            csr.values.numpy(),
+            grad.detach().contiguous().numpy(),
+            bounds,
+            out_t.numpy(),
+        )
+    return out_t.t().contiguous()
+
+
+class CSRLinearFunction(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` for ``x [..., K]`` whose rows ``x.reshape(-1, K)`` the caller gave as their
+    :class:`CSR` ``csr`` (:func:`to_csr`): the output by :func:`csr_linear`, the weight gradient by
+    :func:`csr_weight_grad` from the CSR, kept for backward instead of ``x``; the input gradient the dense
+    ``G @ W`` and the bias gradient ``G.sum(0)``, torch's own ops for ``nn.Linear``. Call it as
+    ``CSRLinearFunction.apply(x, weight, bias, csr)``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, csr):
+        rows = math.prod(x.shape[:-1])
+        if csr.indptr.numel() != rows + 1 or csr.cols != x.shape[-1]:
+            raise ValueError(
+                f"the CSR is of a [{csr.indptr.numel() - 1}, {csr.cols}] matrix, the input has {rows} rows of "
+                f"{x.shape[-1]}"
+            )
+        y = csr_linear(csr, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
+        need_x, need_w, _ = ctx.needs_input_grad[:3]
+        ctx.x_shape, ctx.cols = x.shape, csr.cols
+        ctx.save_for_backward(
+            weight if need_x else None, *(csr.indptr, csr.indices, csr.values) if need_w else (None, None, None)
+        )
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        refuse_double_backward(
+            "a sparse linear product", "use torch.nn.Linear where a gradient of the gradient is needed"
+        )
+        weight, indptr, indices, values = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g2 = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_x = g2.mm(weight).view(ctx.x_shape) if need_x else None
+        grad_w = csr_weight_grad(g2, CSR(indptr, indices, values, ctx.cols)) if need_w else None
+        grad_b = g2.sum(0) if need_b else None
+        return grad_x, grad_w, grad_b, None
+
+
 # ---------------------------------------------------------------------------------------------------- references
-def _active_lists(spikes: torch.Tensor) -> torch.Tensor:
-    """``[R, C]`` indices: row ``r``'s nonzero columns of ``spikes [R, C']`` in increasing order, padded with ``C'``
-    (an index past the last column) to the longest row's count."""
-    rows, cols = spikes.shape
-    r, c = spikes.nonzero(as_tuple=True)  # row-major: columns increasing within a row
+def _entries(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, C]`` indices and values: row ``r``'s nonzero columns of ``x [R, C']`` in increasing order and their
+    values, padded with ``C'`` (an index past the last column) and 0 to the longest row's count."""
+    rows, cols = x.shape
+    r, c = x.nonzero(as_tuple=True)  # row-major: columns increasing within a row
     counts = torch.bincount(r, minlength=rows)
     width = int(counts.max()) if rows else 0
     first = torch.cumsum(counts, 0) - counts
-    lists = torch.full((rows, width), cols, dtype=torch.long, device=spikes.device)
-    lists[r, torch.arange(r.numel(), device=spikes.device) - first[r]] = c
-    return lists
+    place = (r, torch.arange(r.numel(), device=x.device) - first[r])
+    lists = torch.full((rows, width), cols, dtype=torch.long, device=x.device)
+    lists[place] = c
+    values = x.new_zeros(rows, width)
+    values[place] = x[r, c]
+    return lists, values
 
 
-def _summed_in_order(lists: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Row ``r``: ``table[lists[r, 0]] + table[lists[r, 1]] + ...`` from zero, one term at a time, padding indices
-    reading an appended zero row (``acc + 0`` is ``acc``: the sum never holds -0.0)."""
+def _summed_in_order(lists: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Row ``r``: ``table[lists[r, 0]] * values[r, 0] + table[lists[r, 1]] * values[r, 1] + ...`` from zero, one
+    term at a time, padding reading an appended zero row times 0 (``acc + 0`` is ``acc``: the sum never holds
+    -0.0)."""
     table = torch.cat([table, table.new_zeros(1, table.shape[1])])
     acc = table.new_zeros(lists.shape[0], table.shape[1])
     for j in range(lists.shape[1]):
-        acc = acc + table[lists[:, j]]
+        acc = acc + table[lists[:, j]] * values[:, j, None]
     return acc
 
 
-def linear_reference(spikes: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`linear` in plain torch ops, its oracle: ``spikes [M, K] @ weight.T (+ bias)`` for ``weight [N, K]``,
-    summing the weights of each row's active inputs from zero in increasing ``k``, then adding the bias. Any
-    device; differentiable in ``weight`` and ``bias``."""
-    acc = _summed_in_order(_active_lists(spikes), weight.t())
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` and :func:`csr_linear` in plain torch ops, their oracle: ``x [M, K] @ weight.T (+ bias)`` for
+    ``weight [N, K]``, summing for each row ``value * weight`` over its nonzero inputs from zero in increasing
+    ``k`` (for spikes every value is 1: the weights themselves), then adding the bias. Any device; differentiable
+    in ``weight`` and ``bias``."""
+    acc = _summed_in_order(*_entries(x), weight.t())
     return acc if bias is None else acc + bias
 
 
-def weight_grad_reference(grad: torch.Tensor, spikes: torch.Tensor) -> torch.Tensor:
-    """:func:`weight_grad` in plain torch ops, its oracle: ``grad [M, N].T @ spikes [M, K]``, summing for each input
-    ``k`` the gradient rows of the rows where it is active from zero in increasing ``m``."""
-    return _summed_in_order(_active_lists(spikes.t()), grad).t()
+def weight_grad_reference(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """:func:`weight_grad` and :func:`csr_weight_grad` in plain torch ops, their oracle: ``grad [M, N].T @ x [M,
+    K]``, summing for each input ``k`` ``gradient row * value`` over the rows where it is nonzero, from zero in
+    increasing ``m``."""
+    return _summed_in_order(*_entries(x.t()), grad).t()

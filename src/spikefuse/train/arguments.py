@@ -52,6 +52,8 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     from ..data import DATASETS
     from ..models import MODELS
 
+    from .config import SPARSE_CHOICES
+
     d = defaults or {}
     p.add_argument(
         "--model", default=d.get("model", "resnet-tiny"), choices=list(MODELS), help="network (default: %(default)s)"
@@ -107,7 +109,7 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         "--hidden",
         type=bounded_int("hidden"),
         default=d.get("hidden", 256),
-        help="srnn: recurrent neurons per layer (default: %(default)s)",
+        help="srnn: recurrent neurons per layer; mlp: neurons per hidden layer (default: %(default)s)",
     )
     p.add_argument(
         "--layers",
@@ -134,6 +136,14 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         help="fused: nn.BatchNorm + fused neurons that keep their potentials for backward; lean: BatchNorm "
         "fused with the neurons and recomputed in backward, spike inputs of conv/linear saved as bits "
         "(about a third of the memory saved for backward; same results) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--sparse",
+        choices=list(SPARSE_CHOICES),
+        default=d.get("sparse", "false"),
+        help="mlp, srnn: linear layers whose products read only the nonzero inputs (spikes; the input layer's "
+        "event counts by their values), on the CPU: true, auto (per call, by the measured share of nonzero "
+        "inputs: the dense product above it), false: torch's nn.Linear (default: %(default)s)",
     )
     p.add_argument(
         "--precision",

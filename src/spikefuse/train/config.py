@@ -82,6 +82,9 @@ class ConfigError(ValueError):
     line and exits with code 2."""
 
 
+#: --sparse: the ``sparse`` of the linear layers of the models that take it (``models.SPARSE_MODELS``)
+SPARSE_CHOICES = {"false": False, "true": True, "auto": "auto"}
+
 #: --precision: the dtype torch.autocast runs convolutions and linear layers in (None: float32 throughout); the
 #: neurons' membranes stay float32 either way
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
@@ -117,6 +120,7 @@ class TrainConfig:
     cnf: str = "ADD"  # SEW-ResNets: the connect function of residual and shortcut (models.sew_resnet)
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     precision: str = "fp32"  # "bf16": forward and loss under torch.autocast in bfloat16 (PRECISIONS)
+    sparse: str = "false"  # "true", "auto": sparse products in the linear layers of mlp and srnn (SPARSE_CHOICES)
     compile: bool = False  # torch.compile the model
     progress: bool = True
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
@@ -134,6 +138,11 @@ class TrainConfig:
             device = torch.device(self.device)
         except RuntimeError as err:
             raise ConfigError(f"bad --device {self.device!r}: {err}") from None
+        if self.sparse == "true" and device.type != "cpu":
+            raise ConfigError(
+                f"--sparse true runs CPU kernels; on --device {self.device} use --sparse auto (the dense products "
+                "there) or leave it out"
+            )
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(
                 f"--device {self.device} requested but CUDA is not available (this torch: {torch.__version__})"
@@ -167,14 +176,25 @@ class TrainConfig:
                 f"--width sets the channels of a ResNet's first stage; got {self.width} for --model {self.model}"
             )
         from ..data import DATASETS
-        from ..models import MEMORY_FORMS, MODELS, RECURRENT_MODELS
+        from ..models import MEMORY_FORMS, MODELS, RECURRENT_MODELS, SPARSE_MODELS
         from ..models.sew_resnet import CONNECT_FUNCTIONS
         from ..models.srnn import CELLS
         from ..ops import BACKENDS
 
-        if self.model not in RECURRENT_MODELS and (self.hidden, self.layers, self.cell) != (256, 1, "lif"):
+        if self.model not in RECURRENT_MODELS and (self.layers, self.cell) != (1, "lif"):
+            raise ConfigError(f"--layers and --cell set a recurrent network (--model srnn), not --model {self.model}")
+        if self.model not in (*RECURRENT_MODELS, "mlp") and self.hidden != 256:
+            raise ConfigError(f"--hidden sets the neurons of a layer of --model srnn or mlp, not --model {self.model}")
+        if self.sparse not in SPARSE_CHOICES:
+            raise ConfigError(f"--sparse must be one of {', '.join(SPARSE_CHOICES)}, got {self.sparse!r}")
+        if self.sparse != "false" and self.model not in SPARSE_MODELS:
             raise ConfigError(
-                f"--hidden, --layers and --cell set a recurrent network (--model srnn), not --model {self.model}"
+                f"--sparse sets the linear layers of --model {' or '.join(SPARSE_MODELS)}, not --model {self.model}"
+            )
+        if self.sparse == "true" and (self.precision != "fp32" or self.compile):
+            raise ConfigError(
+                "--sparse true runs float32 CPU kernels, which neither autocast (--precision bf16) nor torch.compile "
+                "(--compile) runs: use --sparse auto (the dense products there) or leave it out"
             )
         if self.cnf not in CONNECT_FUNCTIONS:
             raise ConfigError(f"--cnf must be one of {', '.join(CONNECT_FUNCTIONS)}, got {self.cnf!r}")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data._common import MissingRootError
-from ..models import RECURRENT_MODELS, LIFOptions, build_model
+from ..models import RECURRENT_MODELS, SPARSE_MODELS, LIFOptions, build_model
 from ..ops.common import NonFiniteError
 from ..threads import set_threads
 from .checkpoints import (
@@ -38,7 +38,7 @@ from .checkpoints import (
     signals_deferred,
     unlock_out_dir,
 )
-from .config import PRECISIONS, ConfigError, TrainConfig, check_batch_split
+from .config import PRECISIONS, SPARSE_CHOICES, ConfigError, TrainConfig, check_batch_split
 from .reports import format_epoch, max_over_ranks, peak_memory_mb, plot_curves, write_metrics
 
 __all__ = ["fit", "evaluate_checkpoint", "run_epoch", "make_model", "reset_states", "FIRST_BATCH_NOTE"]
@@ -120,7 +120,7 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     if cfg.model in RECURRENT_MODELS:  # the features of a step: a sequence's, or an event frame's flattened
         # Framed events are counts per bin, not spikes: the first layer keeps its input as it is (a spike layer
         # would keep bits and refuse them), in the lean form too.
-        kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell}
+        kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell, "sparse": SPARSE_CHOICES[cfg.sparse]}
         in_features = info["in_channels"] * info["height"] * info["width"]
         return build_model(
             cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw
@@ -132,6 +132,10 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
             kw["width"] = cfg.width
     if cfg.model.startswith("sew_resnet"):
         kw["cnf"] = cfg.cnf
+    if cfg.model == "mlp":
+        kw["hidden"] = cfg.hidden
+    if cfg.model in SPARSE_MODELS:
+        kw["sparse"] = SPARSE_CHOICES[cfg.sparse]
     neuron = None if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
     model = build_model(
         cfg.model,

@@ -1,0 +1,86 @@
+"""A feed-forward spiking MLP for event frames (N-MNIST) or images, one step at a time: ``[T, B, C, H, W]`` (or
+``[T, B, F]``) flattened to ``F`` features a step, then ``Linear(F -> hidden)`` -> LIF -> ``Linear(hidden ->
+hidden)`` -> LIF -> ``Linear(hidden -> num_classes)``, a plain readout returning ``[T, B, num_classes]`` (the
+training loop averages it over T).
+
+``sparse`` (``spikefuse train --sparse``): ``False`` builds torch's ``nn.Linear`` layers; ``True`` or ``"auto"``
+:class:`spikefuse.nn.SpikeLinear` layers with that ``sparse``, whose products read only the nonzero inputs: the
+hidden and readout layers the spikes of the neuron before them, the first layer its input, framed events being
+counts (the CSR with values, :mod:`spikefuse.ops.sparse_cpu`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..batchnorm.lean import spike_layer_from
+from ..nn import LIFOptions, SpikeLinear
+
+__all__ = ["SpikingMLP", "mlp"]
+
+
+class SpikingMLP(nn.Module):
+    """See the module docstring. ``neuron``: the LIF options of both hidden layers (the library's default LIF where
+    None)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        hidden: int = 256,
+        neuron: LIFOptions | None = None,
+        neuron_backend: str | None = None,
+        sparse: bool | str = False,
+    ):
+        super().__init__()
+        if hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {hidden}")
+        if not (isinstance(sparse, bool) or sparse == "auto"):
+            raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
+        neuron = (neuron or LIFOptions()).with_backend(neuron_backend)
+
+        def linear(n_in: int, n_out: int) -> nn.Linear:
+            return nn.Linear(n_in, n_out) if sparse is False else SpikeLinear(n_in, n_out, sparse=sparse)
+
+        self.layers = nn.Sequential(
+            linear(in_features, hidden),
+            neuron.make(),
+            linear(hidden, hidden),
+            neuron.make(),
+            linear(hidden, num_classes),
+        )
+        self.in_features = in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim < 3 or math.prod(x.shape[2:]) != self.in_features:
+            raise ValueError(
+                f"SpikingMLP takes [T, B, ...] inputs of {self.in_features} features a step, got {tuple(x.shape)}"
+            )
+        return self.layers(x.reshape(*x.shape[:2], self.in_features))
+
+    def convert_to_lean(self, counts: dict) -> None:
+        """:func:`spikefuse.nn.to_lean`'s hook: torch's layers fed by spikes keep their input as bits
+        (:class:`~spikefuse.nn.SpikeLinear`, the same parameters under the same names); the input layer reads
+        counts, and a sparse model's layers are spike layers already."""
+        for i in (2, 4):
+            new = spike_layer_from(self.layers[i])
+            if new is not None:
+                self.layers[i] = new
+                counts["spike_layers"] += 1
+
+
+def mlp(
+    in_channels: int,
+    num_classes: int,
+    neuron: LIFOptions | None = None,
+    neuron_backend: str | None = None,
+    image_size: int | tuple[int, int] = 34,
+    **kw,
+) -> SpikingMLP:
+    """:class:`SpikingMLP` on ``[T, B, in_channels, H, W]`` inputs of ``image_size`` (N-MNIST's 34x34 by default),
+    the registry's builder; keywords ``hidden`` and ``sparse``."""
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    return SpikingMLP(in_channels * h * w, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)
