@@ -461,6 +461,7 @@ def test_sparse_settings_that_cannot_run_are_refused():
         TrainConfig(model="mlp", sparse="yes").check_settings()
     with pytest.raises(ConfigError, match=r"--sparse true runs float32 CPU kernels.*--precision bf16"):
         TrainConfig(model="mlp", sparse="true", precision="bf16").check_settings()
-    with pytest.raises(ConfigError, match=r"--sparse true runs CPU kernels; on --device meta use --sparse auto"):
-        TrainConfig(model="mlp", sparse="true", device="meta").validate()
+    for sparse in ("true", "auto"):
+        with pytest.raises(ConfigError, match=r"--sparse runs CPU kernels; on --device meta leave it out"):
+            TrainConfig(model="mlp", sparse=sparse, device="meta").validate()
     TrainConfig(model="mlp", sparse="auto", precision="bf16").check_settings()
