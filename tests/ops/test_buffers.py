@@ -129,6 +129,18 @@ def test_idle_buffers_make_room_for_another_size():
     assert b.numel() == 4 << 18
 
 
+def test_a_busy_buffer_before_an_idle_one_is_dropped_by_its_identity():
+    """The idle buffer goes first, so the busy one before it in the cache is passed over: buffers are found by
+    identity (a tensor's ``==`` is elementwise, which ``list.remove`` would call on it)."""
+    busy = buffers.empty(SHAPE, torch.float32)
+    idle = buffers.empty(SHAPE, torch.float32)
+    del idle
+    spikefuse.set_cpu_cache_limit(3 << 20)  # room for one: the idle buffer is dropped
+    assert spikefuse.cpu_cache_bytes() == (2 << 20, 0)
+    spikefuse.set_cpu_cache_limit(0)
+    assert spikefuse.cpu_cache_bytes() == (0, 0) and busy.shape == SHAPE
+
+
 def test_off_and_bad_limits():
     spikefuse.set_cpu_cache_limit(0)
     a = buffers.empty(SHAPE, torch.float32)

@@ -128,7 +128,8 @@ def _shrink_to(target: int, forget_busy: bool) -> int:
     for buffer in order:
         if cached <= target:
             break
-        _cache.remove(buffer)
+        # by identity: list.remove would compare the tensors before it with ==, which is elementwise
+        del _cache[next(i for i, b in enumerate(_cache) if b is buffer)]
         cached -= _nbytes(buffer)
     return cached
 
