@@ -26,7 +26,7 @@ from .neurons import NeuronModel
 from .batchnorm import autograd as _bn_autograd
 from .surrogate import Sigmoid
 
-__all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif"]
+__all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif", "conv_batchnorm_neuron"]
 
 
 def _check_param(t, name: str, channels: int, x: torch.Tensor) -> None:
@@ -91,7 +91,8 @@ def _checked(
     residual=None,
     residual_binary=False,
 ):
-    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, neuron)`` resolved for the op."""
+    """The checks of :func:`batchnorm_lif`'s arguments; returns ``(backend, leak, neuron, inner)`` resolved for the
+    op (``inner``: the neurons per entry of a per-channel leak)."""
     check_input(x)
     _check_batchnorm(
         x, running_mean, running_var, weight, bias, training, momentum, residual, residual_binary, "batchnorm_lif"
@@ -103,10 +104,10 @@ def _checked(
     neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
     check_decay(decay)
     k = leak_tensor(decay, x, "decay")
-    channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
+    inner = channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
     if v_init is not None:
         check_v_init(v_init, x)
-    return concrete, k, neuron
+    return concrete, k, neuron, inner
 
 
 def batchnorm_lif(
@@ -151,7 +152,7 @@ def batchnorm_lif(
 
     Returns the spikes (shape and dtype of ``x``), and with ``return_state=True`` also the state ``[B, C, ...]``.
     """
-    concrete, k, neuron = _checked(
+    concrete, k, neuron, _ = _checked(
         x,
         running_mean,
         running_var,
@@ -251,19 +252,17 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias, conv: tuple) -> torch.Ten
 
 
 class _ConvThenBatchNormNeuron(torch.autograd.Function):
-    """``batchnorm_lif(conv(x))`` saving ``x`` (which the convolution saves anyway) and the per-channel batch
-    statistics, not the conv output: backward recomputes the convolution, runs the fused op's backward on it (which
-    recomputes the normalized input and the potentials), then the convolution's backward."""
+    """``batchnorm_neuron(conv(x))`` saving ``x`` (which the convolution saves anyway) and the per-channel batch
+    statistics, not the conv output ``z`` (computed by the caller without autograd, and handed in to be
+    normalized): backward recomputes the convolution, runs the fused op's backward on it (which recomputes the
+    normalized input and the states), then the convolution's backward. ``neuron`` is ``(key, init, inner, backend)``
+    of :func:`spikefuse.batchnorm.autograd.bn_neuron`; the neuron's parameters come last, as inputs autograd sees."""
 
     @staticmethod
-    def forward(ctx, x, conv_weight, conv_bias, bn_weight, bn_bias, decay, conv, bn, neuron):
-        t_steps = x.shape[0]
-        z = _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
+    def forward(ctx, x, conv_weight, conv_bias, bn_weight, bn_bias, z, conv, bn, neuron, *params):
         running_mean, running_var, training, momentum, eps = bn
-        backend, k, lif = _checked(
-            z, running_mean, running_var, bn_weight, bn_bias, training, momentum, decay, **neuron
-        )
-        spikes, state, (mean, invstd) = _bn_autograd.bn_lif(
+        key, init, inner, backend = neuron
+        spikes, final, (mean, invstd) = _bn_autograd.bn_neuron(
             z,
             running_mean,
             running_var,
@@ -272,32 +271,35 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
             training,
             momentum,
             eps,
-            k,
-            lif,
-            None,
+            key,
+            list(params),
+            init,
+            inner,
             backend,
             return_stats=True,
         )
         optional = (conv_bias, bn_weight, bn_bias)
         ctx.present = [t is not None for t in optional]
         empty = x.new_empty(0)
-        ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional), k, mean, invstd)
-        ctx.decay_like = decay if isinstance(decay, torch.Tensor) else None
-        ctx.conv, ctx.bn, ctx.lif, ctx.backend = conv, bn, lif, backend
-        return spikes, state
+        ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional), mean, invstd, *params)
+        ctx.conv, ctx.bn, ctx.neuron = conv, bn, neuron
+        return (spikes, *final)
 
     @staticmethod
-    def backward(ctx, grad_spikes, grad_state):
-        x, conv_weight, *rest, k, mean, invstd = ctx.saved_tensors
-        conv_bias, bn_weight, bn_bias = (t if keep else None for t, keep in zip(rest, ctx.present))
+    def backward(ctx, grad_spikes, *grad_final):
+        x, conv_weight, conv_bias, bn_weight, bn_bias, mean, invstd, *params = ctx.saved_tensors
+        conv_bias, bn_weight, bn_bias = (
+            t if keep else None for t, keep in zip((conv_bias, bn_weight, bn_bias), ctx.present)
+        )
         running_mean, running_var, training, _, eps = ctx.bn
+        key, init, inner, backend = ctx.neuron
         need = ctx.needs_input_grad
         t_steps = x.shape[0]
         xb = x.flatten(0, 1)
         z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
-        grad_z, grad_bn_w, grad_bn_b, grad_leak = _bn_autograd.bn_lif_backward_from_stats(
+        grad_z, grad_bn_w, grad_bn_b, grad_params = _bn_autograd.bn_neuron_backward_from_stats(
             grad_spikes,
-            grad_state,
+            list(grad_final),
             z,
             (mean, invstd),
             running_mean,
@@ -306,11 +308,13 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
             bn_bias,
             training,
             eps,
-            k,
-            ctx.lif,
-            ctx.backend,
+            key,
+            params,
+            init,
+            inner,
+            backend,
             bool(need[3] or need[4]),
-            bool(need[5]),
+            need[_PARAMS_INPUT:],
         )
         del z
         has_bias = conv_bias is not None
@@ -325,52 +329,27 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
             ctx.conv[3],
             [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
         )
-        decay = ctx.decay_like
         return (
             grad_x.unflatten(0, (t_steps, -1)) if need[0] else None,
             grad_w if need[1] else None,
             grad_b if need[2] and has_bias else None,
             grad_bn_w if need[3] else None,
             grad_bn_b if need[4] else None,
-            grad_leak.reshape(decay.shape).to(decay.dtype) if need[5] else None,
             None,
             None,
             None,
+            None,
+            *grad_params,
         )
 
 
-def conv_batchnorm_lif(
-    x: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    stride,
-    padding,
-    dilation,
-    groups: int,
-    running_mean: torch.Tensor | None,
-    running_var: torch.Tensor | None,
-    weight: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    training: bool = False,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-    *,
-    decay,
-    threshold: float,
-    v_reset: float | None = 0.0,
-    surrogate=Sigmoid(4.0),
-    detach_reset: bool = False,
-    return_state: bool = False,
-    backend: str = "auto",
-):
-    """A convolution (zero padding, integer ``stride``/``padding``/``dilation`` lists) over ``x [T, B, C_in, ...]``
-    merged to ``[T*B, ...]``, then :func:`batchnorm_lif`; the same spikes, gradients and running statistics as the
-    composition. Backward gets only ``x`` (which the convolution's weight gradient needs anyway) and recomputes
-    the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes (those the lean
-    form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward in backward.
-    The neurons start from their reset value (no ``v_init``); ``return_state=True`` also returns the final state,
-    as :func:`batchnorm_lif` does. Under ``torch.autocast`` the convolution runs in autocast's dtype, as
-    ``nn.Conv2d`` does there. Not for double backward."""
+_PARAMS_INPUT = 9  # the position of the first parameter among _ConvThenBatchNormNeuron.forward's inputs
+
+
+def _checked_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups) -> tuple:
+    """The checks of a convolution's arguments of :func:`conv_batchnorm_neuron`; returns ``(x, conv_weight,
+    conv_bias, conv)``, in autocast's dtype under ``torch.autocast``, ``conv`` the ``(stride, padding, dilation,
+    groups)`` of :func:`_conv`."""
     check_input(x)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.ndim not in (3, 4, 5):
         raise TypeError("conv_weight must be the weight tensor of a 1-d, 2-d or 3-d convolution")
@@ -398,16 +377,117 @@ def conv_batchnorm_lif(
         dtype = torch.get_autocast_dtype(x.device.type)
         x, conv_weight = x.to(dtype), conv_weight.to(dtype)
         conv_bias = None if conv_bias is None else conv_bias.to(dtype)
-    neuron = dict(threshold=threshold, v_reset=v_reset, surrogate=surrogate, detach_reset=detach_reset, backend=backend)
-    spikes, state = _ConvThenBatchNormNeuron.apply(
-        x,
-        conv_weight,
-        conv_bias,
+    return x, conv_weight, conv_bias, conv
+
+
+def _conv_output(x: torch.Tensor, conv_weight: torch.Tensor, conv_bias, conv: tuple) -> torch.Tensor:
+    """The convolution's output ``[T, B, C_out, ...]``, outside autograd: the op keeps ``x``, not this."""
+    with torch.no_grad():
+        return _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, x.shape[:2])
+
+
+def _conv_then(x, conv_weight, conv_bias, conv: tuple, z, batchnorm: tuple, neuron: tuple, params: list) -> tuple:
+    """``(spikes, *final states)`` of :class:`_ConvThenBatchNormNeuron` on checked arguments: ``batchnorm`` the
+    ``(running_mean, running_var, weight, bias, training, momentum, eps)`` of the BatchNorm."""
+    running_mean, running_var, weight, bias, training, momentum, eps = batchnorm
+    bn = (running_mean, running_var, bool(training), float(momentum), float(eps))
+    return _ConvThenBatchNormNeuron.apply(x, conv_weight, conv_bias, weight, bias, z, conv, bn, neuron, *params)
+
+
+def conv_batchnorm_neuron(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    model: NeuronModel,
+    surrogate="atan",
+    detach_reset: bool = False,
+    return_state: bool = False,
+    backend: str = "auto",
+    **params,
+):
+    """A convolution (zero padding, integer ``stride``/``padding``/``dilation`` lists) over ``x [T, B, C_in, ...]``
+    merged to ``[T*B, ...]``, then :func:`batchnorm_neuron` (the neurons of any
+    :class:`~spikefuse.neurons.NeuronModel`, its arguments as there); the same spikes, gradients and running
+    statistics as the composition. Backward gets only ``x`` (which the convolution's weight gradient needs anyway)
+    and recomputes the convolution's output, where the composition keeps it: worth it where ``x`` is not spikes
+    (those the lean form stores as bits), e.g. the first layer reading an image. Costs one more convolution forward
+    in backward. The neurons start from the model's initial values (no ``state``); ``return_state=True`` also
+    returns the tuple of final states. Under ``torch.autocast`` the convolution runs in autocast's dtype, as
+    ``nn.Conv2d`` does there. Not for double backward. :func:`conv_batchnorm_lif` is its LIF preset."""
+    x, conv_weight, conv_bias, conv = _checked_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    z = _conv_output(x, conv_weight, conv_bias, conv)
+    check_input(z)
+    _check_batchnorm(
+        z, running_mean, running_var, weight, bias, training, momentum, None, False, "conv_batchnorm_neuron"
+    )
+    concrete, surrogate, tensors, inner, init = resolve_neuron(z, model, surrogate, None, backend, params)
+    check_no_functorch(
+        "the fused conv+BatchNorm+neuron op",
+        "use torch.nn.Conv, BatchNorm and spikefuse.neuron(..., backend='reference')",
+    )
+    key = _bn_autograd.bound_neuron_key(model, surrogate, detach_reset)
+    batchnorm = (running_mean, running_var, weight, bias, training, momentum, eps)
+    spikes, *final = _conv_then(x, conv_weight, conv_bias, conv, z, batchnorm, (key, init, inner, concrete), tensors)
+    return (spikes, tuple(final)) if return_state else spikes
+
+
+def conv_batchnorm_lif(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    *,
+    decay,
+    threshold: float,
+    v_reset: float | None = 0.0,
+    surrogate=Sigmoid(4.0),
+    detach_reset: bool = False,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """:func:`conv_batchnorm_neuron` with the LIF neurons of :func:`batchnorm_lif` (its LIF arguments): a
+    convolution over ``x [T, B, C_in, ...]``, then BatchNorm and LIF, recomputing the convolution's output in
+    backward. ``return_state=True`` also returns the final membrane potential."""
+    x, conv_weight, conv_bias, conv = _checked_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    z = _conv_output(x, conv_weight, conv_bias, conv)
+    concrete, k, lif, inner = _checked(
+        z,
+        running_mean,
+        running_var,
         weight,
         bias,
+        training,
+        momentum,
         decay,
-        conv,
-        (running_mean, running_var, bool(training), float(momentum), float(eps)),
-        neuron,
+        threshold=threshold,
+        v_reset=v_reset,
+        surrogate=surrogate,
+        detach_reset=detach_reset,
+        backend=backend,
     )
+    key, params, init = _bn_autograd.lif_neuron(lif, k, None, z)
+    batchnorm = (running_mean, running_var, weight, bias, training, momentum, eps)
+    spikes, state = _conv_then(x, conv_weight, conv_bias, conv, z, batchnorm, (key, init, inner, concrete), params)
     return (spikes, state) if return_state else spikes

@@ -18,6 +18,7 @@ from spikefuse.nn import (
     BatchNormLIF2d,
     BatchNormNeuron,
     ConvBatchNormLIF,
+    ConvBatchNormNeuron,
     CubaLIF,
     SeqToBatch,
     SpikeConv2d,
@@ -294,7 +295,8 @@ def _assert_same_gradients(plain, lean, x, labels):
 
 def test_user_sequential_of_engine_neurons():
     """BatchNorm + CubaLIF / ALIF become BatchNormNeuron modules holding both (the same parameters: an optimizer
-    made before the conversion still holds them); the layers after the neurons read spikes."""
+    made before the conversion still holds them), the first with the convolution reading the input before it
+    (ConvBatchNormNeuron); the layers after the neurons read spikes."""
     torch.manual_seed(4)
     plain = _engine_net("reference")
     lean = _engine_net("cpu")
@@ -304,17 +306,17 @@ def test_user_sequential_of_engine_neurons():
     assert counts == {
         "bn_lif": 2,
         "bn_add_lif": 0,
-        "conv_bn_lif": 0,
+        "conv_bn_lif": 1,
         "spike_layers": 2,
         "recompute_neurons": 1,
         "pools": 0,
     }
-    for i, neuron in ((1, CubaLIF), (4, ALIF)):
-        assert isinstance(lean[i], BatchNormNeuron) and isinstance(lean[i].neuron, neuron)
-        assert isinstance(lean[i + 1], nn.Identity)
-    assert lean[1].neuron.memory == "recompute", "to_lean makes every neuron recompute"
+    assert isinstance(lean[0], ConvBatchNormNeuron) and isinstance(lean[0].bn_neuron.neuron, CubaLIF)
+    assert isinstance(lean[4], BatchNormNeuron) and isinstance(lean[4].neuron, ALIF)
+    assert all(isinstance(lean[i], nn.Identity) for i in (1, 2, 5))
+    assert lean[0].bn_neuron.neuron.memory == "recompute", "to_lean makes every neuron recompute"
     assert isinstance(lean[3], SpikeConv2d) and isinstance(lean[7], SpikeLinear)
-    assert [id(p) for p in lean[1].parameters()] == before[2:5]  # bn weight, bias, then the neuron's beta
+    assert [id(p) for p in lean[0].parameters()] == before[:5]  # conv weight, bias, bn weight, bias, the beta
     x = torch.rand(3, 2, 2, 6, 6, generator=torch.Generator().manual_seed(6)) * 3
     labels = torch.tensor([0, 4])
     saved_p, saved_l = _assert_same_gradients(plain, lean, x, labels)

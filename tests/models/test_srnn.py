@@ -24,7 +24,7 @@ def _step(model, x, y):
     return out.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("cell", ["lif", "alif"])
+@pytest.mark.parametrize("cell", ["lif", "cubalif", "alif"])
 def test_lean_form_equals_fused(cell):
     """--memory lean: recomputing recurrent layers and bit-packed spike inputs; the same outputs and gradients."""
     x = (torch.rand(12, 5, 2, 4, 4) < 0.3).float()  # spike frames, flattened to 32 features a step

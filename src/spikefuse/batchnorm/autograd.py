@@ -79,7 +79,7 @@ __all__ = [
     "bound_neuron_key",
     "bn_neuron",
     "bn_lif",
-    "bn_lif_backward_from_stats",
+    "bn_neuron_backward_from_stats",
     "bn_lif_forward",
     "bn_lif_backward",
 ]
@@ -831,7 +831,7 @@ def bn_neuron(
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
     ``[1]``; ``residual`` of ``x``'s shape, dtype and device or None; ``residual_binary``: it holds only 0 and 1
     and is saved as bits). Returns ``(spikes, final states)``, shaped like ``x`` and each ``x.shape[1:]``, and with
-    ``return_stats`` also the batch statistics ``(mean, invstd)`` that :func:`bn_lif_backward_from_stats` takes (for
+    ``return_stats`` also the batch statistics ``(mean, invstd)`` that :func:`bn_neuron_backward_from_stats` takes (for
     a caller with its own backward, run without autograd). ``training``/``momentum`` as
     :func:`torch.nn.functional.batch_norm`.
     """
@@ -916,9 +916,9 @@ def bn_lif(
     return (out[0], out[1][0], *out[2:])
 
 
-def bn_lif_backward_from_stats(
+def bn_neuron_backward_from_stats(
     grad_spikes: Tensor,
-    grad_state: Tensor,
+    grad_final: list[Tensor],
     x: Tensor,
     stats: tuple[Tensor, Tensor],
     running_mean: Tensor | None,
@@ -927,25 +927,26 @@ def bn_lif_backward_from_stats(
     bias: Tensor | None,
     training: bool,
     eps: float,
-    leak: Tensor,
-    neuron: LIFNeuron,
+    neuron: str,
+    params: list[Tensor],
+    init: list[Tensor],
+    inner: int,
     backend: str,
     need_affine: bool,
-    need_leak: bool,
-) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-    """The backward of :func:`bn_lif` (no residual, ``v_init`` None) from its input ``x`` and the
-    ``stats`` it returned: ``(grad_x, grad_weight, grad_bias, grad_leak)``, None where not needed. The same op as
-    the fused module's backward: recomputes the normalized input and the potentials, nothing of the forward again."""
+    need_params: list[bool],
+) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor | None]]:
+    """The backward of :func:`bn_neuron` (no residual) from its input ``x`` and the ``stats`` it returned:
+    ``(grad_x, grad_weight, grad_bias, grad per parameter)``, None where not needed; ``grad_final`` one gradient
+    per state, shaped like ``x.shape[1:]``. The same op as the fused module's backward: recomputes the normalized
+    input and the states, nothing of the forward again."""
     t_steps = x.shape[0]
     n = x.numel() // t_steps
     cdt = compute_dtype(x.dtype)
-    key, params, init = lif_neuron(neuron, leak, None, x)
     mean, invstd = stats
     backward_op = _backward_for(backend) if torch.compiler.is_compiling() else _backward_impl
-    need_params = [bool(need_leak)] + [False] * (len(params) - 1)
     out = backward_op(
         grad_spikes.reshape(t_steps, n).contiguous(),
-        [grad_state.reshape(n).to(cdt).contiguous()],
+        [g.reshape(n).to(cdt).contiguous() for g in grad_final],
         _merged(x),
         None,
         x.new_empty(0, dtype=torch.uint8),
@@ -955,24 +956,25 @@ def bn_lif_backward_from_stats(
         invstd,
         None if training else running_mean,
         None if training else running_var,
-        params,
-        init,
-        _inner(x, leak),
-        key,
+        list(params),
+        list(init),
+        inner,
+        neuron,
         backend,
         bool(training),
         float(eps),
-        need_params,
+        [bool(need) for need in need_params],
         bool(need_affine),
         False,
     )
     grad_x, grad_w, grad_b = out[:3]
     affine = weight is not None and need_affine
+    grad_params = out[4 + len(init) :]
     return (
         grad_x.reshape(x.shape),
         grad_w if affine else None,
         grad_b if affine and bias is not None else None,
-        out[4 + len(init)] if need_leak else None,
+        [g if need else None for g, need in zip(grad_params, need_params)],
     )
 
 

@@ -12,9 +12,11 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`, and the engine's
 
 1. **Modules that know their structure convert themselves first.** A module with a ``convert_to_lean(counts)``
    method (the :mod:`spikefuse.models` ResNet blocks and the ResNet stem, whose conv, BatchNorm and neuron become
-   one :class:`~spikefuse.nn.ConvBatchNormLIF`) replaces its own children and adds what it changed to ``counts``. That is how the last neuron of a residual block, ``LIF(BN(conv(x)) + shortcut)``,
-   becomes one :class:`~spikefuse.nn.BatchNormLIF2d` call with a residual (the shortcut saved as bits when it is
-   the block's input spikes). A user block with a residual add can do the same.
+   one :class:`~spikefuse.nn.ConvBatchNormLIF` or :class:`~spikefuse.nn.ConvBatchNormNeuron`) replaces its own
+   children and adds what it changed to ``counts``. That is how the last neuron of a residual block,
+   ``LIF(BN(conv(x)) + shortcut)``, becomes one :class:`~spikefuse.nn.BatchNormLIF2d` call with a residual (the
+   shortcut saved as bits when it is the block's input spikes; a :class:`~spikefuse.nn.BatchNormNeuron` call for
+   an engine neuron). A user block with a residual add can do the same.
 2. **In every** ``nn.Sequential``, by position:
 
    - ``SeqToBatch(nn.ConvNd / nn.Linear)`` after a spikefuse neuron (directly, or through ``Flatten``,
@@ -26,7 +28,8 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`, and the engine's
      options and learnable decay) and the neuron becomes ``nn.Identity``; followed by an engine neuron, one
      :class:`~spikefuse.nn.BatchNormNeuron` holding both modules (counted as ``bn_lif`` too);
    - a ``SeqToBatch(nn.ConvNd)`` that reads real values (not spikes: the first layer on images) directly followed
-     by such a fused BatchNorm+LIF becomes one :class:`~spikefuse.nn.ConvBatchNormLIF`, which keeps only the
+     by such a fused BatchNorm+neuron becomes one :class:`~spikefuse.nn.ConvBatchNormLIF` (for an engine neuron
+     :class:`~spikefuse.nn.ConvBatchNormNeuron`, counted as ``conv_bn_lif`` too), which keeps only the
      convolution's input (the convolution keeps it anyway) and recomputes the convolution in backward, instead of
      keeping its output -- where that is cheap: at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output
      element (input channels per group x kernel volume: a first layer on 2-3 channels, not a convolution of
@@ -63,7 +66,14 @@ from ..nn.spike_layers import (
     SpikeMaxPool2d,
     SpikeMaxPool3d,
 )
-from .modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF
+from .modules import (
+    BatchNormLIF1d,
+    BatchNormLIF2d,
+    BatchNormLIFBase,
+    BatchNormNeuron,
+    ConvBatchNormLIF,
+    ConvBatchNormNeuron,
+)
 
 __all__ = [
     "to_lean",
@@ -72,7 +82,7 @@ __all__ = [
     "spike_max_pool_from",
     "batchnorm_lif_from",
     "fused_batchnorm_from",
-    "conv_batchnorm_lif_from",
+    "conv_batchnorm_neuron_from",
     "LEAN_COUNTS",
     "RECOMPUTE_MAX_MACS",
 ]
@@ -179,18 +189,23 @@ def fused_batchnorm_from(bn_layer: nn.Module, neuron: nn.Module) -> nn.Module | 
     return batchnorm_lif_from(bn_layer, neuron)
 
 
-def conv_batchnorm_lif_from(conv_layer: nn.Module, bn_lif: nn.Module) -> ConvBatchNormLIF | None:
-    """One :class:`~spikefuse.nn.ConvBatchNormLIF` of ``conv_layer`` (``SeqToBatch(nn.ConvNd)`` with zero padding,
-    at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output element) and ``bn_lif`` (a non-stateful fused
-    BatchNorm+LIF), sharing their modules; None when they are not those."""
+def conv_batchnorm_neuron_from(conv_layer: nn.Module, fused: nn.Module) -> nn.Module | None:
+    """One :class:`~spikefuse.nn.ConvBatchNormLIF` or :class:`~spikefuse.nn.ConvBatchNormNeuron` of ``conv_layer``
+    (``SeqToBatch(nn.ConvNd)`` with zero padding, at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output
+    element) and ``fused`` (a non-stateful fused BatchNorm+LIF, or :class:`~spikefuse.nn.BatchNormNeuron`),
+    sharing their modules; None when they are not those."""
     conv = conv_layer.module if isinstance(conv_layer, SeqToBatch) else None
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) or conv.padding_mode != "zeros":
         return None
     if conv.in_channels // conv.groups * math.prod(conv.kernel_size) > RECOMPUTE_MAX_MACS:
         return None
-    if isinstance(conv.padding, str) or not isinstance(bn_lif, BatchNormLIFBase) or bn_lif.stateful:
+    if isinstance(conv.padding, str):
         return None
-    return ConvBatchNormLIF(conv, bn_lif)
+    if isinstance(fused, BatchNormLIFBase) and not fused.stateful:
+        return ConvBatchNormLIF(conv, fused)
+    if isinstance(fused, BatchNormNeuron) and not fused.neuron.stateful:
+        return ConvBatchNormNeuron(conv, fused)
+    return None
 
 
 class _ShapeOnlyAvgPool(torch.autograd.Function):
@@ -228,7 +243,7 @@ class ShapeOnlyAvgPool2d(nn.AvgPool2d):
 
 
 #: The modules whose output is spikes.
-_SPIKING = (LIF, EngineNeuron, BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF)
+_SPIKING = (LIF, EngineNeuron, BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF, ConvBatchNormNeuron)
 
 
 def _keeps_spikes(m: nn.Module) -> bool:
@@ -256,9 +271,9 @@ def _convert_sequential(seq: nn.Sequential, counts: dict) -> None:
             if new is not None:
                 seq[i], seq[i + 1] = new, nn.Identity()
                 counts["bn_lif"] += 1
-    for i in range(len(seq) - 1):  # a conv reading real values, then a fused BatchNorm+LIF
+    for i in range(len(seq) - 1):  # a conv reading real values, then a fused BatchNorm+neuron
         if isinstance(seq[i], SeqToBatch) and spike_layer_from(seq[i]) is not None:
-            new = conv_batchnorm_lif_from(seq[i], seq[i + 1])
+            new = conv_batchnorm_neuron_from(seq[i], seq[i + 1])
             if new is not None:
                 seq[i], seq[i + 1] = new, nn.Identity()
                 counts["conv_bn_lif"] += 1

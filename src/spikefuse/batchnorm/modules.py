@@ -6,7 +6,8 @@ output) and per-channel statistics for backward; the normalized input, membrane 
 recomputed there. ``module(x, residual)`` adds a residual after the BatchNorm, the last neuron of a residual block
 (``LIF(BN(conv(x)) + shortcut)``), saving ``x`` and the residual (as bits with ``residual_binary=True``). See
 :func:`spikefuse.bn_functional.batchnorm_lif`. :class:`BatchNormNeuron` does the same for a BatchNorm and an engine
-neuron (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, ...), :func:`spikefuse.batchnorm_neuron`.
+neuron (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, ...), :func:`spikefuse.batchnorm_neuron`;
+:class:`ConvBatchNormNeuron` a convolution before them, :class:`ConvBatchNormLIF` its LIF preset.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _NormBase
 
-from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif
+from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif, conv_batchnorm_neuron
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIFModuleOptions
 from ..nn.spike_layers import check_binary, debug_enabled
@@ -26,6 +27,7 @@ __all__ = [
     "BatchNormLIF2d",
     "BatchNormNeuron",
     "ConvBatchNormLIF",
+    "ConvBatchNormNeuron",
     "batchnorm_call_args",
     "running_average_factor",
 ]
@@ -143,45 +145,51 @@ class BatchNormLIF2d(BatchNormLIFBase):
     _layout = "[T, B, C, H, W]"
 
 
+def _check_conv_then(conv: torch.nn.Module, name: str, channels: int, stateful: bool) -> None:
+    """The checks of a convolution fused with the BatchNorm+neuron module after it (the argument ``name``, of
+    ``channels`` channels)."""
+    if not isinstance(conv, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+        raise TypeError(f"conv must be an nn.Conv1d, Conv2d or Conv3d, got {type(conv).__name__}")
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        raise ValueError(
+            f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
+            f"padding_mode={conv.padding_mode!r}"
+        )
+    if channels != conv.out_channels:
+        raise ValueError(f"{name} has {channels} channels but conv gives {conv.out_channels}")
+    if stateful:
+        raise ValueError(
+            f"{name} is stateful: it keeps its state between calls, but the fused convolution starts every call "
+            "from the initial state: use the two modules in sequence"
+        )
+
+
+def _conv_arguments(conv: torch.nn.modules.conv._ConvNd) -> tuple:
+    """``(weight, bias, stride, padding, dilation, groups)``: a convolution's arguments of the fused op."""
+    return conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups
+
+
 class ConvBatchNormLIF(torch.nn.Module):
     """``conv`` (an ``nn.Conv1d/2d/3d`` over ``[T, B, C, ...]``, T*B merged) then ``bn_lif`` (a
     :class:`BatchNormLIF1d`/``2d``), in one call whose backward recomputes the convolution's output instead of
-    keeping it (:func:`spikefuse.bn_functional.conv_batchnorm_lif`): it keeps only the convolution's input, which the
-    convolution's weight gradient needs anyway. Same spikes, gradients and running statistics as
-    ``bn_lif(SeqToBatch(conv)(x))``. Meant for a convolution that reads real values, e.g. the first layer on
-    images (one reading spikes saves them as bits in the lean form instead: see :mod:`spikefuse.batchnorm.lean`).
-    ``conv`` and ``bn_lif`` stay the modules holding the parameters and buffers."""
+    keeping it (:func:`spikefuse.bn_functional.conv_batchnorm_lif`): the LIF preset of :class:`ConvBatchNormNeuron`
+    (see there). Same spikes, gradients and running statistics as ``bn_lif(SeqToBatch(conv)(x))``. ``conv`` and
+    ``bn_lif`` stay the modules holding the parameters and buffers."""
 
     def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_lif: BatchNormLIFBase):
         super().__init__()
-        if not isinstance(conv, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
-            raise TypeError(f"conv must be an nn.Conv1d, Conv2d or Conv3d, got {type(conv).__name__}")
-        if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-            raise ValueError(
-                f"conv must have zero padding given as numbers, got padding={conv.padding!r}, "
-                f"padding_mode={conv.padding_mode!r}"
-            )
         if not isinstance(bn_lif, BatchNormLIFBase):
             raise TypeError(f"bn_lif must be a BatchNormLIF1d or BatchNormLIF2d, got {type(bn_lif).__name__}")
-        if bn_lif.num_features != conv.out_channels:
-            raise ValueError(f"bn_lif has {bn_lif.num_features} channels but conv gives {conv.out_channels}")
-        if bn_lif.stateful:
-            raise ValueError(
-                "a stateful BatchNormLIF keeps its state between calls; ConvBatchNormLIF starts every "
-                "call from the reset value: use the two modules in sequence"
-            )
+        _check_conv_then(conv, "bn_lif", bn_lif.num_features, bn_lif.stateful)
         self.conv = conv
         self.bn_lif = bn_lif
         self.training = bn_lif.training
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv
         neuron = self.bn_lif._neuron_call_kwargs(x)
         for key in ("v_init", "return_state"):
             del neuron[key]
-        return conv_batchnorm_lif(
-            x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups, *self.bn_lif._batchnorm_args(), **neuron
-        )
+        return conv_batchnorm_lif(x, *_conv_arguments(self.conv), *self.bn_lif._batchnorm_args(), **neuron)
 
 
 class BatchNormNeuron(torch.nn.Module):
@@ -225,3 +233,36 @@ class BatchNormNeuron(torch.nn.Module):
         )
         self.neuron.keep_state(final)
         return spikes
+
+
+class ConvBatchNormNeuron(torch.nn.Module):
+    """``conv`` (an ``nn.Conv1d/2d/3d`` over ``[T, B, C, ...]``, T*B merged) then ``bn_neuron`` (a
+    :class:`BatchNormNeuron`: BatchNorm and any engine neuron, :class:`~spikefuse.nn.CubaLIF`,
+    :class:`~spikefuse.nn.ALIF`, a layer of the user's model), in one call whose backward recomputes the
+    convolution's output instead of keeping it (:func:`spikefuse.bn_functional.conv_batchnorm_neuron`): it keeps only the
+    convolution's input, which the convolution's weight gradient needs anyway. Same spikes, gradients and running
+    statistics as ``bn_neuron(SeqToBatch(conv)(x))``. Meant for a convolution that reads real values, e.g. the first
+    layer on images (one reading spikes saves them as bits in the lean form instead: see
+    :mod:`spikefuse.batchnorm.lean`). ``conv`` and ``bn_neuron`` stay the modules holding the parameters and
+    buffers; :class:`ConvBatchNormLIF` is the same for LIF."""
+
+    def __init__(self, conv: torch.nn.modules.conv._ConvNd, bn_neuron: BatchNormNeuron):
+        super().__init__()
+        if not isinstance(bn_neuron, BatchNormNeuron):
+            raise TypeError(f"bn_neuron must be a BatchNormNeuron, got {type(bn_neuron).__name__}")
+        _check_conv_then(conv, "bn_neuron", bn_neuron.bn.num_features, bn_neuron.neuron.stateful)
+        self.conv = conv
+        self.bn_neuron = bn_neuron
+        self.training = bn_neuron.training
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        neuron = self.bn_neuron.neuron
+        arguments = neuron.call_arguments(x)
+        del arguments["state"]  # None: a stateful neuron is refused at construction
+        return conv_batchnorm_neuron(
+            x,
+            *_conv_arguments(self.conv),
+            *batchnorm_call_args(self.bn_neuron.bn),
+            model=neuron.model,
+            **arguments,
+        )

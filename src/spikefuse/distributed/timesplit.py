@@ -56,7 +56,13 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import functional as F
-from ..batchnorm.modules import BatchNormLIFBase, BatchNormNeuron, ConvBatchNormLIF, running_average_factor
+from ..batchnorm.modules import (
+    BatchNormLIFBase,
+    BatchNormNeuron,
+    ConvBatchNormLIF,
+    ConvBatchNormNeuron,
+    running_average_factor,
+)
 from ..neuron_functional import neuron
 from ..neurons import NeuronModel
 from ..nn.containers import SeqToBatch
@@ -838,6 +844,8 @@ def convert_batchnorm(module: nn.Module, group=None) -> nn.Module:
         return TimeSplitBatchNormNeuron(module, group)
     if isinstance(module, ConvBatchNormLIF):  # the convolution's output is kept again
         return nn.Sequential(SeqToBatch(module.conv), TimeSplitBatchNormLIF(module.bn_lif, group))
+    if isinstance(module, ConvBatchNormNeuron):  # likewise
+        return nn.Sequential(SeqToBatch(module.conv), TimeSplitBatchNormNeuron(module.bn_neuron, group))
     if isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm):
         return TimeSplitBatchNorm.from_batchnorm(module.module, group, channel_dim=2)
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm):
@@ -870,6 +878,8 @@ def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Modu
         module = TimeSplitBatchNormNeuron(module, group)  # likewise
     if isinstance(module, ConvBatchNormLIF):
         module = nn.Sequential(SeqToBatch(module.conv), module.bn_lif)  # converted below
+    if isinstance(module, ConvBatchNormNeuron):
+        module = nn.Sequential(SeqToBatch(module.conv), module.bn_neuron)  # likewise
     is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, TimeSplitBatchNorm)
     if is_bn or (isinstance(module, SeqToBatch) and isinstance(module.module, nn.modules.batchnorm._BatchNorm)):
         return convert_batchnorm(module, group)

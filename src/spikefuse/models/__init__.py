@@ -4,7 +4,9 @@ Every model is built from ordinary layers wrapped in :class:`spikefuse.nn.SeqToB
 T*B samples, pooling, linear) and multi-step :class:`spikefuse.nn.LIF` neurons. The last layer is a plain linear
 readout (no neuron), so the output is a real-valued score per time step; the training loop averages it over T.
 
-The neuron of every layer is described by one :class:`~spikefuse.nn.LIFOptions` record. ``build_model(..., neuron_backend=
+The neuron of every layer is described by one record, ``neuron=``: a :class:`~spikefuse.nn.LIFOptions` for LIF,
+or a :class:`NeuronFactory` for any engine neuron (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, a
+user's model; :func:`cell_neuron` gives ``spikefuse train --cell``'s). ``build_model(..., neuron_backend=
 "reference")`` builds the same network on the serial PyTorch reference (for A/B checks against the fused kernels);
 :func:`set_neuron_backend` switches an existing model, keeping its weights.
 
@@ -25,17 +27,24 @@ spiking MLP for event frames: :mod:`spikefuse.models.mlp`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from torch import nn
 
-from ..nn import LIF, EngineNeuron, LIFOptions, to_lean
+from ..nn import ALIF, LIF, CubaLIF, EngineNeuron, LIFOptions, to_lean
+from ..ops import check_backend_name
 from ..surrogate import Rectangle
 
 __all__ = [
     "LIFOptions",
+    "NeuronFactory",
     "PAPER_NEURON",
     "LIANG_NEURON",
+    "CUBA_LIF_NEURON",
+    "ALIF_NEURON",
+    "CELLS",
+    "cell_neuron",
     "MODELS",
     "MEMORY_FORMS",
     "build_model",
@@ -50,6 +59,48 @@ __all__ = [
 PAPER_NEURON = LIFOptions()
 #: The memory-lean BPTT paper's neuron (Table I): alpha = 0.25 decay, th_f = 0.25, rectangle window (-0.25, 0.75).
 LIANG_NEURON = LIFOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
+
+
+@dataclass(frozen=True)
+class NeuronFactory:
+    """The neuron of every layer of a model, as the models' ``neuron=`` takes it (beside :class:`LIFOptions`, the
+    LIF's): ``module(**arguments, backend=backend)``, an engine neuron, e.g. ``NeuronFactory(CubaLIF, {"alpha":
+    0.5, "beta": 0.5})``, or for a user's :class:`~spikefuse.neurons.NeuronModel` ``NeuronFactory(EngineNeuron,
+    {"model": model, ...its parameters})``. The lean form fuses each with its BatchNorm (and the first
+    convolution) as it does LIF."""
+
+    module: Callable[..., EngineNeuron]
+    arguments: dict = field(default_factory=dict)
+    backend: str = "auto"
+
+    def __post_init__(self):
+        check_backend_name(self.backend)
+        self.make()  # a bad argument fails here, not in the middle of building a model
+
+    def make(self) -> EngineNeuron:
+        """A new neuron module."""
+        return self.module(**self.arguments, backend=self.backend)
+
+    def with_backend(self, backend: str | None) -> "NeuronFactory":
+        return self if backend is None else replace(self, backend=backend)
+
+
+#: ``--cell cubalif`` of the feed-forward models: synaptic and membrane decays of 0.5 (time constants of about 1.4
+#: steps, for the few steps of image classification), threshold 1 (BatchNorm's unit scale), CubaLIF's ATan(2).
+CUBA_LIF_NEURON = NeuronFactory(CubaLIF, {"alpha": 0.5, "beta": 0.5, "threshold": 1.0})
+#: ``--cell alif`` of the feed-forward models: membrane decay 0.5, baseline threshold 1 (BatchNorm's unit scale),
+#: each spike raising it by 0.2, the raise decaying by 0.9 a step (it outlasts the few steps of an image), Sigmoid(4).
+ALIF_NEURON = NeuronFactory(ALIF, {"decay": 0.5, "rho": 0.9, "b0": 1.0, "beta": 0.2})
+#: The neurons ``spikefuse train --cell`` names: the model's LIF, :data:`CUBA_LIF_NEURON`, :data:`ALIF_NEURON`
+#: (the srnn model's recurrent layers of those neurons: :data:`spikefuse.models.srnn.CELLS`).
+CELLS = ("lif", "cubalif", "alif")
+
+
+def cell_neuron(cell: str) -> NeuronFactory | None:
+    """The ``neuron=`` of a model for ``cell`` (one of :data:`CELLS`): None for "lif" (the model's own LIF)."""
+    if cell not in CELLS:
+        raise ValueError(f"unknown cell {cell!r}: use one of {', '.join(CELLS)}")
+    return {"lif": None, "cubalif": CUBA_LIF_NEURON, "alif": ALIF_NEURON}[cell]
 
 
 def neuron_layers(model: nn.Module) -> list[tuple[str, LIF]]:
@@ -143,14 +194,16 @@ def build_model(
     name: str,
     in_channels: int,
     num_classes: int,
-    neuron: LIFOptions | None = None,
+    neuron: LIFOptions | NeuronFactory | None = None,
     neuron_backend: str | None = None,
     memory: str = "fused",
     **kw,
 ) -> nn.Module:
     """Build the registered model ``name``. ``neuron=None`` uses the model's paper defaults
     (:data:`PAPER_NEURON` for the ResNets, :data:`LIANG_NEURON` for the ``liang-*`` nets, SpikingJelly's for the
-    spiking transformers: :data:`~spikefuse.models.spikformer.SPIKFORMER_NEURON` and its kin); ``neuron_backend``
+    spiking transformers: :data:`~spikefuse.models.spikformer.SPIKFORMER_NEURON` and its kin); a
+    :class:`NeuronFactory` builds every neuron of a feed-forward model from it (the recurrent ``srnn`` takes
+    ``cell=`` instead); ``neuron_backend``
     overrides ``neuron.backend``; ``memory="lean"`` builds the memory-lean form (:func:`spikefuse.nn.to_lean`),
     same outputs and gradients as ``"fused"``. Extra keywords go to the builder (e.g. ``stem="cifar"`` for the
     ResNets)."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..nn import Flatten, SeqToBatch
-from ..batchnorm.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
+from ..batchnorm.lean import conv_batchnorm_neuron_from, fused_batchnorm_from, spike_layer_from, spike_max_pool_from
 
 __all__ = [
     "BasicBlock",
@@ -158,7 +158,8 @@ class SpikingResNet(nn.Module):
         layers: number of blocks in each of the four stages.
         in_channels: input channels.
         num_classes: classes.
-        neuron: :class:`spikefuse.nn.LIFOptions` of every neuron.
+        neuron: the record every neuron is made from: :class:`spikefuse.nn.LIFOptions` or
+            :class:`spikefuse.models.NeuronFactory` (CubaLIF, ALIF, a user's neuron).
         width: channels of the first stage (64 in SpikingJelly; stages use width, 2x, 4x, 8x).
         stem: ``"imagenet"`` (7x7/2 conv + 3x3/2 max-pool, as SpikingJelly) or ``"cifar"`` (3x3/1 conv, no pool).
         zero_init_residual: zero the last BN weight of every residual branch (SpikingJelly's option, off by default).
@@ -230,7 +231,7 @@ class SpikingResNet(nn.Module):
         from that input, which it keeps anyway), its max-pooling saving the spikes as bits; the blocks convert
         themselves."""
         _fuse_bn_neuron(self, "bn1", "sn1", counts)
-        stem = conv_batchnorm_lif_from(self.conv1, self.bn1)
+        stem = conv_batchnorm_neuron_from(self.conv1, self.bn1)
         if stem is not None:
             self.conv1, self.bn1 = nn.Identity(), stem
             counts["conv_bn_lif"] += 1

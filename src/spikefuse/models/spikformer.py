@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..batchnorm.lean import conv_batchnorm_lif_from, fused_batchnorm_from, spike_layer_from
+from ..batchnorm.lean import conv_batchnorm_neuron_from, fused_batchnorm_from, spike_layer_from
 from ..nn import LIFOptions, SeqToBatch
 from ..surrogate import Sigmoid
 
@@ -141,9 +141,9 @@ def _fuse(owner: nn.Module, conv: str, bn: str, neuron: str, input_spikes: bool,
     owner.set_submodule(neuron, nn.Identity())
     counts["bn_lif"] += 1
     if not input_spikes:
-        conv_bn_lif = conv_batchnorm_lif_from(owner.get_submodule(conv), fused)
-        if conv_bn_lif is not None:
-            owner.set_submodule(conv, conv_bn_lif)
+        conv_bn_neuron = conv_batchnorm_neuron_from(owner.get_submodule(conv), fused)
+        if conv_bn_neuron is not None:
+            owner.set_submodule(conv, conv_bn_neuron)
             owner.set_submodule(bn, nn.Identity())
             counts["conv_bn_lif"] += 1
 

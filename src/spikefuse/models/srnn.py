@@ -3,9 +3,9 @@ architectures of Bellec et al. 2018 (LSNN: recurrent adaptive neurons) and Yin e
 layers), with a leaky-integrator readout.
 
 Input ``[T, B, ...]`` (trailing dimensions flattened into F features), then ``layers`` times a ``Linear`` into
-``hidden`` recurrent neurons (:class:`spikefuse.nn.RecurrentLIF` or :class:`spikefuse.nn.RecurrentALIF`, all to
-all), then a ``Linear`` readout into :class:`LeakyReadout`; returns ``[T, B, num_classes]``, the readout's membrane
-at every step (the training loop averages it over T).
+``hidden`` recurrent neurons (:class:`spikefuse.nn.RecurrentLIF`, :class:`spikefuse.nn.RecurrentCubaLIF` or
+:class:`spikefuse.nn.RecurrentALIF`, all to all), then a ``Linear`` readout into :class:`LeakyReadout`; returns
+``[T, B, num_classes]``, the readout's membrane at every step (the training loop averages it over T).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import math
 import torch
 from torch import nn
 
-from ..nn import LIFOptions, RecurrentALIF, RecurrentLIF, SpikeLinear
+from ..nn import LIFOptions, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF, SpikeLinear
 from ..surrogate import Sigmoid
 
 __all__ = ["SRNN", "LeakyReadout", "SRNN_NEURON", "CELLS", "srnn"]
 
 #: The LIF cell's default neuron: a membrane time constant of ~10 steps, soft reset.
 SRNN_NEURON = LIFOptions(decay=0.9, threshold=0.5, v_reset=None, surrogate=Sigmoid(4.0))
-#: The hidden neurons an SRNN can have.
-CELLS = ("lif", "alif")
+#: The hidden neurons an SRNN can have (``spikefuse train --cell``).
+CELLS = ("lif", "cubalif", "alif")
 
 
 class LeakyReadout(nn.Module):
@@ -50,7 +50,8 @@ class LeakyReadout(nn.Module):
 
 
 class SRNN(nn.Module):
-    """See the module docstring. ``cell``: "lif" (``neuron``'s decay, threshold, reset and surrogate) or "alif"
+    """See the module docstring. ``cell``: "lif" (``neuron``'s decay, threshold, reset and surrogate), "cubalif"
+    (current-based LIF: synaptic decay 0.8, membrane decay 0.9 as the LIF's, threshold 1, ATan(2)) or "alif"
     (Bellec et al.'s adaptive threshold: decay 0.95, adaptation decay 0.99, b0 0.5, beta 0.2). ``memory``:
     "fused" (the recurrent layers keep their states for backward) or "lean" (they recompute them, and every layer
     fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input holds
@@ -76,6 +77,11 @@ class SRNN(nn.Module):
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"unknown cell {cell!r}: use one of {', '.join(CELLS)}")
+        if neuron is not None and not isinstance(neuron, LIFOptions):
+            raise TypeError(
+                f"SRNN's neuron= is the LIF cell's LIFOptions, got {type(neuron).__name__}: cell='cubalif' or "
+                "'alif' picks the other neurons"
+            )
         if hidden < 1 or layers < 1:
             raise ValueError(f"hidden and layers must be >= 1, got {hidden} and {layers}")
         neuron = (neuron or SRNN_NEURON).with_backend(neuron_backend)
@@ -105,6 +111,10 @@ class SRNN(nn.Module):
                         memory=mode,
                     )
                 )
+            elif cell == "cubalif":
+                blocks.append(
+                    RecurrentCubaLIF(hidden, alpha=0.8, beta=0.9, threshold=1.0, backend=neuron.backend, memory=mode)
+                )
             else:
                 blocks.append(
                     RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend, memory=mode)
@@ -114,7 +124,7 @@ class SRNN(nn.Module):
         self.integrator = LeakyReadout(readout_decay)
         self.in_features = in_features
         for layer in self.layers:
-            if isinstance(layer, (RecurrentLIF, RecurrentALIF)):  # recurrent weights of unit gain
+            if isinstance(layer, (RecurrentLIF, RecurrentCubaLIF, RecurrentALIF)):  # recurrent weights of unit gain
                 nn.init.orthogonal_(layer.recurrent.weight, gain=1.0 / math.sqrt(2))
                 nn.init.zeros_(layer.recurrent.bias)
 

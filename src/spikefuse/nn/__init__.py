@@ -3,7 +3,7 @@ conversion :func:`to_lean`. The BatchNorm fused with the neurons and ``to_lean``
 :mod:`spikefuse.batchnorm`."""
 
 from ..batchnorm.lean import ShapeOnlyAvgPool2d, to_lean
-from ..batchnorm.modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF
+from ..batchnorm.modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, ConvBatchNormNeuron
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .neurons import IF, LIF, LIFOptions
@@ -28,6 +28,7 @@ __all__ = [
     "BatchNormLIF1d",
     "BatchNormLIF2d",
     "ConvBatchNormLIF",
+    "ConvBatchNormNeuron",
     "SeqToBatch",
     "Flatten",
     "SpikeLinear",
