@@ -144,3 +144,74 @@ def test_a_surrogate_whose_source_is_not_kept(monkeypatch):
         x, LIF_MODELS[("paper", "none")], surrogate=module.Bump(), decay=0.9, threshold=0.5, backend="cpu"
     ).sum().backward()
     torch.testing.assert_close(x.grad[0], module.Bump().derivative(x.detach()[0] - 0.5))
+
+
+# ------------------------------------------------------------------------------------------------- windowed
+WINDOWED = [
+    spikefuse.surrogate.Windowed(spikefuse.surrogate.Sigmoid(4.0), 0.5),
+    spikefuse.surrogate.Windowed("triangle", 0.3),
+    spikefuse.surrogate.Windowed(Gaussian(0.4), 0.25),  # a user's formula, wrapped
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("surrogate", WINDOWED, ids=lambda s: type(s).__name__)
+def test_windowed_formula_on_a_grid(surrogate, backend, dtype):
+    """Every backend's derivative is the definition's: zero exactly where ``|u| > width`` (the grid holds both edges),
+    the wrapped surrogate's inside."""
+    u = torch.cat([torch.linspace(-2, 2, 401, dtype=torch.float64), torch.tensor([-surrogate.width, surrogate.width])])
+    x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()
+    spikes = spikefuse.neuron(
+        x, LIF_MODELS[("paper", "none")], surrogate=surrogate, decay=0.9, threshold=0.5, backend=backend
+    )
+    spikes.backward(torch.ones_like(spikes))
+    expected = surrogate.derivative(x.detach()[0] - 0.5)
+    assert torch.equal(x.grad[0] != 0, expected != 0)
+    assert 0.05 < float((expected != 0).double().mean()) < 0.5
+    torch.testing.assert_close(x.grad[0], expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_windowed_neuron_over_time_matches_the_reference(backend):
+    """T=7 with the leak and the reset: gradients to 1e-5 of the reference, zero at the same places (the leak carries
+    the gradient back from a later step near the threshold; a neuron far above it spikes, and its reset cuts that)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(7, 3, 40, generator=g) * 2
+    upstream = torch.rand(x.shape, generator=g)
+    grads = {}
+    for b in ("reference", backend):
+        xr = x.clone().requires_grad_()
+        surrogate = spikefuse.surrogate.Windowed("sigmoid", 0.1)
+        spikefuse.lif(xr, decay=0.2, threshold=0.3, surrogate=surrogate, backend=b).backward(upstream)
+        grads[b] = xr.grad
+    assert torch.equal(grads[backend] != 0, grads["reference"] != 0)
+    assert float((grads["reference"] == 0).double().mean()) > 0.05
+    torch.testing.assert_close(grads[backend], grads["reference"], rtol=1e-5, atol=1e-6)
+
+
+def test_windowed_is_one_surrogate_per_wrapped_type():
+    import pickle
+
+    from spikefuse.surrogate import ATan, Sigmoid, Windowed
+
+    w = Windowed(Sigmoid(4.0), 0.5)
+    assert repr(w) == "Windowed(surrogate=Sigmoid(alpha=4.0), width=0.5)"
+    assert w.params() == (4.0, 0.5)
+    assert type(w).__name__ == "WindowedSigmoid" and type(w) is type(Windowed("sigmoid", 0.1))
+    assert type(Windowed(ATan(), 0.5)) is not type(w) and isinstance(w, Windowed)
+    assert pickle.loads(pickle.dumps(w)) == w
+    assert resolve(w) is w
+
+
+def test_windowed_refuses_what_it_cannot_be_by_message():
+    from spikefuse.surrogate import Rectangle, Windowed
+
+    with pytest.raises(ValueError, match=r"Windowed: width must be a positive finite number, got -1"):
+        Windowed("sigmoid", -1)
+    with pytest.raises(ValueError, match=r"Windowed: width must be a positive finite number, got inf"):
+        Windowed("sigmoid", math.inf)
+    with pytest.raises(ValueError, match=r"has two parameters.*Rectangle is zero outside \|u\| < width/2 already"):
+        Windowed(Rectangle(), 0.2)
+    with pytest.raises(ValueError, match=r"unknown surrogate 'nope'"):
+        Windowed("nope", 0.2)

@@ -232,6 +232,7 @@ def config_from_args(args, **overrides):
         memory=args.memory,
         precision=args.precision,
         sparse=args.sparse,
+        sparse_grad=args.sparse_grad,
         compile=args.compile,
         hidden=args.hidden,
         layers=args.layers,

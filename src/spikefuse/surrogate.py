@@ -12,6 +12,7 @@ All derivatives are functions of ``u = h - threshold`` (the membrane potential r
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -19,7 +20,17 @@ import torch
 
 from .registry import Registered
 
-__all__ = ["Surrogate", "Sigmoid", "Rectangle", "ATan", "Triangle", "FastSigmoid", "resolve", "SURROGATES"]
+__all__ = [
+    "Surrogate",
+    "Sigmoid",
+    "Rectangle",
+    "ATan",
+    "Triangle",
+    "FastSigmoid",
+    "Windowed",
+    "resolve",
+    "SURROGATES",
+]
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,76 @@ class FastSigmoid(Surrogate):
 
         z = p1 * sympy.Abs(u) + 1
         return 1 / (z * z)
+
+
+@dataclass(frozen=True)
+class Windowed(Surrogate):
+    """``surrogate``'s derivative where ``|u| <= width``, 0 outside: the gradient passes only through the neurons
+    near the threshold (Perez-Nieves & Goodman, "Sparse Spiking Gradient Descent", NeurIPS 2021), so the neuron's
+    backward output is zero wherever no step at or after it comes that near (the leak carries a gradient back in
+    time). ``Windowed(Sigmoid(4.0), 0.5)`` or ``Windowed("atan", 0.3)``; any surrogate whose formula reads one
+    parameter (all built-in ones but :class:`Rectangle`, which is zero outside its own ``width/2`` already).
+
+    Defined once, as any surrogate: :meth:`derivative` for the references, :meth:`sympy_derivative` for the generated
+    kernels, whose second parameter (unused by the wrapped formula) carries ``width``. The kernels are keyed by the
+    surrogate's type, so each wrapped type gets a subclass of its own (``type(Windowed(Sigmoid(), w))`` is
+    ``WindowedSigmoid``), made once.
+    """
+
+    surrogate: Surrogate
+    width: float
+
+    def __new__(cls, surrogate, width):
+        if cls is Windowed:
+            cls = _windowed_type(type(resolve(surrogate)))
+        return object.__new__(cls)
+
+    def __post_init__(self):
+        surrogate = resolve(self.surrogate)
+        width = self.width
+        if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width < math.inf):
+            raise ValueError(f"Windowed: width must be a positive finite number, got {width!r}")
+        import sympy
+
+        if sympy.Symbol("p2") in type(surrogate).sympy_derivative(*sympy.symbols("u p1 p2")).free_symbols:
+            raise ValueError(
+                f"Windowed: {surrogate!r} has two parameters, and the kernels take two in all: the window needs the "
+                "second. Rectangle is zero outside |u| < width/2 already: narrow its width instead"
+            )
+        object.__setattr__(self, "surrogate", surrogate)
+        object.__setattr__(self, "width", float(width))
+        super().__post_init__()
+
+    def __reduce__(self):  # the subclass is made at run time: pickled as the call that makes it
+        return Windowed, (self.surrogate, self.width)
+
+    def params(self):
+        return self.surrogate.params()[0], self.width
+
+    def derivative(self, u):
+        return torch.where(u.abs() <= self.width, self.surrogate.derivative(u), 0.0).to(u.dtype)
+
+
+def _windowed_sympy_derivative(base: type[Surrogate], u, p1, p2):
+    import sympy
+
+    return sympy.Piecewise((base.sympy_derivative(u, p1, 0), sympy.Abs(u) <= p2), (0, True))
+
+
+@functools.cache
+def _windowed_type(base: type[Surrogate]) -> type[Windowed]:
+    """The subclass of :class:`Windowed` for the surrogate type ``base``."""
+    return type(
+        f"Windowed{base.__name__}",
+        (Windowed,),
+        {
+            "__module__": __name__,
+            "__qualname__": "Windowed",  # the dataclass repr: Windowed(surrogate=..., width=...)
+            # A partial, whose source inspect cannot give: the kernels' cache key is then the formula itself, the
+            # wrapped one included, not this module's source (which would not change with a user's formula).
+            "sympy_derivative": staticmethod(functools.partial(_windowed_sympy_derivative, base)),
+        },
+    )
 
 
 SURROGATES = {

@@ -77,3 +77,49 @@ def test_mlp_lean_form_keeps_the_outputs_and_its_sparse_layers():
         assert torch.equal(grads_f[key], grads_l[key]), key
     sparse_lean = build_model("mlp", 2, 10, image_size=4, hidden=12, memory="lean", sparse="auto")
     assert all(type(m) is SpikeLinear and m.sparse == "auto" for m in linears(sparse_lean))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse, monkeypatch):
+    """``sparse_grad=w``: the LIF's surrogate windowed, the layers before the neurons ``sparse_grad="auto"`` (with
+    ``sparse=False`` the input layer, fed counts, stays torch's), the readout dense; the gradients of torch's layers
+    behind the same windowed neurons to rounding, with the gradients' CSR taken wherever ``auto`` may."""
+    from spikefuse.nn import LIFOptions
+    from spikefuse.ops import sparse_cpu
+    from spikefuse.surrogate import Sigmoid, Windowed
+
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", 1.0)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 1)
+    made = []
+    monkeypatch.setattr(sparse_cpu, "to_csr", lambda x, c=None, f=sparse_cpu.to_csr: made.append(x.shape) or f(x, c))
+    x, y = frames((6, 4, 2, 5, 5), seed=3), torch.randint(0, 10, (4,))
+    torch.manual_seed(0)
+    windowed = LIFOptions(surrogate=Windowed(Sigmoid(4.0), 0.1))
+    dense = build_model("mlp", 2, 10, image_size=5, hidden=40, neuron=windowed)
+    torch.manual_seed(0)
+    model = build_model("mlp", 2, 10, image_size=5, hidden=40, sparse=sparse, sparse_grad=0.1)
+    assert [m.surrogate for m in model.layers[1::2]] == [windowed.surrogate] * 2
+    layer_types = [SpikeLinear] * 3 if sparse else [nn.Linear, SpikeLinear, nn.Linear]
+    assert [type(m) for m in linears(model)] == layer_types
+    assert [getattr(m, "sparse_grad", False) for m in linears(model)] == ["auto" if sparse else False, "auto", False]
+    out_d, grads_d = step(dense, x, y)
+    made.clear()
+    out_s, grads_s = step(model, x, y)
+    assert (24, 40) in made  # the hidden layer's output gradient, read by its CSR
+    torch.testing.assert_close(out_s, out_d, rtol=1e-5, atol=1e-5)
+    for key in grads_d:
+        torch.testing.assert_close(grads_s[key], grads_d[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_sparse_grad_refuses_a_neuron_without_a_lif_surrogate():
+    class OtherNeuron:
+        def with_backend(self, backend):
+            return self
+
+        def __repr__(self):
+            return "OtherNeuron()"
+
+    with pytest.raises(
+        ValueError, match=r"sparse_grad windows the surrogate of a LIF \(LIFOptions\), not of OtherNeuron"
+    ):
+        build_model("mlp", 2, 10, image_size=5, hidden=8, neuron=OtherNeuron(), sparse_grad=0.1)

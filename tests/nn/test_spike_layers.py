@@ -671,3 +671,122 @@ def test_sparse_true_refuses_what_the_kernels_cannot_run_by_message():
         assert auto(x).dtype == torch.bfloat16  # the dense path, as autocast has it
     with pytest.raises(ValueError, match=r"sparse must be True, False or 'auto', got 'yes'"):
         SpikeLinear(6, 3, sparse="yes")
+
+
+# ------------------------------------------------------------------------------------- sparse output gradients
+def run_sparse_grad(sparse, sparse_grad, x, out_features, p_grad, seed=0, dtype=torch.float32):
+    """nn.Linear and SpikeLinear(sparse=..., sparse_grad=...) with the same weights, forward + backward with the same
+    output gradient, of which a share ``p_grad`` is nonzero (a zero row first)."""
+    torch.manual_seed(seed)
+    in_features = x.shape[-1]
+    ref, mine = pair(
+        nn.Linear(in_features, out_features),
+        SpikeLinear(in_features, out_features, sparse=sparse, sparse_grad=sparse_grad),
+        dtype,
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (*x.shape[:-1], out_features)
+    g = (torch.randn(shape, generator=gen) * (torch.rand(shape, generator=gen) < p_grad)).to(dtype)
+    g.view(-1, out_features)[0] = 0
+    out = []
+    for layer in (ref, mine):
+        leaf = x.clone().requires_grad_()
+        layer(leaf).backward(g)
+        out.append((leaf.grad, layer.weight.grad, layer.bias.grad))
+    return mine, g.reshape(-1, out_features), *out
+
+
+@pytest.mark.parametrize(
+    "sparse, values",
+    [(False, False), (True, False), (True, True), ("auto", False), ("auto", True)],  # sparse=False takes spikes only
+    ids=["dense-spikes", "sparse-spikes", "sparse-counts", "auto-spikes", "auto-counts"],
+)
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 1), (1, 3, 13), (4, 1, 13), (3, 2, 70), (2, 5, 3, 9)], ids=lambda s: "x".join(map(str, s))
+)
+def test_sparse_grad_reads_the_nonzero_gradients(sparse, values, shape):
+    """T=1, B=1, extra dims, spikes and counts, with each ``sparse``: the input gradient and (where not read from the
+    input's bits) the weight gradient are the same-order references' bit for bit, every gradient torch's to
+    rounding."""
+    from spikefuse.ops import sparse_cpu
+
+    x = (counts if values else spikes)(shape, seed=sum(shape), p=0.3)
+    mine, g2, ref_grads, grads = run_sparse_grad(sparse, True, x, 7, p_grad=0.2)
+    x2, w = x.reshape(-1, shape[-1]), mine.weight.detach()
+    assert torch.equal(grads[0].reshape(x2.shape), sparse_cpu.linear_reference(g2, w.t()))
+    if sparse is False:  # the weight gradient from the gradient's CSR (with sparse, from the input's own sparsity)
+        assert torch.equal(grads[1], sparse_cpu.weight_grad_reference(x2, g2).t())
+    assert torch.equal(grads[2], g2.sum(0))
+    for name, u, v in zip(("grad_input", "grad_weight", "grad_bias"), ref_grads, grads):
+        torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_sparse_grad_auto_counts_and_picks(monkeypatch):
+    """``auto``: the gradient's CSR below ``CROSSOVER_GRAD`` nonzero, torch's products (bit-identical to nn.Linear)
+    from it on; also behind ``sparse='auto'``'s torch product for dense counts."""
+    from spikefuse.ops import sparse_cpu
+
+    made = []
+    monkeypatch.setattr(sparse_cpu, "to_csr", lambda x, c=None, f=sparse_cpu.to_csr: made.append(x.shape) or f(x, c))
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    x = spikes((4, 3, 50), seed=7, p=0.2)
+    for crossover, expected in ((0.3, [(12, 6)]), (0.1, [])):
+        monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", crossover)
+        made.clear()
+        _, _, ref_grads, grads = run_sparse_grad(False, "auto", x, 6, p_grad=0.2)
+        assert made == expected
+        if not expected:
+            assert_identical((None, *ref_grads), (None, *grads))
+    dense_counts = counts((4, 3, 50), seed=8, p=0.9)  # above CROSSOVER_VALUES: torch's forward, keeping the input
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", 0.3)
+    made.clear()
+    mine, g2, ref_grads, grads = run_sparse_grad("auto", "auto", dense_counts, 6, p_grad=0.2)
+    assert made == [(12, 6)]
+    assert torch.equal(grads[1], sparse_cpu.weight_grad_reference(dense_counts.reshape(12, 50), g2).t())
+
+
+def test_sparse_grad_behind_a_windowed_neuron():
+    """SpikeLinear(sparse_grad=True) -> LIF with a windowed surrogate -> SpikeLinear: the gradients of nn.Linear's
+    network to rounding, the first layer's output gradient mostly zero."""
+    from spikefuse.nn import LIF
+    from spikefuse.surrogate import Windowed
+
+    torch.manual_seed(3)
+    nets = []
+    for make in (nn.Linear, lambda i, o: SpikeLinear(i, o, sparse_grad=True)):
+        nets.append(nn.Sequential(make(60, 40), LIF(surrogate=Windowed("sigmoid", 0.05)), make(40, 5)))
+    nets[1].load_state_dict(nets[0].state_dict())
+    x = spikes((6, 4, 60), seed=9, p=0.2)
+    seen = []
+
+    def keep_output_grad(module, inputs, y):
+        y.register_hook(seen.append)
+
+    nets[1][0].register_forward_hook(keep_output_grad)
+    for net in nets:
+        net(x).square().sum().backward()
+    assert float((seen[0] != 0).double().mean()) < 0.5
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_grad_refuses_what_the_kernels_cannot_run_by_message():
+    x = spikes((2, 2, 6), seed=11, p=0.5)
+    with pytest.raises(
+        ValueError,
+        match=r"cannot read its output gradient sparsely: the sparse CPU kernels take float32 or float64 input and "
+        r"weight of one dtype.*Use sparse_grad='auto'",
+    ):
+        SpikeLinear(6, 3, sparse_grad=True).bfloat16()(x.bfloat16())
+    with (
+        pytest.raises(ValueError, match=r"cannot read its output gradient sparsely: under autocast"),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        SpikeLinear(6, 3, sparse_grad=True)(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert SpikeLinear(6, 3, sparse_grad="auto")(x).dtype == torch.bfloat16  # the dense products
+    with torch.no_grad():  # no backward: nothing to refuse
+        SpikeLinear(6, 3, sparse_grad=True).bfloat16()(x.bfloat16())
+    with pytest.raises(ValueError, match=r"sparse_grad must be True, False or 'auto', got 'yes'"):
+        SpikeLinear(6, 3, sparse_grad="yes")
+    assert "sparse_grad='auto'" in repr(SpikeLinear(6, 3, sparse_grad="auto"))

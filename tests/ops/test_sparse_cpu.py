@@ -270,3 +270,85 @@ def test_csr_errors_say_what_is_wrong():
         sparse_cpu.csr_weight_grad(torch.zeros(5, 3), csr)
     with pytest.raises(ValueError, match=r"the CSR is of a \[4, 10\] matrix, the input has 2 rows of 10"):
         sparse_cpu.CSRLinearFunction.apply(x[:2], w, None, csr)
+
+
+# ---------------------------------------------------------------------------------------- sparse output gradients
+def sparse_grad(shape, seed, p, dtype=torch.float32):
+    """An output gradient of which a share ``p`` is nonzero, with a row of zeros and a row of nonzeros."""
+    g = randn(shape, seed, dtype) * spikes(shape, seed + 1, p, dtype)
+    if shape[0] > 2:
+        g[0], g[-1] = 0, randn(shape[1:], seed + 2, dtype)
+    return g
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.4, 1.0])
+def test_products_of_a_sparse_gradient_equal_their_references_bit_for_bit(shape, p):
+    """``G @ W`` and ``G.T @ X`` from the CSR of ``G [M, N]``: the references' order bit for bit, torch's dense
+    products to rounding."""
+    m, k, n = shape
+    seed = case_seed(shape, p)
+    g, w, x = sparse_grad((m, n), seed, p), randn((n, k), seed + 3), spikes((m, k), seed + 4, 0.3)
+    csr = sparse_cpu.output_grad_csr(g, True)
+    grad_x, grad_w = sparse_cpu.input_grad(g, w, csr), sparse_cpu.csr_t_matmul(csr, x)
+    assert torch.equal(grad_x, sparse_cpu.linear_reference(g, w.t()))
+    assert torch.equal(grad_w, sparse_cpu.weight_grad_reference(x, g).t())
+    assert_rounding_close(grad_x, g.mm(w))
+    assert_rounding_close(grad_w, g.t().mm(x))
+
+
+def test_output_grad_csr_decides_by_its_setting_and_the_crossover(monkeypatch):
+    g = sparse_grad((300, 20), 40, 0.05)
+    assert sparse_cpu.output_grad_csr(g, False) is None
+    assert sparse_cpu.output_grad_csr(g, True).indptr[-1] == int((g != 0).sum())
+    assert sparse_cpu.output_grad_csr(g, "auto") is not None  # 300 rows, under 10% nonzero
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", float((g != 0).double().mean()))
+    assert sparse_cpu.output_grad_csr(g, "auto") is None  # at the crossover: dense
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", 1.0)
+    monkeypatch.setattr(sparse_cpu, "nonzero_counts", lambda *a: pytest.fail("counted"))
+    assert sparse_cpu.output_grad_csr(g[: sparse_cpu.CROSSOVER_ROWS - 1], "auto") is None  # too few rows: no count
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 5, 1), (1, 4, 9, 3), (3, 1, 70, 2), (2, 3, 2, 13, 6)], ids=str)
+def test_sparse_grad_linear_function(shape):
+    """Forward torch's product; backward from the gradient's CSR: the references bit for bit, T=1, B=1, a zero
+    gradient row."""
+    *lead, k, n = shape
+    x = counts((*lead, k), 41, 0.3).requires_grad_()
+    w, b = randn((n, k), 42).requires_grad_(), randn((n,), 43).requires_grad_()
+    y = sparse_cpu.SparseGradLinearFunction.apply(x, w, b, True)
+    assert torch.equal(y, F.linear(x, w, b))
+    g = sparse_grad(y.reshape(-1, n).shape, 44, 0.2).view(y.shape)
+    y.backward(g)
+    g2, x2 = g.reshape(-1, n), x.detach().reshape(-1, k)
+    assert torch.equal(x.grad, sparse_cpu.linear_reference(g2, w.detach().t()).view(x.shape))
+    assert torch.equal(w.grad, sparse_cpu.weight_grad_reference(x2, g2).t())
+    assert torch.equal(b.grad, g2.sum(0))
+
+
+def test_sparse_grad_linear_function_gradcheck_float64():
+    """gradcheck in the input, weight and bias, the gradient made sparse by a windowed surrogate's own derivative
+    (its definition, zero where ``|u| > width``) as a neuron's backward would."""
+    from spikefuse.surrogate import Windowed
+
+    x = counts((2, 3, 11), 45, 0.4, torch.float64).requires_grad_()
+    w, b = randn((4, 11), 46, torch.float64).requires_grad_(), randn((4,), 47, torch.float64).requires_grad_()
+    window = Windowed("sigmoid", 0.3).derivative(randn((2, 3, 4), 48, torch.float64))
+    assert 0 < int((window == 0).sum()) < window.numel()
+
+    def f(x, w, b):
+        return sparse_cpu.SparseGradLinearFunction.apply(x, w, b, True) * window
+
+    assert torch.autograd.gradcheck(f, (x, w, b))
+    with pytest.raises(RuntimeError, match=r"double backward .* through a sparse linear product"):
+        torch.autograd.grad(f(x, w, b).sum(), w, create_graph=True)
+
+
+def test_csr_t_matmul_errors_say_what_is_wrong():
+    csr = sparse_cpu.to_csr(counts((4, 10), 49, 0.5))
+    with pytest.raises(ValueError, match=r"the dense operand has 5 rows, the CSR 4"):
+        sparse_cpu.csr_t_matmul(csr, torch.zeros(5, 3))
+    with pytest.raises(ValueError, match=r"the dense operand must be a matrix \[rows, cols\], got shape \(4,\)"):
+        sparse_cpu.csr_t_matmul(csr, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"the CSR is torch.float32, the weight torch.float64: give both one dtype"):
+        sparse_cpu.csr_t_matmul(csr, torch.zeros(4, 3, dtype=torch.float64))

@@ -454,6 +454,30 @@ def test_a_sparse_run_gives_the_dense_runs_losses_to_rounding(tmp_path, model):
             assert sparse[key] == pytest.approx(dense[key], rel=1e-4, abs=1e-5), key
 
 
+def test_sparse_grad_reaches_the_mlp():
+    """--sparse-grad W windows the mlp's neurons' surrogate and sets the layers before them; refused for other
+    models and for a width that is not positive, from the command line too."""
+    import argparse
+
+    from spikefuse.surrogate import Windowed
+    from spikefuse.train.arguments import add_train_arguments
+    from spikefuse.train.loop import make_model
+
+    info = {"name": "digits-events", "in_channels": 2, "num_classes": 10, "height": 8, "width": 8, "kind": "event"}
+    built = make_model(TrainConfig(model="mlp", dataset="digits-events", sparse_grad=0.2, hidden=32), info)
+    assert built.layers[1].surrogate == Windowed("sigmoid", 0.2) and built.layers[2].sparse_grad == "auto"
+    with pytest.raises(
+        ConfigError, match=r"--sparse-grad sets the neurons and layers of --model mlp, not --model srnn"
+    ):
+        TrainConfig(model="srnn", sparse_grad=0.2).check_settings()
+    with pytest.raises(ConfigError, match=r"--sparse-grad must be a positive width, got -1.0"):
+        TrainConfig(model="mlp", sparse_grad=-1.0).check_settings()
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    assert parser.parse_args(["--sparse-grad", "0.25"]).sparse_grad == 0.25
+    assert parser.parse_args([]).sparse_grad is None
+
+
 def test_sparse_settings_that_cannot_run_are_refused():
     with pytest.raises(ConfigError, match=r"--sparse sets the linear layers of --model mlp or srnn, not --model"):
         TrainConfig(sparse="auto").check_settings()

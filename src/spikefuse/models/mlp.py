@@ -7,24 +7,32 @@ training loop averages it over T).
 :class:`spikefuse.nn.SpikeLinear` layers with that ``sparse``, whose products read only the nonzero inputs: the
 hidden and readout layers the spikes of the neuron before them, the first layer its input, framed events being
 counts (the CSR with values, :mod:`spikefuse.ops.sparse_cpu`).
+
+``sparse_grad`` (``spikefuse train --sparse-grad``): a width ``w``, for gradients only through the neurons near the
+threshold: the LIF's surrogate is zero where ``|v - threshold| > w`` (:class:`spikefuse.surrogate.Windowed`), and
+the layers before the neurons read only the nonzero entries of their output gradients
+(:class:`~spikefuse.nn.SpikeLinear`'s ``sparse_grad="auto"``; the input layer with ``sparse=False`` stays torch's
+``nn.Linear``, as it takes counts).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..batchnorm.lean import spike_layer_from
 from ..nn import LIFOptions, SpikeLinear
+from ..surrogate import Windowed
 
 __all__ = ["SpikingMLP", "mlp"]
 
 
 class SpikingMLP(nn.Module):
     """See the module docstring. ``neuron``: the LIF options of both hidden layers (the library's default LIF where
-    None)."""
+    None); ``sparse_grad``: None, or the width of the window around the threshold."""
 
     def __init__(
         self,
@@ -34,6 +42,7 @@ class SpikingMLP(nn.Module):
         neuron: LIFOptions | None = None,
         neuron_backend: str | None = None,
         sparse: bool | str = False,
+        sparse_grad: float | None = None,
     ):
         super().__init__()
         if hidden < 1:
@@ -41,14 +50,21 @@ class SpikingMLP(nn.Module):
         if not (isinstance(sparse, bool) or sparse == "auto"):
             raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
         neuron = (neuron or LIFOptions()).with_backend(neuron_backend)
+        if sparse_grad is not None:
+            if not isinstance(neuron, LIFOptions):
+                raise ValueError(f"sparse_grad windows the surrogate of a LIF (LIFOptions), not of {neuron!r}")
+            neuron = replace(neuron, surrogate=Windowed(neuron.surrogate, sparse_grad))
+        before_neuron = False if sparse_grad is None else "auto"  # the readout's gradient is the loss's: dense
 
-        def linear(n_in: int, n_out: int) -> nn.Linear:
-            return nn.Linear(n_in, n_out) if sparse is False else SpikeLinear(n_in, n_out, sparse=sparse)
+        def linear(n_in: int, n_out: int, sparse_grad: bool | str = False, takes_counts: bool = False) -> nn.Linear:
+            if sparse is False and (sparse_grad is False or takes_counts):
+                return nn.Linear(n_in, n_out)  # torch's product: SpikeLinear(sparse=False) takes spikes only
+            return SpikeLinear(n_in, n_out, sparse=sparse, sparse_grad=sparse_grad)
 
         self.layers = nn.Sequential(
-            linear(in_features, hidden),
+            linear(in_features, hidden, before_neuron, takes_counts=True),
             neuron.make(),
-            linear(hidden, hidden),
+            linear(hidden, hidden, before_neuron),
             neuron.make(),
             linear(hidden, num_classes),
         )
@@ -81,6 +97,6 @@ def mlp(
     **kw,
 ) -> SpikingMLP:
     """:class:`SpikingMLP` on ``[T, B, in_channels, H, W]`` inputs of ``image_size`` (N-MNIST's 34x34 by default),
-    the registry's builder; keywords ``hidden`` and ``sparse``."""
+    the registry's builder; keywords ``hidden``, ``sparse`` and ``sparse_grad``."""
     h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
     return SpikingMLP(in_channels * h * w, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)

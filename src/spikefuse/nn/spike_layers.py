@@ -172,10 +172,11 @@ class _SpikeLinearFn(torch.autograd.Function):
     """``F.linear`` saving its input as bits. ``bits``: the input's bits where the caller has them (else packed here
     when the weight needs a gradient); ``sparse_forward`` / ``sparse_weight_grad``: the forward product / the weight
     gradient from the bits by :mod:`spikefuse.ops.sparse_cpu` (the caller checked that they can run) instead of
-    torch's dense product."""
+    torch's dense product; ``sparse_grad``: the input gradient, and the weight gradient where it is not read from
+    the bits, from the output gradient's CSR (:func:`spikefuse.ops.sparse_cpu.output_grad_csr`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, bits=None, sparse_forward=False, sparse_weight_grad=False):
+    def forward(ctx, x, weight, bias, bits=None, sparse_forward=False, sparse_weight_grad=False, sparse_grad=False):
         rows = math.prod(x.shape[:-1])
         if sparse_forward:
             y = sparse_cpu.linear(bits, rows, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
@@ -184,7 +185,7 @@ class _SpikeLinearFn(torch.autograd.Function):
         need_x, need_w, _ = ctx.needs_input_grad[:3]
         ctx.x_shape = x.shape
         ctx.packed_meta = None
-        ctx.sparse_weight_grad = sparse_weight_grad
+        ctx.sparse_weight_grad, ctx.sparse_grad = sparse_weight_grad, sparse_grad
         saved = [None, None]
         if need_w:
             if bits is None:
@@ -210,18 +211,22 @@ class _SpikeLinearFn(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
         grad_x = grad_w = grad_b = None
-        # The same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
+        reads_grad = need_x or (need_w and not ctx.sparse_weight_grad)
+        grad_csr = sparse_cpu.output_grad_csr(g2, ctx.sparse_grad) if reads_grad else None
+        # Without a CSR, the same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
         if need_x:
-            grad_x = g2.mm(weight).view(ctx.x_shape)
+            grad_x = sparse_cpu.input_grad(g2, weight, grad_csr).view(ctx.x_shape)
         if need_w:
             shape, dtype = ctx.packed_meta
             if ctx.sparse_weight_grad:
                 grad_w = sparse_cpu.weight_grad(g2, packed, shape[1])
-            else:
+            elif grad_csr is None:
                 grad_w = g2.t().mm(unpack(packed, shape, dtype))
+            else:
+                grad_w = sparse_cpu.csr_t_matmul(grad_csr, unpack(packed, shape, dtype))
         if need_b:
             grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -268,16 +273,40 @@ class SpikeLinear(nn.Linear):
     backward instead of the input): each term ``value * weight``, summed in the same orders. ``"auto"`` counts the
     nonzero entries and takes them below ``sparse_cpu.CROSSOVER_VALUES``, torch's product (keeping the input, as
     ``nn.Linear``) otherwise, under ``torch.no_grad()`` and wherever the sparse kernels cannot run.
+
+    ``sparse_grad``: ``True`` computes the input gradient ``G @ W`` from the nonzero entries of the output gradient
+    ``G`` only (its CSR, :func:`spikefuse.ops.sparse_cpu.output_grad_csr`), and the weight gradient ``G.T @ X`` too
+    where it is not read from the input's own sparsity: faster where most of ``G`` is zero, as behind a neuron
+    whose surrogate is zero away from the threshold (:class:`spikefuse.surrogate.Windowed`); equal to the dense
+    products up to rounding, each sum in increasing order of the gradient's index. ``"auto"`` counts the nonzero
+    gradients of every backward and reads them so below ``sparse_cpu.CROSSOVER_GRAD``; ``False`` (the default):
+    torch's products. The same kernels as ``sparse``'s: float32/float64 on the CPU, no autocast (``True`` refuses
+    anything else by message, ``"auto"`` takes the dense products there).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, sparse=False):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        sparse=False,
+        sparse_grad=False,
+    ):
         super().__init__(in_features, out_features, bias, device, dtype)
-        if not (isinstance(sparse, bool) or sparse == "auto"):
-            raise ValueError(f"SpikeLinear: sparse must be True, False or 'auto', got {sparse!r}")
+        for name, value in (("sparse", sparse), ("sparse_grad", sparse_grad)):
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"SpikeLinear: {name} must be True, False or 'auto', got {value!r}")
         self.sparse = sparse
+        self.sparse_grad = sparse_grad
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", sparse={self.sparse!r}" if self.sparse is not False else "")
+        return super().extra_repr() + "".join(
+            f", {name}={value!r}"
+            for name, value in (("sparse", self.sparse), ("sparse_grad", self.sparse_grad))
+            if value is not False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 3:
@@ -287,24 +316,47 @@ class SpikeLinear(nn.Linear):
             )
         if _debug:  # on the CPU a sparse layer takes values too, and packing checks what it keeps as bits
             check_input(self, x, binary=self.sparse is False or x.device.type != "cpu")
+        sparse_grad = self._sparse_grad_for(x)
         if self.sparse is not False:
-            y = self._sparse_forward(x)
+            y = self._sparse_forward(x, sparse_grad)
             if y is not None:
                 return y
         if not torch.is_grad_enabled():  # nothing to keep for a backward: torch's layer
             return super().forward(x)
 
         def dense():
-            return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias)
+            return _apply_as_autocast_would(_SpikeLinearFn, x, self.weight, self.bias, None, False, False, sparse_grad)
 
         if self.sparse == "auto":
             try:
                 return dense()
-            except bitpack.NotBinaryError:  # values, not spikes: torch's layer, which keeps them for backward
-                return super().forward(x)
+            except bitpack.NotBinaryError:  # values, not spikes: torch's product, which keeps them for backward
+                return self._torch_product(x, sparse_grad)
         return _refusing_non_binary(self, x, dense)
 
-    def _sparse_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _sparse_grad_for(self, x: torch.Tensor) -> bool | str:
+        """``sparse_grad`` for this call: False without a backward and, for ``"auto"``, where the sparse kernels
+        cannot run; ``True`` refuses those places, naming why."""
+        if self.sparse_grad is False or not torch.is_grad_enabled():
+            return False
+        reason = _sparse_unavailable(x, self.weight)
+        if reason is None:
+            return self.sparse_grad
+        if self.sparse_grad == "auto":
+            return False
+        raise ValueError(
+            f"{self._get_name()}({self.extra_repr()}) cannot read its output gradient sparsely: {reason}. Use "
+            "sparse_grad='auto' (the dense products wherever the sparse ones cannot run) or sparse_grad=False"
+        )
+
+    def _torch_product(self, x: torch.Tensor, sparse_grad: bool | str) -> torch.Tensor:
+        """torch's product, keeping ``x`` (an input with values) for backward: ``nn.Linear``'s, or with
+        ``sparse_grad`` one whose backward reads the output gradient's CSR."""
+        if sparse_grad is False:
+            return super().forward(x)
+        return sparse_cpu.SparseGradLinearFunction.apply(x, self.weight, self.bias, sparse_grad)
+
+    def _sparse_forward(self, x: torch.Tensor, sparse_grad: bool | str) -> torch.Tensor | None:
         """The output with the sparse products where ``sparse`` asks for them; None where ``"auto"`` leaves the call
         to the dense path (which refuses a non-binary input it must keep, as with ``sparse=False``)."""
         auto = self.sparse == "auto"
@@ -328,22 +380,23 @@ class SpikeLinear(nn.Linear):
             try:
                 bits, _ = bitpack.pack(x2, binary=True)
             except bitpack.NotBinaryError:
-                return self._values_forward(x, x2, auto)
+                return self._values_forward(x, x2, auto, sparse_grad)
         forward = weight_grad = True
         if auto:
             rate = sparse_cpu.spike_count(bits, x2.numel()) / max(1, x2.numel())
             forward, weight_grad = rate < sparse_cpu.CROSSOVER_FORWARD, rate < sparse_cpu.CROSSOVER_WEIGHT_GRAD
-        return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad)
+        return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad, sparse_grad)
 
-    def _values_forward(self, x: torch.Tensor, x2: torch.Tensor, auto: bool) -> torch.Tensor:
+    def _values_forward(self, x: torch.Tensor, x2: torch.Tensor, auto: bool, sparse_grad: bool | str) -> torch.Tensor:
         """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
         are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
         backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
         ``sparse_cpu.CROSSOVER_VALUES`` or more."""
         counts = sparse_cpu.nonzero_counts(x2)
         if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():
-            return super().forward(x)
-        return sparse_cpu.CSRLinearFunction.apply(x, self.weight, self.bias, sparse_cpu.to_csr(x2, counts))
+            return self._torch_product(x, sparse_grad)
+        csr = sparse_cpu.to_csr(x2, counts)
+        return sparse_cpu.CSRLinearFunction.apply(x, self.weight, self.bias, csr, sparse_grad)
 
 
 # ----------------------------------------------------------------------------------------------- convolution

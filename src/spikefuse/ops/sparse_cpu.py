@@ -52,6 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numba import njit, prange, types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
@@ -75,7 +76,12 @@ __all__ = [
     "to_csr",
     "csr_linear",
     "csr_weight_grad",
+    "csr_t_matmul",
     "CSRLinearFunction",
+    "CROSSOVER_GRAD",
+    "output_grad_csr",
+    "input_grad",
+    "SparseGradLinearFunction",
     "linear_reference",
     "weight_grad_reference",
 ]
@@ -101,6 +107,12 @@ CROSSOVER_ROWS = 256
 #: cost included, ties torch's at 20% nonzero for [320 x 2312] -> 256 (the N-MNIST input layer at T=10, batch 32), at
 #: 21-30% for larger products; below the lowest, as the spikes' crossovers are.
 CROSSOVER_VALUES = 0.15
+#: Where ``sparse_grad="auto"`` reads a layer's output gradient by its :class:`CSR` (:func:`output_grad_csr`): from
+#: ``CROSSOVER_ROWS`` rows on and a share of nonzero gradients below this. Measured on the 2-core AMD EPYC by ``python
+#: benchmarks/sparse_gradients.py --threads 2 --repeats 7`` (``benchmarks/results/sparse_gradients.md``): the
+#: backward of a layer (input, weight and bias gradients, the CSR's passes included) ties torch's between 20% and 50%
+#: nonzero at 8000 rows and at 20% for a [320 x 256] -> 256 layer; below the lowest, as the other crossovers are.
+CROSSOVER_GRAD = 0.15
 
 # Below this many output elements a call runs on one thread: waking the pool costs more than the work (a recurrent
 # step's [32, 256] output takes a few microseconds).
@@ -458,39 +470,49 @@ def csr_linear(csr: CSR, weight_t: torch.Tensor, bias: torch.Tensor | None = Non
     return out
 
 
-def csr_weight_grad(grad: torch.Tensor, csr: CSR) -> torch.Tensor:
-    """``grad.T @ X`` of the output gradient ``grad [M, N]`` and the input ``X [M, K]`` given as its :class:`CSR`:
-    the weight gradient ``[N, K]``, each element summed from zero over the rows in increasing ``m``, each term
-    ``gradient * value`` (:func:`weight_grad_reference`'s order)."""
-    _check_matrix("the gradient", grad)
-    _check_float("the CSR", csr.values, grad.dtype)
-    rows, n = grad.shape
+def csr_t_matmul(csr: CSR, dense: torch.Tensor, name: str = "the dense operand") -> torch.Tensor:
+    """``A.T @ dense`` of a matrix ``A [M, C]`` given as its :class:`CSR` and ``dense [M, N]``: ``[C, N]``, row ``c``
+    summed from zero over the entries ``(m, c, value)`` in increasing ``m``, each term ``dense[m] * value``
+    (:func:`weight_grad_reference` ``(dense, A).t()``'s order). The weight gradient ``G.T @ X`` of a linear layer
+    from the CSR of its output gradient ``G`` (``csr_t_matmul(to_csr(G), X)``), and, transposed, from that of its
+    input (:func:`csr_weight_grad`). ``name``: what the errors call ``dense``."""
+    _check_matrix(name, dense)
+    _check_float("the CSR", csr.values, dense.dtype)
+    rows, n = dense.shape
     if csr.indptr.numel() != rows + 1:
-        raise ValueError(f"the gradient has {rows} rows, the CSR {csr.indptr.numel() - 1}")
-    out_t = buffers.empty((csr.cols, n), grad.dtype)
-    if out_t.numel():
+        raise ValueError(f"{name} has {rows} rows, the CSR {csr.indptr.numel() - 1}")
+    out = buffers.empty((csr.cols, n), dense.dtype)
+    if out.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
         bounds = np.linspace(0, csr.cols, min(csr.cols, threads) + 1).round().astype(np.int64)
         _csr_weight_grad_kernel(
             csr.indptr.numpy(),
             csr.indices.numpy(),
             csr.values.numpy(),
-            grad.detach().contiguous().numpy(),
+            dense.detach().contiguous().numpy(),
             bounds,
-            out_t.numpy(),
+            out.numpy(),
         )
-    return out_t.t().contiguous()
+    return out
+
+
+def csr_weight_grad(grad: torch.Tensor, csr: CSR) -> torch.Tensor:
+    """``grad.T @ X`` of the output gradient ``grad [M, N]`` and the input ``X [M, K]`` given as its :class:`CSR`:
+    the weight gradient ``[N, K]``, each element summed from zero over the rows in increasing ``m``, each term
+    ``gradient * value`` (:func:`weight_grad_reference`'s order)."""
+    return csr_t_matmul(csr, grad, "the gradient").t().contiguous()
 
 
 class CSRLinearFunction(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` for ``x [..., K]`` whose rows ``x.reshape(-1, K)`` the caller gave as their
     :class:`CSR` ``csr`` (:func:`to_csr`): the output by :func:`csr_linear`, the weight gradient by
     :func:`csr_weight_grad` from the CSR, kept for backward instead of ``x``; the input gradient the dense
-    ``G @ W`` and the bias gradient ``G.sum(0)``, torch's own ops for ``nn.Linear``. Call it as
-    ``CSRLinearFunction.apply(x, weight, bias, csr)``."""
+    ``G @ W`` (or from ``G``'s CSR: :func:`input_grad` with ``sparse_grad``) and the bias gradient ``G.sum(0)``,
+    torch's own ops for ``nn.Linear``. Call it as ``CSRLinearFunction.apply(x, weight, bias, csr, sparse_grad)``
+    (``sparse_grad`` optional, False)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, csr):
+    def forward(ctx, x, weight, bias, csr, sparse_grad=False):
         rows = math.prod(x.shape[:-1])
         if csr.indptr.numel() != rows + 1 or csr.cols != x.shape[-1]:
             raise ValueError(
@@ -499,7 +521,7 @@ class CSRLinearFunction(torch.autograd.Function):
             )
         y = csr_linear(csr, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
         need_x, need_w, _ = ctx.needs_input_grad[:3]
-        ctx.x_shape, ctx.cols = x.shape, csr.cols
+        ctx.x_shape, ctx.cols, ctx.sparse_grad = x.shape, csr.cols, sparse_grad
         ctx.save_for_backward(
             weight if need_x else None, *(csr.indptr, csr.indices, csr.values) if need_w else (None, None, None)
         )
@@ -513,8 +535,67 @@ class CSRLinearFunction(torch.autograd.Function):
         weight, indptr, indices, values = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_x = g2.mm(weight).view(ctx.x_shape) if need_x else None
+        if need_x:
+            grad_x = input_grad(g2, weight, output_grad_csr(g2, ctx.sparse_grad)).view(ctx.x_shape)
+        else:
+            grad_x = None
         grad_w = csr_weight_grad(g2, CSR(indptr, indices, values, ctx.cols)) if need_w else None
+        grad_b = g2.sum(0) if need_b else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+# ------------------------------------------------------------------------------------------- sparse output gradients
+def output_grad_csr(grad: torch.Tensor, sparse_grad: bool | str) -> CSR | None:
+    """The :class:`CSR` of a linear layer's output gradient ``grad [M, N]``, from which its backward products read
+    only the nonzero gradients, or None for torch's dense products: ``sparse_grad`` ``True`` always, ``"auto"`` from
+    :data:`CROSSOVER_ROWS` rows on where under :data:`CROSSOVER_GRAD` of the gradients are nonzero (the count is the
+    CSR's first pass), ``False`` never."""
+    if sparse_grad is False:
+        return None
+    if sparse_grad == "auto" and grad.shape[0] < CROSSOVER_ROWS:
+        return None
+    counts = nonzero_counts(grad)
+    if sparse_grad == "auto" and int(counts.sum()) >= CROSSOVER_GRAD * grad.numel():
+        return None
+    return to_csr(grad, counts)
+
+
+def input_grad(grad: torch.Tensor, weight: torch.Tensor, grad_csr: CSR | None) -> torch.Tensor:
+    """``grad [M, N] @ weight [N, K]``, a linear layer's input gradient: torch's dense product (``nn.Linear``'s), or
+    from ``grad``'s :class:`CSR` (:func:`output_grad_csr`) by :func:`csr_linear`, each element summed from zero over
+    the row's nonzero gradients in increasing ``n`` (:func:`linear_reference` ``(grad, weight.t())``'s order)."""
+    return grad.mm(weight) if grad_csr is None else csr_linear(grad_csr, weight)
+
+
+class SparseGradLinearFunction(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` by torch's product, keeping ``x``, whose backward reads only the nonzero entries
+    of the output gradient ``G``: the input gradient ``G @ W`` by :func:`input_grad`, the weight gradient ``G.T @ X``
+    by :func:`csr_t_matmul`, both from ``G``'s CSR (:func:`output_grad_csr` with ``sparse_grad``, which may leave
+    them to torch's dense products), the bias gradient ``G.sum(0)``. For inputs with no sparsity of their own to
+    read (:class:`spikefuse.nn.SpikeLinear` keeps spikes as bits, counts as a CSR). Call it as
+    ``SparseGradLinearFunction.apply(x, weight, bias, sparse_grad)``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, sparse_grad):
+        need_x, need_w, _ = ctx.needs_input_grad[:3]
+        ctx.x_shape, ctx.sparse_grad = x.shape, sparse_grad
+        ctx.save_for_backward(x if need_w else None, weight if need_x else None)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        refuse_double_backward(
+            "a sparse linear product", "use torch.nn.Linear where a gradient of the gradient is needed"
+        )
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g2 = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_csr = output_grad_csr(g2, ctx.sparse_grad)
+        grad_x = input_grad(g2, weight, grad_csr).view(ctx.x_shape) if need_x else None
+        grad_w = None
+        if need_w:
+            x2 = x.reshape(-1, x.shape[-1])
+            grad_w = g2.t().mm(x2) if grad_csr is None else csr_t_matmul(grad_csr, x2)
         grad_b = g2.sum(0) if need_b else None
         return grad_x, grad_w, grad_b, None
 

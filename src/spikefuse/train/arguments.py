@@ -146,6 +146,14 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         "inputs: the dense product above it), false: torch's nn.Linear (default: %(default)s)",
     )
     p.add_argument(
+        "--sparse-grad",
+        type=positive_float,
+        default=d.get("sparse_grad"),
+        metavar="WIDTH",
+        help="mlp: gradients only through the neurons within WIDTH of the threshold (the LIF's surrogate zero "
+        "outside), the layers before the neurons reading only the nonzero gradients, on the CPU (default: off)",
+    )
+    p.add_argument(
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",

@@ -121,6 +121,7 @@ class TrainConfig:
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     precision: str = "fp32"  # "bf16": forward and loss under torch.autocast in bfloat16 (PRECISIONS)
     sparse: str = "false"  # "true", "auto": sparse products in the linear layers of mlp and srnn (SPARSE_CHOICES)
+    sparse_grad: float | None = None  # mlp: gradients only through neurons this near the threshold, read sparsely
     compile: bool = False  # torch.compile the model
     progress: bool = True
     neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
@@ -189,6 +190,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--sparse sets the linear layers of --model {' or '.join(SPARSE_MODELS)}, not --model {self.model}"
             )
+        if self.sparse_grad is not None:
+            if self.model != "mlp":
+                raise ConfigError(f"--sparse-grad sets the neurons and layers of --model mlp, not --model {self.model}")
+            if not 0 < self.sparse_grad < math.inf:
+                raise ConfigError(f"--sparse-grad must be a positive width, got {self.sparse_grad!r}")
         if self.sparse == "true" and (self.precision != "fp32" or self.compile):
             raise ConfigError(
                 "--sparse true runs float32 CPU kernels, which neither autocast (--precision bf16) nor torch.compile "

@@ -134,6 +134,7 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
         kw["cnf"] = cfg.cnf
     if cfg.model == "mlp":
         kw["hidden"] = cfg.hidden
+        kw["sparse_grad"] = cfg.sparse_grad
     if cfg.model in SPARSE_MODELS:
         kw["sparse"] = SPARSE_CHOICES[cfg.sparse]
     neuron = None if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
