@@ -90,6 +90,14 @@ def test_train_then_eval(tmp_path, capsys, memory):
     assert "test accuracy" in capsys.readouterr().out
 
 
+def test_train_resnet18_of_adaptive_neurons_lean(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--model", "resnet18", "--width", "4", "--cell", "alif", "--memory", "lean"]
+    assert main([*argv, *TINY]) == 0
+    assert "final test accuracy" in capsys.readouterr().out
+    assert main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--no-progress"]) == 0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("spikingjelly") is None, reason="SpikingJelly not installed")
 def test_bench_train_quick(tmp_path, capsys):
     code = main(
@@ -167,6 +175,10 @@ def _broken_checkpoints(src, folder):
         (
             ["train", "--out", "{tmp}/r", "--memory", "lean", "--neurons", "spikingjelly", *TINY],
             "--memory lean fuses BatchNorm with spikefuse's neurons",
+        ),
+        (
+            ["train", "--out", "{tmp}/c", "--cell", "alif", "--neurons", "spikingjelly", *TINY],
+            "--cell alif builds spikefuse's alif neurons; --neurons spikingjelly",
         ),
         (["eval", "--checkpoint", "{tmp}/nomodel.pt"], "is incomplete: it lacks 'model'"),
         (

@@ -2,6 +2,7 @@
 
 import csv
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from spikefuse.train import (
     load_checkpoint,
     run_epoch,
 )
+from spikefuse.models import LIFOptions
 
 
 BACKENDS = ["reference", "cpu"]
@@ -385,7 +387,7 @@ def test_sequences_need_a_recurrent_network(tmp_path):
         )
     with pytest.raises(ConfigError, match="--hidden sets the neurons of a layer of --model srnn or mlp, not"):
         fit(tiny_config(tmp_path / "run2", hidden=64), log=quiet)
-    with pytest.raises(ConfigError, match="--layers and --cell set a recurrent network"):
+    with pytest.raises(ConfigError, match="--layers sets a recurrent network"):
         fit(tiny_config(tmp_path / "run3", layers=2), log=quiet)
 
 
@@ -489,3 +491,33 @@ def test_sparse_settings_that_cannot_run_are_refused():
         with pytest.raises(ConfigError, match=r"--sparse runs CPU kernels; on --device meta leave it out"):
             TrainConfig(model="mlp", sparse=sparse, device="meta").validate()
     TrainConfig(model="mlp", sparse="auto", precision="bf16").check_settings()
+
+
+def test_cell_builds_every_model_of_those_neurons(tmp_path):
+    """--cell cubalif / alif: every neuron of a feed-forward model the cell's engine neuron, in the lean form fused
+    with its BatchNorm (and the stem's convolution); a checkpoint's cell rebuilds the same model."""
+    from spikefuse.nn import ALIF, ConvBatchNormNeuron, CubaLIF
+    from spikefuse.train.loop import make_model
+
+    info = {"in_channels": 1, "num_classes": 10, "height": 8, "width": 8}
+    for cell, kind in (("cubalif", CubaLIF), ("alif", ALIF)):
+        for model in ("resnet18", "sew_resnet_tiny", "liang-small", "mlp", "spikformer_tiny"):
+            cfg = tiny_config(tmp_path, model=model, cell=cell, memory="lean")
+            net = make_model(cfg, info)
+            kinds = {type(m) for m in net.modules() if isinstance(m, (CubaLIF, ALIF))}
+            assert kinds == {kind}, (cell, model)
+        assert isinstance(make_model(tiny_config(tmp_path, cell=cell, memory="lean"), info).bn1, ConvBatchNormNeuron)
+    history = fit(tiny_config(tmp_path / "run", model="resnet18", width=4, cell="alif", memory="lean"), log=quiet)
+    assert len(history) == 1 and math.isfinite(history[0]["train_loss"])
+    saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert saved["config"]["cell"] == "alif"
+    assert evaluate_checkpoint(tmp_path / "run" / "checkpoint.pt", threads=2)["samples"] == 32
+
+
+def test_cell_refuses_what_it_cannot_build(tmp_path):
+    with pytest.raises(ConfigError, match="--cell alif builds spikefuse's alif neurons; --neurons spikingjelly"):
+        fit(tiny_config(tmp_path / "a", cell="alif", neurons="spikingjelly"), log=quiet)
+    with pytest.raises(ConfigError, match="the neuron options are a LIF's; --cell cubalif builds its own neurons"):
+        fit(tiny_config(tmp_path / "b", cell="cubalif", neuron=LIFOptions().to_dict()), log=quiet)
+    with pytest.raises(ConfigError, match="--cell must be one of lif, cubalif, alif, got 'gru'"):
+        fit(tiny_config(tmp_path / "c", cell="gru"), log=quiet)

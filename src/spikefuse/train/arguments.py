@@ -50,7 +50,7 @@ def positive_float(text: str) -> float:
 def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     """The options shared by ``spikefuse train`` and ``spikefuse bench train`` (defaults from ``TrainConfig``)."""
     from ..data import DATASETS
-    from ..models import MODELS
+    from ..models import CELLS, MODELS
 
     from .config import SPARSE_CHOICES
 
@@ -119,9 +119,12 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     )
     p.add_argument(
         "--cell",
-        choices=("lif", "alif"),
+        choices=list(CELLS),
         default=d.get("cell", "lif"),
-        help="srnn: recurrent LIF or adaptive LIF (Bellec et al.) neurons (default: %(default)s)",
+        help="the neurons of every layer: lif (the model's LIF), cubalif (current-based LIF: synaptic and membrane "
+        "decay 0.5, threshold 1, ATan(2) surrogate), alif (adaptive threshold: decay 0.5, baseline 1 raised 0.2 "
+        "per spike, the raise decaying by 0.9 a step, Sigmoid(4) surrogate); srnn's recurrent layers: cubalif "
+        "decays 0.8 and 0.9, alif Bellec et al.'s (decay 0.95, 0.99, baseline 0.5, raise 0.2) (default: %(default)s)",
     )
     p.add_argument(
         "--cnf",

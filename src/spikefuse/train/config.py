@@ -116,7 +116,7 @@ class TrainConfig:
     width: int | None = None  # ResNets: channels of the first stage (None = the model's: 64, resnet-tiny 16)
     hidden: int = 256  # srnn: recurrent neurons per layer
     layers: int = 1  # srnn: recurrent layers
-    cell: str = "lif"  # srnn: the recurrent neurons, "lif" or "alif"
+    cell: str = "lif"  # the neurons of every layer, "lif", "cubalif" or "alif" (models.CELLS)
     cnf: str = "ADD"  # SEW-ResNets: the connect function of residual and shortcut (models.sew_resnet)
     memory: str = "fused"  # "lean": BatchNorm fused with the neurons, recomputed in backward (models.MEMORY_FORMS)
     precision: str = "fp32"  # "bf16": forward and loss under torch.autocast in bfloat16 (PRECISIONS)
@@ -175,13 +175,12 @@ class TrainConfig:
                 f"--width sets the channels of a ResNet's first stage; got {self.width} for --model {self.model}"
             )
         from ..data import DATASETS
-        from ..models import MEMORY_FORMS, MODELS, RECURRENT_MODELS, SPARSE_MODELS
+        from ..models import CELLS, MEMORY_FORMS, MODELS, RECURRENT_MODELS, SPARSE_MODELS
         from ..models.sew_resnet import CONNECT_FUNCTIONS
-        from ..models.srnn import CELLS
         from ..ops import BACKENDS
 
-        if self.model not in RECURRENT_MODELS and (self.layers, self.cell) != (1, "lif"):
-            raise ConfigError(f"--layers and --cell set a recurrent network (--model srnn), not --model {self.model}")
+        if self.model not in RECURRENT_MODELS and self.layers != 1:
+            raise ConfigError(f"--layers sets a recurrent network (--model srnn), not --model {self.model}")
         if self.model not in (*RECURRENT_MODELS, "mlp") and self.hidden != 256:
             raise ConfigError(f"--hidden sets the neurons of a layer of --model srnn or mlp, not --model {self.model}")
         if self.sparse not in SPARSE_CHOICES:
@@ -208,6 +207,15 @@ class TrainConfig:
             )
         if self.cell not in CELLS:
             raise ConfigError(f"--cell must be one of {', '.join(CELLS)}, got {self.cell!r}")
+        if self.cell != "lif" and self.neurons != "spikefuse":
+            raise ConfigError(
+                f"--cell {self.cell} builds spikefuse's {self.cell} neurons; --neurons spikingjelly puts SpikingJelly's "
+                "LIF in every neuron slot: use --cell lif with it"
+            )
+        if self.cell != "lif" and self.neuron is not None:
+            raise ConfigError(
+                f"the neuron options are a LIF's; --cell {self.cell} builds its own neurons: leave one of them out"
+            )
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
             if v is not None and v < 1:
