@@ -2,7 +2,9 @@
 
 For each (neuron, surrogate type, dtype) this module writes the Python source of parallel numba kernels into the
 kernel cache folder (:func:`.emit.cache_dir`) and imports it; numba compiles a kernel on its first call and caches
-the machine code beside the source, so a call compiles only the kernels it runs:
+the machine code beside the source, so a call compiles only the kernels it runs. A call of one block of neurons
+(fewer than :data:`SERIAL_WORK` neuron steps, or one thread) calls the block's function itself on the calling thread:
+the parallel launcher, whose compile took as long as the block's own, is compiled only for calls that use it.
 
 - ``forward``: each parallel task takes a block of neurons and runs all T steps over it, its states in block-sized
   rows that stay in cache, writing the spikes (and, asked, their bits: :func:`forward`) and the final states;
@@ -68,6 +70,10 @@ from .emit import Dialect
 # backward), where each running task's scratch adds to the peak.
 BLOCK = 16384
 MIN_BLOCK = 2048
+# Neuron steps (T x N) below which a call runs in one block on the calling thread: the work of two threads differs by
+# less than the launch of numba's parallel launcher (measured: a LIF layer's forward+backward at 8 x 2048 neurons
+# took 138 us on two threads, 143 on one), and a small layer's call compiles no launcher.
+SERIAL_WORK = 1 << 14
 SCRATCH_BYTES = 2 << 20
 SOURCE_SCRATCH_BYTES = 512 << 10
 
@@ -840,7 +846,7 @@ class _Source:
             "",
             "",
             "@njit(cache=True, error_model='numpy')",
-            f"def _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, m):",
+            f"def _forward_block_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, m):",
             *load_params("    "),
             *[f"    st_{k} = np.empty(m, F)" for k in S],
             *load_rows([f"st_{k}" for k in S], [f"init_{k}" for k in S], "    "),
@@ -855,7 +861,7 @@ class _Source:
             "    bad = 0",  # neurons that read a NaN or an inf
             "    for b in prange((N + block - 1) // block):",
             "        n0 = b * block",
-            f"        bad += _forward_save_block{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, min(block, N - n0))",
+            f"        bad += _forward_block_save{sfx}(x, {par}{init}inner, spikes, one, {fin}{sav}n0, min(block, N - n0))",
             "    return bad",
         ]
 
@@ -924,6 +930,21 @@ def _block(n: int, threads: int, scratch_per_neuron: int = 0, scratch_bytes: int
     return block_for(n, threads, block)
 
 
+def _threads(work: int) -> int:
+    """The threads of a call of ``work`` neuron steps: one below :data:`SERIAL_WORK`, else numba's (torch's count)."""
+    return 1 if work < SERIAL_WORK else match_numba_threads()
+
+
+def _launch(module, name: str, args: tuple, n: int, block: int):
+    """The kernel ``name`` over ``n`` neurons in blocks of ``block``: its parallel launcher, or for a single block
+    the block's function itself, called directly (``_forward_block`` for ``forward``), so that no launcher is
+    compiled or its threads woken for it."""
+    if n > block:
+        return getattr(module, name)(*args, block)
+    kind, _, rest = name.partition("_")
+    return getattr(module, f"_{kind}_block_{rest}".rstrip("_"))(*args, 0, n) if n else 0
+
+
 def _surrogate_args(surrogate, dtype) -> tuple:
     """The surrogate's two parameters as scalars of the compute dtype."""
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
@@ -953,7 +974,7 @@ def launch_forward(
     if save and src is not None:
         raise ValueError("engine cpu backend: src runs the forward that saves nothing (no save)")
     module = kernels(model, type(surrogate), x2.dtype)
-    threads = match_numba_threads(t_steps * n)
+    threads = _threads(t_steps * n)
     spike_dtype = spike_dtype or x2.dtype
     spikes = buffers.empty((t_steps, n), spike_dtype)
     if spike_dtype in _ONE_BITS:  # the kernels write 0 or the bit pattern of 1.0 through a 16-bit integer view
@@ -969,7 +990,7 @@ def launch_forward(
         name, source = "forward_src", (src,)
     bits = torch.empty((t_steps, n // 8), dtype=torch.uint8) if spike_bits and not save and n % 8 == 0 else None
     bits_arg = () if save else (_NO_BITS if bits is None else bits.numpy(),)
-    bad = getattr(module, name + suffix)(  # the number of blocks that read a NaN or an inf
+    args = (
         _np(x2),
         *source,
         *par,
@@ -980,8 +1001,8 @@ def launch_forward(
         *bits_arg,
         *(f.numpy() for f in final),
         *(v.numpy() for v in saved),
-        _block(n, threads),
     )
+    bad = _launch(module, name + suffix, args, n, _block(n, threads))  # the blocks that read a NaN or an inf
     if bad:
         refuse_non_finite(x2, init, otherwise="the fused BatchNorm's output (plus its residual) holds NaN or inf")
     if bits is not None:
@@ -1049,7 +1070,7 @@ def launch_backward(
     if saved and (src is not None or overwrite_x):
         raise ValueError("engine cpu backend: src and overwrite_x need the states recomputed (no saved)")
     module = kernels(model, type(surrogate), x2.dtype)
-    threads = match_numba_threads(t_steps * n)
+    threads = _threads(t_steps * n)
     over = bool(saved) and overwrite_saved
     over_x = overwrite_x and src is None
     grad_x = saved[0] if over else x2 if over_x else buffers.empty((t_steps, n), x2.dtype)
@@ -1084,11 +1105,10 @@ def launch_backward(
         + ("_src" if source else "")
     )
     if any(need_param_grads):
-        getattr(module, name + "_grads" + suffix)(
-            *head, np.asarray(need_param_grads, dtype=np.bool_), *outputs, *(g.numpy() for g in per_neuron), block
-        )
+        args = (*head, np.asarray(need_param_grads, dtype=np.bool_), *outputs, *(g.numpy() for g in per_neuron))
+        _launch(module, name + "_grads" + suffix, args, n, block)
     else:
-        getattr(module, name + suffix)(*head, *outputs, block)
+        _launch(module, name + suffix, (*head, *outputs), n, block)
     grad_params = [
         reduce_leak_grad(g, p.numel(), inner if p.numel() > 1 else 1) if need else None
         for g, p, need in zip(per_neuron, params, need_param_grads)
