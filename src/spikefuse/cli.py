@@ -45,6 +45,7 @@ BENCH_COMMANDS: tuple[str, ...] = (
     "spikefuse.bench.dropins",
     "spikefuse.bench.compile",
     "spikefuse.bench.memory",
+    "spikefuse.bench.models",
     "spikefuse.bench.layers",
     "spikefuse.bench.profile",
     "spikefuse.bench.timesplit",

@@ -82,7 +82,7 @@ def test_side_by_side_timing_alternates_the_forms(monkeypatch):
     cycle as the others' (their ratio is paired), and no form always runs first."""
     order = []
 
-    def fake_training(cfg):
+    def fake_training(cfg, make):
         return None, lambda: order.append(cfg["form"]), lambda: None
 
     monkeypatch.setattr(memory, "_training", fake_training)

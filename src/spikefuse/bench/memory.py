@@ -314,18 +314,26 @@ def step_input(cfg: dict):
     return image.unsqueeze(0).repeat(cfg["T"], 1, 1, 1, 1), labels
 
 
-def _training(cfg: dict):
-    """``(model, step, update)`` for ``cfg``'s model and form: ``step(hooks)`` runs the forward (with ``hooks``:
-    recording the storages saved for backward by group) and backward and returns ``(loss, saved)``; ``update()``
-    the optimizer's."""
+def _readout(model):
+    """The model's last linear layer, whose saved input counts as "other"."""
+    for name in ("fc", "head"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    return model.classifier[-1]
+
+
+def _training(cfg: dict, make: Callable = make_form):
+    """``(model, step, update)`` for ``cfg``'s model and form, built by ``make(cfg) -> (model, reset)``:
+    ``step(hooks)`` runs the forward (with ``hooks``: recording the storages saved for backward by group) and
+    backward and returns ``(loss, saved)``; ``update()`` the optimizer's."""
     import torch
     import torch.nn.functional as F
 
     device = torch.device(cfg.get("device", "cpu"))
-    model, reset = make_form(cfg)
+    model, reset = make(cfg)
     model.to(device).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    readout = model.fc if hasattr(model, "fc") else model.classifier[-1]
+    readout = _readout(model)
     x, labels = step_input(cfg)
     x, labels = x.to(device), labels.to(device)
     optimizer = (
@@ -339,7 +347,9 @@ def _training(cfg: dict):
 
     def forward():
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            return F.cross_entropy(model(x).mean(0).float(), labels)
+            out = model(x)
+            # [T, B, classes], or [B, classes] from a model that averages over T before its head (SpikingJelly's zoo)
+            return F.cross_entropy((out.mean(0) if out.dim() == 3 else out).float(), labels)
 
     def update():
         if optimizer is not None:
@@ -388,9 +398,9 @@ def _training(cfg: dict):
     return model, step, update
 
 
-def run_form(cfg: dict) -> dict:
-    """Measure one model in one form's memory, loss and gradients (in this process); returns a JSON-able result plus
-    ``grads``."""
+def run_form(cfg: dict, make: Callable = make_form) -> dict:
+    """Measure one model in one form's memory, loss and gradients (in this process), built by ``make`` (see
+    :func:`_training`); returns a JSON-able result plus ``grads``."""
     import gc
 
     import spikefuse
@@ -400,7 +410,7 @@ def run_form(cfg: dict) -> dict:
     _set_malloc_thresholds(PEAK_MMAP_THRESHOLD)
     if cfg.get("threads"):
         set_threads(cfg["threads"])
-    model, step, update = _training(cfg)
+    model, step, update = _training(cfg, make)
     # 1: saved bytes, loss and gradients (also the warm-up: numba/Triton compilation)
     loss, saved = step(hooks=True)
     result = {
@@ -450,7 +460,13 @@ def _cuda_step_peak(model, step, update) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def side_by_side(cfg: dict, forms: list[str], cycles: int, sample: Callable[[Callable[[], None]], object]) -> dict:
+def side_by_side(
+    cfg: dict,
+    forms: list[str],
+    cycles: int,
+    sample: Callable[[Callable[[], None]], object],
+    make: Callable = make_form,
+) -> dict:
     """``sample(train_step)`` of every form of ``cfg``'s model, ``cycles`` times, in this process, the forms
     alternating: cycle ``i`` samples each form once, starting at form ``i mod len(forms)``, after one untimed step of
     each, with the training run's allocator settings; ``train_step()`` runs one step (forward, backward, the
@@ -463,7 +479,7 @@ def side_by_side(cfg: dict, forms: list[str], cycles: int, sample: Callable[[Cal
     _set_malloc_thresholds(TIMING_MMAP_THRESHOLD)
     if cfg.get("threads"):
         set_threads(cfg["threads"])
-    runs = {form: _training({**cfg, "form": form}) for form in forms}
+    runs = {form: _training({**cfg, "form": form}, make) for form in forms}
     synchronize = torch.cuda.synchronize if cfg.get("device", "cpu") == "cuda" else lambda: None
 
     def eager_step(form):
@@ -517,8 +533,9 @@ def _captured(train_step: Callable[[], None]) -> Callable[[], None]:
     return graph.replay
 
 
-def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
-    """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model, timed :func:`side_by_side`."""
+def time_side_by_side(cfg: dict, forms: list[str], make: Callable = make_form) -> dict[str, list[float]]:
+    """Seconds of ``cfg['repeats']`` training steps of each form of ``cfg``'s model (built by ``make``), timed
+    :func:`side_by_side`."""
     import time
 
     def timed_step(train_step) -> float:
@@ -526,7 +543,7 @@ def time_side_by_side(cfg: dict, forms: list[str]) -> dict[str, list[float]]:
         train_step()
         return time.perf_counter() - start
 
-    return side_by_side(cfg, forms, cfg["repeats"], timed_step)
+    return side_by_side(cfg, forms, cfg["repeats"], timed_step, make)
 
 
 def _worker(cfg_json: str, out_path: str) -> None:
