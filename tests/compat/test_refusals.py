@@ -37,11 +37,6 @@ REFUSALS = [
     ("reset_mechanism=", "Leaky made with reset_mechanism='zero' and set to 'subtract'", _mixed_reset),
     ("learn_beta=True", "learn_beta=True is not supported", lambda: cs.Lapicque(beta=0.9, learn_beta=True)),
     ("learn_alpha=True", "learn_alpha=True is not supported", lambda: cs.Alpha(0.9, 0.8, learn_alpha=True)),
-    (
-        "conv2d_channels",
-        "recurrent convolutions (conv2d_channels, kernel_size)",
-        lambda: cs.RLeaky(beta=0.9, conv2d_channels=4, kernel_size=3),
-    ),
     ("method=", "Norse's spike function method='tanh'", _norse_method),
     ("record_states=True", "record_states=True is not supported", lambda: cn.LIFCell(record_states=True)),
 ]

@@ -254,7 +254,6 @@ def test_surrogate_mapping_and_errors():
         (lambda: C.RLeaky(beta=0.5, linear_features=4, backend="cuda"), ValueError, "unknown backend 'cuda'"),
         (lambda: C.Synaptic(alpha=0.5, beta=0.5, backend="gpu"), ValueError, "unknown backend 'gpu'"),
         (lambda: C.Leaky(beta=0.5, memory="bogus"), ValueError, "unknown memory mode 'bogus'"),
-        (lambda: C.RLeaky(beta=0.5, conv2d_channels=2, kernel_size=3), NotImplementedError, "recurrent convolutions"),
         (lambda: C.RLeaky(beta=0.5, all_to_all=False, linear_features=3), TypeError, "takes V, not linear_features"),
         (lambda: C.Leaky(beta=torch.rand(3, 8))(torch.rand(3, 8)), ValueError, "per-neuron beta"),
         (

@@ -1,8 +1,8 @@
 """Drop-in replacements for the neuron modules of the peer libraries, backed by spikefuse's fused kernels.
 
 - :mod:`spikefuse.compat.spikingjelly`: ``LIFNode``, ``ParametricLIFNode``, ``IFNode`` (SpikingJelly 2.0)
-- :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic``, ``Lapicque``, ``Alpha``
-  (snnTorch 1.0)
+- :mod:`spikefuse.compat.snntorch`: ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic``, ``Lapicque``, ``Alpha``,
+  ``StateLeaky``, ``LinearLeaky`` (snnTorch 1.0)
 - :mod:`spikefuse.compat.norse`: ``LIF``, ``LIFCell``, ``LSNN``, ``LSNNCell``, ``LIFRecurrent``, ``LSNNRecurrent``,
   ``LIFRecurrentCell``, ``LSNNRecurrentCell``, ``LI``, ``LICell`` and Norse's neurons as definitions (Norse 1.1)
 - :func:`fuse`: a model written for the step loop (an ``nn.Sequential`` of layers and neurons) run over whole

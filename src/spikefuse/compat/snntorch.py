@@ -1,5 +1,5 @@
 """snnTorch 1.0's ``Leaky``, ``Synaptic``, ``RLeaky``, ``RSynaptic``, ``Lapicque`` and ``Alpha`` on spikefuse's neuron engine, called as snnTorch's
-are, with a fused call over whole sequences beside.
+are, with a fused call over whole sequences beside; and its ``StateLeaky`` and ``LinearLeaky``.
 
 Each module takes snnTorch's constructor arguments and keeps its tensors under snnTorch's names (its saved
 ``state_dict`` loads, strict), and ``forward`` is snnTorch's one step::
@@ -34,8 +34,11 @@ gradient through the spike (:data:`~spikefuse.neurons.SNNTORCH_NO_DELAY_MODELS`,
 :data:`~spikefuse.neurons.SYNAPTIC_NO_DELAY_MODELS`); snnTorch 1.0's ``RSynaptic`` computes that reset into a
 variable it then drops, so its ``reset_delay=False`` gives the delayed reset's spikes and states, and so does ours.
 
-Not supported (clear errors): ``inhibition``, ``state_quant``, recurrent convolutions (``conv2d_channels``), and
-surrogates :func:`to_surrogate` does not know.
+``RLeaky`` and ``RSynaptic`` take snnTorch's recurrent convolution (``conv2d_channels``, ``kernel_size``: an
+``nn.Conv2d`` of the previous spikes, inputs ``[B, C, H, W]`` per step); no layer fuses it over time, so their
+``sequence`` runs the steps one call each. ``StateLeaky`` and ``LinearLeaky`` take whole sequences, as snnTorch's.
+
+Not supported (clear errors): ``inhibition``, ``state_quant``, and surrogates :func:`to_surrogate` does not know.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 
 import torch
 from torch import nn
@@ -50,6 +54,7 @@ from torch import nn
 from ..neuron_functional import neuron
 from ..ops import check_backend_name
 from ..ops.engine import step as one_step
+from ..ops.engine.reference import _Fire
 from ..neurons import (
     ALPHA_MODELS,
     CUBA_LIF_MODELS,
@@ -63,7 +68,17 @@ from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
 from ..validation import check_memory_mode
 
-__all__ = ["Leaky", "Synaptic", "RLeaky", "RSynaptic", "Lapicque", "Alpha", "to_surrogate"]
+__all__ = [
+    "Leaky",
+    "Synaptic",
+    "RLeaky",
+    "RSynaptic",
+    "Lapicque",
+    "Alpha",
+    "StateLeaky",
+    "LinearLeaky",
+    "to_surrogate",
+]
 
 # snnTorch's surrogate factories return closures ``<factory>.<locals>.inner`` over their one parameter.
 _SNNTORCH_SURROGATES = {
@@ -128,6 +143,13 @@ def _engine_states(model, states: dict, shape, dtype=None) -> tuple:
     return tuple(kept[k] if k in kept else torch.zeros_like(kept["v"]) for k in model.states)
 
 
+def _refuse_unsupported(inhibition, state_quant) -> None:
+    if inhibition:
+        raise NotImplementedError("inhibition=True is not supported")
+    if state_quant:
+        raise NotImplementedError("state_quant is not supported")
+
+
 def _checked_reset(mechanism: str) -> str:
     if mechanism not in _RESET_VALUES:
         raise ValueError(f"reset_mechanism must be one of {sorted(_RESET_VALUES)}, got {mechanism!r}")
@@ -179,10 +201,7 @@ class _SpikingNeuron(nn.Module):
         memory,
     ):
         nn.Module.__init__(self)  # not super(): snnTorch's class may follow in the MRO (_peer_class), unconstructed
-        if inhibition:
-            raise NotImplementedError("inhibition=True is not supported")
-        if state_quant:
-            raise NotImplementedError("state_quant is not supported")
+        _refuse_unsupported(inhibition, state_quant)
         self._made_with = self._reset_mechanism = _checked_reset(reset_mechanism)
         self.surrogate_disable = bool(surrogate_disable)
         self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
@@ -735,6 +754,27 @@ class Synaptic(_SpikingNeuron, *_peer_class("Synaptic")):
         )
 
 
+def _pair(kernel_size) -> tuple[int, int]:
+    """A kernel size as ``nn.Conv2d`` reads it: one int for both sides, or two."""
+    return (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+
+
+def _check_recurrent_conv(channels, kernel_size) -> None:
+    """snnTorch's arguments of a recurrent ``nn.Conv2d``: both given, and an odd kernel (snnTorch pads
+    ``kernel_size // 2``, so an even kernel's current has another shape than the spikes, which snnTorch fails to add
+    at the first call)."""
+    if channels is None or kernel_size is None:
+        raise TypeError("conv2d_channels and kernel_size must both be given for a recurrent nn.Conv2d")
+    if not isinstance(channels, int) or channels < 1:
+        raise ValueError(f"conv2d_channels must be a positive int (the spikes' channels), got {channels!r}")
+    sizes = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+    if len(sizes) not in (1, 2) or any(not isinstance(k, int) or k < 1 or k % 2 == 0 for k in sizes):
+        raise ValueError(
+            f"kernel_size must be an odd positive int or two (snnTorch pads kernel_size // 2 to keep the spikes' "
+            f"shape), got {kernel_size!r}"
+        )
+
+
 class RecurrentOneToOne(nn.Module):
     """snnTorch's one-to-one recurrent connection: each neuron's own spike times ``V`` (the module holds ``V`` as
     snnTorch's does, so a saved ``recurrent.V`` loads)."""
@@ -749,8 +789,8 @@ class RecurrentOneToOne(nn.Module):
 
 class _Recurrent(_SpikingNeuron):
     """What ``RLeaky`` and ``RSynaptic`` share: the recurrent connection under snnTorch's names (an ``nn.Linear``
-    ``recurrent``, or ``V`` and :class:`RecurrentOneToOne`), and the fused recurrent layer
-    (:func:`spikefuse.recurrent`) over steps of ``[..., N]`` inputs."""
+    or ``nn.Conv2d`` ``recurrent``, or ``V`` and :class:`RecurrentOneToOne`), and the fused recurrent layer
+    (:func:`spikefuse.recurrent`) over steps of ``[..., N]`` inputs (a convolution's steps run one call each)."""
 
     MODELS: dict = {}  # by reset mechanism
     NO_DELAY_MODELS: dict = {}  # by reset mechanism, those of reset_delay=False where it changes anything
@@ -758,23 +798,33 @@ class _Recurrent(_SpikingNeuron):
     def __init__(
         self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay, **common
     ):
-        if conv2d_channels is not None or kernel_size is not None:
-            raise NotImplementedError(
-                "recurrent convolutions (conv2d_channels, kernel_size) are not supported: use "
-                "linear_features, or all_to_all=False"
+        convolution = conv2d_channels is not None or kernel_size is not None
+        if all_to_all and linear_features is not None and convolution:
+            raise TypeError(
+                "linear_features cannot be given with conv2d_channels or kernel_size: the recurrent connection is "
+                "an nn.Linear or an nn.Conv2d"
             )
         if all_to_all and linear_features is not None and (not isinstance(linear_features, int) or linear_features < 1):
             raise ValueError(f"linear_features must be a positive int (the number of neurons), got {linear_features!r}")
-        if all_to_all and not linear_features:
-            raise TypeError("all_to_all=True needs linear_features (the number of neurons) for the recurrent nn.Linear")
-        if not all_to_all and linear_features is not None:
-            raise TypeError("all_to_all=False takes V, not linear_features")
+        if all_to_all and convolution:
+            _check_recurrent_conv(conv2d_channels, kernel_size)
+        elif all_to_all and not linear_features:
+            raise TypeError(
+                "all_to_all=True needs linear_features (the number of neurons) for the recurrent nn.Linear, or "
+                "conv2d_channels and kernel_size for a recurrent nn.Conv2d"
+            )
+        if not all_to_all and (linear_features is not None or convolution):
+            raise TypeError("all_to_all=False takes V, not linear_features, conv2d_channels or kernel_size")
         super().__init__(graded_spikes_factor=1.0, learn_graded_spikes_factor=False, **common)  # not an option here
         self.all_to_all = bool(all_to_all)
         self.learn_recurrent = bool(learn_recurrent)
-        self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, None, None
+        self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, conv2d_channels, kernel_size
         self.reset_delay = bool(reset_delay)
-        if self.all_to_all:
+        if self.all_to_all and convolution:
+            sizes = _pair(kernel_size)
+            # snnTorch's: "same" padding of the odd kernel, the spikes' shape kept
+            self.recurrent = nn.Conv2d(conv2d_channels, conv2d_channels, sizes, padding=(sizes[0] // 2, sizes[1] // 2))
+        elif self.all_to_all:
             self.recurrent = nn.Linear(linear_features, linear_features)
         else:
             self._keep("V", V, learn_recurrent)
@@ -802,16 +852,21 @@ class _Recurrent(_SpikingNeuron):
         return model, delayed, params  # snnTorch's in-step reset keeps the spike's gradient
 
     def _run(self, x_seq, states):
+        if self.conv2d_channels is not None:
+            return self._run_steps(x_seq, states)
         if x_seq.ndim < 2:
             raise ValueError(f"{type(self).__name__}: the input must hold the neurons in its last dimension")
         neurons = x_seq.shape[-1]
         view = x_seq.reshape(x_seq.shape[0], math.prod(x_seq.shape[1:-1]), neurons)  # (-1 is ambiguous for 0 neurons)
-        model, detach_reset, params = self._dynamics()
-        state = (
-            *_engine_states(model, states, view.shape[1:], view.dtype),
-            states["spk"].reshape(view.shape[1:]).to(view.dtype),
-        )
         weight, bias = self._weights(neurons)
+        return self._fused(x_seq, view, view, weight, bias, states["spk"].reshape(view.shape[1:]), states)
+
+    def _fused(self, x_seq, view, neurons_of, weight, bias, fed_back, states):
+        """The fused recurrent layer over ``view`` ``[T, B, N]`` of ``x_seq``, its first step's recurrent current
+        ``weight`` and ``bias`` of the ``fed_back`` spikes, the parameters per neuron of ``neurons_of`` (a view of
+        ``x_seq``): ``(spikes of x_seq's shape, final states by name)``."""
+        model, detach_reset, params = self._dynamics()
+        state = (*_engine_states(model, states, view.shape[1:], view.dtype), fed_back.to(view.dtype))
         spikes, final = recurrent(
             view,
             model,
@@ -823,10 +878,32 @@ class _Recurrent(_SpikingNeuron):
             return_state=True,
             backend=self.backend,
             memory=self.memory,
-            **{p: _per_neuron(value, view, name) for p, (name, value) in params.items()},
+            **{p: _per_neuron(value, neurons_of, name) for p, (name, value) in params.items()},
         )
         spikes = self._graded(spikes.reshape(x_seq.shape))
         return spikes, {"spk": spikes[-1], **_kept_states(model, final, x_seq.shape[1:])}
+
+    def _run_steps(self, x_seq, states):
+        """A recurrent convolution's steps, one call each: no layer fuses a convolution of the previous spikes over
+        time."""
+        spikes = []
+        for x in x_seq.unbind(0):
+            spk, states = (self._run_step if one_step.takes(self.backend, x) else self._run_conv_step)(x, states)
+            spikes.append(spk)
+        return torch.stack(spikes), states
+
+    def _run_conv_step(self, x, states):
+        """One step of a recurrent convolution where the step path does not take it (compiled, another backend, a
+        large layer): the fused layer over one step, fed the convolution's current of the kept spikes as its
+        previous spikes through a one-to-one weight of ones (``1 * current`` is exact), so that the current joins
+        the membrane where snnTorch adds it."""
+        if x.ndim != 4:
+            raise ValueError(f"{type(self).__name__} with conv2d_channels: the input must be [B, C, H, W] per step")
+        view = x.reshape(1, x.shape[0], -1)
+        current = self.recurrent(states["spk"]).reshape(view.shape[1:])
+        ones = torch.ones(view.shape[2], dtype=view.dtype, device=view.device)
+        spikes, final = self._fused(x.unsqueeze(0), view, x.unsqueeze(0), ones, None, current, states)
+        return spikes[0], final
 
     def _run_step(self, x, states):
         if not self.all_to_all:
@@ -973,6 +1050,213 @@ class RSynaptic(_Recurrent, *_peer_class("RSynaptic")):
         self._keep("alpha", alpha, learn_alpha)
 
     init_rsynaptic = _SpikingNeuron.reset_mem
+
+
+def _filtered_membrane(x: torch.Tensor, tau: torch.Tensor, truncation) -> torch.Tensor:
+    """snnTorch's ``StateLeaky`` membrane of ``x`` ``[T, B, C]``, in its operations: each channel's input convolved
+    causally with ``exp(-t / tau)`` (the last ``truncation`` taps, or all T), by a depthwise ``conv1d``."""
+    steps, _, channels = x.shape
+    x = x.permute(1, 2, 0)
+    size = steps if truncation is None else min(truncation, steps)
+    taps = torch.arange(size, device=x.device).view(1, 1, size)
+    if tau.shape in ((), (1,)):
+        kernel = torch.exp(-taps / tau.to(x.device)).expand(channels, 1, size)
+    else:
+        kernel = torch.exp(-taps / tau.to(x.device).view(channels, 1, 1))
+    padded = nn.functional.pad(x, (size - 1, 0))
+    return nn.functional.conv1d(padded, torch.flip(kernel, dims=[-1]), groups=channels).permute(2, 0, 1)
+
+
+def _check_sequence(x, name: str, features: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.ndim != 3:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} takes a whole sequence [T, B, {features}], got {got}")
+
+
+class _DecayRecursion(torch.autograd.Function):
+    """``v[t] = decay * v[t-1] + x[t]`` from ``v[-1] = 0`` over ``x`` ``[T, B, C]`` (``decay`` one value or one per
+    channel): one node for all T steps, the backward the same recursion reversed."""
+
+    @staticmethod
+    def forward(ctx, x, decay):
+        v = torch.empty_like(x)
+        previous = torch.zeros_like(x[0])
+        for t in range(x.shape[0]):
+            previous = v[t] = decay * previous + x[t]
+        ctx.save_for_backward(v, decay)
+        return v
+
+    @staticmethod
+    def backward(ctx, grad_v):
+        v, decay = ctx.saved_tensors
+        grad_x = torch.empty_like(grad_v)
+        carried = torch.zeros_like(grad_v[0])
+        for t in range(grad_v.shape[0] - 1, -1, -1):
+            carried = grad_x[t] = grad_v[t] + decay * carried
+        grad_decay = None
+        if ctx.needs_input_grad[1]:  # d v[t] / d decay = v[t-1] + decay * d v[t-1] / d decay
+            per_channel = (grad_x[1:] * v[:-1]).sum((0, 1))
+            grad_decay = per_channel.sum().reshape(decay.shape) if decay.numel() == 1 else per_channel
+        return grad_x, grad_decay
+
+
+def _recursive_membrane(x: torch.Tensor, tau: torch.Tensor, truncation) -> torch.Tensor:
+    """The membrane of :func:`_filtered_membrane` by the recursion ``v[t] = d * v[t-1] + x[t]``, ``d = exp(-1 /
+    tau)``, O(T) per neuron instead of O(T^2); a kernel of K taps also takes ``d**K * x[t-K]`` back out. The same
+    values up to rounding (``d**t`` is not ``exp(-t / tau)`` to the last bit)."""
+    decay = torch.exp(-1 / tau.to(x.device)).reshape(-1)
+    if truncation is not None and truncation < x.shape[0]:
+        dropped = torch.nn.functional.pad(x[:-truncation], (0, 0, 0, 0, truncation, 0))
+        x = x - decay**truncation * dropped
+    return _DecayRecursion.apply(x, decay)
+
+
+# snnTorch's class (a Module) as the only base where importable: every method of the drop-in is in its own body
+class StateLeaky(*(_peer_class("StateLeaky") or (nn.Module,))):
+    """snnTorch's ``StateLeaky``: a whole sequence ``[T, B, C]`` in one call, its membrane the input filtered causally
+    by ``exp(-t / tau)`` per channel (``tau = 1 / (1 - beta + 1e-12)``, kept as snnTorch keeps it), with no reset,
+    and the spikes ``(mem > threshold) * graded_spikes_factor**2`` (snnTorch scales twice): ``forward(input_) -> (spk, mem)``, or ``mem`` with
+    ``output=False``, each ``[T, B, C]``. ``kernel_truncation_steps=K``: the last K taps only.
+
+    By default the membrane is snnTorch's, computed as snnTorch computes it (a depthwise ``conv1d`` of T taps,
+    O(T^2) per neuron), so spikes and membranes are its bit for bit. ``recursive=True`` (ours) computes it by the
+    recursion ``mem[t] = d * mem[t-1] + x[t]`` with ``d = exp(-1 / tau)``, O(T) per neuron: the membranes equal up
+    to rounding, the spikes snnTorch's except where a membrane is within rounding of the threshold."""
+
+    def __init__(
+        self,
+        beta,
+        channels,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        learn_beta=False,
+        learn_threshold=False,
+        state_quant=False,
+        output=True,
+        graded_spikes_factor=1.0,
+        learn_graded_spikes_factor=False,
+        kernel_truncation_steps=None,
+        *,
+        recursive=False,
+    ):
+        nn.Module.__init__(self)  # not super(): snnTorch's class may follow in the MRO (_peer_class), unconstructed
+        _refuse_unsupported(False, state_quant)
+        if kernel_truncation_steps is not None and (
+            not isinstance(kernel_truncation_steps, int) or kernel_truncation_steps < 1
+        ):
+            raise ValueError(f"kernel_truncation_steps must be None or a positive int, got {kernel_truncation_steps!r}")
+        if not output and (
+            spike_grad is not None
+            or surrogate_disable
+            or learn_threshold
+            or learn_graded_spikes_factor
+            or bool((torch.as_tensor(graded_spikes_factor) != 1).any())
+        ):
+            warnings.warn(
+                "StateLeaky: spike-related settings are unused when output=False (no spikes emitted).", UserWarning
+            )
+        self.surrogate_disable = bool(surrogate_disable)
+        self._surrogate = _surrogate_of(spike_grad, self.surrogate_disable)
+        self.spike_grad = spike_grad
+        self.output = bool(output)
+        self.kernel_truncation_steps = kernel_truncation_steps
+        self.recursive = bool(recursive)
+        self._keep("threshold", threshold, learn_threshold)
+        self._keep("graded_spikes_factor", graded_spikes_factor, learn_graded_spikes_factor)
+        self.register_buffer("reset_mechanism_val", torch.as_tensor(_RESET_VALUES["subtract"]))  # (unused: no reset)
+        beta = _float_tensor(beta)
+        if beta.shape not in ((channels,), (), (1,)):
+            raise ValueError(f"Beta shape {beta.shape} must be either ({channels},) or (1,)")
+        # snnTorch keeps beta too, unread (the property below shadows it): in the state_dict, as a parameter with
+        # learn_beta; written into the module's tables, as the property hides the name from register_buffer
+        (self._parameters if learn_beta else self._buffers)["beta"] = nn.Parameter(beta) if learn_beta else beta
+        self._keep("tau", 1 / (1 - beta + 1e-12), learn_beta)
+        peer = next((c for c in type(self).__mro__ if c.__module__.startswith("snntorch")), None)
+        if peer is not None:  # as snnTorch's constructor does
+            peer.instances.append(self)
+
+    _keep = _SpikingNeuron._keep
+
+    @property
+    def beta(self) -> torch.Tensor:
+        return (self.tau - 1) / self.tau
+
+    def _membrane(self, x: torch.Tensor) -> torch.Tensor:
+        _check_sequence(x, "StateLeaky", "C")
+        membrane = _recursive_membrane if self.recursive else _filtered_membrane
+        return membrane(x, self.tau, self.kernel_truncation_steps)
+
+    def _fire(self, mem: torch.Tensor) -> torch.Tensor:
+        """snnTorch's spikes: its ``fire`` scales by the graded spikes factor and its ``forward`` again (a factor
+        of 0.5 gives spikes of 0.25)."""
+        spikes = _Fire.apply(mem - self.threshold, self._surrogate, True) * self.graded_spikes_factor
+        return spikes * self.graded_spikes_factor
+
+    def forward(self, input_: torch.Tensor):
+        mem = self._membrane(input_)
+        if not self.output:
+            return mem
+        self.spk = self._fire(mem)  # kept, as snnTorch keeps it
+        return self.spk, mem
+
+    def extra_repr(self) -> str:
+        return f"kernel_truncation_steps={self.kernel_truncation_steps}, recursive={self.recursive}"
+
+
+class LinearLeaky(StateLeaky, *_peer_class("LinearLeaky")):
+    """snnTorch's ``LinearLeaky``: an ``nn.Linear(in_features, out_features)`` at each step of ``[T, B, in_features]``,
+    then :class:`StateLeaky`'s membrane and spikes over the ``out_features`` channels; ``forward(input_) -> (spk,
+    mem)`` (``mem`` with ``output=False``), kept as ``spk`` and ``mem`` as snnTorch keeps them. ``recursive=True``
+    as :class:`StateLeaky`'s."""
+
+    def __init__(
+        self,
+        beta,
+        in_features,
+        out_features,
+        bias=True,
+        device=None,
+        dtype=None,
+        threshold=1.0,
+        spike_grad=None,
+        surrogate_disable=False,
+        learn_beta=False,
+        learn_threshold=False,
+        state_quant=False,
+        output=True,
+        graded_spikes_factor=1.0,
+        learn_graded_spikes_factor=False,
+        kernel_truncation_steps=None,
+        *,
+        recursive=False,
+    ):
+        super().__init__(
+            beta,
+            out_features,
+            threshold,
+            spike_grad,
+            surrogate_disable,
+            learn_beta,
+            learn_threshold,
+            state_quant,
+            output,
+            graded_spikes_factor,
+            learn_graded_spikes_factor,
+            kernel_truncation_steps,
+            recursive=recursive,
+        )
+        self.linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input_: torch.Tensor):
+        _check_sequence(input_, "LinearLeaky", "in_features")
+        steps, batch, _ = input_.shape
+        current = self.linear(input_.reshape(-1, self.linear.in_features))
+        self.mem = self._membrane(current.reshape(steps, batch, self.linear.out_features))
+        if not self.output:
+            return self.mem
+        self.spk = self._fire(self.mem)
+        return self.spk, self.mem
 
 
 #: snnTorch's state functions by the reset mechanism its constructor picked them for.
