@@ -8,7 +8,8 @@ import torch
 from .neurons import NeuronModel
 from .ops.common import check_inputs_finite, compute_dtype
 from .ops.engine import reference as engine_reference
-from .ops.recurrent import current
+from .ops import sparse_cpu
+from .ops.recurrent import SparseCurrent, current
 from .ops.recurrent.autograd import RECURRENT_NON_FINITE, recurrent_layer
 from .surrogate import Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
@@ -31,6 +32,30 @@ def _check_weights(x: torch.Tensor, weight, bias, name: str) -> None:
     for what, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
+
+
+def _check_sparse(sparse, x: torch.Tensor, weight: torch.Tensor, spikes0, backend: str, name: str) -> None:
+    """Refuse, naming why, a ``sparse`` the sparse recurrent product cannot run."""
+    if sparse is not True:
+        raise ValueError(f"{name}: sparse must be True or False, got {sparse!r}")
+    why = (
+        "the weight is one to one (an elementwise current: nothing to skip)"
+        if weight.dim() != 2
+        else f"x is on {x.device}"
+        if x.device.type != "cpu"
+        else f"the backend is {backend!r}"
+        if backend not in ("cpu", "reference")
+        else f"x is {x.dtype}"
+        if compute_dtype(x.dtype) not in sparse_cpu.SUPPORTED_DTYPES
+        else "the initial spikes of state hold a value other than 0 and 1"
+        if spikes0 is not None and not ((spikes0 == 0) | (spikes0 == 1)).all()
+        else None
+    )
+    if why is not None:
+        raise ValueError(
+            f"{name}: sparse=True runs on the CPU backend (or the reference), for an all-to-all weight, in float32 or "
+            f"float64, from binary spikes; {why}"
+        )
 
 
 def _split_state(model: NeuronModel, state, x: torch.Tensor):
@@ -70,6 +95,7 @@ def recurrent(
     return_state: bool = False,
     backend: str = "auto",
     memory: str = "potential",
+    sparse: bool = False,
     **params,
 ):
     """A recurrent layer of ``model``'s neurons over ``x`` ``[T, B, H]`` (the input current of each step): the
@@ -88,7 +114,14 @@ def recurrent(
     :func:`spikefuse.neuron`. ``memory``: "potential" (the default, as :func:`spikefuse.lif`: every step's states
     the backward reads are kept instead of the input) or "recompute" (kept for backward: the input and the spikes as
     bits; the backward computes every step's current and states again; where the backward reads one state only, as
-    LIF's membrane, that state is kept instead, the same memory and no recomputation). A float16 / bfloat16 ``x`` runs in float32."""
+    LIF's membrane, that state is kept instead, the same memory and no recomputation). A float16 / bfloat16 ``x`` runs in float32.
+
+    ``sparse=True`` (CPU, all-to-all weight, float32 / float64): each step's recurrent current adds only the weights
+    of the neurons that spiked at the previous step, inside the neuron's step kernel, from the bits the kernel writes
+    as it makes the spikes, and the weight's gradient reads the same bits; sums from zero in increasing neuron index,
+    then the bias (:class:`~spikefuse.ops.recurrent.SparseCurrent`, the reference backend's current then, gives the
+    same bits). Against the dense product the currents agree to rounding, so the spikes are the same except where a
+    membrane lands on the threshold within that rounding. The initial spikes of ``state`` must be 0 or 1."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:
@@ -96,6 +129,8 @@ def recurrent(
     _check_weights(x, weight, bias, f"recurrent {getattr(model, 'name', model)}")
     states, spikes0 = _split_state(model, state, x) if isinstance(model, NeuronModel) else (None, None)
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, states, backend, params)
+    if sparse is not False:
+        _check_sparse(sparse, x, weight, spikes0, concrete, f"recurrent {model.name}")
     t_steps, batch, hidden = x.shape
     cdt = compute_dtype(x.dtype)
     xc, weight, bias = x.to(cdt).contiguous(), weight.to(cdt), None if bias is None else bias.to(cdt)
@@ -110,7 +145,8 @@ def recurrent(
             [t for t in (weight, bias, spikes0) if t is not None],
             otherwise=RECURRENT_NON_FINITE,
         )
-        flat = lambda s: current(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
+        product = SparseCurrent.apply if sparse else current
+        flat = lambda s: product(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
         spikes, final = engine_reference.run(
             model,
             xc.reshape(t_steps, -1),
@@ -126,7 +162,18 @@ def recurrent(
     else:
         init = [v.reshape(batch, hidden) if v.numel() > 1 else v for v in init]
         spikes, *final = recurrent_layer(
-            xc, weight.contiguous(), bias, spikes0, tensors, init, model, surrogate, detach_reset, concrete, memory
+            xc,
+            weight.contiguous(),
+            bias,
+            spikes0,
+            tensors,
+            init,
+            model,
+            surrogate,
+            detach_reset,
+            concrete,
+            memory,
+            sparse,
         )
     spikes = spikes.to(x.dtype)
     if not return_state:

@@ -91,7 +91,8 @@ def _recurrent_net():
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_recurrent_custom_ops_pass_opcheck(backend):
     """torch.library.opcheck of the recurrent layer's custom ops: schema, fake kernels against the real ones, the
-    autograd registration; both memory modes (what the forward keeps differs), all-to-all and one-to-one weights."""
+    autograd registration; both memory modes (what the forward keeps differs), all-to-all and one-to-one weights, and
+    the sparse product on the CPU (its bits are words of another shape)."""
     from spikefuse.neurons import ALIF_MODEL
     from spikefuse.ops.recurrent import autograd as R
     from spikefuse.registry import register
@@ -105,13 +106,16 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
     init = [torch.zeros(1, dtype=torch.float64), torch.rand(2, 5, generator=g, dtype=torch.float64)]
     spikes0 = torch.zeros(2, 5, dtype=torch.float64)
     model, surrogate = register(ALIF_MODEL), register(ATan(2.0))
-    for weight, memory in (
-        (torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3, "potential"),
-        (torch.randn(5, generator=g, dtype=torch.float64) * 0.3, "recompute"),
-    ):
+    runs = [
+        (torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3, "potential", False),
+        (torch.randn(5, generator=g, dtype=torch.float64) * 0.3, "recompute", False),
+    ]
+    if backend == "cpu":
+        runs.append((torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3, "recompute", True))
+    for weight, memory, sparse in runs:
         weight.requires_grad_(True)
         bias = torch.zeros(5, dtype=torch.float64, requires_grad=True)
-        args = (x, weight, bias, spikes0, params, init, model, surrogate, False, backend, memory)
+        args = (x, weight, bias, spikes0, params, init, model, surrogate, False, backend, memory, sparse)
         torch.library.opcheck(R.recurrent_forward, args)
         out = R.recurrent_forward(*args)
         grad_spikes, grad_final = torch.rand_like(x), [torch.rand(2, 5, dtype=torch.float64) for _ in init]
@@ -132,6 +136,7 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
                 surrogate,
                 False,
                 backend,
+                sparse,
                 [True, True, False, True, False, False, False],
             ),
         )

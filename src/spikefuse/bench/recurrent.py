@@ -7,6 +7,8 @@ every weight's gradient. Each peer runs as its users run it, and spikefuse runs 
 the same weights), checked to give the same spikes:
 
 - snnTorch ``RLeaky`` in a loop over the steps, and :class:`spikefuse.compat.snntorch.RLeaky`'s ``sequence``;
+  with ``--sparse``, also :func:`spikefuse.recurrent` with RLeaky's LIF and ``sparse=True`` behind a
+  ``SpikeLinear(sparse=True)`` (the products that read only the spiking inputs and neurons), the same weights;
 - Norse ``LSNNRecurrent`` and :class:`spikefuse.compat.norse.LSNNRecurrent`;
 - SpikingJelly ``LinearRecurrentContainer`` around a ``LIFNode``, stepped in a loop, and :func:`spikefuse.recurrent`
   with SpikingJelly's LIF definition and the container's weight split into its input and recurrent halves (the
@@ -91,10 +93,13 @@ class Case:
         return run
 
 
-def _snntorch_cases(x, device) -> list[Case]:
+def _snntorch_cases(x, device, sparse: bool = False) -> list[Case]:
     import snntorch
 
+    import spikefuse
     from ..compat import snntorch as compat
+    from ..neurons import LIF_MODELS
+    from ..surrogate import ATan
 
     torch.manual_seed(1)
     fc, peer = _input_layer(nn.Linear, 4.0, device), snntorch.RLeaky(beta=0.95, linear_features=HIDDEN).to(device)
@@ -114,12 +119,32 @@ def _snntorch_cases(x, device) -> list[Case]:
         ours.reset_mem()
         return ours.sequence(ours_fc(x))[0]
 
+    sparse_fc = _input_layer(functools.partial(SpikeLinear, sparse=True), 4.0, device, fc)
+
+    def ours_sparse():  # RLeaky's LIF (beta 0.95, threshold 1, subtract), snnTorch's ATan surrogate
+        current = sparse_fc(x)
+        weight, bias = ours.recurrent.weight, ours.recurrent.bias
+        model = LIF_MODELS[("snntorch", "soft")]
+        kw = dict(surrogate=ATan(2.0), decay=0.95, threshold=1.0, memory="recompute", sparse=True)
+        return spikefuse.recurrent(current, model, weight, bias, **kw)
+
     return [
         Case("snnTorch RLeaky, loop", "snntorch", peer_loop, [*fc.parameters(), *peer.parameters()]),
         Case(
             "spikefuse compat RLeaky.sequence", "snntorch", ours_sequence, [*ours_fc.parameters(), *ours.parameters()]
         ),
-    ]
+    ] + (
+        [
+            Case(
+                "spikefuse.recurrent(sparse=True), RLeaky's LIF",
+                "snntorch",
+                ours_sparse,
+                [*sparse_fc.parameters(), *ours.recurrent.parameters()],
+            )
+        ]
+        if sparse
+        else []
+    )
 
 
 def _norse_cases(x, device) -> list[Case]:
@@ -216,9 +241,13 @@ def _floor_case(x, device) -> Case:
     )
 
 
-def cases(x, device, peers=("snntorch", "norse", "spikingjelly")) -> list[Case]:
+def cases(x, device, peers=("snntorch", "norse", "spikingjelly"), sparse: bool = False) -> list[Case]:
     out = []
-    builders = {"snntorch": _snntorch_cases, "norse": _norse_cases, "spikingjelly": _spikingjelly_cases}
+    builders = {
+        "snntorch": functools.partial(_snntorch_cases, sparse=sparse),
+        "norse": _norse_cases,
+        "spikingjelly": _spikingjelly_cases,
+    }
     for peer in peers:
         try:
             out += builders[peer](x, device)
@@ -235,7 +264,7 @@ def run(args) -> None:
         g = torch.Generator().manual_seed(t_steps)
         x = (torch.rand(t_steps, BATCH, INPUTS, generator=g) < RATE).float().to(device)
         upstream = torch.randn(t_steps, BATCH, HIDDEN, generator=g).to(device)
-        all_cases = cases(x, device, args.peers)
+        all_cases = cases(x, device, args.peers, args.sparse)
         spikes = {}
         for case in all_cases:
             with torch.no_grad():
@@ -247,6 +276,7 @@ def run(args) -> None:
         medians = round_robin(timed, args.repeats)
         floor = medians["floor: the matrix products alone"]
         for case in all_cases:
+            # (the sparse row's partner: the peer, the first of its pair)
             partner = next((c for c in all_cases if c.pair == case.pair and c is not case), None)
             differ = float((spikes[case.name] != spikes[partner.name]).float().mean()) if partner else 0.0
             peer = next((c for c in all_cases if c.pair == case.pair and not c.name.startswith("spikefuse")), None)
@@ -311,7 +341,8 @@ def run(args) -> None:
         "for the same dynamics and weights; 'kept vs peer' likewise for the bytes autograd keeps for backward "
         "(parameters excepted, the input spikes included). 'spikes differing': the fraction of spikes that differ "
         "from the other implementation of the pair (SpikingJelly's container multiplies [x; s] in one product, a "
-        "different rounding, so its pair may differ; the others must not).",
+        "different rounding, so its pair may differ; the others must not; the sparse row sums its currents in "
+        "another order than the peer's dense product, so it may differ at threshold ties).",
         "",
         table,
     ]
@@ -463,6 +494,12 @@ def add_parser(subparsers) -> None:
         help="the peer libraries timed beside spikefuse (default: all three)",
     )
     p.add_argument(
+        "--sparse",
+        action="store_true",
+        help="add spikefuse's sparse products (SpikeLinear(sparse=True), spikefuse.recurrent(sparse=True)) beside "
+        "snnTorch's pair, CPU only",
+    )
+    p.add_argument(
         "--smnist-batches",
         type=int,
         default=0,
@@ -482,6 +519,8 @@ def _run_cli(args) -> None:
         raise SystemExit("--T and --repeats must be positive")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU here")
+    if args.sparse and args.device != "cpu":
+        raise SystemExit("--sparse: the sparse products run on the CPU")
     args.tag = result_tag(args) + ("" if args.device == "cpu" else f"_{args.device}")
     if args.smnist_batches > 0:
         smnist_epoch(args)

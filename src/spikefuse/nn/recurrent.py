@@ -33,6 +33,9 @@ class Recurrent(EngineNeuron):
         stateful: keep the final states (the model's and the last spikes) between calls; :meth:`reset_state`.
         memory: "potential" (the default: every step's states the backward reads are kept) or "recompute" (the
             backward computes every step again from the input and the spikes, kept as bits).
+        sparse: True: each step's recurrent current and the recurrent weight's gradient read only the neurons that
+            spiked (CPU, all to all; :func:`spikefuse.recurrent`); the same spikes as the default dense product except
+            at threshold ties.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class Recurrent(EngineNeuron):
         stateful: bool = False,
         backend: str = "auto",
         memory: str = "potential",
+        sparse: bool = False,
         **params,
     ):
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
@@ -66,6 +70,7 @@ class Recurrent(EngineNeuron):
         )
         self.hidden_size = int(hidden_size)
         self.all_to_all = bool(all_to_all)
+        self.sparse = sparse
         if self.all_to_all:
             self.recurrent = nn.Linear(self.hidden_size, self.hidden_size, bias=bias)
         else:  # the scale of nn.Linear's default initialization for one input
@@ -85,12 +90,15 @@ class Recurrent(EngineNeuron):
             )
         weight, bias = self.recurrent_weights()
         arguments = self.call_arguments(x)
-        spikes, final = recurrent(x, self.model, weight, bias, return_state=True, memory=self.memory, **arguments)
+        spikes, final = recurrent(
+            x, self.model, weight, bias, return_state=True, memory=self.memory, sparse=self.sparse, **arguments
+        )
         self.keep_state(final)
         return spikes
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, all_to_all={self.all_to_all}, {super().extra_repr()}"
+        sparse = ", sparse=True" if self.sparse else ""
+        return f"hidden_size={self.hidden_size}, all_to_all={self.all_to_all}{sparse}, {super().extra_repr()}"
 
 
 class RecurrentLIF(Recurrent):

@@ -27,6 +27,13 @@ PyTorch references beside them, :func:`linear_reference` and :func:`weight_grad_
 and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
 float32 and float64.
 
+**Spike rows from a word boundary** (:func:`pack_spike_rows`, int64 ``[rows, words_per_row(K)]``): the layout
+in which a kernel that writes rows in parallel writes the bits of its rows (in bitpack's layout two rows share a byte
+where ``K % 8``). The recurrent step kernels (:mod:`spikefuse.ops.recurrent.cpu`, ``sparse=True``) pack each step's
+spike row into it as they make it (:func:`pack_row`) and sum the next step's current from it
+(:func:`active_inputs`, :func:`summed_weight_rows`: :func:`linear`'s row); :func:`row_linear` and
+:func:`row_weight_grad` are :func:`linear` and :func:`weight_grad` reading it, in the same orders.
+
 **Inputs with values** (framed events are counts per pixel and bin, not spikes): :func:`to_csr` lists a dense
 ``X [M, K]``'s nonzero entries row by row with their values (a :class:`CSR`: one pass counting each row's, one
 writing them), and :func:`csr_linear` / :func:`csr_weight_grad` are the same products weighted by the values,
@@ -60,6 +67,7 @@ from numba.extending import intrinsic
 from ..threads import match_numba_threads
 from . import buffers
 from .bit_layout import packed_numel
+from .bitpack import NotBinaryError
 from .common import refuse_double_backward
 
 __all__ = [
@@ -70,6 +78,10 @@ __all__ = [
     "linear",
     "weight_grad",
     "spike_count",
+    "words_per_row",
+    "pack_spike_rows",
+    "row_linear",
+    "row_weight_grad",
     "CROSSOVER_VALUES",
     "CSR",
     "nonzero_counts",
@@ -152,7 +164,7 @@ def _bits(words, start, n):
 
 
 @njit(inline="always")
-def _active_inputs(words, start, k_in, active):
+def active_inputs(words, start, k_in, active):
     """The indices of the set bits among bits ``start .. start + k_in - 1`` into ``active``, lowest first; returns
     how many."""
     count = 0
@@ -165,45 +177,67 @@ def _active_inputs(words, start, k_in, active):
     return count
 
 
+@njit(inline="always")
+def summed_weight_rows(weight_t, active, count, bias, acc):
+    """``acc = sum of weight_t[active[j]] for j < count, in increasing j (+ bias)``: from zero, four weight rows per
+    pass over the accumulator, ``(((acc + a) + b) + c) + d``, the order of one at a time with a quarter of the
+    accumulator's loads and stores. The row of the sparse forward (:func:`_linear_kernel`) and of a recurrent step's
+    current computed inside the step kernel (:mod:`spikefuse.ops.recurrent.cpu`)."""
+    n = acc.size
+    for i in range(n):
+        acc[i] = 0
+    j = 0
+    while j + 4 <= count:
+        a, b, c, d = (
+            weight_t[active[j]],
+            weight_t[active[j + 1]],
+            weight_t[active[j + 2]],
+            weight_t[active[j + 3]],
+        )
+        for i in range(n):
+            acc[i] = (((acc[i] + a[i]) + b[i]) + c[i]) + d[i]
+        j += 4
+    for jj in range(j, count):
+        a = weight_t[active[jj]]
+        for i in range(n):
+            acc[i] += a[i]
+    if bias.size:
+        for i in range(n):
+            acc[i] += bias[i]
+
+
+@njit(inline="always")
+def pack_row(row, words):
+    """The bits of the 0/1 ``row`` into ``words`` (``ceil(row.size / 64)`` words, bit ``i`` of word ``w`` element
+    ``64*w + i``, the bits past the row zero): a spike row packed by the kernel that wrote it, while in its cache."""
+    n = row.size
+    for w in range(words.size):
+        word = np.uint64(0)
+        for i in range(min(64, n - 64 * w)):
+            if row[64 * w + i] != 0:
+                word |= np.uint64(1) << np.uint64(i)
+        words[w] = word
+
+
 @njit(parallel=True, cache=True)
-def _linear_kernel(words, weight_t, bias, tasks, out):
-    """``out[m] = sum of weight_t[k] over the set bits k of row m, in increasing k (+ bias)``. Four weight rows are
-    added per pass over the row's accumulator, ``(((acc + a) + b) + c) + d``: the order of one at a time, with a
-    quarter of the accumulator's loads and stores."""
-    rows, n = out.shape
+def _linear_kernel(words, row_bits, weight_t, bias, tasks, out):
+    """``out[m] = sum of weight_t[k] over the set bits k of row m (bits from ``m * row_bits`` on), in increasing k
+    (+ bias)`` (:func:`summed_weight_rows`)."""
+    rows = out.shape[0]
     k_in = weight_t.shape[0]
     per_task = -(-rows // tasks)
     for t in prange(tasks):
         active = np.empty(k_in, np.int64)
         for m in range(t * per_task, min(rows, (t + 1) * per_task)):
-            count = _active_inputs(words, m * k_in, k_in, active)
-            acc = out[m]
-            for i in range(n):
-                acc[i] = 0
-            j = 0
-            while j + 4 <= count:
-                a, b, c, d = (
-                    weight_t[active[j]],
-                    weight_t[active[j + 1]],
-                    weight_t[active[j + 2]],
-                    weight_t[active[j + 3]],
-                )
-                for i in range(n):
-                    acc[i] = (((acc[i] + a[i]) + b[i]) + c[i]) + d[i]
-                j += 4
-            for jj in range(j, count):
-                a = weight_t[active[jj]]
-                for i in range(n):
-                    acc[i] += a[i]
-            if bias.size:
-                for i in range(n):
-                    acc[i] += bias[i]
+            count = active_inputs(words, m * row_bits, k_in, active)
+            summed_weight_rows(weight_t, active, count, bias, out[m])
 
 
 @njit(parallel=True, cache=True)
-def _weight_grad_kernel(words, k_in, grad, bounds, out_t):
-    """``out_t[k] = sum of grad[m] over the rows m whose bit k is set, in increasing m``; task ``t`` owns inputs
-    ``bounds[t] .. bounds[t + 1] - 1`` (its rows of ``out_t``, which no other task writes)."""
+def _weight_grad_kernel(words, row_bits, grad, bounds, out_t):
+    """``out_t[k] = sum of grad[m] over the rows m whose bit k is set (row m's bits from ``m * row_bits`` on), in
+    increasing m``; task ``t`` owns inputs ``bounds[t] .. bounds[t + 1] - 1`` (its rows of ``out_t``, which no other
+    task writes)."""
     rows, n = grad.shape
     for t in prange(bounds.size - 1):
         k0, k1 = bounds[t], bounds[t + 1]
@@ -213,7 +247,7 @@ def _weight_grad_kernel(words, k_in, grad, bounds, out_t):
         for m in range(rows):
             g = grad[m]
             for c in range(k0, k1, 64):
-                word = _bits(words, m * k_in + c, min(64, k1 - c))
+                word = _bits(words, m * row_bits + c, min(64, k1 - c))
                 while word:
                     acc = out_t[c + trailing_zeros(word)]
                     word &= word - np.uint64(1)
@@ -346,18 +380,23 @@ def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Te
     _check_float("the weight", weight_t)
     if weight_t.dim() != 2:
         raise ValueError(f"weight_t must be [K, N], got shape {tuple(weight_t.shape)}")
-    k_in, n = weight_t.shape
+    k_in = weight_t.shape[0]
+    return _linear_words(_words(bits, rows * k_in), k_in, rows, weight_t, bias)
+
+
+def _linear_words(words: np.ndarray, row_bits: int, rows: int, weight_t: torch.Tensor, bias) -> torch.Tensor:
+    n = weight_t.shape[1]
     if bias is not None:
         _check_float("the bias", bias, weight_t.dtype)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-    words = _words(bits, rows * k_in)
     out = buffers.empty((rows, n), weight_t.dtype)
     if out.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
         w = weight_t.detach().contiguous().numpy()  # detached: these are not differentiable ops
         _linear_kernel(
             words,
+            row_bits,
             w,
             np.empty(0, w.dtype) if bias is None else bias.detach().contiguous().numpy(),
             min(rows, threads * _TASKS_PER_THREAD),
@@ -373,14 +412,73 @@ def weight_grad(grad: torch.Tensor, bits: torch.Tensor, k_in: int) -> torch.Tens
     _check_float("the gradient", grad)
     if grad.dim() != 2:
         raise ValueError(f"grad must be [M, N], got shape {tuple(grad.shape)}")
+    return _weight_grad_words(grad, _words(bits, grad.shape[0] * k_in), k_in, k_in)
+
+
+def _weight_grad_words(grad: torch.Tensor, words: np.ndarray, row_bits: int, k_in: int) -> torch.Tensor:
     rows, n = grad.shape
-    words = _words(bits, rows * k_in)
     out_t = buffers.empty((k_in, n), grad.dtype)
     if out_t.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
         bounds = np.linspace(0, k_in, min(k_in, threads) + 1).round().astype(np.int64)
-        _weight_grad_kernel(words, k_in, grad.detach().contiguous().numpy(), bounds, out_t.numpy())
+        _weight_grad_kernel(words, row_bits, grad.detach().contiguous().numpy(), bounds, out_t.numpy())
     return out_t.t().contiguous()
+
+
+# ------------------------------------------------------------------------------------------- spike rows as words
+def words_per_row(k_in: int) -> int:
+    """The uint64 words of one row of ``k_in`` spikes in the row-padded layout of :func:`pack_spike_rows`."""
+    return -(-k_in // 64)
+
+
+@njit(cache=True)
+def _pack_rows_kernel(x, words):
+    """Every row of ``x`` into its words (:func:`pack_row`); False at the first element that is not 0 or 1."""
+    for m in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            if x[m, k] != 0 and x[m, k] != 1:
+                return False
+        pack_row(x[m], words[m])
+    return True
+
+
+def pack_spike_rows(x: torch.Tensor) -> torch.Tensor:
+    """The bits of the spikes ``x [rows, K]`` row by row, each row from a word boundary: int64 ``[rows,
+    words_per_row(K)]`` (read as uint64 words, bit ``i`` of word ``w`` element ``64*w + i``). In this layout a
+    kernel writing rows in parallel writes words of its own (packed bits would share a byte between rows where
+    ``K % 8``), so the recurrent step kernels write their spikes' bits in it. Raises
+    :class:`~spikefuse.ops.bitpack.NotBinaryError` where an element is not 0 or 1."""
+    _check_matrix("the spikes", x)
+    words = torch.empty(x.shape[0], words_per_row(x.shape[1]), dtype=torch.int64)
+    if not _pack_rows_kernel(x.detach().contiguous().numpy(), words.numpy().view(np.uint64)):
+        raise NotBinaryError("the spikes hold a value other than 0 and 1: not spikes, which the sparse product reads")
+    return words
+
+
+def _row_words(words: torch.Tensor, k_in: int) -> np.ndarray:
+    if words.dtype != torch.int64 or words.dim() != 2 or words.shape[1] != words_per_row(k_in):
+        raise ValueError(
+            f"words must be int64 [rows, {words_per_row(k_in)}] for rows of {k_in} spikes, got {words.dtype} "
+            f"{tuple(words.shape)}"
+        )
+    return words.contiguous().numpy().view(np.uint64).reshape(-1)
+
+
+def row_linear(words: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` of spikes given as their row-padded words (:func:`pack_spike_rows`), in the same order."""
+    _check_float("the weight", weight_t)
+    if weight_t.dim() != 2:
+        raise ValueError(f"weight_t must be [K, N], got shape {tuple(weight_t.shape)}")
+    k_in = weight_t.shape[0]
+    return _linear_words(_row_words(words, k_in), 64 * words.shape[1], words.shape[0], weight_t, bias)
+
+
+def row_weight_grad(grad: torch.Tensor, words: torch.Tensor, k_in: int) -> torch.Tensor:
+    """:func:`weight_grad` of spikes given as their row-padded words (:func:`pack_spike_rows`), in the same order."""
+    _check_matrix("the gradient", grad)
+    if words.shape[0] != grad.shape[0]:
+        raise ValueError(f"the gradient has {grad.shape[0]} rows, the spikes {words.shape[0]}")
+    return _weight_grad_words(grad, _row_words(words, k_in), 64 * words.shape[1], k_in)
 
 
 def spike_count(bits: torch.Tensor, numel: int) -> int:

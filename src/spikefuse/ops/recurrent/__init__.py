@@ -11,13 +11,20 @@ loop, differentiated by autograd, the oracle), ``cpu`` (numba step kernels, :mod
 (:func:`current`), on the same ``[B, H]`` spikes, so their spikes and states equal the reference's bit for bit; all
 else of a step is one kernel, and the time loop runs once forward and once in reverse inside one autograd operation
 (:mod:`.autograd`), the weight's gradient one matrix product over all ``T*B`` rows.
+
+``sparse=True`` (CPU, all to all): the step kernel sums each step's current from the weight rows of the previous
+step's spikes only, read from the bits it wrote as it made them (:func:`.cpu.forward_sparse`: the whole time loop in
+one call), and the weight's gradient reads the same bits (:func:`spikefuse.ops.sparse_cpu.row_weight_grad`). The
+reference's current is then :class:`SparseCurrent`, the same sums in the same order in plain torch ops.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["ALIGNMENT", "aligned", "current", "current_backward"]
+from ..sparse_cpu import linear_reference
+
+__all__ = ["ALIGNMENT", "aligned", "current", "current_backward", "SparseCurrent"]
 
 
 #: The address alignment (bytes) of the spikes a product reads, by device type: BLAS libraries pick their kernels by
@@ -51,3 +58,22 @@ def current_backward(grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
     if weight.dim() == 2:
         return torch.mm(grad, weight, out=out)
     return torch.mul(grad, weight, out=out)
+
+
+class SparseCurrent(torch.autograd.Function):
+    """The recurrent current ``spikes @ weight.T + bias`` (``weight`` ``[H, H]``) of the sparse layer, summed as its
+    step kernel sums it: from zero over the spiking neurons in increasing index, then the bias
+    (:func:`~spikefuse.ops.sparse_cpu.linear_reference`, plain torch ops); the reference backend's current with
+    ``sparse=True``, the oracle of the kernel's bits. Its gradients are the dense products' (autograd cannot
+    differentiate the list of spikes in the spikes). ``SparseCurrent.apply(spikes, weight, bias)``."""
+
+    @staticmethod
+    def forward(ctx, spikes, weight, bias):
+        ctx.save_for_backward(spikes, weight)
+        ctx.has_bias = bias is not None
+        return linear_reference(spikes, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        spikes, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ spikes, grad.sum(0) if ctx.has_bias else None

@@ -4,7 +4,9 @@
 implementation as a plain ``autograd.Function`` for eager calls, as :mod:`spikefuse.ops.engine.autograd` does.
 
 Forward: per step, the recurrent current of the previous spikes (:func:`~spikefuse.ops.recurrent.current`, the
-reference's own torch call) into one ``[B, H]`` buffer, then one kernel call for the rest of the step. Kept for
+reference's own torch call) into one ``[B, H]`` buffer, then one kernel call for the rest of the step. With
+``sparse=True`` (CPU), one kernel call for all steps, which sums each current from the previous spikes' bits
+(:func:`.cpu.forward_sparse`); the weight's gradient then reads the same bits. Kept for
 backward: the spikes as bits (1/32 of a float each) and, with ``memory="potential"``, every step's states that the
 backward reads (:func:`.source.kept_states`), else the input only (``"recompute"``: the backward computes the currents
 of the kept spikes again, one product per step as the forward did, then replays every step in one kernel).
@@ -25,7 +27,7 @@ import torch
 
 from torch import Tensor
 
-from .. import bitpack, buffers
+from .. import bitpack, buffers, sparse_cpu
 from ..bit_layout import packed_numel
 from ..common import refuse_double_backward, refuse_flagged, saved_tensors
 from ...registry import OBJECTS, key_of
@@ -49,22 +51,28 @@ def backend_module(backend: str):
     return importlib.import_module(f"{__package__}.{backend}")
 
 
-def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist, record_currents=None):
+def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist, record_currents=None, words=None):
     """Run every step; returns ``(spikes [T, B, H], final states [S, B, H])``. ``hist``: where to keep the states
     the backward reads (None: keep none); ``record_currents``: a ``[T, B, H]`` tensor to keep every step's current
-    in (a backward that reads the input needs them)."""
-    t_steps = x.shape[0]
+    in (a backward that reads the input needs them). ``words``: the sparse forward (``sparse=True``, CPU), every
+    step in one kernel call that reads the previous spikes' bits from ``words`` ``[T + 1, B, W]`` (``words[0]`` the
+    initial spikes', given) and writes each step's (:func:`.cpu.forward_sparse`); None: a torch product per step."""
     spikes = _empty(x.shape, x)
     cur = init.clone()
-    r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
-    step, flags = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
-    previous = spikes0
-    for t in range(t_steps):
-        current(previous, weight, bias, out=r)
-        if record_currents is not None:
-            record_currents[t].copy_(r)
-        step(t)
-        previous = spikes[t]
+    if words is None:
+        r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
+        step, flags = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
+        previous = spikes0
+        for t in range(x.shape[0]):
+            current(previous, weight, bias, out=r)
+            if record_currents is not None:
+                record_currents[t].copy_(r)
+            step(t)
+            previous = spikes[t]
+    else:
+        flags = ops.forward_sparse(
+            model, surrogate, x, weight.t().contiguous(), bias, words, record_currents, cur, spikes, hist, par
+        )
     refuse_flagged(flags, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
     if model.handoff:
         ops.handoff(model, surrogate, cur, par)
@@ -97,6 +105,17 @@ def _initial_spikes(model, par: Tensor, init_all: Tensor) -> Tensor:
     return initial_spike(model, list(par), 1, init, batch * hidden).reshape(batch, hidden)
 
 
+def _sparse_words(spikes0: Tensor, t_steps: int) -> Tensor:
+    """The words ``[T + 1, B, W]`` the sparse forward's kernel writes each step's spike bits into, the initial spikes'
+    packed in ``[0]``: a row per row of spikes from a word boundary (:func:`~spikefuse.ops.sparse_cpu.pack_spike_rows`),
+    so that the threads, which split the rows, write words of their own; ``[:T]`` are the rows that each step's
+    current and the weight's gradient read."""
+    batch, hidden = spikes0.shape
+    words = torch.empty(t_steps + 1, batch, sparse_cpu.words_per_row(hidden), dtype=torch.int64)
+    words[0] = sparse_cpu.pack_spike_rows(spikes0)
+    return words
+
+
 def _forward_impl(
     x: Tensor,
     weight: Tensor,
@@ -109,11 +128,14 @@ def _forward_impl(
     detach_reset: bool,
     backend: str,
     memory: str,
+    sparse: bool,
 ) -> list[Tensor]:
     """``[spikes [T, B, H], *final states [B, H], bits, *kept]``: the spikes as bits and what else the backward reads
     (every step's states, and the currents where the derivatives read the input: memory "potential"; nothing else
     with "recompute", which keeps the input). ``detach_reset`` is the backward's (an input here for the autograd
-    registration to see)."""
+    registration to see). ``sparse``: each step's current from the previous spikes' bits in the step kernel, the
+    bits kept row-padded with the initial spikes' first (:func:`_sparse_words`); else packed by
+    :func:`spikefuse.ops.bitpack.pack`."""
     model, surrogate = OBJECTS[model], OBJECTS[surrogate]
     ops = backend_module(backend)
     t_steps, batch, hidden = x.shape
@@ -124,11 +146,14 @@ def _forward_impl(
     potential = _keeps_potential(model, kept, memory)
     hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
     currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
+    words = _sparse_words(spikes0, t_steps) if sparse else None
     with torch.no_grad():
-        spikes, final = run_forward(ops, model, surrogate, x, weight, bias, par, init_all, spikes0, hist, currents)
+        spikes, final = run_forward(
+            ops, model, surrogate, x, weight, bias, par, init_all, spikes0, hist, currents, words
+        )
     if currents is not None:
         currents += x  # the steps' inputs, which the derivatives read
-    bits, _ = bitpack.pack(spikes, reuse=False)
+    bits = words if sparse else bitpack.pack(spikes, reuse=False)[0]
     # a custom op's outputs may not alias each other: each final state a tensor of its own
     return [spikes, *(v.clone() for v in final.unbind(0)), bits, *(t for t in (hist, currents) if t is not None)]
 
@@ -137,7 +162,7 @@ recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", muta
 
 
 @recurrent_forward.register_fake
-def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory):
+def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse):
     model, surrogate = OBJECTS[model], OBJECTS[surrogate]
     t_steps, batch, hidden = x.shape
     names = _kept_states(backend, model, surrogate, x.dtype)
@@ -146,7 +171,10 @@ def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, ba
         kept.append(x.new_empty(t_steps, len(names), batch, hidden))
         if model.backward_reads_input:
             kept.append(torch.empty_like(x))
-    bits = x.new_empty(packed_numel(x.numel()), dtype=torch.uint8)
+    if sparse:
+        bits = x.new_empty(t_steps + 1, batch, sparse_cpu.words_per_row(hidden), dtype=torch.int64)
+    else:
+        bits = x.new_empty(packed_numel(x.numel()), dtype=torch.uint8)
     return [torch.empty_like(x), *(x.new_empty(batch, hidden) for _ in init), bits, *kept]
 
 
@@ -165,12 +193,15 @@ def _backward_impl(
     surrogate: str,
     detach_reset: bool,
     backend: str,
+    sparse: bool,
     need: list[bool],
 ) -> list[Tensor]:
     """``[grad_x, grad_weight, grad_bias, grad_spikes0, *per-neuron grad per parameter [H], grad_init [S, B, H]]``
     from the gradients of the spikes and the final states; ``need``: whether the weight, the bias, the initial spikes
     and each parameter need theirs (an empty tensor where not). ``x``: the input (memory "recompute"; empty
-    otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states."""
+    otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states.
+    ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
+    read the previous spikes (the products of :mod:`spikefuse.ops.sparse_cpu`, the forward's order)."""
     model, surrogate = OBJECTS[model], OBJECTS[surrogate]
     ops = backend_module(backend)
     shape = t_steps, batch, hidden = grad_spikes.shape
@@ -178,16 +209,22 @@ def _backward_impl(
     par, init_all = _stacked(params, init, batch, hidden, grad_spikes)
     if spikes0 is None:
         spikes0 = _initial_spikes(model, par, init_all)
-    spikes = bitpack.unpack(bits, shape, dtype)
-    previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
+    if sparse:  # the rows of the previous spikes, which each step's current read
+        previous_words = bits.reshape(-1, bits.shape[2])[: t_steps * batch]
+    else:
+        spikes = bitpack.unpack(bits, shape, dtype)
+        previous = torch.cat([spikes0[None], spikes[:-1]])  # each step's current reads these
     if kept:  # memory "potential" (the forward kept every step's states)
         hist = kept[0]
         xin = kept[1] if model.backward_reads_input else None
     else:
-        currents = _empty(shape, spikes0)
-        r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
-        for t in range(t_steps):
-            currents[t].copy_(current(previous[t], weight, bias, out=r))
+        if sparse:
+            currents = sparse_cpu.row_linear(previous_words, weight.t().contiguous(), bias).view(shape)
+        else:
+            currents = _empty(shape, spikes0)
+            r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
+            for t in range(t_steps):
+                currents[t].copy_(current(previous[t], weight, bias, out=r))
         hist = _empty((t_steps, len(_kept_states(backend, model, surrogate, dtype)), batch, hidden), spikes0)
         ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
         xin = x + currents if model.backward_reads_input else None
@@ -225,7 +262,9 @@ def _backward_impl(
     flat_g = G.reshape(-1, hidden)
     grad_weight = grad_bias = none
     if need_weight:
-        if weight.dim() == 2:
+        if sparse:
+            grad_weight = sparse_cpu.row_weight_grad(flat_g, previous_words, hidden)
+        elif weight.dim() == 2:
             grad_weight = flat_g.t() @ previous.reshape(-1, hidden)
         else:
             grad_weight = (flat_g * previous.reshape(-1, hidden)).sum(0)
@@ -254,6 +293,7 @@ def _(
     surrogate,
     detach_reset,
     backend,
+    sparse,
     need,
 ):
     layer = grad_spikes.shape[1:]
@@ -269,10 +309,12 @@ def _(
     ]
 
 
-def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, out) -> None:
+def _save(
+    ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse, out
+) -> None:
     n_init = len(init)
     bits, kept = out[1 + n_init], out[2 + n_init :]
-    ctx.args = (model, surrogate, detach_reset, backend)
+    ctx.args = (model, surrogate, detach_reset, backend, sparse)
     ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
@@ -284,7 +326,7 @@ def _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_
 def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
     None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
-    model, surrogate, detach_reset, backend = ctx.args
+    model, surrogate, detach_reset, backend, sparse = ctx.args
     name = OBJECTS[model].name
     refuse_double_backward(
         f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
@@ -312,6 +354,7 @@ def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
         surrogate,
         detach_reset,
         backend,
+        sparse,
         [bool(n) for n in (*need[1:4], *need_params)],
     )
     grad_x, grad_weight, grad_bias, grad_spikes0, *rest = out
@@ -344,7 +387,7 @@ def _backward(ctx, grads):
     need = ctx.needs_input_grad
     need = (*need[:4], *need[4], *need[5])  # params and init are lists: one flag per tensor
     grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(ctx, grad_spikes, grad_final, need, recurrent_backward)
-    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None, None, None
+    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None, None, None, None
 
 
 torch.library.register_autograd("spikefuse::recurrent_forward", _backward, setup_context=_setup_context)
@@ -356,28 +399,34 @@ class _EagerRecurrent(torch.autograd.Function):
     autograd sees them."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, spikes0, model, surrogate, detach_reset, backend, memory, n_params, *tensors):
+    def forward(
+        ctx, x, weight, bias, spikes0, model, surrogate, detach_reset, backend, memory, sparse, n_params, *tensors
+    ):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        out = _forward_impl(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory)
-        _save(ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, out)
+        args = (x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse)
+        out = _forward_impl(*args)
+        _save(ctx, *args, out)
         ctx.mark_non_differentiable(*out[1 + len(init) :])
         return tuple(out)
 
     @staticmethod
     def backward(ctx, grad_spikes, *rest):
         need = ctx.needs_input_grad
-        need = (*need[:4], *need[10:])
+        need = (*need[:4], *need[11:])
         grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(
             ctx, grad_spikes, rest[: ctx.n_init], need, _backward_impl
         )
-        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, *grad_params, *grad_init)
+        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, None, *grad_params, *grad_init)
 
 
-def recurrent_layer(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset: bool, backend: str, memory):
+def recurrent_layer(
+    x, weight, bias, spikes0, params, init, model, surrogate, detach_reset: bool, backend: str, memory, sparse=False
+):
     """``[spikes [T, B, H], *final states [B, H]]`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype) with
     autograd: the recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or
     ``[H]`` each; ``init`` the initial states (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the
-    first step's current reads (None: those of the initial states). The custom op under ``torch.compile``, the plain
+    first step's current reads (None: those of the initial states); ``sparse``: each step's current and the weight's
+    gradient from the previous spikes' bits (CPU, all to all; the caller checked). The custom op under ``torch.compile``, the plain
     Function in eager mode."""
     model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
@@ -393,6 +442,7 @@ def recurrent_layer(x, weight, bias, spikes0, params, init, model, surrogate, de
             bool(detach_reset),
             backend,
             memory,
+            bool(sparse),
         )
     else:
         out = _EagerRecurrent.apply(
@@ -405,6 +455,7 @@ def recurrent_layer(x, weight, bias, spikes0, params, init, model, surrogate, de
             bool(detach_reset),
             backend,
             memory,
+            bool(sparse),
             len(params),
             *params,
             *init,

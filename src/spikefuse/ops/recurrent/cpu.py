@@ -8,6 +8,9 @@ between the kernels of this module, which do everything else of a step for all `
   input row ``x[t]`` and the recurrent current ``r``, writing the spikes of step t and, with ``save``, the states the
   backward reads into ``hist[t]``; ``replay``: every step from ``x`` and all currents ``r[t]`` at once (a
   recomputing backward: the currents of the saved spikes are one product, so no product runs between the steps);
+- ``forward_sparse_rows`` (``sparse=True``): every step of its rows in one call, each step's current summed from
+  the weight rows of the previous step's spikes, read from the bits the kernel packed as it wrote them (so no torch
+  product runs between the steps, and a row's steps need no other row);
 - ``backward_rows``: one reverse step, from the gradients of the states after step t (``gS``, in place), of the
   spike of step t (the output's, the recurrent current's of step t+1 in ``grec``, the reset's of step t+1 in
   ``gs``), writing the gradient of the step's input into ``G[t]`` (the input's and the recurrent current's) and
@@ -34,13 +37,17 @@ import torch
 from ...threads import match_numba_threads
 from .. import numba_common
 from ..engine import cpu as engine_cpu, emit
+from .. import sparse_cpu
 from . import source
 from .source import kept_states, step_source
 
 # The generator's version: this file, the parts shared with the Triton generator, the emitters and the numba helpers
 # the kernels call (numba's cache of a kernel does not notice a change in a function it calls).
 _GENERATOR = hashlib.sha256(
-    b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__, numba_common.__file__))
+    b"".join(
+        Path(f).read_bytes()
+        for f in (__file__, source.__file__, emit.__file__, numba_common.__file__, sparse_cpu.__file__)
+    )
 ).hexdigest()[:12]
 
 
@@ -130,6 +137,33 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         + "save, t == 0, H)",
     ]
     forward += parallel("forward", fwd_args)
+    # The sparse forward: every step of a row in one call, the step's current summed from the weight rows of the
+    # previous step's spikes, read from the bits the previous step wrote (no product between the steps, so a row
+    # runs all its steps while its states stay in cache, and the threads split the rows for the whole sequence).
+    sparse_args = "x, weight_t, bias, words, rec, record, ck, cur, spikes, hist, par, save"
+    forward += [
+        "",
+        "",
+        jit,
+        f"def forward_sparse_rows({sparse_args}, b0, b1):",
+        "    H = x.shape[2]",
+        "    spare = np.empty(H, x.dtype)",
+        "    current = np.empty(H, x.dtype)",
+        "    active = np.empty(H, np.int64)",
+        "    for b in range(b0, b1):",
+        "        for t in range(x.shape[0]):",
+        "            rr = rec[t, b] if record else current",
+        "            count = active_inputs(words[t, b], 0, H, active)",
+        "            summed_weight_rows(weight_t, active, count, bias, rr)",
+        *[f"            h_{j} = hist[t, {j}, b] if save else spare" for j in range(len(kept))],
+        f"            _forward_row(x[t, b], rr, ck[b], {rows('', [f'cur[{i}, b]' for i in range(len(S))])}"
+        "spikes[t, b], "
+        + rows("h_", range(len(kept)))
+        + rows("", [f"par[{i}]" for i in range(len(P))])
+        + "save, t == 0, H)",
+        "            pack_row(spikes[t, b], words[t + 1, b])",
+    ]
+    forward += parallel("forward_sparse", sparse_args)
     replay_args = "x, r, cur, spikes, hist, par"
     replay = [
         jit,
@@ -272,6 +306,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.numba_common import exp as vexp, non_finite, rows_apart",
+        "from spikefuse.ops.sparse_cpu import active_inputs, pack_row, summed_weight_rows",
         f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
         "",
         *emit.model_facts(model),
@@ -320,6 +355,30 @@ def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
     check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
     arrays = [_np(a) for a in (x, r, check, cur, spikes, hist if save else cur[None], par)]
     return (lambda t: run(t, *arrays, save)), check
+
+
+def forward_sparse(model, surrogate, x, weight_t, bias, words, record, cur, spikes, hist, par):
+    """Every step at once, each step's current summed from the weight rows (``weight_t [H, H]``, the weight
+    transposed) of the previous step's spikes, which the kernel reads from ``words`` ``[T + 1, B, W]`` (row-padded
+    bits, :func:`spikefuse.ops.sparse_cpu.pack_spike_rows`): ``words[0]`` the initial spikes', given; the kernel
+    writes step t's into ``words[t + 1]`` as it makes them. ``record``: a ``[T, B, H]`` tensor to keep every step's
+    current in, or None; ``hist`` None keeps no states. Returns the check of :func:`bind_forward`."""
+    module = kernels(model, type(surrogate), x.dtype)
+    run = _runner(module, "forward_sparse", x.shape[1], x.shape[1] * x.shape[2])
+    check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
+    save = hist is not None
+    no_bias = np.empty(0, _np(x).dtype)
+    run(
+        _np(x),
+        _np(weight_t),
+        no_bias if bias is None else _np(bias),
+        _np(words).view(np.uint64),
+        _np(record if record is not None else x[:0]),
+        record is not None,
+        *(_np(a) for a in (check, cur, spikes, hist if save else cur[None], par)),
+        save,
+    )
+    return check
 
 
 def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
