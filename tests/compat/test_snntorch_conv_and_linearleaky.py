@@ -107,13 +107,9 @@ def test_recurrent_convolution_compiles_without_a_graph_break():
         assert s1.sum() > 0 and torch.equal(s1, s2) and all(map(torch.equal, st1, st2)), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spikefuse::recurrent_backward returns one empty tensor as both the weight's and the bias's gradient when "
-    "neither is needed (ops/recurrent/autograd.py, grad_weight = grad_bias = none), which a compiled graph refuses as "
-    "aliased outputs; RLeaky(linear_features=N, learn_recurrent=False) compiled fails the same way",
-)
 def test_recurrent_convolution_compiled_gradients():
+    """The compiled loop's gradients are eager's: the recurrent backward op returns no two outputs aliasing each other
+    (an empty weight and bias gradient shared one tensor, which a compiled graph refuses)."""
     x = torch.rand(T, B, CH, H, W, generator=torch.Generator().manual_seed(7))
     _, eager = _conv_pair("rleaky", kernel_size=3)
     _, traced = _conv_pair("rleaky", kernel_size=3)

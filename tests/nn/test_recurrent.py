@@ -182,3 +182,14 @@ def test_repr_says_the_reset():
     assert "v_reset=None" in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=None))
     assert "v_reset=0.0" not in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=None))
     assert "v_reset=0.25" in repr(snn.RecurrentLIF(4, decay=0.9, v_reset=0.25))
+
+
+def test_compiled_recurrent_layer_without_weight_or_bias_gradients():
+    """With neither the recurrent weight nor its bias learning, the backward op's empty gradients are separate tensors
+    (a compiled graph refuses outputs that alias one another)."""
+    layer = snn.RecurrentLIF(8, decay=0.9, threshold=1.0, backend="cpu")
+    layer.recurrent.requires_grad_(False)
+    x = torch.rand(6, 3, 8, requires_grad=True)
+    eager = torch.autograd.grad(layer(x).sum(), x)[0]
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(torch.autograd.grad(compiled(x).sum(), x)[0], eager, rtol=1e-6, atol=1e-7)

@@ -260,7 +260,8 @@ def _backward_impl(
 
     none = spikes0.new_empty(0)
     flat_g = G.reshape(-1, hidden)
-    grad_weight = grad_bias = none
+    # each output its own tensor: a compiled graph refuses an op whose outputs alias one another
+    grad_weight, grad_bias = none, torch.empty_like(none)
     if need_weight:
         if sparse:
             grad_weight = sparse_cpu.row_weight_grad(flat_g, previous_words, hidden)
