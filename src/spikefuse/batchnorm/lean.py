@@ -34,9 +34,9 @@ neurons (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.IF`, and the engine's
      keeping its output -- where that is cheap: at most :data:`RECOMPUTE_MAX_MACS` multiply-adds per output
      element (input channels per group x kernel volume: a first layer on 2-3 channels, not a convolution of
      pooled spikes over many channels);
-   - ``SeqToBatch(nn.MaxPool1d/2d/3d)`` after a spikefuse neuron (likewise) becomes a ``SeqToBatch`` of
-     :class:`~spikefuse.nn.SpikeMaxPool1d`/``2d``/``3d``: the input saved as bits and no indices (torch's
-     layer keeps its input and an int64 index per output);
+   - ``SeqToBatch(nn.MaxPool1d/2d/3d)`` (or :class:`~spikefuse.nn.MaxPool2d`) after a spikefuse neuron
+     (likewise) becomes a ``SeqToBatch`` of :class:`~spikefuse.nn.SpikeMaxPool1d`/``2d``/``3d``: the input
+     saved as bits and no indices (torch's layer keeps its input and an int64 index per output);
    - ``SeqToBatch(nn.AvgPool2d)`` becomes :class:`ShapeOnlyAvgPool2d` (its backward needs only the input's shape;
      torch's saves the input).
 3. **Every other spikefuse neuron** recomputes its states in backward (``memory="recompute"``).
@@ -57,6 +57,7 @@ from torch import nn
 from ..nn.containers import Flatten, SeqToBatch
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIF
+from ..nn.pooling import MaxPool2d
 from ..nn.spike_layers import (
     SpikeConv1d,
     SpikeConv2d,
@@ -96,7 +97,12 @@ RECOMPUTE_MAX_MACS = 256
 
 _SPIKE_LAYERS = {nn.Conv1d: SpikeConv1d, nn.Conv2d: SpikeConv2d, nn.Conv3d: SpikeConv3d, nn.Linear: SpikeLinear}
 _BN_LIF = {nn.BatchNorm1d: BatchNormLIF1d, nn.BatchNorm2d: BatchNormLIF2d}
-_SPIKE_POOLS = {nn.MaxPool1d: SpikeMaxPool1d, nn.MaxPool2d: SpikeMaxPool2d, nn.MaxPool3d: SpikeMaxPool3d}
+_SPIKE_POOLS = {
+    nn.MaxPool1d: SpikeMaxPool1d,
+    nn.MaxPool2d: SpikeMaxPool2d,
+    MaxPool2d: SpikeMaxPool2d,
+    nn.MaxPool3d: SpikeMaxPool3d,
+}
 
 
 def _unwrap(layer: nn.Module) -> nn.Module:
@@ -138,8 +144,9 @@ def spike_layer_from(layer: nn.Module) -> nn.Module | None:
 
 
 def spike_max_pool_from(pool: nn.Module) -> nn.Module | None:
-    """The :class:`~spikefuse.nn.SpikeMaxPool2d` (1d, 3d) of ``pool`` (a torch max-pooling layer in ``SeqToBatch``,
-    not returning indices): the same wrapper with the spike layer inside, or None when ``pool`` is not one."""
+    """The :class:`~spikefuse.nn.SpikeMaxPool2d` (1d, 3d) of ``pool`` (a torch or spikefuse max-pooling layer in
+    ``SeqToBatch``, not returning indices): the same wrapper with the spike layer inside, or None when ``pool`` is
+    not one."""
     m = _unwrap(pool)
     cls = _SPIKE_POOLS.get(type(m))
     if not isinstance(pool, SeqToBatch) or cls is None or m.return_indices:

@@ -45,6 +45,7 @@ from ..nn import LIFOptions, SeqToBatch
 from .spikformer import (
     SpikingSelfAttention,
     _fuse,
+    _max_pool,
     _pair,
     _replace_spike_layer,
     _with_seq_to_batch_keys,
@@ -73,10 +74,6 @@ QKA_TYPES = ("token", "channel")
 def _conv_bn(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> list[nn.Module]:
     conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2)
     return [SeqToBatch(conv), SeqToBatch(nn.BatchNorm2d(out_channels))]
-
-
-def _max_pool() -> SeqToBatch:
-    return SeqToBatch(nn.MaxPool2d(3, stride=2, padding=1))
 
 
 def _shortcut(in_channels: int, out_channels: int, neuron: LIFOptions) -> nn.Sequential:

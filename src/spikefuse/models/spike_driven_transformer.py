@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..nn import LIFOptions, SeqToBatch
-from .spikformer import _fuse, _pair, _replace_spike_layer, _with_seq_to_batch_keys, _zoo_neurons
+from .spikformer import _fuse, _max_pool, _pair, _replace_spike_layer, _with_seq_to_batch_keys, _zoo_neurons
 
 __all__ = [
     "SDTPatchEmbed",
@@ -55,10 +55,6 @@ def _conv_bn(in_channels: int, out_channels: int, kernel_size: int, bias: bool =
         SeqToBatch(nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=bias)),
         SeqToBatch(nn.BatchNorm2d(out_channels)),
     ]
-
-
-def _max_pool() -> SeqToBatch:
-    return SeqToBatch(nn.MaxPool2d(3, stride=2, padding=1))
 
 
 class SDTPatchEmbed(nn.Module):

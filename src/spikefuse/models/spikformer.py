@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from ..batchnorm.lean import conv_batchnorm_neuron_from, fused_batchnorm_from, spike_layer_from
-from ..nn import LIFOptions, SeqToBatch
+from ..nn import LIFOptions, MaxPool2d, SeqToBatch
 from ..surrogate import Sigmoid
 
 __all__ = [
@@ -148,6 +148,11 @@ def _fuse(owner: nn.Module, conv: str, bn: str, neuron: str, input_spikes: bool,
             counts["conv_bn_lif"] += 1
 
 
+def _max_pool() -> SeqToBatch:
+    """The zoo transformers' 3x3 stride-2 max-pool: torch's output and gradients, on spikefuse's kernel."""
+    return SeqToBatch(MaxPool2d(kernel_size=3, stride=2, padding=1))
+
+
 class _ConvBN(nn.Module):
     """The zoo's ``SpikformerConv2dBN``: ``block`` = 3x3 conv, BN and (``pool``) a 3x3 stride-2 max-pool."""
 
@@ -158,7 +163,7 @@ class _ConvBN(nn.Module):
             SeqToBatch(nn.BatchNorm2d(out_channels)),
         ]
         if pool:
-            layers.append(SeqToBatch(nn.MaxPool2d(kernel_size=3, stride=2, padding=1)))
+            layers.append(_max_pool())
         self.block = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from ..batchnorm.modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron,
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 from .neurons import IF, LIF, LIFOptions
+from .pooling import MaxPool2d
 from .recurrent import Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF
 from .states import reset_states
 from .spike_layers import (
@@ -31,6 +32,7 @@ __all__ = [
     "ConvBatchNormNeuron",
     "SeqToBatch",
     "Flatten",
+    "MaxPool2d",
     "SpikeLinear",
     "SpikeConv1d",
     "SpikeConv2d",

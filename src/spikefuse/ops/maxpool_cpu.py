@@ -11,6 +11,8 @@ on contiguous float32/float64 CPU input, every case as 3-D pooling (1-D and 2-D 
   first element when none is set -- the index torch picks on a binary input (0/1; ``-0.0`` counts as 0) -- and
   adds the output's gradient there, outputs in row-major order, as torch's backward adds them (bit-identical
   where windows overlap).
+- :func:`forward_with_indices` is torch's forward with ``return_indices`` (2-D, float32, int32 indices) for real
+  values (:class:`spikefuse.nn.MaxPool2d`), :func:`backward_from_indices` its backward.
 - :func:`forward_from_bits` is the forward of spikes given as their bits (a neuron kernel's, see
   :func:`spikefuse.ops.bitpack.spike_bits`): a window's maximum is 1 where any of its bits is set, else 0, which is
   torch's output on such input; it also packs the output, itself spikes.
@@ -32,7 +34,16 @@ from numba.extending import overload
 from ..threads import match_numba_threads
 from . import buffers
 
-__all__ = ["forward", "forward_from_bits", "backward", "reads_rows_as_words", "SUPPORTED_DTYPES", "WORD_ROW_MAX"]
+__all__ = [
+    "forward",
+    "forward_with_indices",
+    "backward_from_indices",
+    "forward_from_bits",
+    "backward",
+    "reads_rows_as_words",
+    "SUPPORTED_DTYPES",
+    "WORD_ROW_MAX",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -41,6 +52,9 @@ _SERIAL_WORK = 1 << 15
 
 _NO_AUX = np.empty(0, dtype=np.float32)  # the forward's unused second input
 _NO_BITS = np.empty(0, dtype=np.uint8)  # forward_from_bits' output bits where it packs none
+
+_INT32_MAX = np.int64(2**31 - 1)
+_FLOAT32_INF = np.int64(0x7F800000)  # its bits; a float32 whose magnitude's bits exceed them is a NaN
 
 # The longest input row read as one 64-bit word of bits: a row may start at any bit of its first byte (57 + 7 = 64).
 WORD_ROW_MAX = 57
@@ -142,6 +156,64 @@ def _windows_kernel(src, aux, planes, isize, osize, bd, bh, bw, dilation, dst):
                         dilation,
                     )
                     o += 1
+
+
+@njit(inline="always")
+def _argmax_key(bits, e):
+    """An int64 key of the float32 of int32 ``bits`` at position ``e`` of its plane, whose maximum over a window is
+    torch's choice there (:func:`_window_max`: the first of equal maxima, the last NaN): the value's order-preserving
+    integer (``-0.0`` as ``0.0``) above the position inverted, or for a NaN a key above every number's above the
+    position."""
+    magnitude = bits & _INT32_MAX
+    order = 0 if magnitude == 0 else bits ^ ((bits >> 31) & _INT32_MAX)
+    return (_INT32_MAX << 32) | e if magnitude > _FLOAT32_INF else (order << 32) | (_INT32_MAX - e)
+
+
+@njit(cache=True)
+def _argmax_2d_kernel(bits, planes, h_in, w_in, bh, bw, dilation_h, dilation_w, out, indices):
+    """:func:`forward_with_indices`, plane after plane on the calling thread (numba's threads beside torch's spinning
+    ones ran it 2x slower inside a model): every element's :func:`_argmax_key` once, each row's maximum key over
+    every window's columns, then each window's over its rows -- a window's largest key, as the keys order the
+    elements in torch's row-major scan -- written as the maximum's bits and its index."""
+    h_out, w_out = bh.shape[1], bw.shape[1]
+    plane_in = h_in * w_in
+    keys = np.empty(plane_in, dtype=np.int64)
+    rows = np.empty((h_in, w_out), dtype=np.int64)
+    o = 0
+    for p in range(planes):
+        base = p * plane_in
+        for e in range(plane_in):
+            keys[e] = _argmax_key(np.int64(bits[base + e]), e)
+        for h in range(h_in):
+            for ow in range(w_out):
+                best = np.int64(-(2**63))
+                for kk in range(bw[1, ow]):
+                    key = keys[h * w_in + bw[0, ow] + kk * dilation_w]
+                    best = key if key > best else best
+                rows[h, ow] = best
+        for oh in range(h_out):
+            for ow in range(w_out):
+                best = np.int64(-(2**63))
+                for jj in range(bh[1, oh]):
+                    key = rows[bh[0, oh] + jj * dilation_h, ow]
+                    best = key if key > best else best
+                position = best & 0xFFFFFFFF
+                index = position if best >> 32 == _INT32_MAX else _INT32_MAX - position
+                out[o], indices[o] = bits[base + index], index
+                o += 1
+
+
+@njit(cache=True)
+def _indices_backward_kernel(indices, grad_y, plane_in, plane_out, grad_x):
+    """:func:`backward_from_indices` on the calling thread: per plane, the gradient zeroed (in cache), then each
+    output's gradient added at its index, the outputs in order, as torch's backward adds them."""
+    zero = grad_x.dtype.type(0.0)
+    for p in range(grad_x.size // plane_in):
+        g_plane = grad_x[p * plane_in : (p + 1) * plane_in]
+        for e in range(plane_in):
+            g_plane[e] = zero
+        for o in range(p * plane_out, (p + 1) * plane_out):
+            g_plane[indices[o]] += grad_y[o]
 
 
 @njit(inline="always")
@@ -261,6 +333,49 @@ def forward(x: torch.Tensor, out_shape, kernel, stride, padding, dilation) -> to
         args = _launch_args(x.shape, out_shape, kernel, stride, padding, dilation)
         _windows_kernel(x.reshape(-1).numpy(), _NO_AUX, *args, out.reshape(-1).numpy())
     return out
+
+
+def forward_with_indices(
+    x: torch.Tensor, out_shape, kernel, stride, padding, dilation
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward` of contiguous float32 ``x [N, C, H, W]`` (planes of fewer than ``2**31`` elements) and the
+    int32 index of every maximum in its plane, torch's ``return_indices``: ``(output, indices)`` for
+    :func:`backward_from_indices`. Runs on the calling thread."""
+    out = torch.empty(tuple(out_shape), dtype=x.dtype)
+    indices = torch.empty(tuple(out_shape), dtype=torch.int32)
+    if out.numel():
+        bh = _bounds(x.shape[2], out_shape[2], kernel[0], stride[0], padding[0], dilation[0])
+        bw = _bounds(x.shape[3], out_shape[3], kernel[1], stride[1], padding[1], dilation[1])
+        _argmax_2d_kernel(
+            x.reshape(-1).view(torch.int32).numpy(),
+            x.shape[0] * x.shape[1],
+            x.shape[2],
+            x.shape[3],
+            bh,
+            bw,
+            dilation[0],
+            dilation[1],
+            out.reshape(-1).view(torch.int32).numpy(),
+            indices.reshape(-1).numpy(),
+        )
+    return out, indices
+
+
+def backward_from_indices(grad_y: torch.Tensor, indices: torch.Tensor, in_shape) -> torch.Tensor:
+    """The input gradient of :func:`forward_with_indices` for an input of ``in_shape``: torch's
+    ``max_pool2d_with_indices_backward`` bit for bit (the same additions in the same order)."""
+    grad_x = buffers.empty(tuple(in_shape), grad_y.dtype)  # cached: fresh pages would fault in
+    plane_in = math.prod(in_shape[2:])
+    if not grad_y.numel() or not plane_in:
+        return grad_x.zero_()
+    _indices_backward_kernel(
+        indices.reshape(-1).numpy(),
+        grad_y.contiguous().reshape(-1).numpy(),
+        plane_in,
+        math.prod(grad_y.shape[2:]),
+        grad_x.reshape(-1).numpy(),
+    )
+    return grad_x
 
 
 def forward_from_bits(
