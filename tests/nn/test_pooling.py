@@ -67,3 +67,14 @@ def test_arguments_torch_refuses_are_refused():
         MaxPool2d(3, 2, 2)(torch.randn(1, 1, 8, 8))
     with pytest.raises(RuntimeError):
         MaxPool2d(5, 1, 0)(torch.randn(1, 1, 3, 3))
+
+
+def test_compiles_without_a_graph_break_to_torchs_values():
+    pool = MaxPool2d(3, stride=2, padding=1)
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    assert torch._dynamo.explain(pool)(x).graph_break_count == 0
+    compiled = torch.compile(pool, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    assert torch.equal(out, F.max_pool2d(x, 3, stride=2, padding=1))
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert torch.equal(grad, torch.autograd.grad(F.max_pool2d(x, 3, stride=2, padding=1).sum(), x)[0])
