@@ -1,7 +1,7 @@
 """Host time of one LIF layer call (forward+backward) through the Triton launchers, the kernel launches stubbed: the
 Python a GPU's host runs per call, measured on any machine (Triton's interpreter only builds the kernel objects).
 Side by side in one process: the launch grids computed with ``triton.cdiv`` (a constexpr function in Triton 3.9)
-and with ``ops.common.ceil_div``; 7 rounds of 300 calls each, the median of the rounds' medians.
+and with ``ops.launch.ceil_div``; 7 rounds of 300 calls each, the median of the rounds' medians.
 
     python benchmarks/ab_triton_host_cost.py
 """
@@ -20,7 +20,7 @@ from triton.runtime.interpreter import InterpretedFunction
 import spikefuse
 import spikefuse.ops
 import spikefuse.ops.engine.triton as engine_triton
-from spikefuse.ops.common import ceil_div
+from spikefuse.ops.launch import ceil_div
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import torch
 from spikefuse.functional import run_lif
 from spikefuse.neurons import LIF_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
 from spikefuse.neurons.lif import LIFNeuron
-from spikefuse.ops.common import compute_dtype
+from spikefuse.ops.numerics import compute_dtype
 from spikefuse.ops.engine.reference import _Fire
 from spikefuse.surrogate import Sigmoid, Surrogate
 from spikefuse.validation import channel_layout

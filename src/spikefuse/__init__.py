@@ -9,7 +9,7 @@ from .bn_functional import batchnorm_lif, batchnorm_neuron
 from .functional import if_neuron, lif
 from .neuron_functional import neuron
 from .recurrent_functional import recurrent
-from .ops.common import NonFiniteError
+from .ops.nonfinite import NonFiniteError
 from .ops.buffers import cpu_cache_bytes, cpu_cache_limit, empty_cpu_cache, set_cpu_cache_limit
 
 # spikefuse.nn re-exports the modules of spikefuse.batchnorm, which build on nn's neurons. Imported here, nn is always

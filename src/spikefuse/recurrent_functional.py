@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from .neurons import NeuronModel
-from .ops.common import check_inputs_finite, compute_dtype
+from .ops.nonfinite import check_inputs_finite
+from .ops.numerics import compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops import sparse_cpu
 from .ops.recurrent import SparseCurrent, current

@@ -12,7 +12,7 @@ import torch
 from .neurons.lif import LIF_MODELS, LIFNeuron
 from .neurons.model import NeuronModel
 from .ops import resolve_backend
-from .ops.common import compute_dtype, finite, in_compute_dtype
+from .ops.numerics import compute_dtype, finite, in_compute_dtype
 from .ops.engine import DTYPES as ENGINE_DTYPES
 from .surrogate import resolve
 

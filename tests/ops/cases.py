@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from spikefuse.validation import channel_layout
-from spikefuse.ops.common import compute_dtype
+from spikefuse.ops.numerics import compute_dtype
 from tests import lif_spec as P
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, Triangle
 

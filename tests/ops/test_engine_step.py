@@ -14,7 +14,7 @@ from spikefuse.neurons import (
     SNNTORCH_NO_DELAY_MODELS,
     SPIKINGJELLY_MODELS,
 )
-from spikefuse.ops.common import NonFiniteError
+from spikefuse.ops.nonfinite import NonFiniteError
 from spikefuse.ops.engine import reference, step
 from spikefuse.surrogate import ATan, Sigmoid
 

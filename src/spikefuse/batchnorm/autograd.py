@@ -69,7 +69,8 @@ from ..neurons.lif import LIFNeuron
 from ..neurons.model import NeuronModel
 from ..ops import engine
 from ..ops.bitpack import pack, packed_numel, unpack
-from ..ops.common import compute_dtype, refuse_double_backward
+from ..ops.autograd_guards import refuse_double_backward
+from ..ops.numerics import compute_dtype
 from ..registry import OBJECTS, key_of, register
 from ..surrogate import Surrogate
 from . import cpu

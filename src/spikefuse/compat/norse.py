@@ -34,7 +34,7 @@ from torch import nn
 from ..neuron_functional import neuron
 from ..neurons import NeuronModel
 from ..ops import check_backend_name
-from ..ops.common import compute_dtype
+from ..ops.numerics import compute_dtype
 from ..ops.engine import step as one_step
 from ..recurrent_functional import recurrent
 from ..surrogate import FastSigmoid

@@ -69,7 +69,7 @@ from ..nn.containers import SeqToBatch
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIF
 from ..nn.recurrent import Recurrent
-from ..ops.common import compute_dtype
+from ..ops.numerics import compute_dtype
 from ..surrogate import Sigmoid, Surrogate
 from ..validation import check_input, check_memory_mode, check_v_init, resolve_neuron
 

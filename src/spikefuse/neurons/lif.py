@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.common import compute_dtype, finite, in_compute_dtype
+from ..ops.numerics import compute_dtype, finite, in_compute_dtype
 from ..surrogate import Surrogate
 from .model import NeuronModel
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..ops import maxpool_cpu
-from ..ops.common import refuse_double_backward
+from ..ops.autograd_guards import refuse_double_backward
 from .spike_layers import _per_dim
 
 __all__ = ["MaxPool2d"]

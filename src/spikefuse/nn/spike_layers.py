@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import bitpack, maxpool_cpu, sparse_cpu
-from ..ops.common import refuse_double_backward
+from ..ops.autograd_guards import refuse_double_backward
 from ..ops.bitpack import pack, unpack
 
 __all__ = [

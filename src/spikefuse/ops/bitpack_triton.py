@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .bit_layout import int_view, packed_numel
-from .common import ceil_div, device_guard
+from .launch import ceil_div, device_guard
 
 # Bytes per program of pack (8 elements each) and elements per program of unpack.
 _PACK_BYTES = 1024

@@ -68,7 +68,7 @@ from ..threads import match_numba_threads
 from . import buffers
 from .bit_layout import packed_numel
 from .bitpack import NotBinaryError
-from .common import refuse_double_backward
+from .autograd_guards import refuse_double_backward
 
 __all__ = [
     "SUPPORTED_DTYPES",

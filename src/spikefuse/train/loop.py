@@ -16,7 +16,7 @@ from torch import nn
 
 from ..data._common import MissingRootError
 from ..models import RECURRENT_MODELS, SPARSE_MODELS, LIFOptions, build_model, cell_neuron
-from ..ops.common import NonFiniteError
+from ..ops.nonfinite import NonFiniteError
 from ..threads import set_threads
 from .checkpoints import (
     CHECKPOINT_NAME,

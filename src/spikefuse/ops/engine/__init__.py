@@ -18,7 +18,7 @@ import importlib
 
 import torch
 
-from ..common import compute_dtype
+from ..numerics import compute_dtype
 
 __all__ = ["DTYPES", "module", "stream", "stream_dtype"]
 

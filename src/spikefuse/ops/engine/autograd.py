@@ -12,7 +12,7 @@ travel as keys into :data:`spikefuse.registry.OBJECTS`.
 
 Half-precision inputs (float16 / bfloat16) run in float32, as the LIF kernels run them: a backend sees the input
 as it is where it reads half precision, else converted (:func:`spikefuse.ops.engine.stream`; the half-precision
-one is what autograd keeps), parameters and states are float32 (:func:`~spikefuse.ops.common.compute_dtype`), the
+one is what autograd keeps), parameters and states are float32 (:func:`~spikefuse.ops.numerics.compute_dtype`), the
 spikes and the input's gradient come back in the input's dtype.
 """
 
@@ -21,7 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common import check_inputs_finite, compute_dtype, keeps_graph, refuse_double_backward, saved_tensors
+from ..autograd_guards import keeps_graph, refuse_double_backward, saved_tensors
+
+from ..nonfinite import check_inputs_finite
+
+from ..numerics import compute_dtype
 from . import module, reference, stream, stream_dtype
 from ...registry import OBJECTS, key_of
 

@@ -57,7 +57,8 @@ import torch
 from ...batchnorm import cpu as batchnorm_cpu
 from ...threads import match_numba_threads
 from .. import bitpack, buffers
-from ..common import reduce_leak_grad, refuse_non_finite
+from ..nonfinite import refuse_non_finite
+from ..numerics import reduce_leak_grad
 from .. import numba_common
 from ..numba_common import block_for
 from . import emit

@@ -27,7 +27,7 @@ import torch
 
 from ...neurons.model import HEAVISIDE, RECURRENT_INPUT, WHERE
 from ...surrogate import Surrogate
-from ..common import check_inputs_finite
+from ..nonfinite import check_inputs_finite
 
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
 READS_HALF = False

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from .. import numba_common
-from ..common import compute_dtype, reduce_leak_grad, refuse_double_backward, refuse_non_finite, saved_tensors
+from ..autograd_guards import refuse_double_backward, saved_tensors
+from ..nonfinite import refuse_non_finite
+from ..numerics import compute_dtype, reduce_leak_grad
 from . import DTYPES, emit
 
 __all__ = ["step", "takes", "kernels", "MAX_NEURONS"]

@@ -39,7 +39,11 @@ from pathlib import Path
 
 import torch
 
-from ..common import ceil_div, compute_dtype, device_guard, reduce_leak_grad, refuse_flagged, surrogate_params
+from ..launch import ceil_div, device_guard, surrogate_params
+
+from ..nonfinite import refuse_flagged
+
+from ..numerics import compute_dtype, reduce_leak_grad
 from . import emit
 from .emit import Dialect
 

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from .. import bitpack, buffers, sparse_cpu
 from ..bit_layout import packed_numel
-from ..common import refuse_double_backward, refuse_flagged, saved_tensors
+from ..autograd_guards import refuse_double_backward, saved_tensors
+from ..nonfinite import refuse_flagged
 from ...registry import OBJECTS, key_of
 from ..engine.reference import initial_spike
 from . import current, current_backward

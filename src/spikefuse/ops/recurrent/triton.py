@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..common import ceil_div, compute_dtype, device_guard, surrogate_params
+from ..launch import ceil_div, device_guard, surrogate_params
+
+from ..numerics import compute_dtype
 from ..engine import emit, triton as engine_triton
 from . import source
 from .source import kept_states, step_source
@@ -259,7 +261,7 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
 
 def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
     """``(step, flags)``: ``step(t)`` the forward of step t; ``flags`` per program, not 0 where a neuron read a NaN or
-    an inf (see :func:`spikefuse.ops.common.refuse_flagged`)."""
+    an inf (see :func:`spikefuse.ops.nonfinite.refuse_flagged`)."""
     n = x.shape[1] * x.shape[2]
     launch = _launch(model, surrogate, cur.dtype, "forward_step", n, x.shape[2])
     flags = torch.zeros(
