@@ -217,3 +217,42 @@ def test_state_leaky_and_linear_leaky_calls():
     for recursive in (False, True):
         module = C.LinearLeaky(beta=0.9, in_features=4, out_features=2, recursive=recursive)
         assert torch._dynamo.explain(module)(x).graph_break_count == 0, recursive
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(learn_beta=True, learn_threshold=True, kernel_truncation_steps=3), dict(output=False)],
+    ids=["plain", "learnable-truncated", "membrane-only"],
+)
+def test_drop_in_for_linear_and_state_leaky_gives_the_peers_outputs(kw):
+    """drop_in_for (and so use_spikefuse_neurons) takes snnTorch's LinearLeaky / StateLeaky: the same state_dict,
+    tau included, and snnTorch's spikes and membranes bit for bit."""
+    snn_neurons = pytest.importorskip("snntorch._neurons.linearleaky")
+    from snntorch._neurons.stateleaky import StateLeaky as PeerStateLeaky
+
+    torch.manual_seed(3)
+    beta = torch.rand(4) * 0.8 + 0.1
+    for peer in (
+        snn_neurons.LinearLeaky(beta=beta, in_features=5, out_features=4, **kw),
+        PeerStateLeaky(beta, 4, **kw),
+    ):
+        ours = C.drop_in_for(peer)
+        assert type(ours).__name__ == type(peer).__name__ and type(ours).__module__ == C.__name__
+        assert list(ours.state_dict()) == list(peer.state_dict())
+        assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), peer.state_dict().values()))
+        x = torch.randn(7, 2, 5 if type(peer).__name__ == "LinearLeaky" else 4) * 2
+        want, got = peer(x), ours(x)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+def test_use_spikefuse_neurons_replaces_a_linear_leaky():
+    from snntorch._neurons.linearleaky import LinearLeaky as PeerLinearLeaky
+
+    from spikefuse.compat import use_spikefuse_neurons
+
+    net = torch.nn.Sequential(PeerLinearLeaky(beta=0.8, in_features=5, out_features=3, output=True))
+    x = torch.randn(6, 2, 5) * 2
+    want = net(x)
+    assert use_spikefuse_neurons(net).replaced == ["0"]
+    assert isinstance(net[0], C.LinearLeaky) and all(map(torch.equal, net(x), want))

@@ -1263,6 +1263,39 @@ class LinearLeaky(StateLeaky, *_peer_class("LinearLeaky")):
 _STATE_FUNCTIONS = {"_base_sub": "subtract", "_base_zero": "zero", "_base_int": "none"}
 
 
+def _state_leaky_drop_in(module: nn.Module) -> nn.Module:
+    """:func:`drop_in_for` of snnTorch's ``StateLeaky`` / ``LinearLeaky``: made from the peer's settings and its
+    unread ``beta`` entry (``beta`` itself is a property of ``tau``), then its ``state_dict`` loaded, ``tau``
+    included, so the filter is the peer's exactly."""
+    learn = lambda attr: isinstance(getattr(module, attr), nn.Parameter)  # noqa: E731
+    kw = dict(
+        beta=module._parameters.get("beta", module._buffers.get("beta")),
+        threshold=module.threshold,
+        spike_grad=module.spike_grad,
+        surrogate_disable=module.surrogate_disable,
+        learn_beta=learn("tau"),
+        learn_threshold=learn("threshold"),
+        state_quant=module.state_quant,
+        output=module.output,
+        graded_spikes_factor=module.graded_spikes_factor,
+        learn_graded_spikes_factor=learn("graded_spikes_factor"),
+        kernel_truncation_steps=module.kernel_truncation_steps,
+    )
+    with warnings.catch_warnings():  # output=False's unused spike settings: the peer warned when it was made
+        warnings.simplefilter("ignore", UserWarning)
+        new = _made_state_leaky(module, kw)
+    new.load_state_dict(module.state_dict(), strict=True)
+    return new.train(module.training)
+
+
+def _made_state_leaky(module: nn.Module, kw: dict) -> nn.Module:
+    if type(module).__name__ == "LinearLeaky":
+        linear = module.linear
+        features = dict(in_features=linear.in_features, out_features=linear.out_features, bias=linear.bias is not None)
+        return LinearLeaky(**features, **kw)
+    return StateLeaky(channels=module.tau.numel(), **kw)
+
+
 def drop_in_for(module: nn.Module) -> nn.Module:
     """The drop-in for snnTorch neuron ``module``: its settings, parameters and buffers (the same ``state_dict``,
     loaded strictly), its reset mechanism as made and as set, its train/eval mode; the states start anew. Raises
@@ -1276,6 +1309,8 @@ def drop_in_for(module: nn.Module) -> nn.Module:
         "Alpha": Alpha,
     }
     name = type(module).__name__
+    if name in ("StateLeaky", "LinearLeaky") and type(module).__module__.startswith("snntorch"):
+        return _state_leaky_drop_in(module)
     if name not in drop_ins or not type(module).__module__.startswith("snntorch"):
         raise ValueError(f"snnTorch's {name} has no spikefuse drop-in")
     learn = lambda attr: isinstance(getattr(module, attr), nn.Parameter)  # noqa: E731
