@@ -11,13 +11,12 @@ The forward is not timed; the two forms alternate in one process; medians. Behin
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import time
 
 import torch
 
+from spikefuse.bench.common import machine_info
 from spikefuse.nn import SpikeLinear
 
 # (rows T*B, in_features, out_features): the SHD input product, N-MNIST's input layer (2x34x34 -> 512), and the
@@ -42,9 +41,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    print(f"machine: {model}, {args.threads} threads, torch {torch.__version__}, {platform.python_version()}")
+    print(f"machine: {machine_info()}")
     print("| rows x in -> out | nonzero gradients | dense ms | sparse_grad ms | sparse_grad / dense |")
     print("|---|---|---|---|---|")
     for rows, k_in, n_out in PRODUCTS:

@@ -10,14 +10,13 @@ Behind ``spikefuse.ops.sparse_cpu.CROSSOVER_VALUES``.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import time
 
 import torch
 from torch import nn
 
+from spikefuse.bench.common import machine_info
 from spikefuse.nn import SpikeLinear
 
 # (rows T*B, in_features, out_features): the N-MNIST input layer of `spikefuse train --model mlp` at T=10 and
@@ -45,9 +44,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    print(f"machine: {model}, {args.threads} threads, torch {torch.__version__}, {platform.python_version()}")
+    print(f"machine: {machine_info()}")
     print("| rows x in -> out | nonzero | dense ms | sparse ms | sparse / dense |")
     print("|---|---|---|---|---|")
     for rows, k_in, n_out in PRODUCTS:
