@@ -6,10 +6,9 @@ import torch
 
 from spikefuse.models import build_model
 from spikefuse.models.qkformer import from_spikingjelly_state_dict, qkformer_tiny
-from spikefuse.nn import LIFOptions, to_lean
-from spikefuse.surrogate import Sigmoid
+from spikefuse.nn import to_lean
 from tests.batchnorm.test_lean import _assert_same_training
-from tests.models.zoo import assert_gradients_close, head_inputs
+from tests.models.zoo import assert_same_neurons_give_the_zoo_models_outputs, head_inputs
 
 ZOO = dict(T=2, in_channels=3, num_classes=10, embed_dims=64, num_heads=(2, 4, 4), depths=(1, 1, 1))
 
@@ -50,21 +49,7 @@ def test_same_neurons_give_the_zoo_models_outputs_and_gradients():
     """The zoo with spikefuse's SpikingJelly ``LIFNode`` (``decay_input=False``: spikefuse's LIF with decay 1/2)
     runs the same operations up to the head's order: the same outputs and gradients to rounding."""
     pytest.importorskip("spikingjelly")
-    from spikefuse.compat.spikingjelly import LIFNode
-
-    neuron = dict(tau=2.0, decay_input=False, v_threshold=1.0, detach_reset=True, surrogate_function=Sigmoid(4.0))
-    zoo = _zoo(spiking_neuron=LIFNode, **neuron)
-    ours = _ours_from(zoo, neuron=LIFOptions(decay=0.5, threshold=1.0, surrogate=Sigmoid(4.0), detach_reset=True))
-    zoo_head, ours_head = head_inputs(zoo), head_inputs(ours)
-    xz, xo = _image().requires_grad_(), _image().requires_grad_()
-    yz, yo = zoo(xz), ours(xo).mean(0)
-    assert torch.equal(ours_head[0].mean(0), zoo_head[0])
-    torch.testing.assert_close(yo, yz, rtol=1e-6, atol=1e-6)
-    yz.square().sum().backward()
-    yo.square().sum().backward()
-    assert_gradients_close({"input": xo.grad}, {"input": xz.grad})
-    zoo_grads = from_spikingjelly_state_dict({n: p.grad for n, p in zoo.named_parameters()})
-    assert_gradients_close({n: p.grad for n, p in ours.named_parameters()}, zoo_grads)
+    assert_same_neurons_give_the_zoo_models_outputs(_zoo, _ours_from, _image, from_spikingjelly_state_dict)
 
 
 def test_lean_form_fuses_every_batchnorm_before_a_neuron_and_trains_as_the_default_form():
