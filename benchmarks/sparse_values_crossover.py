@@ -1,10 +1,12 @@
 """The crossover of SpikeLinear(sparse=...) on inputs with values (framed events are counts): one training call of the
 layer -- forward, then backward to the weight and bias (the input, data, needs no gradient) -- on count inputs at
 rising shares of nonzero entries, ``sparse=True`` (the CSR with values, every per-call cost included: the failed
-binary check of the packing, the count, the CSR, the weight's transpose) against ``nn.Linear``, alternating, medians.
-Behind ``spikefuse.ops.sparse_cpu.CROSSOVER_VALUES``.
+binary check of the packing, the count, the CSR, the weight's transpose) and ``sparse="auto"`` (the same checks, then
+the CSR below ``CROSSOVER_VALUES`` nonzero and torch's product above) against ``nn.Linear``, alternating, medians.
+Behind ``spikefuse.ops.sparse_cpu.CROSSOVER_VALUES``; the ``auto / dense`` column is the issue's sweep (0-60%: ``auto``
+at most 5% slower than dense at any rate).
 
-    python benchmarks/sparse_values_crossover.py --threads 2 --repeats 9
+    python benchmarks/sparse_values_crossover.py --threads 2 --repeats 15
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from spikefuse.bench.common import machine_info
 from spikefuse.nn import SpikeLinear
 
 # (rows T*B, in_features, out_features): the N-MNIST input layer of `spikefuse train --model mlp` at T=10 and
-# batches 32 and 128, at two widths, and an SHD-size input layer
-PRODUCTS = [(320, 2312, 256), (320, 2312, 512), (1280, 2312, 512), (1280, 700, 256)]
-DENSITIES = [0.02, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50]
+# batches 32 and 128, at two widths, an SHD-size input layer, and one below CROSSOVER_ROWS (auto keeps torch's
+# product there whatever the rate, after the failed binary check)
+PRODUCTS = [(128, 2312, 512), (320, 2312, 256), (320, 2312, 512), (1280, 2312, 512), (1280, 700, 256)]
+# 0%: an all-zero input is binary, and takes the spikes' path
+DENSITIES = [0.0, 0.01, 0.02, 0.05, 0.10, 0.15, 0.20, 0.30, 0.40, 0.50, 0.60]
 
 
 def counts(rows: int, cols: int, density: float, seed: int) -> torch.Tensor:
@@ -41,28 +45,39 @@ def step_seconds(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> float
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--products", type=int, nargs="*", help="indices into PRODUCTS (default: all)")
+    p.add_argument("--densities", type=float, nargs="*", help="shares of nonzero entries (default: 0-60%%)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {machine_info()}")
-    print("| rows x in -> out | nonzero | dense ms | sparse ms | sparse / dense |")
-    print("|---|---|---|---|---|")
-    for rows, k_in, n_out in PRODUCTS:
+    print("| rows x in -> out | nonzero | dense ms | sparse ms | auto ms | sparse / dense | auto / dense |")
+    print("|---|---|---|---|---|---|---|")
+    products = [PRODUCTS[i] for i in args.products] if args.products else PRODUCTS
+    worst = 0.0
+    for rows, k_in, n_out in products:
         torch.manual_seed(0)
-        dense = nn.Linear(k_in, n_out)
-        sparse = SpikeLinear(k_in, n_out, sparse=True)
-        sparse.load_state_dict(dense.state_dict())
+        layers = {"dense": nn.Linear(k_in, n_out)}
+        for mode in (True, "auto"):
+            layers["sparse" if mode is True else "auto"] = SpikeLinear(k_in, n_out, sparse=mode)
+            layers["sparse" if mode is True else "auto"].load_state_dict(layers["dense"].state_dict())
         grad = torch.randn(1, rows, n_out)
-        for density in DENSITIES:
+        for density in args.densities or DENSITIES:
             x = counts(rows, k_in, density, seed=rows + k_in).unsqueeze(0)
-            for layer in (dense, sparse):  # compile and warm
+            for layer in layers.values():  # compile and warm
                 step_seconds(layer, x, grad)
-            times = {"dense": [], "sparse": []}
+            times = {k: [] for k in layers}
             for _ in range(args.repeats):
-                times["dense"].append(step_seconds(dense, x, grad))
-                times["sparse"].append(step_seconds(sparse, x, grad))
-            d, s = (1e3 * statistics.median(times[k]) for k in ("dense", "sparse"))
-            print(f"| {rows} x {k_in} -> {n_out} | {density:.0%} | {d:.2f} | {s:.2f} | {s / d:.2f} |", flush=True)
+                for k, layer in layers.items():
+                    times[k].append(step_seconds(layer, x, grad))
+            d, s, a = (1e3 * statistics.median(times[k]) for k in ("dense", "sparse", "auto"))
+            worst = max(worst, a / d)
+            print(
+                f"| {rows} x {k_in} -> {n_out} | {density:.0%} | {d:.2f} | {s:.2f} | {a:.2f} | {s / d:.2f} | "
+                f"{a / d:.2f} |",
+                flush=True,
+            )
+    print(f"\nworst auto / dense: {worst:.3f}")
 
 
 if __name__ == "__main__":

@@ -620,7 +620,11 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 13)
     monkeypatch.setattr(sparse_cpu, "nonzero_counts", lambda *a: pytest.fail("counted the entries"))
     calls.clear()
+    products = []  # one dense product: the input's check comes before it (it once ran a second one after)
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: products.append(1) or linear(*a))
     assert_identical(*run_sparse("auto", x, 50, 5)[2:])
+    assert len(products) == 2  # nn.Linear's and the layer's
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
     with torch.no_grad():
         assert torch.equal(mine(x), ref(x))

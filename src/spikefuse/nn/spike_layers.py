@@ -368,8 +368,8 @@ class SpikeLinear(nn.Linear):
                 f"{self._get_name()}({self.extra_repr()}) cannot use the sparse products: {reason}. Use "
                 "sparse='auto' (the dense product wherever the sparse ones cannot run) or sparse=False"
             )
-        if auto and math.prod(x.shape[:-1]) < sparse_cpu.CROSSOVER_ROWS:
-            return None  # a product this small is over before the sparse one's per-call costs are
+        # a product this small is over before the sparse one's per-call costs are: auto takes the dense products
+        small = auto and math.prod(x.shape[:-1]) < sparse_cpu.CROSSOVER_ROWS
         x2 = x.reshape(-1, self.in_features)
         bits = bitpack.spike_bits(x2)
         if bits is None:
@@ -377,21 +377,26 @@ class SpikeLinear(nn.Linear):
                 # nothing to keep for backward: packing the input only to count its spikes would cost a few percent
                 # of the dense product where that wins, and more on small products
                 return None
-            try:
+            try:  # before any product: an input with values must not cost a dense product that is then dropped
                 bits, _ = bitpack.pack(x2, binary=True)
             except bitpack.NotBinaryError:
-                return self._values_forward(x, x2, auto, sparse_grad)
-        forward = weight_grad = True
-        if auto:
+                return self._values_forward(x, x2, auto, sparse_grad, small)
+        forward = weight_grad = not small
+        if auto and not small:
             rate = sparse_cpu.spike_count(bits, x2.numel()) / max(1, x2.numel())
             forward, weight_grad = rate < sparse_cpu.CROSSOVER_FORWARD, rate < sparse_cpu.CROSSOVER_WEIGHT_GRAD
         return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad, sparse_grad)
 
-    def _values_forward(self, x: torch.Tensor, x2: torch.Tensor, auto: bool, sparse_grad: bool | str) -> torch.Tensor:
+    def _values_forward(
+        self, x: torch.Tensor, x2: torch.Tensor, auto: bool, sparse_grad: bool | str, small: bool = False
+    ) -> torch.Tensor:
         """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
         are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
         backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
-        ``sparse_cpu.CROSSOVER_VALUES`` or more."""
+        ``sparse_cpu.CROSSOVER_VALUES`` or more, or the product has fewer rows than ``CROSSOVER_ROWS`` (``small``:
+        not counted then)."""
+        if small:
+            return self._torch_product(x, sparse_grad)
         counts = sparse_cpu.nonzero_counts(x2)
         if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():
             return self._torch_product(x, sparse_grad)
