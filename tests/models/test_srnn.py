@@ -48,7 +48,17 @@ def test_reference_backend_gives_the_same_network():
     out = model(x)
     assert 0 < float(model.layers[1].recurrent.weight.detach().abs().sum())
     torch.testing.assert_close(set_neuron_backend(model, "reference")(x), out, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="SRNN takes \\[T, B, ...\\] inputs of 28 features"):
+    with pytest.raises(ValueError, match=r"SRNN takes whole sequences \[T, B, ...\] \(time first\) of 28 features"):
         model(torch.rand(20, 3, 27))
     with pytest.raises(ValueError, match="unknown cell"):
         build_model("srnn", 28, 10, cell="gru")
+
+
+def test_a_step_or_batch_first_input_is_pointed_to_time_major():
+    """A single step ``[B, F]`` is refused by its rank, with the way to a sequence of one step; every refusal names
+    the time-major collate, as a batch-first ``[B, T, F]`` has a sequence's sizes (nothing can refuse it)."""
+    model = build_model("srnn", 28, 10, hidden=8)
+    with pytest.raises(ValueError, match=r"got \(3, 28\): one step \[B, F\]\? Pass x.unsqueeze\(0\).*time_major"):
+        model(torch.rand(3, 28))
+    with pytest.raises(ValueError, match=r"got \(20, 3, 27\)\. A DataLoader .* spikefuse.data.time_major"):
+        model(torch.rand(20, 3, 27))

@@ -336,16 +336,46 @@ class _SpikingNeuron(nn.Module):
         ``record=True``: every step's states instead of the final ones, ``(spikes [T, ...], *states [T, ...])``,
         with their gradients (a loss on the membranes of every step). The fused kernels hand out the last step's
         states only, so this runs the steps one call each (each one autograd node, see :meth:`forward`)."""
+        self._check_layout(x_seq, state)
         if not record:
             spikes = self._sequence(x_seq, state)
             return (spikes, *(getattr(self, name) for name in self.RETURNED))
-        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim < 2:
-            raise ValueError(f"{type(self).__name__}: x_seq must be a tensor [T, ...] of T steps of inputs")
         rows = []
         for t, x_t in enumerate(x_seq.unbind(0)):
             spk = self._step(x_t, state if t == 0 else ())
             rows.append((spk, *(getattr(self, name) for name in self.RETURNED)))
         return tuple(torch.stack(column) for column in zip(*rows))
+
+    def _check_layout(self, x_seq, given) -> None:
+        """Refuse an ``x_seq`` whose states show it is not ``[T, B, ...]`` (a step of a loop zeroes states of another
+        shape, as snnTorch's does; here they would be dropped silently): a state given, or kept from the steps of a
+        loop, of one step's shape ``[B, ...]`` where ``x_seq`` is that step itself, or is batch-first ``[B, T,
+        ...]``. Without such a state the sizes cannot tell time from batch."""
+        name = type(self).__name__
+        if not isinstance(x_seq, torch.Tensor) or x_seq.ndim < 2:
+            raise ValueError(f"{name}: x_seq must be a tensor [T, ...] of T steps of inputs")
+        step, shape = x_seq.shape[1:], tuple(x_seq.shape)
+        kept = [self._buffers[k] for k in self.STATES[len(given) :]]
+        for i, (state, g) in enumerate(zip(self.STATES, [*given, *kept])):
+            if not isinstance(g, torch.Tensor) or g.numel() == 0 or g.shape == step:
+                continue
+            if g.shape == x_seq.shape:
+                raise ValueError(
+                    f"{name}.sequence takes the steps [T, ...] of a sequence, got {shape}: the shape of one step, "
+                    f"as the state {state} is; call forward(x) for one step, or sequence(x.unsqueeze(0))"
+                )
+            if i >= len(given):  # a kept state of another batch: zeroed, as a step of the loop zeroes it
+                continue
+            if g.shape == (shape[0], *shape[2:]):
+                raise ValueError(
+                    f"{name}.sequence takes time first, [T, B, ...]; x_seq {shape} looks batch-first [B, T, ...]: the "
+                    f"state {state} given is {tuple(g.shape)}, a step of batch {shape[0]}. Pass x.transpose(0, 1), "
+                    "or collate the DataLoader's [T, ...] samples with spikefuse.data.time_major"
+                )
+            raise ValueError(
+                f"{name}.sequence: the state {state} given is {tuple(g.shape)}, not the shape of a step "
+                f"{tuple(step)} of x_seq {shape} [T, ...]"
+            )
 
     def _clamped(self, name: str) -> torch.Tensor:
         """snnTorch's ``<name>.clamp(0, 1)`` of a decay: made at each call for a parameter (its gradient goes through
@@ -775,6 +805,20 @@ def _check_recurrent_conv(channels, kernel_size) -> None:
         )
 
 
+def _check_sparse(sparse, linear: bool, backend: str) -> None:
+    """``sparse`` of a recurrent drop-in: False, or True where the sparse recurrent product runs (a recurrent
+    ``nn.Linear``, the CPU backend or the reference)."""
+    if sparse is not True and sparse is not False:
+        raise ValueError(f"sparse must be True or False, got {sparse!r}")
+    if sparse and not linear:
+        raise ValueError(
+            "sparse=True sums the recurrent nn.Linear's weight rows of the neurons that spiked: it takes "
+            "linear_features, not V (one to one: nothing to skip) or conv2d_channels (a convolution)"
+        )
+    if sparse and backend not in ("auto", "cpu", "reference"):
+        raise ValueError(f"sparse=True runs on the CPU backend (or the reference), got backend={backend!r}")
+
+
 class RecurrentOneToOne(nn.Module):
     """snnTorch's one-to-one recurrent connection: each neuron's own spike times ``V`` (the module holds ``V`` as
     snnTorch's does, so a saved ``recurrent.V`` loads)."""
@@ -796,9 +840,19 @@ class _Recurrent(_SpikingNeuron):
     NO_DELAY_MODELS: dict = {}  # by reset mechanism, those of reset_delay=False where it changes anything
 
     def __init__(
-        self, V, all_to_all, linear_features, conv2d_channels, kernel_size, learn_recurrent, reset_delay, **common
+        self,
+        V,
+        all_to_all,
+        linear_features,
+        conv2d_channels,
+        kernel_size,
+        learn_recurrent,
+        reset_delay,
+        sparse,
+        **common,
     ):
         convolution = conv2d_channels is not None or kernel_size is not None
+        _check_sparse(sparse, all_to_all and not convolution, common["backend"])
         if all_to_all and linear_features is not None and convolution:
             raise TypeError(
                 "linear_features cannot be given with conv2d_channels or kernel_size: the recurrent connection is "
@@ -820,6 +874,7 @@ class _Recurrent(_SpikingNeuron):
         self.learn_recurrent = bool(learn_recurrent)
         self.linear_features, self.conv2d_channels, self.kernel_size = linear_features, conv2d_channels, kernel_size
         self.reset_delay = bool(reset_delay)
+        self.sparse = sparse
         if self.all_to_all and convolution:
             sizes = _pair(kernel_size)
             # snnTorch's: "same" padding of the odd kernel, the spikes' shape kept
@@ -878,6 +933,7 @@ class _Recurrent(_SpikingNeuron):
             return_state=True,
             backend=self.backend,
             memory=self.memory,
+            sparse=self.sparse,
             **{p: _per_neuron(value, neurons_of, name) for p, (name, value) in params.items()},
         )
         spikes = self._graded(spikes.reshape(x_seq.shape))
@@ -962,6 +1018,7 @@ class RLeaky(_Recurrent, *_peer_class("RLeaky")):
         *,
         backend="auto",
         memory="potential",
+        sparse=False,
     ):
         super().__init__(
             V,
@@ -971,6 +1028,7 @@ class RLeaky(_Recurrent, *_peer_class("RLeaky")):
             kernel_size,
             learn_recurrent,
             reset_delay,
+            sparse,
             threshold=threshold,
             spike_grad=spike_grad,
             surrogate_disable=surrogate_disable,
@@ -1025,6 +1083,7 @@ class RSynaptic(_Recurrent, *_peer_class("RSynaptic")):
         *,
         backend="auto",
         memory="potential",
+        sparse=False,
     ):
         super().__init__(
             V,
@@ -1034,6 +1093,7 @@ class RSynaptic(_Recurrent, *_peer_class("RSynaptic")):
             kernel_size,
             learn_recurrent,
             reset_delay,
+            sparse,
             threshold=threshold,
             spike_grad=spike_grad,
             surrogate_disable=surrogate_disable,

@@ -129,9 +129,17 @@ class SRNN(nn.Module):
                 nn.init.zeros_(layer.recurrent.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, B, ...]``, time first. A batch-first ``[B, T, ...]`` (a ``DataLoader``'s default collate of
+        ``[T, F]`` samples) has the same sizes and cannot be told apart here: collate such samples with
+        :func:`spikefuse.data.time_major`."""
         if x.ndim < 3 or math.prod(x.shape[2:]) != self.in_features:
+            one_step = x.ndim == 2 and x.shape[1] == self.in_features
             raise ValueError(
-                f"SRNN takes [T, B, ...] inputs of {self.in_features} features a step, got {tuple(x.shape)}"
+                f"SRNN takes whole sequences [T, B, ...] (time first) of {self.in_features} features a step, got "
+                f"{tuple(x.shape)}"
+                + (": one step [B, F]? Pass x.unsqueeze(0) for a sequence of one step" if one_step else "")
+                + ". A DataLoader of [T, ...] samples gives [B, T, ...] by default: collate with "
+                "spikefuse.data.time_major"
             )
         h = self.layers(x.reshape(*x.shape[:2], self.in_features))
         return self.integrator(self.readout(h))
