@@ -10,7 +10,8 @@ from .ops.nonfinite import check_inputs_finite
 from .ops.numerics import compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops import sparse_cpu
-from .ops.recurrent import SparseCurrent, current
+from .ops import recurrent as recurrent_ops
+from .ops.recurrent import SparseCurrent, current, last_spike_rate, record_spike_rate
 from .ops.recurrent.autograd import RECURRENT_NON_FINITE, recurrent_layer
 from .surrogate import Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
@@ -35,28 +36,43 @@ def _check_weights(x: torch.Tensor, weight, bias, name: str) -> None:
             raise ValueError(f"{name}: {what} is on {t.device} but x is on {x.device}")
 
 
-def _check_sparse(sparse, x: torch.Tensor, weight: torch.Tensor, spikes0, backend: str, name: str) -> None:
-    """Refuse, naming why, a ``sparse`` the sparse recurrent product cannot run."""
-    if sparse is not True:
-        raise ValueError(f"{name}: sparse must be True or False, got {sparse!r}")
-    why = (
-        "the weight is one to one (an elementwise current: nothing to skip)"
-        if weight.dim() != 2
-        else f"x is on {x.device}"
-        if x.device.type != "cpu"
-        else f"the backend is {backend!r}"
-        if backend not in ("cpu", "reference")
-        else f"x is {x.dtype}"
-        if compute_dtype(x.dtype) not in sparse_cpu.SUPPORTED_DTYPES
-        else "the initial spikes of state hold a value other than 0 and 1"
-        if spikes0 is not None and not ((spikes0 == 0) | (spikes0 == 1)).all()
-        else None
-    )
+def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor, spikes0, backend: str) -> str | None:
+    """Why the sparse recurrent product cannot run here, or None where it can."""
+    if weight.dim() != 2:
+        return "the weight is one to one (an elementwise current: nothing to skip)"
+    if x.device.type != "cpu":
+        return f"x is on {x.device}"
+    if backend not in ("cpu", "reference"):
+        return f"the backend is {backend!r}"
+    if compute_dtype(x.dtype) not in sparse_cpu.SUPPORTED_DTYPES:
+        return f"x is {x.dtype}"
+    if spikes0 is not None and not ((spikes0 == 0) | (spikes0 == 1)).all():
+        return "the initial spikes of state hold a value other than 0 and 1"
+    return None
+
+
+def _check_sparse(sparse, x: torch.Tensor, weight: torch.Tensor, spikes0, backend: str, name: str):
+    """``(sparse product, auto)``: whether this call takes the sparse product, and whether it counts its spike rate
+    for the next (``"auto"`` where the sparse product can run, eagerly). ``True`` refuses, naming why, where it cannot
+    run; ``"auto"`` takes it where it can and the weight's last spike rate
+    (:func:`spikefuse.ops.recurrent.last_spike_rate`) is below :data:`~spikefuse.ops.recurrent.CROSSOVER_RECURRENT`."""
+    if not (isinstance(sparse, bool) or sparse == "auto"):
+        raise ValueError(f"{name}: sparse must be True, False or 'auto', got {sparse!r}")
+    if sparse is False:
+        return False, False
+    why = _sparse_unavailable(x, weight, spikes0, backend)
+    if sparse == "auto":
+        if torch.compiler.is_compiling() or why is not None:
+            return False, False
+        rate = last_spike_rate(weight)
+        return rate is not None and rate < recurrent_ops.CROSSOVER_RECURRENT, True
     if why is not None:
         raise ValueError(
             f"{name}: sparse=True runs on the CPU backend (or the reference), for an all-to-all weight, in float32 or "
-            f"float64, from binary spikes; {why}"
+            f"float64, from binary spikes; {why}. Use sparse='auto' (the dense product wherever the sparse one cannot "
+            "run) or sparse=False"
         )
+    return True, False
 
 
 def _split_state(model: NeuronModel, state, x: torch.Tensor):
@@ -96,7 +112,7 @@ def recurrent(
     return_state: bool = False,
     backend: str = "auto",
     memory: str = "potential",
-    sparse: bool = False,
+    sparse: bool | str = False,
     **params,
 ):
     """A recurrent layer of ``model``'s neurons over ``x`` ``[T, B, H]`` (the input current of each step): the
@@ -122,7 +138,12 @@ def recurrent(
     as it makes the spikes, and the weight's gradient reads the same bits; sums from zero in increasing neuron index,
     then the bias (:class:`~spikefuse.ops.recurrent.SparseCurrent`, the reference backend's current then, gives the
     same bits). Against the dense product the currents agree to rounding, so the spikes are the same except where a
-    membrane lands on the threshold within that rounding. The initial spikes of ``state`` must be 0 or 1."""
+    membrane lands on the threshold within that rounding. The initial spikes of ``state`` must be 0 or 1.
+    ``sparse="auto"``: the sparse layer where it can run and the previous call with the same ``weight`` tensor (the
+    same object: a module's parameter) counted a spike rate below
+    :data:`spikefuse.ops.recurrent.CROSSOVER_RECURRENT` in the bits its kernels wrote; the dense one otherwise (the
+    first call, above the crossover, where ``True`` would be refused, under ``torch.compile``). Either way the call
+    is that of ``sparse=True`` or ``False``, bit for bit, and it counts its own rate for the next."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:
@@ -130,8 +151,8 @@ def recurrent(
     _check_weights(x, weight, bias, f"recurrent {getattr(model, 'name', model)}")
     states, spikes0 = _split_state(model, state, x) if isinstance(model, NeuronModel) else (None, None)
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, states, backend, params)
-    if sparse is not False:
-        _check_sparse(sparse, x, weight, spikes0, concrete, f"recurrent {model.name}")
+    user_weight = weight  # sparse="auto" keeps this tensor's spike rate
+    sparse, auto = _check_sparse(sparse, x, weight, spikes0, concrete, f"recurrent {model.name}")
     t_steps, batch, hidden = x.shape
     cdt = compute_dtype(x.dtype)
     xc, weight, bias = x.to(cdt).contiguous(), weight.to(cdt), None if bias is None else bias.to(cdt)
@@ -160,9 +181,11 @@ def recurrent(
         )
         spikes = spikes.reshape(x.shape)
         final = [v.reshape(batch, hidden) for v in final]
+        if auto:
+            record_spike_rate(user_weight, int(torch.count_nonzero(spikes)) / max(1, spikes.numel()))
     else:
         init = [v.reshape(batch, hidden) if v.numel() > 1 else v for v in init]
-        spikes, *final = recurrent_layer(
+        outputs = recurrent_layer(
             xc,
             weight.contiguous(),
             bias,
@@ -175,7 +198,12 @@ def recurrent(
             concrete,
             memory,
             sparse,
+            count_spikes=auto,
         )
+        if auto:
+            outputs, count = outputs
+            record_spike_rate(user_weight, count / max(1, x.numel()))
+        spikes, *final = outputs
     spikes = spikes.to(x.dtype)
     if not return_state:
         return spikes

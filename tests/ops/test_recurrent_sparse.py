@@ -180,8 +180,10 @@ def test_layer_option():
 def test_refusals_say_why():
     model, params = MODELS["leaky"]
     x, weight, bias = _inputs(3, 2, 4, torch.float32)
-    with pytest.raises(ValueError, match="sparse must be True or False, got 'auto'"):
-        spikefuse.recurrent(x, model, weight, sparse="auto", **params)
+    with pytest.raises(ValueError, match="sparse must be True, False or 'auto', got 'yes'"):
+        spikefuse.recurrent(x, model, weight, sparse="yes", **params)
+    with pytest.raises(ValueError, match="sparse must be True, False or 'auto', got 1"):
+        snn.RecurrentLIF(4, decay=0.9, sparse=1)
     with pytest.raises(ValueError, match="one to one"):
         spikefuse.recurrent(x, model, weight[0], sparse=True, **params)
     with pytest.raises(ValueError, match="the backend is 'triton'"):

@@ -35,7 +35,9 @@ class Recurrent(EngineNeuron):
             backward computes every step again from the input and the spikes, kept as bits).
         sparse: True: each step's recurrent current and the recurrent weight's gradient read only the neurons that
             spiked (CPU, all to all; :func:`spikefuse.recurrent`); the same spikes as the default dense product except
-            at threshold ties.
+            at threshold ties. "auto": per call, the sparse product where the previous call's spike rate was below
+            ``spikefuse.ops.recurrent.CROSSOVER_RECURRENT`` (the first call, and where the sparse one cannot run,
+            dense).
     """
 
     def __init__(
@@ -52,9 +54,11 @@ class Recurrent(EngineNeuron):
         stateful: bool = False,
         backend: str = "auto",
         memory: str = "potential",
-        sparse: bool = False,
+        sparse: bool | str = False,
         **params,
     ):
+        if not (isinstance(sparse, bool) or sparse == "auto"):
+            raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
         super().__init__(
@@ -97,7 +101,7 @@ class Recurrent(EngineNeuron):
         return spikes
 
     def extra_repr(self) -> str:
-        sparse = ", sparse=True" if self.sparse else ""
+        sparse = f", sparse={self.sparse!r}" if self.sparse is not False else ""
         return f"hidden_size={self.hidden_size}, all_to_all={self.all_to_all}{sparse}, {super().extra_repr()}"
 
 

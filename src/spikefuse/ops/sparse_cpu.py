@@ -78,6 +78,7 @@ __all__ = [
     "linear",
     "weight_grad",
     "spike_count",
+    "row_spike_count",
     "words_per_row",
     "pack_spike_rows",
     "row_linear",
@@ -485,6 +486,15 @@ def spike_count(bits: torch.Tensor, numel: int) -> int:
     """The number of set bits among the first ``numel`` of ``bits``: the active inputs of a spike tensor of ``numel``
     elements, from its packed bits (a pass over 1/32 of a float32 tensor's bytes)."""
     return int(_count_kernel(_words(bits, numel), numel))
+
+
+def row_spike_count(words: torch.Tensor) -> int:
+    """The number of set bits of ``words`` (int64, the row-padded spike rows of :func:`pack_spike_rows`, whose bits
+    past each row are zero): the spikes those rows hold."""
+    if words.dtype != torch.int64:
+        raise ValueError(f"words must be int64, got {words.dtype}")
+    flat = words.contiguous().reshape(-1).numpy().view(np.uint64)
+    return int(_count_kernel(flat, 64 * flat.size))
 
 
 # --------------------------------------------------------------------------------------------- inputs with values

@@ -16,15 +16,60 @@ else of a step is one kernel, and the time loop runs once forward and once in re
 step's spikes only, read from the bits it wrote as it made them (:func:`.cpu.forward_sparse`: the whole time loop in
 one call), and the weight's gradient reads the same bits (:func:`spikefuse.ops.sparse_cpu.row_weight_grad`). The
 reference's current is then :class:`SparseCurrent`, the same sums in the same order in plain torch ops.
+
+``sparse="auto"``: the layer's spike rate is known only after its steps have run, so each call takes the way the
+rate of the previous call with the same weight tensor says (:func:`last_spike_rate`: counted from the bits the
+kernels wrote, :func:`record_spike_rate`): the sparse layer below :data:`CROSSOVER_RECURRENT`, the dense one at or
+above it and where no call with that weight ran before.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
 from ..sparse_cpu import linear_reference
 
-__all__ = ["ALIGNMENT", "aligned", "current", "current_backward", "SparseCurrent"]
+__all__ = [
+    "ALIGNMENT",
+    "aligned",
+    "current",
+    "current_backward",
+    "SparseCurrent",
+    "CROSSOVER_RECURRENT",
+    "last_spike_rate",
+    "record_spike_rate",
+]
+
+#: Where ``spikefuse.recurrent(..., sparse="auto")`` takes the sparse layer: a spike rate, of the previous call with
+#: the same weight, below this. Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_recurrent_crossover.py``
+#: (``benchmarks/results/sparse_recurrent_crossover.md``): a recurrent LIF layer's forward+backward with ``sparse=True``
+#: ties the dense layer's at the lowest rate of the sizes measured; the constant sits below it, as the linear
+#: layers' crossovers do.
+CROSSOVER_RECURRENT = 0.30
+
+# id(weight) -> (a weak reference to it, the spike rate of its last call with sparse="auto")
+_RATES: dict[int, tuple[weakref.ref, float]] = {}
+
+
+def last_spike_rate(weight: torch.Tensor) -> float | None:
+    """The spike rate of the last ``sparse="auto"`` call of a recurrent layer with this ``weight`` tensor (the same
+    object), counted from the bits its kernels wrote; None where none ran."""
+    entry = _RATES.get(id(weight))
+    return entry[1] if entry is not None and entry[0]() is weight else None
+
+
+def record_spike_rate(weight: torch.Tensor, rate: float) -> None:
+    """Keep ``rate`` as ``weight``'s last spike rate (until ``weight`` is freed)."""
+    key = id(weight)
+    _RATES[key] = (weakref.ref(weight, lambda _, key=key: _forget(key)), float(rate))
+
+
+def _forget(key: int) -> None:
+    entry = _RATES.get(key)
+    if entry is not None and entry[0]() is None:
+        del _RATES[key]
 
 
 #: The address alignment (bytes) of the spikes a product reads, by device type: BLAS libraries pick their kernels by

@@ -422,14 +422,27 @@ class _EagerRecurrent(torch.autograd.Function):
 
 
 def recurrent_layer(
-    x, weight, bias, spikes0, params, init, model, surrogate, detach_reset: bool, backend: str, memory, sparse=False
+    x,
+    weight,
+    bias,
+    spikes0,
+    params,
+    init,
+    model,
+    surrogate,
+    detach_reset: bool,
+    backend: str,
+    memory,
+    sparse=False,
+    count_spikes=False,
 ):
     """``[spikes [T, B, H], *final states [B, H]]`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype) with
     autograd: the recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or
     ``[H]`` each; ``init`` the initial states (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the
     first step's current reads (None: those of the initial states); ``sparse``: each step's current and the weight's
-    gradient from the previous spikes' bits (CPU, all to all; the caller checked). The custom op under ``torch.compile``, the plain
-    Function in eager mode."""
+    gradient from the previous spikes' bits (CPU, all to all; the caller checked). The custom op under
+    ``torch.compile``, the plain Function in eager mode. ``count_spikes`` (eager, CPU): also the number of spikes,
+    counted from the bits the forward kept (``sparse="auto"``'s rate), as ``(outputs, count)``."""
     model_key, surrogate_key = key_of(model), key_of(surrogate)
     if torch.compiler.is_compiling():
         out = recurrent_forward(
@@ -462,4 +475,10 @@ def recurrent_layer(
             *params,
             *init,
         )
-    return list(out[: 1 + len(init)])
+    outputs = list(out[: 1 + len(init)])
+    if not count_spikes:
+        return outputs
+    bits = out[1 + len(init)]
+    if sparse:  # the steps' rows (the initial spikes' first)
+        return outputs, sparse_cpu.row_spike_count(bits[1:])
+    return outputs, sparse_cpu.spike_count(bits, x.numel())
