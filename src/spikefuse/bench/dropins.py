@@ -2,12 +2,15 @@
 training step (forward over T steps and backward of the summed spikes): the peer called as its users call it (one
 step a call in a Python loop, or its own multi-step module), the drop-in called the same way, and the drop-in's fused
 call over all T steps. The spikes of every form are checked equal to the peer's before timing; medians of
-round-robin runs in one process.
+round-robin runs in one process. snnTorch's ``StateLeaky`` and ``LinearLeaky`` take the whole sequence in one call,
+peer and drop-in alike; ``sparse=True`` and ``recursive=True`` forms may differ from the peer's spikes where a membrane
+lies within rounding of the threshold, and the number that differ is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Callable, NamedTuple
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -24,14 +27,41 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed rounds, median (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch/numba threads (default: %(default)s)")
     p.add_argument(
+        "--conv-channels",
+        type=int,
+        default=8,
+        help="channels of the recurrent convolutions' steps [B, C, H, H] (default: %(default)s)",
+    )
+    p.add_argument("--conv-side", type=int, default=16, help="their H (default: %(default)s)")
+    p.add_argument(
         "--only",
         action="append",
         metavar="TEXT",
         help="only the peers whose name holds TEXT (e.g. 'snnTorch', 'RLeaky'); repeatable (default: every peer)",
     )
-    p.add_argument("--quick", action="store_true", help="T=6, batch 2, 8 neurons, two repeats: check the harness")
+    p.add_argument(
+        "--quick", action="store_true", help="T=6, batch 2, 8 neurons, 2x4x4 images, two repeats: check the harness"
+    )
     add_result_args(p)
     return p
+
+
+class Case(NamedTuple):
+    """A drop-in against its peer. ``peer_forms(module)`` / ``our_forms(module)`` map each way of calling the module
+    to a function of the input giving its output ``[T, ...]`` (the peer's first form is the baseline);
+    ``make_input(generator)`` draws the input; forms in ``ties`` may differ from the peer's spikes where a membrane
+    lies within rounding of the threshold (their count is reported), every other form must give the peer's output
+    bit for bit; ``spikes=False``: the output is a membrane (Norse's leaky integrators)."""
+
+    peer: str
+    ours: str
+    make_peer: Callable[[], object]
+    make_ours: Callable[[], object]
+    peer_forms: Callable[[object], dict]
+    our_forms: Callable[[object], dict]
+    make_input: Callable[[object], object]
+    ties: tuple[str, ...] = ()
+    spikes: bool = True
 
 
 def _loop(module, x, handed_back):
@@ -46,9 +76,9 @@ def _loop(module, x, handed_back):
     return torch.stack(spikes)
 
 
-def _cases(T: int, B: int, N: int) -> list[tuple[str, str, object, object, object]]:
-    """``(peer, drop-in, make the peer, make the drop-in, forms)``: ``forms(module, x)`` maps each way of calling
-    (``"peer loop"``-style ``"loop"``, and ``"fused"``) to a function of the input giving the spikes ``[T, ...]``."""
+def _cases(T: int, B: int, N: int, conv: tuple[int, int]) -> list[Case]:
+    """Every drop-in of :mod:`spikefuse.compat` against its installed peer; ``conv``: the channels and the side of
+    the recurrent convolutions' steps ``[B, C, H, H]``."""
     import norse.torch as norse
     import snntorch
     import torch
@@ -58,38 +88,76 @@ def _cases(T: int, B: int, N: int) -> list[tuple[str, str, object, object, objec
     from ..compat import snntorch as cs
     from ..compat import spikingjelly as cj
 
-    def snn_forms(handed_back):
-        def forms(m):
+    def snn_forms(handed_back, sparse=False):
+        def loop_forms(m):
             def loop(x):
                 m.reset_mem()  # each training step from zero states, as snnTorch's tutorials reset
                 return _loop(m, x, handed_back)
 
+            return {"loop": loop}
+
+        def forms(m):
             def fused(x):
                 m.reset_mem()
                 return m.sequence(x)[0]
 
-            return {"loop": loop, "fused": fused}
+            def fused_sparse(x):
+                m.sparse = True
+                try:
+                    return fused(x)
+                finally:
+                    m.sparse = False
 
-        return forms
+            return {**loop_forms(m), "fused": fused, **({"fused, sparse=True": fused_sparse} if sparse else {})}
 
-    def norse_cell_forms(fused_cls):
+        return loop_forms, forms
+
+    def whole_sequence_forms(m):  # snnTorch's StateLeaky / LinearLeaky: one call takes the sequence
+        return {"sequence": lambda x: m(x)[0]}
+
+    def recursive_forms(m):
+        def recursive(x):
+            m.recursive = True
+            try:
+                return m(x)[0]
+            finally:
+                m.recursive = False
+
+        return {**whole_sequence_forms(m), "sequence, recursive=True": recursive}
+
+    def norse_loop(m):
+        def loop(x):
+            state, out = None, []
+            for x_t in x.unbind(0):
+                z, state = m(x_t, state)
+                out.append(z)
+            return torch.stack(out)
+
+        return {"loop": loop}
+
+    def norse_forms(multi_step):
+        """Our cell's loop, and the multi-step module ``multi_step(cell)`` (made once, sharing the cell's
+        parameters) over all T steps."""
+
         def forms(m):
-            def loop(x):
-                state, spikes = None, []
-                for x_t in x.unbind(0):
-                    z, state = m(x_t, state)
-                    spikes.append(z)
-                return torch.stack(spikes)
+            made = []
 
-            return {"loop": loop, "fused": lambda x: fused_cls(m.p)(x)[0]} if fused_cls else {"loop": loop}
+            def fused(x):
+                made[:] = made or [multi_step(m)]
+                return made[0](x)[0]
+
+            return {**norse_loop(m), "fused": fused}
 
         return forms
 
-    def sj_forms(m):
+    def sj_loop(m):
         def loop(x):
             m.reset()
             return torch.stack([m(x_t) for x_t in x.unbind(0)])
 
+        return {"loop": loop}
+
+    def sj_forms(m):
         def fused(x):
             m.reset()
             m.step_mode = "m"
@@ -98,83 +166,100 @@ def _cases(T: int, B: int, N: int) -> list[tuple[str, str, object, object, objec
             finally:
                 m.step_mode = "s"
 
-        return {"loop": loop, "fused": fused}
+        return {**sj_loop(m), "fused": fused}
+
+    def uniform(*shape, low=0.0):
+        return lambda g: torch.rand(*shape, generator=g) + low
 
     feed_forward = lambda out: tuple(out[1:])  # noqa: E731  (snnTorch's states after the spikes)
     recurrent = lambda out: tuple(out)  # noqa: E731  (the spikes too)
+    ff_loop, ff = snn_forms(feed_forward)
+    rec_loop, rec = snn_forms(recurrent, sparse=True)
+    conv_loop, conv_rec = snn_forms(recurrent)
     lif, lsnn = norse.LIFParameters(v_th=torch.tensor(0.3)), norse.LSNNParameters(v_th=torch.tensor(0.3))
+    steps = uniform(T, B, N)
+    channels, side = conv
+    images = uniform(T, B, channels, side, side)
+
+    def snn(name, kw, loop_forms, forms, x=steps, ties=(), label=""):
+        return Case(
+            f"snnTorch {name}{label}",
+            f"compat.snntorch.{name}{label}",
+            lambda: getattr(snntorch, name)(**kw),
+            lambda: getattr(cs, name)(**kw),
+            loop_forms,
+            forms,
+            x,
+            ties,
+        )
+
+    def norse_case(name, make, multi_step, x=steps, spikes=True):
+        return Case(
+            f"Norse {name}",
+            f"compat.norse.{name}",
+            lambda: make(norse),
+            lambda: make(cn),
+            norse_loop,
+            norse_forms(multi_step),
+            x,
+            spikes=spikes,
+        )
+
+    def sj_case(name, kw):
+        make = lambda lib: lambda: getattr(lib, name)(**kw)  # noqa: E731
+        return Case(f"SpikingJelly {name}", f"compat.spikingjelly.{name}", make(sj), make(cj), sj_loop, sj_forms, steps)
+
+    def recurrent_of(cls):  # the multi-step module of a recurrent cell, on the cell's weights
+        return lambda m: cls(
+            m.input_size, m.hidden_size, m.p, input_weights=m.input_weights, recurrent_weights=m.recurrent_weights
+        )
+
+    conv_kw = dict(conv2d_channels=channels, kernel_size=3)
     return [
-        (
-            "snnTorch Leaky",
-            "compat.snntorch.Leaky",
-            lambda: snntorch.Leaky(beta=0.9, threshold=0.5),
-            lambda: cs.Leaky(beta=0.9, threshold=0.5),
-            snn_forms(feed_forward),
+        snn("Leaky", dict(beta=0.9, threshold=0.5), ff_loop, ff),
+        snn("Synaptic", dict(alpha=0.8, beta=0.9, threshold=0.5), ff_loop, ff),
+        snn("Lapicque", dict(beta=0.9, threshold=0.2), ff_loop, ff),
+        snn("Alpha", dict(alpha=0.9, beta=0.8, threshold=0.5), ff_loop, ff),
+        snn("RLeaky", dict(beta=0.9, threshold=0.5, linear_features=N), rec_loop, rec, ties=("fused, sparse=True",)),
+        snn(
+            "RSynaptic",
+            dict(alpha=0.8, beta=0.9, threshold=0.5, linear_features=N),
+            rec_loop,
+            rec,
+            ties=("fused, sparse=True",),
         ),
-        (
-            "snnTorch Synaptic",
-            "compat.snntorch.Synaptic",
-            lambda: snntorch.Synaptic(alpha=0.8, beta=0.9, threshold=0.5),
-            lambda: cs.Synaptic(alpha=0.8, beta=0.9, threshold=0.5),
-            snn_forms(feed_forward),
+        snn("RLeaky", dict(beta=0.9, threshold=0.5, **conv_kw), conv_loop, conv_rec, images, label=" conv2d"),
+        snn(
+            "RSynaptic",
+            dict(alpha=0.8, beta=0.9, threshold=0.5, **conv_kw),
+            conv_loop,
+            conv_rec,
+            images,
+            label=" conv2d",
         ),
-        (
-            "snnTorch Lapicque",
-            "compat.snntorch.Lapicque",
-            lambda: snntorch.Lapicque(beta=0.9, threshold=0.2),
-            lambda: cs.Lapicque(beta=0.9, threshold=0.2),
-            snn_forms(feed_forward),
+        snn(
+            "StateLeaky",
+            dict(beta=0.9, channels=N, threshold=2.0),
+            whole_sequence_forms,
+            recursive_forms,
+            uniform(T, B, N, low=-0.3),
+            ties=("sequence, recursive=True",),
         ),
-        (
-            "snnTorch Alpha",
-            "compat.snntorch.Alpha",
-            lambda: snntorch.Alpha(alpha=0.9, beta=0.8, threshold=0.5),
-            lambda: cs.Alpha(alpha=0.9, beta=0.8, threshold=0.5),
-            snn_forms(feed_forward),
+        snn(
+            "LinearLeaky",
+            dict(beta=0.9, in_features=N, out_features=N, threshold=0.5),
+            whole_sequence_forms,
+            recursive_forms,
+            ties=("sequence, recursive=True",),
         ),
-        (
-            "snnTorch RLeaky",
-            "compat.snntorch.RLeaky",
-            lambda: snntorch.RLeaky(beta=0.9, threshold=0.5, linear_features=N),
-            lambda: cs.RLeaky(beta=0.9, threshold=0.5, linear_features=N),
-            snn_forms(recurrent),
-        ),
-        (
-            "snnTorch RSynaptic",
-            "compat.snntorch.RSynaptic",
-            lambda: snntorch.RSynaptic(alpha=0.8, beta=0.9, threshold=0.5, linear_features=N),
-            lambda: cs.RSynaptic(alpha=0.8, beta=0.9, threshold=0.5, linear_features=N),
-            snn_forms(recurrent),
-        ),
-        (
-            "SpikingJelly LIFNode",
-            "compat.spikingjelly.LIFNode",
-            lambda: sj.LIFNode(tau=2.0, v_threshold=0.4),
-            lambda: cj.LIFNode(tau=2.0, v_threshold=0.4),
-            sj_forms,
-        ),
-        (
-            "SpikingJelly ParametricLIFNode",
-            "compat.spikingjelly.ParametricLIFNode",
-            lambda: sj.ParametricLIFNode(v_threshold=0.4),
-            lambda: cj.ParametricLIFNode(v_threshold=0.4),
-            sj_forms,
-        ),
-        ("SpikingJelly IFNode", "compat.spikingjelly.IFNode", lambda: sj.IFNode(), lambda: cj.IFNode(), sj_forms),
-        (
-            "Norse LIFCell",
-            "compat.norse.LIFCell",
-            lambda: norse.LIFCell(lif),
-            lambda: cn.LIFCell(lif),
-            norse_cell_forms(cn.LIF),
-        ),
-        (
-            "Norse LSNNCell",
-            "compat.norse.LSNNCell",
-            lambda: norse.LSNNCell(lsnn),
-            lambda: cn.LSNNCell(lsnn),
-            norse_cell_forms(cn.LSNN),
-        ),
+        sj_case("LIFNode", dict(tau=2.0, v_threshold=0.4)),
+        sj_case("ParametricLIFNode", dict(v_threshold=0.4)),
+        sj_case("IFNode", {}),
+        norse_case("LIFCell", lambda lib: lib.LIFCell(lif), lambda m: cn.LIF(m.p)),
+        norse_case("LSNNCell", lambda lib: lib.LSNNCell(lsnn), lambda m: cn.LSNN(m.p)),
+        norse_case("LIFRecurrentCell", lambda lib: lib.LIFRecurrentCell(N, N, lif), recurrent_of(cn.LIFRecurrent)),
+        norse_case("LSNNRecurrentCell", lambda lib: lib.LSNNRecurrentCell(N, N, lsnn), recurrent_of(cn.LSNNRecurrent)),
+        norse_case("LICell", lambda lib: lib.LICell(), lambda m: cn.LI(m.p), spikes=False),
     ]
 
 
@@ -215,7 +300,7 @@ def _model_rows(T: int, B: int, repeats: int, features: tuple[int, int, int]) ->
             opt.zero_grad()
             loss.backward()
             opt.step()
-            return float(loss)
+            return float(loss.detach())
 
         return step
 
@@ -245,65 +330,80 @@ def _model_rows(T: int, B: int, repeats: int, features: tuple[int, int, int]) ->
     ]
 
 
+def _case_rows(case: Case, x, repeats: int) -> list[dict]:
+    """``case``'s forms, their outputs checked against the peer's first form, timed per training step."""
+    import torch
+
+    from .common import round_robin
+
+    torch.manual_seed(1)
+    peer = case.make_peer()
+    torch.manual_seed(1)
+    ours = case.make_ours()
+    ours.load_state_dict(peer.state_dict())
+    calls = {f"{case.peer}, {form}": fn for form, fn in case.peer_forms(peer).items()}
+    calls.update({f"{case.ours}, {form}": fn for form, fn in case.our_forms(ours).items()})
+    baseline = next(iter(calls))
+    want, differing = None, {}
+    for name, fn in calls.items():
+        out = fn(x).detach()
+        want = out if want is None else want
+        differing[name] = int((out != want).sum())
+        if differing[name] and not name.endswith(tuple(f", {form}" for form in case.ties)):
+            raise AssertionError(f"{name}: output differs from the peer's ({differing[name]} elements)")
+
+    def step(fn):
+        def train_step():
+            xg = x.clone().requires_grad_()
+            fn(xg).sum().backward()
+
+        return train_step
+
+    times = round_robin({name: step(fn) for name, fn in calls.items()}, repeats)
+    return [
+        {
+            "peer": case.peer,
+            "implementation": name,
+            "ms_per_step": round(seconds * 1e3, 3),
+            "vs_peer_loop": round(seconds / times[baseline], 3),
+            "spike_rate": round(float(want.float().mean()), 4) if case.spikes else "",
+            "spikes_differing": differing[name] if case.spikes else "",
+        }
+        for name, seconds in times.items()
+    ]
+
+
 def run(args) -> int:
+    import os
     from pathlib import Path
 
     import torch
 
     from ..threads import set_threads
-    from .common import command_line, machine_info, markdown_table, result_tag, round_robin, write_csv
+    from .common import command_line, machine_info, markdown_table, result_tag, write_csv
 
     T, B, N, repeats = (6, 2, 8, 2) if args.quick else (args.T, args.batch_size, args.neurons, args.repeats)
+    conv = (2, 4) if args.quick else (args.conv_channels, args.conv_side)
     set_threads(args.threads)
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(T, B, N, generator=g)
+    load_before = os.getloadavg()[0]
     rows = []
-    for peer_name, ours_name, make_peer, make_ours, forms in _cases(T, B, N):
-        if args.only and not any(text in peer_name for text in args.only):
+    for case in _cases(T, B, N, conv):
+        if args.only and not any(text in case.peer for text in args.only):
             continue
-        torch.manual_seed(1)
-        peer = make_peer()
-        torch.manual_seed(1)
-        ours = make_ours()
-        ours.load_state_dict(peer.state_dict())
-        xs = x
-        calls = {f"{peer_name}, loop": (peer, forms(peer)["loop"])}
-        calls.update({f"{ours_name}, {form}": (ours, fn) for form, fn in forms(ours).items()})
-        want = None
-        for name, (module, fn) in calls.items():
-            spikes = fn(xs).detach()
-            want = spikes if want is None else want
-            if not torch.equal(spikes, want):
-                raise AssertionError(f"{name}: spikes differ from the peer's ({int((spikes != want).sum())})")
-
-        def step(fn):
-            def train_step():
-                xg = xs.clone().requires_grad_()
-                fn(xg).sum().backward()
-
-            return train_step
-
-        times = round_robin({name: step(fn) for name, (_, fn) in calls.items()}, repeats)
-        peer_time = times[f"{peer_name}, loop"]
-        for name, seconds in times.items():
-            rows.append(
-                {
-                    "peer": peer_name,
-                    "implementation": name,
-                    "ms_per_step": round(seconds * 1e3, 3),
-                    "vs_peer_loop": round(seconds / peer_time, 3),
-                    "spike_rate": round(float(want.float().mean()), 4),
-                }
-            )
+        rows += _case_rows(case, case.make_input(torch.Generator().manual_seed(0)), repeats)
     features = (12, 10, 4) if args.quick else (700, 256, 20)
     if not args.only or any(text in "snnTorch model" for text in args.only):
         rows += _model_rows(T, B, repeats, features)
+    load = (load_before, os.getloadavg()[0])
     tag = result_tag(args)
     out = Path(args.out)
     write_csv(out / f"dropins_{tag}.csv", rows)
     table = markdown_table(
-        ["implementation", "ms per training step", "time / peer's loop", "spike rate"],
-        [[r["implementation"], r["ms_per_step"], r["vs_peer_loop"], r["spike_rate"]] for r in rows],
+        ["implementation", "ms per training step", "time / peer's", "spike rate", "spikes differing"],
+        [
+            [r["implementation"], r["ms_per_step"], r["vs_peer_loop"], r["spike_rate"], r.get("spikes_differing", "")]
+            for r in rows
+        ],
     )
     text = "\n".join(
         [
@@ -311,10 +411,24 @@ def run(args) -> int:
             "",
             f"Machine: {machine_info()}",
             f"Command: `{command_line()}`",
+            f"Load average (1 min) at the start and the end: {load[0]:.1f}, {load[1]:.1f} on {os.cpu_count()} cores"
+            + (
+                ": other processes shared the machine, so the times are noisy (the ratios of rows timed in turn "
+                "less so)"
+                if max(load) > (os.cpu_count() or 1) - args.threads + 0.5
+                else ""
+            ),
             "",
-            "Medians of round-robin runs in one process. 'loop': one step a call in the peer's users' loop; 'fused':"
-            " the drop-in's call over all T steps (snnTorch's `sequence`, SpikingJelly's step_mode='m', Norse's "
-            "multi-step module). Every form's spikes were checked equal to the peer loop's first. The last rows: a "
+            "Medians of round-robin runs in one process. For each drop-in: the installed peer as its users call it "
+            "('loop': one step a call in a Python loop; 'sequence': snnTorch's StateLeaky and LinearLeaky, which "
+            "take the whole sequence), then the drop-in called the same way and its fused call over all T steps "
+            "(snnTorch's `sequence`, SpikingJelly's step_mode='m', Norse's multi-step module of the cell: `LIF`, "
+            "`LSNN`, `LIFRecurrent`, `LSNNRecurrent`, `LI`); 'time / peer's' against the peer's first row. Every "
+            "form's output (Norse's LI: the membrane) was checked equal to the peer's first, bit for bit, except "
+            "the forms of ours that may differ where a membrane lies within rounding of the threshold "
+            "(`sparse=True`, `recursive=True`): 'spikes differing' counts theirs (a recurrent layer carries a "
+            f"flipped spike on). Inputs uniform in [0, 1) of [T, B, {N}] (the recurrent convolutions: [T, B, "
+            f"{conv[0]}, {conv[1]}, {conv[1]}], kernel 3; StateLeaky: shifted by -0.3). The last rows: a "
             f"snnTorch user's recurrent model (Linear {features[0]}->{features[1]}, RLeaky, Linear ->{features[2]}, "
             "Leaky(output=True), a loss on the mean membrane, Adam; input events at 5%), per training step: "
             "snnTorch's loop, the loop with the drop-ins imported, and `spikefuse.compat.fuse` of the model (the "

@@ -37,6 +37,12 @@ variable it then drops, so its ``reset_delay=False`` gives the delayed reset's s
 ``RLeaky`` and ``RSynaptic`` take snnTorch's recurrent convolution (``conv2d_channels``, ``kernel_size``: an
 ``nn.Conv2d`` of the previous spikes, inputs ``[B, C, H, W]`` per step); no layer fuses it over time, so their
 ``sequence`` runs the steps one call each. ``StateLeaky`` and ``LinearLeaky`` take whole sequences, as snnTorch's.
+With a recurrent ``nn.Linear`` they take ``sparse=True`` (ours): the fused layer's recurrent current summed from the
+weight rows of the neurons that spiked (:func:`spikefuse.recurrent`'s ``sparse``), the same spikes as snnTorch's
+except at threshold ties; the one-step path keeps snnTorch's product.
+
+``sequence`` takes time first, ``[T, B, ...]``: a batch-first input given the states of a step, or one step of the
+loop's shape, is refused by the sizes of its states (:func:`spikefuse.data.time_major` collates time first).
 
 Not supported (clear errors): ``inhibition``, ``state_quant``, and surrogates :func:`to_surrogate` does not know.
 """
