@@ -631,6 +631,29 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     assert calls == []
 
 
+def test_sparse_auto_checks_a_layer_fed_values_by_its_count_first(monkeypatch):
+    """After a call with values, ``auto`` counts the next input and tells binary from values in that one pass instead
+    of failing to pack it first; a binary input then takes the spikes' path (packed) again, the same bits either
+    way."""
+    from spikefuse.ops import bitpack, sparse_cpu
+
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    x = counts((4, 3, 50), seed=14, p=0.05)
+    x.view(-1)[0] = 2.0
+    ref, mine, a, b = run_sparse("auto", x, 50, 5)  # the first call finds values by the failed packing
+    assert mine._values_seen
+    mine.zero_grad()
+    pack = bitpack._pack_new
+    monkeypatch.setattr(bitpack, "_pack_new", lambda *a: pytest.fail("packed an input known to hold values"))
+    assert_identical(run_both(ref, mine, x)[1], b)
+    monkeypatch.setattr(bitpack, "_pack_new", pack)
+    s = spikes((4, 3, 50), seed=15, p=0.05)
+    want = run_sparse(True, s, 50, 5)[3]
+    mine.zero_grad()
+    assert_identical(run_both(ref, mine, s)[1], want)
+    assert not mine._values_seen
+
+
 def test_sparse_auto_takes_counts_where_the_sparse_kernels_cannot_run():
     """Under autocast (the sparse kernels take float32/float64), for a frozen weight: torch's product, not a
     refusal; ``sparse=False`` still refuses counts it must keep as bits, by message."""

@@ -221,6 +221,7 @@ def test_csr_empty_and_all_active_rows_float64_and_threads():
 def test_csr_counts_nan_as_a_value_and_negative_zero_as_zero():
     x = torch.tensor([[0.0, -0.0, float("nan"), 2.0]])
     assert sparse_cpu.nonzero_counts(x).tolist() == [2]
+    assert sparse_cpu.nonzero_counts_binary(x)[0].tolist() == [2]
     csr = sparse_cpu.to_csr(x)
     assert csr.indices.tolist() == [2, 3] and csr.values[1] == 2.0 and csr.values[0].isnan()
 
@@ -352,3 +353,22 @@ def test_csr_t_matmul_errors_say_what_is_wrong():
         sparse_cpu.csr_t_matmul(csr, torch.zeros(4))
     with pytest.raises(ValueError, match=r"the CSR is torch.float32, the weight torch.float64: give both one dtype"):
         sparse_cpu.csr_t_matmul(csr, torch.zeros(4, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_nonzero_counts_binary_tells_spikes_from_values(dtype):
+    """The counts of :func:`nonzero_counts` and whether every entry is 0 or 1, in one pass: -0 is 0, NaN and any other
+    value is not binary; an empty matrix is binary."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(37, 71, generator=g) < 0.2).to(dtype)
+    counts, binary = sparse_cpu.nonzero_counts_binary(x)
+    assert binary and torch.equal(counts, sparse_cpu.nonzero_counts(x))
+    x[5, 3] = -0.0
+    assert sparse_cpu.nonzero_counts_binary(x)[1]
+    for value in (2.0, -1.0, 0.5, float("nan"), float("inf")):
+        y = x.clone()
+        y[36, 70] = value
+        counts, binary = sparse_cpu.nonzero_counts_binary(y)
+        assert not binary and torch.equal(counts, sparse_cpu.nonzero_counts(y))
+    counts, binary = sparse_cpu.nonzero_counts_binary(torch.zeros(0, 4, dtype=dtype))
+    assert binary and counts.shape == (0,) and counts.dtype == torch.int64

@@ -300,6 +300,9 @@ class SpikeLinear(nn.Linear):
                 raise ValueError(f"SpikeLinear: {name} must be True, False or 'auto', got {value!r}")
         self.sparse = sparse
         self.sparse_grad = sparse_grad
+        # sparse="auto": the last call's input held values (framed events): check the next one by the count of its
+        # nonzero entries, which tells binary input apart in the same pass, before trying to pack it as spikes
+        self._values_seen = False
 
     def extra_repr(self) -> str:
         return super().extra_repr() + "".join(
@@ -377,9 +380,19 @@ class SpikeLinear(nn.Linear):
                 # nothing to keep for backward: packing the input only to count its spikes would cost a few percent
                 # of the dense product where that wins, and more on small products
                 return None
+            counts = None
+            if auto and getattr(self, "_values_seen", False):
+                # an input with values again, most likely: one pass counts it and tells whether it is binary, where
+                # the packing (a slower pass) would fail first and the count follow
+                counts, binary = sparse_cpu.nonzero_counts_binary(x2)
+                if not binary:
+                    return self._values_forward(x, x2, auto, sparse_grad, small, counts)
+                self._values_seen = False
             try:  # before any product: an input with values must not cost a dense product that is then dropped
                 bits, _ = bitpack.pack(x2, binary=True)
             except bitpack.NotBinaryError:
+                if auto:
+                    self._values_seen = True
                 return self._values_forward(x, x2, auto, sparse_grad, small)
         forward = weight_grad = not small
         if auto and not small:
@@ -388,16 +401,23 @@ class SpikeLinear(nn.Linear):
         return _SpikeLinearFn.apply(x, self.weight, self.bias, bits, forward, weight_grad, sparse_grad)
 
     def _values_forward(
-        self, x: torch.Tensor, x2: torch.Tensor, auto: bool, sparse_grad: bool | str, small: bool = False
+        self,
+        x: torch.Tensor,
+        x2: torch.Tensor,
+        auto: bool,
+        sparse_grad: bool | str,
+        small: bool = False,
+        counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
         are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
         backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
         ``sparse_cpu.CROSSOVER_VALUES`` or more, or the product has fewer rows than ``CROSSOVER_ROWS`` (``small``:
-        not counted then)."""
+        not counted then); ``counts``: :func:`spikefuse.ops.sparse_cpu.nonzero_counts` of ``x2`` where counted."""
         if small:
             return self._torch_product(x, sparse_grad)
-        counts = sparse_cpu.nonzero_counts(x2)
+        if counts is None:
+            counts = sparse_cpu.nonzero_counts(x2)
         if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():
             return self._torch_product(x, sparse_grad)
         csr = sparse_cpu.to_csr(x2, counts)

@@ -86,6 +86,7 @@ __all__ = [
     "CROSSOVER_VALUES",
     "CSR",
     "nonzero_counts",
+    "nonzero_counts_binary",
     "to_csr",
     "csr_linear",
     "csr_weight_grad",
@@ -276,6 +277,23 @@ def _nonzero_counts_kernel(x, counts):
             if x[m, k] != 0:
                 count += 1
         counts[m] = count
+
+
+@njit(parallel=True, cache=True)
+def _nonzero_counts_binary_kernel(x, counts, others):
+    """:func:`_nonzero_counts_kernel`, and ``others[m]``: how many entries of row ``m`` are neither 0 nor 1."""
+    rows, cols = x.shape
+    for m in prange(rows):
+        count = 0
+        other = 0
+        for k in range(cols):
+            v = x[m, k]
+            if v != 0:
+                count += 1
+                if v != 1:
+                    other += 1
+        counts[m] = count
+        others[m] = other
 
 
 @njit(parallel=True, cache=True)
@@ -525,6 +543,18 @@ def nonzero_counts(x: torch.Tensor) -> torch.Tensor:
     else:
         counts.zero_()
     return counts
+
+
+def nonzero_counts_binary(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``(nonzero_counts(x), whether every entry is 0 or 1)`` in the one pass: ``SpikeLinear(sparse="auto")``'s
+    check of an input that held values before (NaN is nonzero and not binary)."""
+    _check_matrix("the input", x)
+    counts = torch.zeros(x.shape[0], dtype=torch.int64)
+    others = torch.zeros(x.shape[0], dtype=torch.int64)
+    if x.numel():
+        match_numba_threads(x.numel(), _SERIAL_WORK)
+        _nonzero_counts_binary_kernel(x.detach().contiguous().numpy(), counts.numpy(), others.numpy())
+    return counts, not bool(others.any())
 
 
 def to_csr(x: torch.Tensor, counts: torch.Tensor | None = None) -> CSR:
