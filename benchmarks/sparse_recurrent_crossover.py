@@ -6,7 +6,7 @@ LIF layer alone -- forward, then backward to the input, the recurrent weight and
 fastest calls (the ones least slowed by other jobs). Behind ``spikefuse.ops.recurrent.CROSSOVER_RECURRENT``; the
 ``auto / dense`` columns are the issue's sweep (``auto`` at most 5% slower than dense at any rate).
 
-    python benchmarks/sparse_recurrent_crossover.py --threads 1 --repeats 15
+    python benchmarks/sparse_recurrent_crossover.py --threads 1 --repeats 21
 """
 
 from __future__ import annotations

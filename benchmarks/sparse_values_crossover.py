@@ -8,7 +8,7 @@ machine's load moves them together), and the ratio of the fastest calls (the one
 Behind ``spikefuse.ops.sparse_cpu.CROSSOVER_VALUES``; the ``auto / dense`` columns are the issue's sweep (0-60%:
 ``auto`` at most 5% slower than dense at any rate).
 
-    python benchmarks/sparse_values_crossover.py --threads 2 --repeats 15
+    python benchmarks/sparse_values_crossover.py --threads 1 --repeats 31
 """
 
 from __future__ import annotations

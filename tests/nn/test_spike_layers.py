@@ -596,9 +596,9 @@ def test_sparse_counts_empty_and_all_active_rows_and_gradcheck_float64():
 
 def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     """``auto`` on counts: the CSR below ``CROSSOVER_VALUES``, torch's product (``nn.Linear``'s bits, the input kept
-    for backward) from it on and for fewer rows than ``CROSSOVER_ROWS``; under no_grad torch's product without a
-    count (nothing to keep for backward)."""
-    from spikefuse.ops import sparse_cpu
+    for backward) from it on and for fewer rows than ``CROSSOVER_ROWS`` (without checking the input then, spikes or
+    counts); under no_grad torch's product without a count (nothing to keep for backward)."""
+    from spikefuse.ops import bitpack, sparse_cpu
 
     calls = []
     monkeypatch.setattr(
@@ -620,11 +620,15 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 13)
     monkeypatch.setattr(sparse_cpu, "nonzero_counts", lambda *a: pytest.fail("counted the entries"))
     calls.clear()
-    products = []  # one dense product: the input's check comes before it (it once ran a second one after)
+    products = []  # one dense product (it once ran one, failed to pack the input and ran a second)
     linear = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: products.append(1) or linear(*a))
+    pack = bitpack._pack_new
+    monkeypatch.setattr(bitpack, "_pack_new", lambda *a: pytest.fail("checked a small product's input"))
     assert_identical(*run_sparse("auto", x, 50, 5)[2:])
-    assert len(products) == 2  # nn.Linear's and the layer's
+    assert_identical(*run_sparse("auto", spikes((4, 3, 50), seed=16), 50, 5)[2:])
+    assert len(products) == 4  # nn.Linear's and the layer's, for counts and spikes
+    monkeypatch.setattr(bitpack, "_pack_new", pack)
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
     with torch.no_grad():
         assert torch.equal(mine(x), ref(x))

@@ -263,10 +263,11 @@ class SpikeLinear(nn.Linear):
     increasing input (forward) or row (weight gradient) order; the input gradient stays the dense product.
     ``"auto"`` measures the spike rate of every call from the bits and takes the sparse product below the
     crossover rates measured on this machine (``sparse_cpu.CROSSOVER_FORWARD``, ``CROSSOVER_WEIGHT_GRAD``), the
-    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` and wherever the sparse one
-    cannot run; it counts only bits it has without a pass over the input (a neuron kernel's, or those the layer
-    packs to keep for backward), so without a weight gradient to keep it takes the sparse product only for spikes
-    whose bits were made before. ``False`` (the default): torch's product, bit-identical to ``nn.Linear``.
+    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` (keeping for backward an input
+    whose bits no neuron kernel made as it is, as ``nn.Linear`` does: checking it to keep bits would cost a pass) and
+    wherever the sparse one cannot run; it counts only bits it has without a pass over the input (a neuron kernel's,
+    or those the layer packs to keep for backward), so without a weight gradient to keep it takes the sparse product
+    only for spikes whose bits were made before. ``False`` (the default): torch's product, bit-identical to ``nn.Linear``.
 
     Inputs with values: on the CPU, ``True`` and ``"auto"`` take an input the packing finds not binary (framed
     events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.sparse_cpu.to_csr`, kept for
@@ -380,20 +381,25 @@ class SpikeLinear(nn.Linear):
                 # nothing to keep for backward: packing the input only to count its spikes would cost a few percent
                 # of the dense product where that wins, and more on small products
                 return None
+            if small:
+                # torch's product, keeping the input as nn.Linear does: checking it (binary or values) to keep bits
+                # instead cost 3-5% of a [128 x 2312] -> 512 call, and an input no neuron made (data) is held for
+                # the step anyway
+                return self._torch_product(x, sparse_grad)
             counts = None
             if auto and getattr(self, "_values_seen", False):
                 # an input with values again, most likely: one pass counts it and tells whether it is binary, where
                 # the packing (a slower pass) would fail first and the count follow
                 counts, binary = sparse_cpu.nonzero_counts_binary(x2)
                 if not binary:
-                    return self._values_forward(x, x2, auto, sparse_grad, small, counts)
+                    return self._values_forward(x, x2, auto, sparse_grad, counts)
                 self._values_seen = False
             try:  # before any product: an input with values must not cost a dense product that is then dropped
                 bits, _ = bitpack.pack(x2, binary=True)
             except bitpack.NotBinaryError:
                 if auto:
                     self._values_seen = True
-                return self._values_forward(x, x2, auto, sparse_grad, small)
+                return self._values_forward(x, x2, auto, sparse_grad)
         forward = weight_grad = not small
         if auto and not small:
             rate = sparse_cpu.spike_count(bits, x2.numel()) / max(1, x2.numel())
@@ -406,16 +412,13 @@ class SpikeLinear(nn.Linear):
         x2: torch.Tensor,
         auto: bool,
         sparse_grad: bool | str,
-        small: bool = False,
         counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
         are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
         backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
-        ``sparse_cpu.CROSSOVER_VALUES`` or more, or the product has fewer rows than ``CROSSOVER_ROWS`` (``small``:
-        not counted then); ``counts``: :func:`spikefuse.ops.sparse_cpu.nonzero_counts` of ``x2`` where counted."""
-        if small:
-            return self._torch_product(x, sparse_grad)
+        ``sparse_cpu.CROSSOVER_VALUES`` or more; ``counts``: :func:`spikefuse.ops.sparse_cpu.nonzero_counts` of
+        ``x2`` where counted."""
         if counts is None:
             counts = sparse_cpu.nonzero_counts(x2)
         if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():

@@ -43,10 +43,11 @@ __all__ = [
 ]
 
 #: Where ``spikefuse.recurrent(..., sparse="auto")`` takes the sparse layer: a spike rate, of the previous call with
-#: the same weight, below this. Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_recurrent_crossover.py``
-#: (``benchmarks/results/sparse_recurrent_crossover.md``): a recurrent LIF layer's forward+backward with ``sparse=True``
-#: ties the dense layer's at the lowest rate of the sizes measured; the constant sits below it, as the linear
-#: layers' crossovers do.
+#: the same weight, below this. Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_recurrent_crossover.py
+#: --threads 1 --repeats 21`` (``benchmarks/results/sparse_recurrent_crossover.md``): a recurrent LIF layer's
+#: forward+backward with ``sparse=True`` ties the dense layer's at 60% spikes for the SHD size (T=250, batch 32, 256),
+#: at 35-60% for sequential MNIST's (T=28, batch 32, 256), not below 65% for a small layer (T=100, batch 8, 64); the
+#: constant sits below the lowest, as the linear layers' crossovers do.
 CROSSOVER_RECURRENT = 0.30
 
 # id(weight) -> (a weak reference to it, the spike rate of its last call with sparse="auto")
