@@ -497,6 +497,7 @@ def test_sparse_auto_picks_by_the_spike_rate(monkeypatch):
             sparse_cpu, name, lambda *a, f=getattr(sparse_cpu, name), name=name: calls.append(name) or f(*a)
         )
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
     x = spikes((4, 3, 50), seed=7, p=0.2)
     for forward, weight_grad, expected in (
         (0.3, 0.3, ["linear", "weight_grad"]),
@@ -605,6 +606,7 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
         sparse_cpu.CSRLinearFunction, "apply", lambda *a, f=sparse_cpu.CSRLinearFunction.apply: calls.append(1) or f(*a)
     )
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
     x = counts((4, 3, 50), seed=13, p=0.2)
     for crossover, expected in ((0.3, [1]), (0.1, [])):
         monkeypatch.setattr(sparse_cpu, "CROSSOVER_VALUES", crossover)
@@ -630,6 +632,7 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     assert len(products) == 4  # nn.Linear's and the layer's, for counts and spikes
     monkeypatch.setattr(bitpack, "_pack_new", pack)
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
     with torch.no_grad():
         assert torch.equal(mine(x), ref(x))
     assert calls == []
@@ -642,6 +645,7 @@ def test_sparse_auto_checks_a_layer_fed_values_by_its_count_first(monkeypatch):
     from spikefuse.ops import bitpack, sparse_cpu
 
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
     x = counts((4, 3, 50), seed=14, p=0.05)
     x.view(-1)[0] = 2.0
     ref, mine, a, b = run_sparse("auto", x, 50, 5)  # the first call finds values by the failed packing
@@ -760,6 +764,7 @@ def test_sparse_grad_auto_counts_and_picks(monkeypatch):
     made = []
     monkeypatch.setattr(sparse_cpu, "to_csr", lambda x, c=None, f=sparse_cpu.to_csr: made.append(x.shape) or f(x, c))
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
+    monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
     x = spikes((4, 3, 50), seed=7, p=0.2)
     for crossover, expected in ((0.3, [(12, 6)]), (0.1, [])):
         monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", crossover)

@@ -263,11 +263,12 @@ class SpikeLinear(nn.Linear):
     increasing input (forward) or row (weight gradient) order; the input gradient stays the dense product.
     ``"auto"`` measures the spike rate of every call from the bits and takes the sparse product below the
     crossover rates measured on this machine (``sparse_cpu.CROSSOVER_FORWARD``, ``CROSSOVER_WEIGHT_GRAD``), the
-    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` (keeping for backward an input
-    whose bits no neuron kernel made as it is, as ``nn.Linear`` does: checking it to keep bits would cost a pass) and
-    wherever the sparse one cannot run; it counts only bits it has without a pass over the input (a neuron kernel's,
-    or those the layer packs to keep for backward), so without a weight gradient to keep it takes the sparse product
-    only for spikes whose bits were made before. ``False`` (the default): torch's product, bit-identical to ``nn.Linear``.
+    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` or fewer multiply-adds than
+    ``CROSSOVER_WORK`` (keeping for backward an input whose bits no neuron kernel made as it is, as ``nn.Linear``
+    does: checking it to keep bits would cost a pass) and wherever the sparse one cannot run; it counts only bits it
+    has without a pass over the input (a neuron kernel's, or those the layer packs to keep for backward), so without
+    a weight gradient to keep it takes the sparse product only for spikes whose bits were made before. ``False``
+    (the default): torch's product, bit-identical to ``nn.Linear``.
 
     Inputs with values: on the CPU, ``True`` and ``"auto"`` take an input the packing finds not binary (framed
     events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.sparse_cpu.to_csr`, kept for
@@ -373,7 +374,9 @@ class SpikeLinear(nn.Linear):
                 "sparse='auto' (the dense product wherever the sparse ones cannot run) or sparse=False"
             )
         # a product this small is over before the sparse one's per-call costs are: auto takes the dense products
-        small = auto and math.prod(x.shape[:-1]) < sparse_cpu.CROSSOVER_ROWS
+        rows = math.prod(x.shape[:-1])
+        work = rows * self.in_features * self.out_features
+        small = auto and (rows < sparse_cpu.CROSSOVER_ROWS or work < sparse_cpu.CROSSOVER_WORK)
         x2 = x.reshape(-1, self.in_features)
         bits = bitpack.spike_bits(x2)
         if bits is None:

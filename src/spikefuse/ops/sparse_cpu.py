@@ -75,6 +75,7 @@ __all__ = [
     "CROSSOVER_FORWARD",
     "CROSSOVER_WEIGHT_GRAD",
     "CROSSOVER_ROWS",
+    "CROSSOVER_WORK",
     "linear",
     "weight_grad",
     "spike_count",
@@ -114,6 +115,12 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 CROSSOVER_FORWARD = 0.30
 CROSSOVER_WEIGHT_GRAD = 0.25
 CROSSOVER_ROWS = 256
+#: ... and at least this many multiply-adds (``rows * in_features * out_features``): the smallest product the sparse one
+#: was measured to pay on, [256 x 256] -> 256 (``sparse_crossover.md``). On sequential MNIST ``spikefuse train --model
+#: srnn --sparse auto`` ran 0.94x dense samples/s (``benchmarks/results/sparse_smnist.md``) with every row count above
+#: ``CROSSOVER_ROWS`` but products too small for the per-call costs: the readout [1792 x 256] -> 10 (4.6 M) and the
+#: input layer [1792 x 28] -> 256 (12.8 M).
+CROSSOVER_WORK = 256**3
 #: Where ``SpikeLinear(sparse="auto")`` takes the products of an input with values (:class:`CSR`): at least
 #: ``CROSSOVER_ROWS`` rows and a share of nonzero entries below this, forward and weight gradient together (the CSR is
 #: built for both). Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_values_crossover.py --threads 2
