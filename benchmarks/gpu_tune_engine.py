@@ -26,7 +26,8 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from spikefuse.neurons import ALIF_MODEL, LIF_MODELS  # noqa: E402
+from spikefuse.neurons import ALIF_MODEL, LIF_MODELS, neuron_spec  # noqa: E402
+from spikefuse.ops.engine import NeuronInputs  # noqa: E402
 from spikefuse.ops.engine import triton as engine_triton  # noqa: E402
 from spikefuse.surrogate import Sigmoid  # noqa: E402
 
@@ -65,14 +66,14 @@ def main() -> None:
         params = [torch.full((1,), float(values[p]), device="cuda") for p in model.params]
         init = [torch.zeros(1, device="cuda") for _ in model.states]
         grad_final = [torch.zeros(1, device="cuda") for _ in model.states]
-        surrogate = Sigmoid(4.0)
+        neuron, inputs = neuron_spec(model, Sigmoid(4.0)), NeuronInputs(x, params, init)
         need = [False] * len(model.params)
 
         def forward():
-            return engine_triton.forward(model, x, params, 1, init, surrogate, False)[0]
+            return engine_triton.forward(neuron, inputs)[0]
 
         def backward():
-            return engine_triton.backward(model, gy, grad_final, x, params, 1, init, surrogate, False, need)[0]
+            return engine_triton.backward(neuron, inputs, gy, grad_final, need)[0]
 
         want = (forward().clone(), backward().clone())
         modules = {stages: variant(model, stages) for stages in (None, 2, 3)}

@@ -25,7 +25,8 @@ import torch
 
 from spikefuse.functional import run_lif
 from spikefuse.neurons import LIF_MODELS, SPIKINGJELLY_MODELS, SPIKINGJELLY_PRE_RESET_MODELS
-from spikefuse.neurons.lif import LIFNeuron
+from spikefuse.neurons.lif import lif_spec
+from spikefuse.neurons.spec import NeuronSpec
 from spikefuse.ops.numerics import compute_dtype
 from spikefuse.ops.engine.reference import _Fire
 from spikefuse.surrogate import Sigmoid, Surrogate
@@ -37,7 +38,7 @@ CHARGE_MUL, CHARGE_IF, CHARGE_DIV_INPUT, CHARGE_DIV, CHARGE_MUL_INPUT = "mul", "
 
 
 @dataclass(frozen=True)
-class NeuronSpec:
+class LIFCase:
     threshold: float = 1.0
     v_reset: float = 0.0
     reset: str = HARD
@@ -51,21 +52,30 @@ class NeuronSpec:
     def fire_strict(self) -> bool:
         return self.dynamics == SNNTORCH
 
-    def neuron(self) -> LIFNeuron:
-        """The library's LIF definition of this spec, with its constants."""
+    def neuron(self, backend: str = "auto", memory: str = "potential") -> NeuronSpec:
+        """The library's LIF definition of this spec, with its constants and settings."""
         if self.dynamics == SPIKINGJELLY:
             models = SPIKINGJELLY_MODELS if self.state_post_reset else SPIKINGJELLY_PRE_RESET_MODELS
             model = models[(self.reset, self.charge)]
         else:
             model = LIF_MODELS[(self.dynamics, self.reset)]
-        return LIFNeuron(model, self.threshold, self.v_reset, self.reset == HARD, self.surrogate, self.detach_reset)
+        return lif_spec(
+            model,
+            self.threshold,
+            self.v_reset,
+            self.reset == HARD,
+            self.surrogate,
+            self.detach_reset,
+            backend=backend,
+            memory=memory,
+        )
 
 
-def fire(h: torch.Tensor, spec: NeuronSpec) -> torch.Tensor:
+def fire(h: torch.Tensor, spec: LIFCase) -> torch.Tensor:
     return _Fire.apply(h - spec.threshold, spec.surrogate, spec.fire_strict)
 
 
-def post_reset(h: torch.Tensor, s: torch.Tensor, spec: NeuronSpec) -> torch.Tensor:
+def post_reset(h: torch.Tensor, s: torch.Tensor, spec: LIFCase) -> torch.Tensor:
     if spec.reset == HARD:
         return s * spec.v_reset + (1 - s) * h
     if spec.reset == SOFT:
@@ -73,7 +83,7 @@ def post_reset(h: torch.Tensor, s: torch.Tensor, spec: NeuronSpec) -> torch.Tens
     return h
 
 
-def step(h: torch.Tensor, s: torch.Tensor, x: torch.Tensor, k: torch.Tensor, spec: NeuronSpec) -> torch.Tensor:
+def step(h: torch.Tensor, s: torch.Tensor, x: torch.Tensor, k: torch.Tensor, spec: LIFCase) -> torch.Tensor:
     """One step of ``h[t] = step(h[t-1], s[t-1], x[t])``."""
     if spec.detach_reset:
         s = s.detach()
@@ -102,7 +112,7 @@ def step(h: torch.Tensor, s: torch.Tensor, x: torch.Tensor, k: torch.Tensor, spe
     return u - (u - r) * k + x
 
 
-def loop(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, spec: NeuronSpec):
+def loop(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor, spec: LIFCase):
     """Differentiable serial loop over ``x2 [T, N]`` (``leak [C]``, neuron ``n`` using ``leak[(n // inner) % C]``;
     ``v_init`` ``[N]`` or ``[1]``): ``(spikes [T, N] in x2.dtype, state [N], h [T, N])``."""
     cdt = compute_dtype(x2.dtype)
@@ -122,11 +132,11 @@ def loop(x2: torch.Tensor, leak: torch.Tensor, inner: int, v_init: torch.Tensor,
     return torch.stack(spikes), state, torch.stack(potentials)
 
 
-def run(x, leak, spec: NeuronSpec, *, v_init=None, backend: str = "spec", memory: str = "potential"):
+def run(x, leak, spec: LIFCase, *, v_init=None, backend: str = "spec", memory: str = "potential"):
     """``(spikes, state)`` of ``spec`` over ``x [T, *]``: the loop of this module for ``backend="spec"``, else the
     library's runner of the spec's LIF definition on ``backend``."""
     if backend != "spec":
-        return run_lif(x, leak, spec.neuron(), v_init=v_init, backend=backend, memory=memory)
+        return run_lif(x, leak, spec.neuron(backend, memory), v_init=v_init)
     cdt = compute_dtype(x.dtype)
     k = leak.reshape(-1).to(cdt) if isinstance(leak, torch.Tensor) else torch.full((1,), float(leak), dtype=cdt)
     n = math.prod(x.shape[1:])

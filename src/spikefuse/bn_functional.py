@@ -19,10 +19,11 @@ from .validation import (
     check_no_functorch,
     check_v_init,
     leak_tensor,
-    paper_lif,
     resolve_neuron,
 )
 from .neurons import NeuronModel
+from .neurons.lif import paper_lif
+from .neurons.spec import neuron_spec
 from .batchnorm import autograd as _bn_autograd
 from .surrogate import Sigmoid
 
@@ -101,7 +102,7 @@ def _checked(
     check_no_functorch(
         "the fused BatchNorm+LIF op", "use torch.nn.BatchNorm and spikefuse.lif(..., backend='reference')"
     )
-    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
+    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset, backend=backend)
     check_decay(decay)
     k = leak_tensor(decay, x, "decay")
     inner = channel_layout(x.shape, k.numel())  # validates a per-channel decay against dim 2
@@ -234,7 +235,7 @@ def batchnorm_neuron(
         bool(training),
         float(momentum),
         float(eps),
-        _bn_autograd.bound_neuron_key(model, surrogate, detach_reset),
+        neuron_spec(model, surrogate, detach_reset).op_key,
         tensors,
         init,
         inner,
@@ -437,7 +438,7 @@ def conv_batchnorm_neuron(
         "the fused conv+BatchNorm+neuron op",
         "use torch.nn.Conv, BatchNorm and spikefuse.neuron(..., backend='reference')",
     )
-    key = _bn_autograd.bound_neuron_key(model, surrogate, detach_reset)
+    key = neuron_spec(model, surrogate, detach_reset).op_key
     batchnorm = (running_mean, running_var, weight, bias, training, momentum, eps)
     spikes, *final = _conv_then(x, conv_weight, conv_bias, conv, z, batchnorm, (key, init, inner, concrete), tensors)
     return (spikes, tuple(final)) if return_state else spikes

@@ -9,56 +9,44 @@ import math
 import torch
 
 from . import ops
-from .neurons.lif import LIFNeuron
+from .neurons.lif import lif_initial, lif_params, paper_lif
+from .neurons.spec import NeuronSpec
 from .ops.engine import autograd as _engine_autograd
 from .surrogate import Sigmoid
 from .validation import (
     channel_layout,
     check_decay,
     check_input,
-    check_memory_mode,
     check_no_functorch,
     check_v_init,
     leak_tensor,
-    paper_lif,
 )
 
 __all__ = ["lif", "if_neuron", "run_lif"]
 
 
-def run_lif(x, decay, neuron: LIFNeuron, *, v_init=None, backend: str = "auto", memory: str = "potential"):
-    """Run the LIF of ``neuron`` (:class:`~spikefuse.neurons.lif.LIFNeuron`: one of the paper's, snnTorch's or
-    SpikingJelly's LIF definitions with its constants) over ``x`` of shape ``[T, *]``; returns ``(spikes, state)``.
-    The runner of :func:`lif` and of the modules that hold another LIF form (``compat.spikingjelly``, the NIR
-    modules).
+def run_lif(x, decay, neuron: NeuronSpec, *, v_init=None):
+    """Run the LIF ``neuron`` (a :func:`~spikefuse.neurons.lif.lif_spec`: one of the paper's, snnTorch's or
+    SpikingJelly's LIF definitions with its constants and settings) over ``x`` of shape ``[T, *]``; returns
+    ``(spikes, state)``. The runner of :func:`lif` and of the modules that hold another LIF form
+    (``compat.spikingjelly``, the NIR modules).
 
     ``decay`` is the definition's ``decay`` (a number, or a scalar / per-channel tensor that may require grad).
     ``state`` has shape ``x.shape[1:]`` and continues the sequence exactly when passed back as ``v_init``.
     """
     check_input(x)
-    concrete = ops.resolve_backend(backend, x.device)
+    concrete = ops.resolve_backend(neuron.backend, x.device)
     if concrete != "reference":
         check_no_functorch(f"the fused {concrete!r} kernels")
-    check_memory_mode(memory)
     k = leak_tensor(decay, x, "decay")
     t_steps, trailing = x.shape[0], x.shape[1:]
     inner = channel_layout(x.shape, k.numel())
     if v_init is not None:
         check_v_init(v_init, x)
-    v0 = neuron.initial_potential(v_init, x)
-    params = neuron.params(k)  # also checks the threshold and v_reset in the dtype the neurons compute in
+    init = lif_initial(neuron, v_init, x)
+    params = lif_params(neuron, k)  # also checks the threshold and v_reset in the dtype the neurons compute in
     x2 = x.reshape(t_steps, math.prod(trailing))
-    spikes, state = _engine_autograd.neuron(
-        x2.contiguous(),
-        params,
-        [v0],
-        inner,
-        neuron.model,
-        neuron.surrogate,
-        neuron.detach_reset,
-        concrete,
-        save=memory == "potential",
-    )
+    spikes, state = _engine_autograd.neuron(x2.contiguous(), params, init, inner, neuron, concrete)
     return spikes.reshape(x.shape), state.reshape(trailing)
 
 
@@ -88,9 +76,9 @@ def lif(
 
     Returns the spikes (dtype and shape of ``x``), and with ``return_state=True`` also the state.
     """
-    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset)
+    neuron = paper_lif(threshold, v_reset, surrogate, detach_reset, backend=backend, memory=memory)
     check_decay(decay)
-    spikes, state = run_lif(x, decay, neuron, v_init=v_init, backend=backend, memory=memory)
+    spikes, state = run_lif(x, decay, neuron, v_init=v_init)
     return (spikes, state) if return_state else spikes
 
 

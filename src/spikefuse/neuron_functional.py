@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .neurons import NeuronModel
+from .neurons.spec import neuron_spec
 from .ops.engine import autograd as engine_autograd
 from .surrogate import Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
@@ -44,13 +45,12 @@ def neuron(
     check_input(x)
     check_memory_mode(memory)
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, state, backend, params)
+    spec = neuron_spec(model, surrogate, detach_reset, backend=backend, memory=memory)
     t_steps = x.shape[0]
     x2 = x.reshape(t_steps, -1)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    out = engine_autograd.neuron(
-        x2, tensors, init, inner, model, surrogate, bool(detach_reset), concrete, memory == "potential"
-    )
+    out = engine_autograd.neuron(x2, tensors, init, inner, spec, concrete)
     spikes = out[0].reshape(x.shape)
     if not return_state:
         return spikes

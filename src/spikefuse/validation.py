@@ -9,8 +9,8 @@ import numbers
 
 import torch
 
-from .neurons.lif import LIF_MODELS, LIFNeuron
 from .neurons.model import NeuronModel
+from .neurons.spec import MEMORY_MODES, check_memory_mode
 from .ops import resolve_backend
 from .ops.numerics import compute_dtype, finite, in_compute_dtype
 from .ops.engine import DTYPES as ENGINE_DTYPES
@@ -26,18 +26,9 @@ __all__ = [
     "check_decay",
     "check_no_functorch",
     "check_memory_mode",
-    "paper_lif",
     "resolve_neuron",
     "MEMORY_MODES",
 ]
-
-#: ``memory=`` of the neuron layers: keep every step's states for backward, or only the input and recompute them.
-MEMORY_MODES = ("potential", "recompute")
-
-
-def check_memory_mode(memory: str) -> None:
-    if memory not in MEMORY_MODES:
-        raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
 
 
 def channel_layout(shape: torch.Size, channels: int) -> int:
@@ -148,32 +139,6 @@ def check_decay(decay, name: str = "decay") -> None:
 def check_no_functorch(what: str, remedy: str = "use backend='reference' (plain PyTorch ops) under torch.func") -> None:
     if checks_values() and torch._C._are_functorch_transforms_active():
         raise RuntimeError(f"torch.func transforms (grad, vmap, jacrev, ...) cannot look inside {what}; {remedy}")
-
-
-def paper_lif(threshold, v_reset, surrogate, detach_reset) -> LIFNeuron:
-    """The paper's LIF (hard reset to ``v_reset``, or soft for None), with its parameter ranges: Eq. (1) leaks toward
-    0, so the resting potential is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >=
-    threshold`` would fire forever."""
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
-        raise TypeError(f"threshold must be a number, got {threshold!r}")
-    if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
-        raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
-    if finite(threshold) and threshold <= 0:
-        raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
-    if v_reset is not None and finite(v_reset) and finite(threshold) and v_reset >= threshold:
-        raise ValueError(
-            f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
-            "v_reset would fire again at once"
-        )
-    hard = v_reset is not None
-    return LIFNeuron(
-        LIF_MODELS[("paper", "hard" if hard else "soft")],
-        threshold=float(threshold),
-        v_reset=float(v_reset) if hard else 0.0,
-        hard_reset=hard,
-        surrogate=resolve(surrogate),
-        detach_reset=bool(detach_reset),
-    )
 
 
 def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torch.Tensor:

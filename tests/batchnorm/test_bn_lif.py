@@ -40,7 +40,7 @@ def _well_posed_input(shape, seed, decay=0.5):
         g = torch.Generator().manual_seed(seed * 1000 + attempt)
         x = torch.randn(shape, generator=g) * 2 + 0.5
         y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
-        h = lif_spec.loop(y, torch.tensor([decay]), 1, torch.zeros(y.shape[1]), lif_spec.NeuronSpec(THRESHOLD))[2]
+        h = lif_spec.loop(y, torch.tensor([decay]), 1, torch.zeros(y.shape[1]), lif_spec.LIFCase(THRESHOLD))[2]
         # gamma/beta below stay close to 1/0; check a band around the threshold wide enough for them
         if ((h - THRESHOLD).abs() > MARGIN).all() and ((h * 0.9 + 0.05 - THRESHOLD).abs() > MARGIN).all():
             return x
@@ -268,7 +268,7 @@ def _well_posed_residual_pair(shape, seed, binary, dtype):
             res = (torch.randn(shape, generator=g) * 0.5).to(dtype)
         y = nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).reshape(shape[0], -1)
         y = y + res.reshape(shape[0], -1)
-        spec = lif_spec.NeuronSpec(THRESHOLD)
+        spec = lif_spec.LIFCase(THRESHOLD)
         h = lif_spec.loop(y, torch.tensor([0.5], dtype=dtype), 1, torch.zeros(y.shape[1], dtype=dtype), spec)[2]
         if ((h - THRESHOLD).abs() > MARGIN).all():
             return x, res
@@ -446,7 +446,7 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
         assert bits is not None and torch.equal(bits, bitpack.pack_torch(spikes))
     assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
     assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
-    neuron, params, init = autograd.lif_neuron(lif_spec.NeuronSpec(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
+    neuron, params, init = autograd.lif_neuron(lif_spec.LIFCase(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
     op_body = autograd._forward_impl(
         x.flatten(0, 1),
         None if res is None else res.flatten(0, 1),

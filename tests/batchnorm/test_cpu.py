@@ -9,9 +9,10 @@ spikes of the recomputation would no longer be the forward's).
 import pytest
 import torch
 
-from spikefuse.neurons import LIF_MODELS
+from spikefuse.neurons import LIF_MODELS, neuron_spec
 from spikefuse.batchnorm import cpu as batchnorm_cpu
 from spikefuse.ops.bitpack import pack
+from spikefuse.ops.engine import NeuronInputs
 from spikefuse.ops.engine import cpu as engine_cpu
 from spikefuse.surrogate import Sigmoid
 
@@ -105,16 +106,11 @@ def test_bad_input():
         source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2, residual_bits=bad_bits))
     one, zero = torch.ones(1), torch.zeros(1)
     with pytest.raises(ValueError, match="src and overwrite_x need the states recomputed"):
-        engine_cpu.launch_backward(
-            LIF_MODELS[("paper", "hard")],
+        engine_cpu.backward(
+            neuron_spec(LIF_MODELS[("paper", "hard")], Sigmoid()),
+            NeuronInputs(x.reshape(1, -1), [one, one, zero], [zero]),
             torch.zeros(1, 24),
             [zero],
-            x.reshape(1, -1),
-            [one, one, zero],
-            1,
-            [zero],
-            Sigmoid(),
-            False,
             [False] * 3,
             saved=[torch.zeros(1, 24)],
             src=source(x.reshape(1, -1), batchnorm_cpu.Normalization(mean, invstd, None, None, 2)),

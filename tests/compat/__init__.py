@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spikefuse.neurons.lif import LIFNeuron
-from spikefuse.ops.engine import reference
+from spikefuse.neurons.lif import lif_initial, lif_params
+from spikefuse.neurons.spec import NeuronSpec
+from spikefuse.ops.engine import NeuronInputs, reference
 
 
 # Every test runs on the oracle and on the fused CPU kernels.
@@ -19,7 +20,7 @@ GRAD_TOL = dict(rtol=1e-5, atol=1e-6)
 def away_from_threshold(
     x: torch.Tensor,
     leak,
-    neuron: LIFNeuron,
+    neuron: NeuronSpec,
     v_init: torch.Tensor | None = None,
     margin: float = 1e-3,
     nudge: float = 1e-2,
@@ -33,14 +34,12 @@ def away_from_threshold(
     x = x.detach().clone().contiguous()
     t_steps, n = x.shape[0], x[0].numel()
     k = torch.as_tensor(leak, dtype=x.dtype).detach().reshape(-1)
-    v0 = neuron.initial_potential(None if v_init is None else v_init.detach(), x)
+    init = lif_initial(neuron, None if v_init is None else v_init.detach(), x)
     x2 = x.view(t_steps, n)
     for _ in range(200):
         with torch.no_grad():
-            _, _, (h,) = reference.forward(
-                neuron.model, x2, neuron.params(k), 1, [v0], neuron.surrogate, neuron.detach_reset, save=True
-            )
-        close = (h - neuron.threshold).abs() <= margin
+            _, _, (h,) = reference.forward(neuron, NeuronInputs(x2, lif_params(neuron, k), init), save=True)
+        close = (h - neuron.constant("threshold")).abs() <= margin
         if not close.any():
             return x
         t = int(close.any(dim=1).nonzero()[0, 0])

@@ -149,7 +149,11 @@ def test_other_surrogates(backend, make):
     x = _inputs(ours, seed=11, v0=v0)
     # Rect's window edges |u| = 0.5/alpha = 0.625 are discontinuities too: keep potentials off them as well.
     neuron = ours.neuron()
-    shifted = [dataclasses.replace(neuron, threshold=neuron.threshold + d) for d in (0.0, 0.625, -0.625)]
+    threshold = neuron.constant("threshold")
+    shifted = [
+        dataclasses.replace(neuron, constants=(("threshold", threshold + d), ("v_reset", neuron.constant("v_reset"))))
+        for d in (0.0, 0.625, -0.625)
+    ]
     for _ in range(10):
         before = x.clone()
         for sp in shifted:

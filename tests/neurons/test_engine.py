@@ -30,7 +30,8 @@ from spikefuse.neurons import (
     SYNAPTIC_NO_DELAY_MODELS,
     NeuronModel,
 )
-from spikefuse.ops.engine import cpu, reference, triton
+from spikefuse.neurons.spec import neuron_spec
+from spikefuse.ops.engine import NeuronInputs, cpu, reference, triton
 from spikefuse.surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Triangle
 
 # Defined here, not in the package: an exponential integrate-and-fire neuron (Fourcaud-Trocme et al. 2003),
@@ -115,8 +116,9 @@ def _check(
 ):
     x, tensors, inner, init = _inputs(model, params, shape, dtype, seed, per_channel)
     ops = BACKENDS[backend]
-    spikes, final, saved = ops.forward(model, x, tensors, inner, init, surrogate, detach, save)
-    ref_spikes, ref_final, ref_saved = reference.forward(model, x, tensors, inner, init, surrogate, detach, save)
+    neuron, inputs = neuron_spec(model, surrogate, detach), NeuronInputs(x, tensors, init, inner)
+    spikes, final, saved = ops.forward(neuron, inputs, save=save)
+    ref_spikes, ref_final, ref_saved = reference.forward(neuron, inputs, save=save)
     assert torch.equal(spikes, ref_spikes), "spikes differ"
     transcendental = any(f"{name}(" in e for _, e in model.step for name in ("exp", "log"))
     for k, a, b in zip(model.states, final, ref_final):
@@ -131,12 +133,10 @@ def _check(
     grad_spikes = torch.rand(x.shape, generator=g, dtype=dtype)
     grad_final = [torch.rand(x.shape[1], generator=g, dtype=dtype) for _ in model.states]
     need = [need] * len(model.params)
-    got = ops.backward(
-        model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need, saved, overwrite
-    )
+    got = ops.backward(neuron, inputs, grad_spikes, grad_final, need, saved=saved, overwrite_saved=overwrite)
     if overwrite:
         assert got[0] is saved[0], "grad_x goes over the saved first state"
-    want = reference.backward(model, grad_spikes, grad_final, x, tensors, inner, init, surrogate, detach, need)
+    want = reference.backward(neuron, inputs, grad_spikes, grad_final, need)
     _close(got[0], want[0], "grad x")
     for k, a, b in zip(model.states, got[1], want[1]):
         _close(a, b, f"grad initial {k}")
@@ -265,15 +265,16 @@ def test_triton_backend_checks_its_tensors():
     x = torch.rand(3, 8)
     params = [torch.full((1,), 0.5) for _ in model.params]
     init = [torch.zeros(1) for _ in model.states]
+    neuron = neuron_spec(model, Sigmoid(4.0))
     assert triton.READS_HALF and not cpu.READS_HALF and not reference.READS_HALF
     with pytest.raises(TypeError, match="take float32, float64, float16 or bfloat16, got torch.int32"):
-        triton.forward(model, x.int(), params, 1, init, Sigmoid(4.0), False)
+        triton.forward(neuron, NeuronInputs(x.int(), params, init))
     with pytest.raises(
         ValueError, match="every parameter and initial-state tensor must be contiguous, of dtype torch.float32"
     ):  # a half input's parameters are float32
-        triton.forward(model, x.half(), [p.half() for p in params], 1, init, Sigmoid(4.0), False)
+        triton.forward(neuron, NeuronInputs(x.half(), [p.half() for p in params], init))
     with pytest.raises(ValueError, match="must be contiguous and of one dtype, got torch.float16 and torch.float32"):
-        triton.backward(model, x, [torch.zeros(1)] * 2, x.half(), params, 1, init, Sigmoid(4.0), False, [False] * 3)
+        triton.backward(neuron, NeuronInputs(x.half(), params, init), x, [torch.zeros(1)] * 2, [False] * 3)
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

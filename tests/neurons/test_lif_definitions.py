@@ -31,14 +31,14 @@ CASES = {  # (dynamics, reset) or ("spikingjelly", reset, charge) -> v_reset of 
 }
 
 
-def _spec_and_model(case, **spec_options) -> tuple[P.NeuronSpec, NeuronModel]:
+def _spec_and_model(case, **spec_options) -> tuple[P.LIFCase, NeuronModel]:
     """The spec of a case (as the layers build it) and its definition."""
     if case[0] == "spikingjelly":
         _, reset, charge = case
-        spec = P.NeuronSpec(reset=reset, dynamics=P.SPIKINGJELLY, charge=charge, state_post_reset=True, **spec_options)
+        spec = P.LIFCase(reset=reset, dynamics=P.SPIKINGJELLY, charge=charge, state_post_reset=True, **spec_options)
         return spec, SPIKINGJELLY_MODELS[(reset, charge)]
     dynamics, reset = case
-    return P.NeuronSpec(reset=reset, dynamics=dynamics, **spec_options), LIF_MODELS[case]
+    return P.LIFCase(reset=reset, dynamics=dynamics, **spec_options), LIF_MODELS[case]
 
 
 def _close(a, b, what):
@@ -146,7 +146,7 @@ def test_lif_layer_gives_the_reference_results():
     layer = spikefuse.nn.LIF(decay=0.7, threshold=0.6, learnable_decay=True, channels=4, stateful=True)
     x = torch.rand(5, 2, 4, 3, generator=torch.Generator().manual_seed(3))
     first, second = layer(x), layer(x)
-    spec = P.NeuronSpec(threshold=0.6, surrogate=layer.surrogate)
+    spec = P.LIFCase(threshold=0.6, surrogate=layer.surrogate)
     state = None
     for got in (first, second):
         spikes, state = P.run(x, layer.decay.detach(), spec, v_init=state)

@@ -123,8 +123,8 @@ def test_torch_compile_fullgraph_matches_eager(backend, memory):
 
 def test_engine_custom_ops_pass_opcheck():
     """torch.library.opcheck: schema, fake kernels against the real ones, autograd registration."""
+    from spikefuse.neurons import neuron_spec
     from spikefuse.ops.engine import autograd as E
-    from spikefuse.registry import register
     from spikefuse.surrogate import ATan
 
     x2 = torch.rand(4, 6, dtype=torch.float64)
@@ -134,21 +134,19 @@ def test_engine_custom_ops_pass_opcheck():
         torch.ones(1, dtype=torch.float64),
     ]
     init = [torch.rand(6, dtype=torch.float64, requires_grad=True), torch.zeros(1, dtype=torch.float64)]
-    model, surrogate = register(CUBA_LIF_ZERO), register(ATan(2.0))
-    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", False))
-    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, model, surrogate, False, "cpu", True))
+    potential = neuron_spec(CUBA_LIF_ZERO, ATan(2.0)).op_key
+    recompute = neuron_spec(CUBA_LIF_ZERO, ATan(2.0), memory="recompute").op_key
+    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, recompute, "cpu"))
+    torch.library.opcheck(E.engine_forward, (x2, params, init, 1, potential, "cpu"))
     # the backward op is not differentiable itself (double backward is refused): its inputs do not require grad
     grad_spikes = torch.rand(4, 6, dtype=torch.float64)
     grad_final = [torch.rand(6, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
     params, init = [p.detach() for p in params], [v.detach() for v in init]
+    need = [True, False, False]
+    torch.library.opcheck(E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, recompute, "cpu", need, []))
+    saved = E.engine_forward(x2, params, init, 1, potential, "cpu")[3:]
     torch.library.opcheck(
-        E.engine_backward,
-        (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False, "cpu", [True, False, False], []),
-    )
-    saved = E.engine_forward(x2, params, init, 1, model, surrogate, False, "cpu", True)[3:]
-    torch.library.opcheck(
-        E.engine_backward,
-        (grad_spikes, grad_final, x2, params, init, 1, model, surrogate, False, "cpu", [True, False, False], saved),
+        E.engine_backward, (grad_spikes, grad_final, x2, params, init, 1, potential, "cpu", need, saved)
     )
 
 

@@ -4,7 +4,7 @@ Used by ``tests/ops/test_cpu.py`` and ``tests/ops/test_shared_state.py``. Nothin
 simulation that keeps inputs away from the threshold uses :func:`tests.lif_spec.step`, the spec's oracle.
 
 - :func:`all_specs` enumerates every valid ``dynamics x reset x charge x detach_reset x surrogate`` combination
-  (``(id, NeuronSpec)`` pairs; :func:`spec_params` wraps them as ``pytest.param`` with those ids).
+  (``(id, LIFCase)`` pairs; :func:`spec_params` wraps them as ``pytest.param`` with those ids).
 - :func:`make_inputs` draws ``(x, leak, v_init)`` for a shape, spec and dtype such that every pre-reset potential
   ``h`` of the forward pass (and ``v_init`` where it fires) stays more than ``margin`` away from the threshold and
   from the discontinuities of the Rectangle surrogate, so tiny rounding differences between backends cannot flip a
@@ -65,7 +65,7 @@ def make_spec(
     surrogate: Surrogate,
     detach_reset: bool,
     variant: int = 0,
-) -> P.NeuronSpec:
+) -> P.LIFCase:
     """A spec with threshold / v_reset chosen by ``variant`` (so different cases exercise different constants)."""
     threshold = (1.0, 0.75, 1.25)[variant % 3]
     if reset == P.HARD and dynamics == P.PAPER:
@@ -74,7 +74,7 @@ def make_spec(
         v_reset = (0.0, 0.1, -0.2)[variant % 3]
     else:
         v_reset = 0.0  # snnTorch's reset is to zero; soft / no reset have no v_reset
-    return P.NeuronSpec(
+    return P.LIFCase(
         threshold=threshold,
         v_reset=v_reset,
         reset=reset,
@@ -86,7 +86,7 @@ def make_spec(
     )
 
 
-def spec_id(spec: P.NeuronSpec) -> str:
+def spec_id(spec: P.LIFCase) -> str:
     parts = [DYNAMICS_NAMES[spec.dynamics], RESET_NAMES[spec.reset]]
     if spec.dynamics == P.SPIKINGJELLY:
         parts.append(CHARGE_NAMES[spec.charge])
@@ -98,7 +98,7 @@ def spec_id(spec: P.NeuronSpec) -> str:
 
 def all_specs(
     surrogates: Sequence[Surrogate] = SURROGATES, detach: Sequence[bool] = (False, True)
-) -> Iterator[tuple[str, P.NeuronSpec]]:
+) -> Iterator[tuple[str, P.LIFCase]]:
     """Every valid combination, as ``(id, spec)``; threshold / v_reset vary deterministically across cases."""
     i = 0
     for dyn, reset, charge, spr in dynamics_combos():
@@ -116,7 +116,7 @@ def spec_params(**kwargs) -> list:
     return [pytest.param(spec, id=name) for name, spec in all_specs(**kwargs)]
 
 
-def leak_range(spec: P.NeuronSpec) -> tuple[float, float]:
+def leak_range(spec: P.LIFCase) -> tuple[float, float]:
     """A sensible range for the ``leak`` parameter ``k`` of a spec (tau for DIV charges, sigmoid(w) for MUL)."""
     if spec.dynamics == P.SPIKINGJELLY:
         if spec.charge in (P.CHARGE_DIV, P.CHARGE_DIV_INPUT):
@@ -127,7 +127,7 @@ def leak_range(spec: P.NeuronSpec) -> tuple[float, float]:
     return 0.4, 0.95
 
 
-def _input_gain(spec: P.NeuronSpec, k: torch.Tensor) -> torch.Tensor | float:
+def _input_gain(spec: P.LIFCase, k: torch.Tensor) -> torch.Tensor | float:
     """Scale of x so that the neuron fires now and then (compensates the 1/k or k of decay-input charges)."""
     if spec.dynamics == P.SPIKINGJELLY and spec.charge == P.CHARGE_DIV_INPUT:
         return k
@@ -143,7 +143,7 @@ def num_channels(shape: Sequence[int]) -> int:
     return shape[2] if len(shape) >= 3 else shape[1]
 
 
-def _too_close(h: torch.Tensor, spec: P.NeuronSpec, margin: float) -> torch.Tensor:
+def _too_close(h: torch.Tensor, spec: P.LIFCase, margin: float) -> torch.Tensor:
     """Potentials within ``margin`` of the threshold or of a Rectangle window edge."""
     u = h.double() - spec.threshold
     bad = u.abs() <= margin
@@ -157,7 +157,7 @@ def _too_close(h: torch.Tensor, spec: P.NeuronSpec, margin: float) -> torch.Tens
 
 def make_inputs(
     shape: Sequence[int],
-    spec: P.NeuronSpec,
+    spec: P.LIFCase,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     *,

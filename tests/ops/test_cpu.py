@@ -142,7 +142,7 @@ _LIF_CASES.append(pytest.param(Sigmoid(3.0), None, id="Sigmoid-soft"))
 @pytest.mark.parametrize("surrogate, v_reset", _LIF_CASES)
 @pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
 def test_lif_matches_reference(surrogate, v_reset, detach, memory):
-    spec = P.NeuronSpec(
+    spec = P.LIFCase(
         threshold=0.9,
         v_reset=v_reset or 0.0,
         reset=P.SOFT if v_reset is None else P.HARD,
@@ -222,7 +222,7 @@ def test_gradcheck_state_detached_reset(combo, per_channel):
 def test_surrogate_formula_on_grid(surrogate, dtype):
     """T=1, v_init=0 (no reset yet): grad_x = grad_spikes * surrogate'(x - threshold) -- each formula on a grid, on
     the paper's LIF with a learnable per-channel decay (in float64 the kernels of ``test_lif_matches_reference``)."""
-    spec = P.NeuronSpec(threshold=0.5, reset=P.HARD, surrogate=surrogate)
+    spec = P.LIFCase(threshold=0.5, reset=P.HARD, surrogate=surrogate)
     u = torch.linspace(-3, 3, 2001, dtype=torch.float64)
     u = u[(u.abs() - surrogate.params()[0]).abs() > 1e-6] if isinstance(surrogate, Rectangle) else u
     x = (u + 0.5).to(dtype).reshape(1, -1).requires_grad_()  # [T=1, C]

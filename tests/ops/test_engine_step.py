@@ -13,6 +13,7 @@ from spikefuse.neurons import (
     LIF_MODELS,
     SNNTORCH_NO_DELAY_MODELS,
     SPIKINGJELLY_MODELS,
+    neuron_spec,
 )
 from spikefuse.ops.nonfinite import NonFiniteError
 from spikefuse.ops.engine import reference, step
@@ -65,7 +66,7 @@ def _leaves(x, x_rec, params, states):
 def test_step_equals_the_reference(name, detach_reset, recurrent):
     model, surrogate = MODELS[name], ATan(2.0)
     x, x_rec, params, states = _inputs(model, (3, 5), torch.float32, per_neuron=True, recurrent=recurrent, seed=1)
-    got = step.step(model, x, params, states, surrogate, detach_reset, x_rec=x_rec)
+    got = step.step(neuron_spec(model, surrogate, detach_reset), x, params, states, x_rec=x_rec)
     want = _reference(model, x, x_rec, params, states, surrogate, detach_reset)
     assert 0 < float(got[0].detach().mean()) < 1, "degenerate input: all or no spikes"
     for a, b in zip(got, want):
@@ -91,7 +92,7 @@ def test_step_gradcheck_in_float64(name):
     k = len(params)
 
     def new_states(x, x_rec, *rest):
-        return tuple(step.step(model, x, list(rest[:k]), list(rest[k:]), surrogate, True, x_rec=x_rec)[1:])
+        return tuple(step.step(neuron_spec(model, surrogate, True), x, list(rest[:k]), list(rest[k:]), x_rec=x_rec)[1:])
 
     assert torch.autograd.gradcheck(new_states, (x, x_rec, *params, *states), eps=1e-6, atol=1e-8, rtol=1e-6)
 
@@ -100,13 +101,13 @@ def test_odd_shapes_one_neuron_and_half_precision():
     model, surrogate = MODELS["cuba_lif"], ATan(2.0)
     for shape in [(1,), (1, 1), (2, 3, 5, 7)]:
         x, _, params, states = _inputs(model, shape, torch.float32, per_neuron=False, recurrent=False, seed=3)
-        got = step.step(model, x, params, states, surrogate, False)
+        got = step.step(neuron_spec(model, surrogate, False), x, params, states)
         want = _reference(model, x, None, params, states, surrogate, False)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     x = torch.rand(4, 6, dtype=torch.float16) * 2
     states = [torch.rand(4, 6) for _ in model.states]
     params = [torch.tensor(0.5), torch.tensor(0.8), torch.tensor(0.7)][: len(model.params)]
-    spikes, *new = step.step(model, x, params, states, surrogate, True)
+    spikes, *new = step.step(neuron_spec(model, surrogate, True), x, params, states)
     want = _reference(model, x.float(), None, params, states, surrogate, True)
     assert spikes.dtype == torch.float16 and torch.equal(spikes.float(), want[0])
     assert all(v.dtype == torch.float32 and torch.equal(v, w) for v, w in zip(new, want[1:]))
@@ -118,17 +119,17 @@ def test_non_finite_input_is_refused_by_name():
     bad = x.detach().clone()
     bad[1, 2] = float("nan")
     with pytest.raises(NonFiniteError, match="NaN"):
-        step.step(model, bad, params, states, surrogate, True)
+        step.step(neuron_spec(model, surrogate, True), bad, params, states)
     states[0] = states[0].detach().clone()
     states[0][0, 0] = float("inf")
     with pytest.raises(NonFiniteError):
-        step.step(model, x, params, states, surrogate, True)
+        step.step(neuron_spec(model, surrogate, True), x, params, states)
 
 
 def test_states_are_tensors_of_their_own_and_double_backward_is_refused():
     model, surrogate = MODELS["leaky_subtract"], ATan(2.0)
     x, _, params, states = _inputs(model, (2, 4), torch.float32, per_neuron=False, recurrent=False, seed=5)
-    spikes, v = step.step(model, x, params, states, surrogate, True)
+    spikes, v = step.step(neuron_spec(model, surrogate, True), x, params, states)
     assert v._base is None  # detachable in place (snnTorch's detach_hidden)
     with pytest.raises(RuntimeError, match="double backward .* first-order gradients only"):
         torch.autograd.grad(spikes.sum() + v.sum(), x, create_graph=True)

@@ -16,7 +16,7 @@ SHAPE = (5, 3, 4, 6)  # T, B, C, L
 
 
 # Bytes of the threshold and v_reset saved for backward: the LIF's definition on the neuron engine
-# (:class:`spikefuse.neurons.lif.LIFNeuron`) takes them as float32 tensors of one element.
+# (:func:`spikefuse.neurons.lif.lif_params`) takes them as float32 tensors of one element.
 CONSTANTS = 8
 
 

@@ -1,10 +1,11 @@
 """BatchNorm (plus an optional residual) fused with a spiking neuron, saving only the BN input ``x`` (and the
 residual) for backward (Liang et al., Alg. 1-4).
 
-The neuron is any neuron of the engine (:class:`BoundNeuron`: a :class:`~spikefuse.neurons.NeuronModel`, its
-surrogate and ``detach_reset``; the LIF of :func:`spikefuse.batchnorm_lif` is one of its definitions,
-:class:`spikefuse.neurons.lif.LIFNeuron`), on any of the engine's backends, its reference too. The op takes it as a
-key, and its parameters and initial states as lists of tensors.
+The neuron is any neuron of the engine (a :class:`~spikefuse.neurons.NeuronSpec`: a
+:class:`~spikefuse.neurons.NeuronModel` with its surrogate and ``detach_reset``; the LIF of
+:func:`spikefuse.batchnorm_lif` is one of its definitions, :func:`spikefuse.neurons.lif.lif_spec`), on any of the
+engine's backends, its reference too. The op takes it as a key, and its parameters and initial states as lists of
+tensors.
 
 Forward (``[T, B, C, ...]`` input ``x``, the conv/FC output), one custom op ``spikefuse::bn_lif_forward``:
 
@@ -34,7 +35,7 @@ Backward (``spikefuse::bn_lif_backward``):
 
 1. recompute ``y`` plus the residual (unpacked from bits when packed) and from it the neuron's states, and run the
    neuron's ``backward``, which returns ``grad_y`` (and the parameters' and initial states' gradients). The cpu
-   backend in training mode does all of it in its neuron kernel (:meth:`BoundNeuron.backward_cpu`: each block of
+   backend in training mode does all of it in its neuron kernel (:func:`_neuron_backward` with the normalization: each block of
    neurons normalizes its rows from the saved ``mean``/``invstd`` with torch's formula into a tile in cache, see
    :func:`spikefuse.batchnorm.cpu.source_tile`, bit-identical), so backward holds one tensor of ``x``'s size,
    ``grad_y``. Elsewhere the same BatchNorm call runs again into a transient (training: the statistics
@@ -51,33 +52,29 @@ Backward (``spikefuse::bn_lif_backward``):
    on a GPU too.
 
 Every backend works through the engine's common ``forward``/``backward`` entry points; the cpu backend's own options
-(the normalization inside its kernels, the spike bits) go through its ``launch_forward``/``launch_backward``,
-called by name (:meth:`BoundNeuron.forward_cpu`, :meth:`BoundNeuron.backward_cpu`). Both ops are
+(the normalization inside its kernels, the spike bits) are keywords of its entry points, given by
+:func:`_neuron_forward` and :func:`_neuron_backward` on that backend alone. Both ops are
 ``torch.library`` custom ops with fake kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager
 calls run the same functions through a plain ``autograd.Function``, without the custom-op dispatch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 from torch import Tensor
 
-from ..neurons.lif import LIFNeuron
-from ..neurons.model import NeuronModel
+from ..neurons.lif import lif_initial, lif_params
+from ..neurons.spec import NeuronSpec
 from ..ops import engine
 from ..ops.bitpack import pack, packed_numel, unpack
 from ..ops.autograd_guards import refuse_double_backward
 from ..ops.numerics import compute_dtype
-from ..registry import OBJECTS, key_of, register
-from ..surrogate import Surrogate
+from ..registry import OBJECTS
 from . import cpu
 
 __all__ = [
-    "BoundNeuron",
-    "bound_neuron_key",
     "bn_neuron",
     "bn_lif",
     "bn_neuron_backward_from_stats",
@@ -86,149 +83,58 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class BoundNeuron:
-    """A neuron of the engine (:mod:`spikefuse.ops.engine`) bound to its surrogate and ``detach_reset``, as the op runs
-    it: ``params`` one tensor per parameter of ``model`` (``[1]`` or ``[C]``), ``init`` one per state (``[N]``, or
-    ``[1]`` shared by every neuron)."""
-
-    model: NeuronModel
-    surrogate: Surrogate
-    detach_reset: bool
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    def forward(self, backend: str, y2: Tensor, params: list, inner: int, init: list) -> tuple[Tensor, list]:
-        """``(spikes, final states)`` of the neurons on their input ``y2 [T, N]``, through the engine's entry
-        point."""
-        # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
-        # in its own dtype
-        kernels = engine.module(backend)
-        spikes, final, _ = kernels.forward(
-            self.model,
-            engine.stream(kernels, y2),
-            params,
-            inner,
-            init,
-            self.surrogate,
-            self.detach_reset,
-            spike_dtype=y2.dtype,
-        )
-        return spikes, final
-
-    def forward_cpu(
-        self,
-        x2: Tensor,
-        params: list,
-        inner: int,
-        init: list,
-        *,
-        normalization: cpu.Normalization | None,
-        spike_bits: bool,
-    ) -> tuple[Tensor, list]:
-        """:meth:`forward` on the cpu backend, with its own options
-        (:func:`spikefuse.ops.engine.cpu.launch_forward`): ``normalization`` given, ``x2`` is the raw input
-        ``[T*B, C, ...]`` merged and the kernel normalizes it (plus the residual) itself; ``spike_bits``: the kernel
-        also packs the spikes it writes."""
-        kernels = engine.module("cpu")
-        stream = engine.stream(kernels, x2)
-        spikes, final, _ = kernels.launch_forward(
-            self.model,
-            stream,
-            params,
-            inner,
-            init,
-            self.surrogate,
-            spike_dtype=x2.dtype,
-            src=None if normalization is None else cpu.source_args(stream, normalization),
-            spike_bits=spike_bits,
-        )
-        return spikes, final
-
-    def backward(
-        self,
-        backend: str,
-        grad_spikes: Tensor,
-        grad_final: list,
-        y2: Tensor,
-        params: list,
-        inner: int,
-        init: list,
-        need_param_grads: list,
-    ) -> tuple[Tensor, list, list]:
-        """``(grad_y, grad per state of init, grad per parameter)`` of the neurons on their input ``y2 [T, N]``, a
-        transient of the caller's that the backend may write ``grad_y`` over (``overwrite_x``), through the engine's
-        entry point."""
-        kernels = engine.module(backend)
-        return kernels.backward(
-            self.model,
-            engine.stream(kernels, grad_spikes),
-            grad_final,
-            engine.stream(kernels, y2),
-            params,
-            inner,
-            init,
-            self.surrogate,
-            self.detach_reset,
-            need_param_grads,
-            overwrite_x=True,
-        )
-
-    def backward_cpu(
-        self,
-        grad_spikes: Tensor,
-        grad_final: list,
-        x2: Tensor,
-        normalization: cpu.Normalization,
-        params: list,
-        inner: int,
-        init: list,
-        need_param_grads: list,
-    ) -> tuple[Tensor, list, list]:
-        """:meth:`backward` on the cpu backend whose kernel normalizes its input itself
-        (:func:`spikefuse.ops.engine.cpu.launch_backward`): ``x2`` is the raw input ``[T*B, C, ...]`` merged, read,
-        not written."""
-        kernels = engine.module("cpu")
-        return kernels.launch_backward(
-            self.model,
-            engine.stream(kernels, grad_spikes),
-            grad_final,
-            x2,
-            params,
-            inner,
-            init,
-            self.surrogate,
-            self.detach_reset,
-            need_param_grads,
-            src=cpu.source_args(x2, normalization),
-        )
+def _neuron_forward(
+    neuron: NeuronSpec,
+    backend: str,
+    x2: Tensor,
+    params: list,
+    inner: int,
+    init: list,
+    normalization: cpu.Normalization | None = None,
+    spike_bits: bool = False,
+) -> tuple[Tensor, list]:
+    """``(spikes, final states)`` of the neurons on their input ``x2 [T, N]``, through the engine's entry point
+    (saving nothing). On the cpu backend with its own options (:func:`spikefuse.ops.engine.cpu.forward`):
+    ``normalization`` given, ``x2`` is the raw input ``[T*B, C, ...]`` merged and the kernel normalizes it (plus the
+    residual) itself; ``spike_bits``: the kernel also packs the spikes it writes."""
+    # a half-precision input runs in float32 (converted where the backend does not read it as it is), its spikes
+    # in its own dtype
+    kernels = engine.module(backend)
+    stream = engine.stream(kernels, x2)
+    options = {}
+    if normalization is not None or spike_bits:
+        src = None if normalization is None else cpu.source_args(stream, normalization)
+        options = {"src": src, "spike_bits": spike_bits}
+    spikes, final, _ = kernels.forward(
+        neuron, engine.NeuronInputs(stream, params, init, inner), spike_dtype=x2.dtype, **options
+    )
+    return spikes, final
 
 
-def bound_neuron_key(model: NeuronModel, surrogate: Surrogate, detach_reset: bool) -> str:
-    """The key of an :class:`BoundNeuron` that :func:`bn_neuron` takes."""
-    parts = (key_of(model), key_of(surrogate), bool(detach_reset))
-    if torch.compiler.is_compiling():
-        return _bound_neuron_key(*parts)
-    key = _BOUND_NEURON_KEYS.get(parts)
-    if key is None:
-        key = _BOUND_NEURON_KEYS[parts] = _bound_neuron_key(*parts)
-    return key
-
-
-def _bound_neuron_key(model_key: str, surrogate_key: str, detach_reset: bool) -> str:
-    return register(BoundNeuron(OBJECTS[model_key], OBJECTS[surrogate_key], detach_reset))
-
-
-# Eager calls' keys of EngineNeurons by their parts' keys: the repr of a new BoundNeuron (its key) costs as much as a
-# small layer's kernel, and the parts' keys name registered objects, which stay registered.
-_BOUND_NEURON_KEYS: dict[tuple, str] = {}
-
-
-# torch.compile calls this as Python and takes its result as a constant (their arguments are strings and tuples
-# of numbers: dynamo of torch 2.11 cannot hand a frozen dataclass to such a function).
-_bound_neuron_key._dynamo_marked_constant = True
+def _neuron_backward(
+    neuron: NeuronSpec,
+    backend: str,
+    grads: tuple[Tensor, list],
+    x2: Tensor,
+    params: list,
+    inner: int,
+    init: list,
+    need_param_grads: list,
+    normalization: cpu.Normalization | None = None,
+) -> tuple[Tensor, list, list]:
+    """``(grad_y, grad per state of init, grad per parameter)`` of the neurons for ``grads`` (the spikes' and the
+    final states'), through the engine's entry point. ``x2``: the neurons' input ``[T, N]``, a transient of the
+    caller's that the backend may write ``grad_y`` over (``overwrite_x``); or, with ``normalization`` (the cpu
+    backend), the raw input ``[T*B, C, ...]`` merged, read, not written, which the kernel normalizes itself."""
+    kernels = engine.module(backend)
+    grad_spikes, grad_final = grads
+    if normalization is None:
+        inputs, options = engine.NeuronInputs(engine.stream(kernels, x2), params, init, inner), {"overwrite_x": True}
+    else:
+        inputs, options = engine.NeuronInputs(x2, params, init, inner), {"src": cpu.source_args(x2, normalization)}
+    return kernels.backward(
+        neuron, inputs, engine.stream(kernels, grad_spikes), grad_final, need_param_grads, **options
+    )
 
 
 # aten._batch_norm_impl_index's implementation numbers
@@ -314,7 +220,7 @@ def _forward(
     eager: bool,
 ) -> list[Tensor]:
     """BatchNorm of ``xb [T*B, C, ...]``, plus ``residual`` (shaped like ``xb``) when given, then the neuron
-    (``neuron``: the key of a :class:`BoundNeuron`); returns ``[spikes [T, N], mean,
+    (``neuron``: the key of a :class:`~spikefuse.neurons.NeuronSpec`); returns ``[spikes [T, N], mean,
     invstd, new_running_mean, new_running_var, residual_bits, *final states [N]]``. The running statistics are
     updated on copies (the op stays functional; the caller copies them back); in eval mode the copies are the
     snapshot backward normalizes with. ``residual_bits`` is the residual packed to bits with ``pack_residual``, else
@@ -323,7 +229,7 @@ def _forward(
     it writes for the layers that save them as bits."""
     # in training the cpu kernel (an option of its only) packs the spikes for the layers that save them as bits
     spike_bits = eager and training and backend == "cpu"
-    bound = OBJECTS[neuron]
+    spec = OBJECTS[neuron]
     bits = (
         pack(residual, reuse=eager)[0] if residual is not None and pack_residual else xb.new_empty(0, dtype=torch.uint8)
     )
@@ -331,8 +237,8 @@ def _forward(
         # the statistics alone, then BatchNorm (plus residual) inside the neuron kernel: no normalized copy of x
         mean, invstd, rm, rv = cpu.statistics(xb, running_mean, running_var, momentum, eps)
         norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual)
-        spikes, final = bound.forward_cpu(
-            xb.reshape(t_steps, -1), list(params), inner, list(init), normalization=norm, spike_bits=spike_bits
+        spikes, final = _neuron_forward(
+            spec, backend, xb.reshape(t_steps, -1), list(params), inner, list(init), norm, spike_bits
         )
     else:
         rm = running_mean.clone() if running_mean is not None else None
@@ -341,10 +247,7 @@ def _forward(
         if residual is not None:
             y += residual
         y2 = y.reshape(t_steps, -1)
-        if spike_bits:
-            spikes, final = bound.forward_cpu(y2, list(params), inner, list(init), normalization=None, spike_bits=True)
-        else:
-            spikes, final = bound.forward(backend, y2, list(params), inner, list(init))
+        spikes, final = _neuron_forward(spec, backend, y2, list(params), inner, list(init), spike_bits=spike_bits)
         del y, y2
     empty = xb.new_empty(0)
     return [spikes, mean, invstd, empty if rm is None else rm, empty if rv is None else rv, bits, *final]
@@ -454,22 +357,23 @@ def _backward_impl(
     parameter]``; unneeded ones are empty. The residual is ``residual`` or, when that is None and ``residual_bits``
     is not empty, those bits."""
     t_steps, n = grad_spikes.shape
-    bound = OBJECTS[neuron]
+    spec = OBJECTS[neuron]
     fused = _fused_batch_norm(backend, training, xb)
     if fused:
         # BatchNorm inside the neuron kernel's recompute, from the saved statistics (bit-identical to the forward's)
         bits = residual_bits if residual is None and residual_bits.numel() else None
         norm = cpu.Normalization(mean, invstd, weight, bias, math.prod(xb.shape[2:]), residual, bits)
         del residual
-        grad_y, grad_init, grad_params = bound.backward_cpu(
-            grad_spikes,
-            list(grad_final),
+        grad_y, grad_init, grad_params = _neuron_backward(
+            spec,
+            backend,
+            (grad_spikes, list(grad_final)),
             xb.reshape(t_steps, n),
-            norm,
             list(params),
             inner,
             list(init),
             list(need_param_grads),
+            norm,
         )
         del norm
     else:
@@ -480,8 +384,8 @@ def _backward_impl(
             y += residual
         y2 = y.reshape(t_steps, n)  # this function's own transient: the backend may write grad_y over it
         del y, residual
-        grad_y, grad_init, grad_params = bound.backward(
-            backend, grad_spikes, list(grad_final), y2, list(params), inner, list(init), list(need_param_grads)
+        grad_y, grad_init, grad_params = _neuron_backward(
+            spec, backend, (grad_spikes, list(grad_final)), y2, list(params), inner, list(init), list(need_param_grads)
         )
         del y2
     grad_y = grad_y.reshape(xb.shape).to(xb.dtype)
@@ -826,7 +730,7 @@ def bn_neuron(
     return_stats: bool = False,
 ):
     """BatchNorm (over T, B and the spatial dims of ``x [T, B, C, ...]``), plus ``residual`` when given, then
-    ``neuron`` (the key of a :class:`BoundNeuron`, see :func:`bound_neuron_key`).
+    ``neuron`` (the :attr:`~spikefuse.neurons.NeuronSpec.op_key` of its neurons).
 
     Arguments are already validated and resolved (``backend`` concrete; ``params`` one compute-dtype tensor per
     parameter, ``[1]`` or per channel with ``inner`` neurons per channel run; ``init`` one per state, ``[N]`` or
@@ -865,14 +769,10 @@ def bn_neuron(
     return (*result, (mean, invstd)) if return_stats else result
 
 
-def lif_neuron(neuron: LIFNeuron, leak: Tensor, v_init: Tensor | None, x: Tensor) -> tuple:
-    """``(neuron key, params, init)`` of :func:`bn_neuron` for a LIF; ``v_init`` None starts every neuron from the
-    reset value (one value shared by all: nothing of size N is read)."""
-    return (
-        bound_neuron_key(neuron.model, neuron.surrogate, neuron.detach_reset),
-        neuron.params(leak),
-        [neuron.initial_potential(v_init, x)],
-    )
+def lif_neuron(neuron: NeuronSpec, leak: Tensor, v_init: Tensor | None, x: Tensor) -> tuple:
+    """``(neuron key, params, init)`` of :func:`bn_neuron` for a LIF (:func:`~spikefuse.neurons.lif.lif_spec`);
+    ``v_init`` None starts every neuron from the reset value (one value shared by all: nothing of size N is read)."""
+    return neuron.op_key, lif_params(neuron, leak), lif_initial(neuron, v_init, x)
 
 
 def bn_lif(
@@ -885,7 +785,7 @@ def bn_lif(
     momentum: float,
     eps: float,
     leak: Tensor,
-    neuron: LIFNeuron,
+    neuron: NeuronSpec,
     v_init: Tensor | None,
     backend: str,
     residual: Tensor | None = None,

@@ -23,9 +23,10 @@ import torch
 
 from .. import functional
 from ..ops import buffers
+from ..ops.engine import NeuronInputs
 from ..ops.engine import cpu as engine_cpu
 from ..surrogate import Sigmoid
-from ..validation import paper_lif
+from ..neurons.lif import lif_params, paper_lif
 from ..threads import set_threads
 from . import peers
 from .peers import ALPHA, DECAY, THRESHOLD
@@ -146,11 +147,10 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     """
     t_steps, n = x.shape
     lif = paper_lif(THRESHOLD, 0.0, Sigmoid(ALPHA), False)
-    model = lif.model
-    params = lif.params(torch.full((1,), DECAY))
+    params = lif_params(lif, torch.full((1,), DECAY))
     # As the layer calls them by default: the initial state and the unused final state's gradient shared by all neurons.
     v_init, zero_state, need = [torch.zeros(1)], [torch.zeros(1)], [False] * len(params)
-    _, _, (h,) = engine_cpu.forward(model, x, params, 1, v_init, lif.surrogate, False, save=True)
+    _, _, (h,) = engine_cpu.forward(lif, NeuronInputs(x, params, v_init), save=True)
     h_work = torch.empty_like(h)
     # The floor copies between the same kinds of memory our kernels use: from a torch tensor (like x) into a buffer
     # advised as huge pages (like the outputs from spikefuse.ops.buffers).
@@ -164,23 +164,12 @@ def kernel_cases(x: torch.Tensor, g: torch.Tensor) -> tuple[dict[str, Callable[[
     def backward(saved, overwrite):
         # x is not read with the states saved (the layer does not keep it): g stands in, as in the layer's backward
         return engine_cpu.backward(
-            model,
-            g,
-            zero_state,
-            g,
-            params,
-            1,
-            v_init,
-            lif.surrogate,
-            False,
-            need,
-            saved=[saved],
-            overwrite_saved=overwrite,
+            lif, NeuronInputs(g, params, v_init), g, zero_state, need, saved=[saved], overwrite_saved=overwrite
         )
 
     cases = {
         "copy": lambda: dst.copy_(src),
-        "forward": lambda: engine_cpu.forward(model, x, params, 1, v_init, lif.surrogate, False, save=True),
+        "forward": lambda: engine_cpu.forward(lif, NeuronInputs(x, params, v_init), save=True),
         "backward": lambda: backward(h_work, True),
         "backward_separate_grad_x": lambda: backward(h, False),
     }

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..neuron_functional import neuron
-from ..neurons import NeuronModel
+from ..neurons import NeuronModel, neuron_spec
 from ..ops import check_backend_name
 from ..ops.numerics import compute_dtype
 from ..ops.engine import step as one_step
@@ -215,7 +215,7 @@ class _FeedForward(nn.Module):
         state = self.initial_state(x) if state is None else state
         init = tuple(getattr(state, k).to(x.device).expand(x.shape[1:]) for k in self.MODEL.states)
         if self.CELL and one_step.takes(self.backend, x):  # one step in one autograd node (spikefuse.ops.engine.step)
-            spikes, *final = one_step.step(self.MODEL, x[0], self._step_params(x), init, SUPERSPIKE, False)
+            spikes, *final = one_step.step(neuron_spec(self.MODEL, SUPERSPIKE), x[0], self._step_params(x), init)
             spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
             return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
         params = {k: v.to(x.device) for k, v in self._params.items()}  # Norse's records stay on the CPU

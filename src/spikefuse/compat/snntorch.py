@@ -69,6 +69,7 @@ from ..neurons import (
     RLEAKY_ZERO,
     SNNTORCH_NO_DELAY_MODELS,
     SYNAPTIC_NO_DELAY_MODELS,
+    neuron_spec,
 )
 from ..recurrent_functional import recurrent
 from ..surrogate import ATan, FastSigmoid, Rectangle, Sigmoid, Surrogate, resolve
@@ -421,12 +422,10 @@ class _SpikingNeuron(nn.Module):
         """One step of ``x`` from snnTorch's ``states``: ``(spikes, new states by name)``."""
         model, detach_reset, params = self._dynamics()
         out = one_step.step(
-            model,
+            neuron_spec(model, self._surrogate, detach_reset),
             x,
             _step_params(model, params, x),
             _engine_states(model, states, x.shape),
-            self._surrogate,
-            detach_reset,
         )
         return self._graded(out[0]), {_KEPT[k]: v for k, v in zip(model.states, out[1:]) if k in _KEPT}
 
@@ -972,12 +971,10 @@ class _Recurrent(_SpikingNeuron):
             self._weights(x.shape[-1])  # the fused layer's checks of V against the neurons
         model, detach_reset, params = self._dynamics()
         out = one_step.step(
-            model,
+            neuron_spec(model, self._surrogate, detach_reset),
             x,
             _step_params(model, params, x),
             _engine_states(model, states, x.shape),
-            self._surrogate,
-            detach_reset,
             x_rec=self.recurrent(states["spk"]),  # snnTorch's call: the recurrent current of the kept spikes
         )
         spikes = self._graded(out[0])

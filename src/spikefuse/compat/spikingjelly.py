@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..functional import run_lif
-from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
+from ..neurons.lif import SPIKINGJELLY_MODELS, lif_params, lif_spec
+from ..neurons.spec import NeuronSpec
 from ..ops import check_backend_name
 from ..ops.engine import step as one_step
 from ..surrogate import ATan, Rectangle, Sigmoid, Surrogate, Triangle, resolve
@@ -205,22 +206,33 @@ class _BaseNode(nn.Module):
     def _leak(self):
         raise NotImplementedError
 
-    def neuron(self) -> LIFNeuron:
+    def neuron(self) -> NeuronSpec:
         """The definition of these neurons (:data:`spikefuse.neurons.SPIKINGJELLY_MODELS`) with their constants
         (made again only when a setting changed: a step loop asks at every step)."""
         hard = self.v_reset is not None
-        settings = (hard, self._charge, self.v_threshold, self._reset_value, self.surrogate_function, self.detach_reset)
+        settings = (
+            hard,
+            self._charge,
+            self.v_threshold,
+            self._reset_value,
+            self.surrogate_function,
+            self.detach_reset,
+            self.backend,
+            self.memory,
+        )
         made = self.__dict__.get("_neuron_made")
         if made is None or made[0] != settings:
             made = (
                 settings,
-                LIFNeuron(
+                lif_spec(
                     SPIKINGJELLY_MODELS[("hard" if hard else "soft", self._charge)],
                     float(self.v_threshold),
                     self._reset_value,
                     hard,
                     to_surrogate(self.surrogate_function),
                     bool(self.detach_reset),
+                    backend=self.backend,
+                    memory=self.memory,
                 ),
             )
             self.__dict__["_neuron_made"] = made
@@ -238,16 +250,14 @@ class _BaseNode(nn.Module):
         return torch.full_like(x_ref, float(v))
 
     def _run(self, x_seq: torch.Tensor, v: torch.Tensor):
-        return run_lif(x_seq, self._leak(), self.neuron(), v_init=v, backend=self.backend, memory=self.memory)
+        return run_lif(x_seq, self._leak(), self.neuron(), v_init=v)
 
     def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x.ndim > 0 and one_step.takes(self.backend, x):
             # one step in one autograd node (spikefuse.ops.engine.step): the fused kernels' step, launched alone
             neuron = self.neuron()
-            params = neuron.params(leak_tensor(self._leak(), x, "decay"))
-            spikes, v = one_step.step(
-                neuron.model, x, params, [self._state_for(x)], neuron.surrogate, neuron.detach_reset
-            )
+            params = lif_params(neuron, leak_tensor(self._leak(), x, "decay"))
+            spikes, v = one_step.step(neuron, x, params, [self._state_for(x)])
             spikes = spikes.unsqueeze(0)
         else:
             spikes, v = self._run(x.unsqueeze(0), self._state_for(x))

@@ -1,5 +1,5 @@
 """Spiking neuron models, each defined once (:class:`NeuronModel`, one file per family) and run by every engine
-backend (:mod:`spikefuse.ops.engine`) through :func:`spikefuse.neuron` and the :mod:`spikefuse.nn` modules.
+backend (:mod:`spikefuse.ops.engine`) as a :class:`NeuronSpec` (the model with its settings) through :func:`spikefuse.neuron` and the :mod:`spikefuse.nn` modules.
 """
 
 from .alif import ALIF_MODEL
@@ -22,9 +22,12 @@ from .lif import (
     SPIKINGJELLY_PRE_RESET_MODELS,
 )
 from .model import FUNCTIONS, HEAVISIDE, WHERE, Derivatives, NeuronModel
+from .spec import NeuronSpec, neuron_spec
 
 __all__ = [
     "NeuronModel",
+    "NeuronSpec",
+    "neuron_spec",
     "FUNCTIONS",
     "HEAVISIDE",
     "WHERE",

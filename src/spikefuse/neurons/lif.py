@@ -22,8 +22,8 @@ formulas, with ``r = v_reset`` (0 with the soft reset) and ``decay`` SpikingJell
     mul:        v[t] = u - (u - r) * decay + x[t]
 
 with ``u`` as the handoff (the states handed between calls are post-reset; the first step sees no spike), or
-(:data:`SPIKINGJELLY_PRE_RESET_MODELS`) without one. :class:`LIFNeuron` is one of these definitions with its
-threshold, reset value, surrogate and ``detach_reset``: what :func:`spikefuse.lif`, the fused BatchNorm+LIF
+(:data:`SPIKINGJELLY_PRE_RESET_MODELS`) without one. :func:`lif_spec` makes one of these definitions with its
+threshold, reset value, surrogate and ``detach_reset`` a :class:`~spikefuse.neurons.NeuronSpec`: what :func:`spikefuse.lif`, the fused BatchNorm+LIF
 (:func:`spikefuse.batchnorm_lif`), ``compat.spikingjelly``'s nodes and the NIR modules run on the engine.
 """
 
@@ -32,13 +32,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from dataclasses import dataclass
 
 import torch
 
 from ..ops.numerics import compute_dtype, finite, in_compute_dtype
-from ..surrogate import Surrogate
+from ..surrogate import Surrogate, resolve
 from .model import NeuronModel
+from .spec import NeuronSpec, neuron_spec
 
 __all__ = [
     "LAPICQUE_MODELS",
@@ -47,7 +47,10 @@ __all__ = [
     "SNNTORCH_NO_DELAY_MODELS",
     "SPIKINGJELLY_MODELS",
     "SPIKINGJELLY_PRE_RESET_MODELS",
-    "LIFNeuron",
+    "lif_initial",
+    "lif_params",
+    "lif_spec",
+    "paper_lif",
 ]
 
 _PARAMS = ("decay", "threshold", "v_reset")
@@ -184,54 +187,87 @@ SPIKINGJELLY_PRE_RESET_MODELS = {
 
 
 @functools.lru_cache(maxsize=1024)  # a layer checks the same values at every call
-def _check_in_compute_dtype(threshold: float, v_reset: float, hard: bool, dtype: torch.dtype) -> None:
-    name = str(dtype).removeprefix("torch.")
-    if not math.isfinite(in_compute_dtype(threshold, dtype)):
-        raise ValueError(f"threshold {threshold} is not finite in {name}, the dtype the neurons compute in")
-    if hard and in_compute_dtype(v_reset, dtype) >= in_compute_dtype(threshold, dtype):
+def _check_reset_in_compute_dtype(threshold: float, v_reset: float, dtype: torch.dtype) -> None:
+    if in_compute_dtype(v_reset, dtype) >= in_compute_dtype(threshold, dtype):
         raise ValueError(
-            f"v_reset {v_reset} is not below the threshold {threshold} in {name}, the dtype the neurons "
-            "compute in: a neuron reset to v_reset would fire again at once"
+            f"v_reset {v_reset} is not below the threshold {threshold} in {str(dtype).removeprefix('torch.')}, the "
+            "dtype the neurons compute in: a neuron reset to v_reset would fire again at once"
         )
 
 
-@dataclass(frozen=True)
-class LIFNeuron:
+def lif_spec(
+    model: NeuronModel,
+    threshold: float,
+    v_reset: float,
+    hard_reset: bool,
+    surrogate: Surrogate,
+    detach_reset: bool = False,
+    *,
+    backend: str = "auto",
+    memory: str = "potential",
+) -> NeuronSpec:
     """A LIF definition of this module (``model``, whose parameters are ``decay``, ``threshold`` and ``v_reset``)
-    with its constants: ``threshold``, ``v_reset`` (the reset value of a hard reset, 0 otherwise), ``hard_reset``
-    (whether the membrane starts at ``v_reset``; else at 0), the surrogate and ``detach_reset``. ``decay`` stays a
-    tensor argument: it may be learnable."""
+    as a :class:`~spikefuse.neurons.NeuronSpec` with its constants: ``threshold``, ``v_reset`` (the reset value of
+    a hard reset, 0 otherwise) and ``hard_reset`` (whether the membrane starts at ``v_reset``; else at 0). ``decay``
+    stays a tensor argument (:func:`lif_params`): it may be learnable."""
+    for name, value in (("threshold", threshold), ("v_reset", v_reset)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not finite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not hard_reset and v_reset != 0.0:
+        # SpikingJelly's charge leaks toward v_reset, which is 0 without a hard reset.
+        raise ValueError(f"v_reset must be 0.0 without a hard reset, got {v_reset}")
+    return neuron_spec(
+        model,
+        surrogate,
+        detach_reset,
+        constants=(("threshold", float(threshold)), ("v_reset", float(v_reset))),
+        initial=(("v", float(v_reset)),) if hard_reset else (),
+        backend=backend,
+        memory=memory,
+    )
 
-    model: NeuronModel
-    threshold: float
-    v_reset: float
-    hard_reset: bool
-    surrogate: Surrogate
-    detach_reset: bool = False
 
-    def __post_init__(self):
-        for name in ("threshold", "v_reset"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not finite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if not self.hard_reset and self.v_reset != 0.0:
-            # SpikingJelly's charge leaks toward v_reset, which is 0 without a hard reset.
-            raise ValueError(f"v_reset must be 0.0 without a hard reset, got {self.v_reset}")
+def paper_lif(threshold, v_reset, surrogate, detach_reset=False, *, backend="auto", memory="potential") -> NeuronSpec:
+    """The paper's LIF (hard reset to ``v_reset``, or soft for None), with its parameter ranges: Eq. (1) leaks toward
+    0, so the resting potential is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >=
+    threshold`` would fire forever."""
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise TypeError(f"threshold must be a number, got {threshold!r}")
+    if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
+        raise TypeError(f"v_reset must be a number or None (soft reset), got {v_reset!r}")
+    if finite(threshold) and threshold <= 0:
+        raise ValueError(f"threshold must be > 0 (the membrane rests at 0 and would fire at rest), got {threshold}")
+    if v_reset is not None and finite(v_reset) and finite(threshold) and v_reset >= threshold:
+        raise ValueError(
+            f"v_reset must be below the threshold ({threshold}), got {v_reset}: a neuron reset to "
+            "v_reset would fire again at once"
+        )
+    hard = v_reset is not None
+    return lif_spec(
+        LIF_MODELS[("paper", "hard" if hard else "soft")],
+        threshold,
+        v_reset if hard else 0.0,
+        hard,
+        resolve(surrogate),
+        detach_reset,
+        backend=backend,
+        memory=memory,
+    )
 
-    def initial_potential(self, v_init: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-        """The membrane to start from for the input ``x [T, ...]``, as every backend takes it, in the compute dtype:
-        ``v_init`` flattened to ``[N]``, or for None one value shared by every neuron (``v_reset`` with the hard
-        reset, else 0), so that nothing of size N is read."""
-        cdt = compute_dtype(x.dtype)
-        if v_init is None:
-            return torch.full((1,), self.v_reset if self.hard_reset else 0.0, dtype=cdt, device=x.device)
-        return v_init.reshape(math.prod(x.shape[1:])).to(cdt).contiguous()
 
-    def params(self, decay: torch.Tensor) -> list[torch.Tensor]:
-        """The model's parameters in its order: ``decay`` (``[1]`` or per channel, as the kernels take it) and the
-        threshold and v_reset as ``[1]`` tensors of its dtype and device, checked in that dtype (a threshold of
-        1e40 is inf in float32, a v_reset just below the threshold rounds onto it)."""
-        if not torch.compiler.is_compiling():  # not while torch.compile traces (symbolic floats; checked on entry)
-            _check_in_compute_dtype(self.threshold, self.v_reset, self.hard_reset, decay.dtype)
-        values = {"threshold": self.threshold, "v_reset": self.v_reset}
-        return [decay if name == "decay" else decay.new_full((1,), values[name]) for name in _PARAMS]
+def lif_params(neuron: NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:
+    """The parameters of a :func:`lif_spec` neuron as the backends take them: ``decay`` (``[1]`` or per channel) and
+    the threshold and v_reset as ``[1]`` tensors of its dtype and device, checked in that dtype (a threshold of 1e40
+    is inf in float32, a hard reset's v_reset just below the threshold rounds onto it)."""
+    if neuron.initial and not torch.compiler.is_compiling():  # (symbolic while torch.compile traces)
+        _check_reset_in_compute_dtype(neuron.constant("threshold"), neuron.constant("v_reset"), decay.dtype)
+    return neuron.params({"decay": decay})
+
+
+def lif_initial(neuron: NeuronSpec, v_init: torch.Tensor | None, x: torch.Tensor) -> list[torch.Tensor]:
+    """The membrane to start from for the input ``x [T, ...]``, as every backend takes it, in the compute dtype:
+    ``v_init`` flattened to ``[N]``, or for None one value shared by every neuron (``v_reset`` with the hard
+    reset, else 0), so that nothing of size N is read."""
+    if v_init is None:
+        return neuron.initial_states(x)
+    return [v_init.reshape(math.prod(x.shape[1:])).to(compute_dtype(x.dtype)).contiguous()]

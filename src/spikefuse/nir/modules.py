@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..functional import run_lif
-from ..neurons.lif import SPIKINGJELLY_MODELS, LIFNeuron
+from ..neurons.lif import SPIKINGJELLY_MODELS, lif_spec
+from ..neurons.spec import NeuronSpec
 from ..surrogate import Sigmoid, resolve
 
 __all__ = [
@@ -214,15 +215,22 @@ class EulerLIF(nn.Module):
         # r = 1 multiplies by 1 exactly; skipping it spares a pass over the input.
         self.register_buffer("resistance", None if np.all(self.r == 1) else _float32(self.r))
 
-    def neuron(self) -> LIFNeuron:
+    def neuron(self) -> NeuronSpec:
         """SpikingJelly's hard-reset LIF with the ``mul_input`` charge (``k = a``), resetting to ``v_leak``."""
-        return LIFNeuron(SPIKINGJELLY_MODELS[("hard", "mul_input")], self.threshold, self.v_leak, True, self.surrogate)
+        return lif_spec(
+            SPIKINGJELLY_MODELS[("hard", "mul_input")],
+            self.threshold,
+            self.v_leak,
+            True,
+            self.surrogate,
+            backend=self.backend,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_multistep(self, x)
         if self.resistance is not None:
             x = x * self.resistance
-        spikes, _ = run_lif(x, self.coefficient, self.neuron(), backend=self.backend)
+        spikes, _ = run_lif(x, self.coefficient, self.neuron())
         return spikes
 
     def extra_repr(self) -> str:

@@ -13,7 +13,8 @@ from .. import functional as F
 from ..ops import check_backend_name
 from ..registry import arguments
 from ..surrogate import Sigmoid, Surrogate
-from ..validation import check_decay, check_memory_mode, paper_lif
+from ..neurons.lif import paper_lif
+from ..validation import check_decay, check_memory_mode
 
 __all__ = ["LIF", "IF", "LIFOptions", "LIFModuleOptions"]
 
@@ -45,8 +46,8 @@ class LIFOptions:
         check_backend_name(self.backend)
         check_memory_mode(self.memory)
         object.__setattr__(self, "decay", float(decay))
-        object.__setattr__(self, "threshold", lif.threshold)
-        object.__setattr__(self, "v_reset", None if self.v_reset is None else lif.v_reset)
+        object.__setattr__(self, "threshold", lif.constant("threshold"))
+        object.__setattr__(self, "v_reset", None if self.v_reset is None else lif.constant("v_reset"))
         object.__setattr__(self, "surrogate", lif.surrogate)
         object.__setattr__(self, "detach_reset", lif.detach_reset)
 

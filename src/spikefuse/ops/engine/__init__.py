@@ -6,7 +6,8 @@
 - :mod:`.step`: one time step on the CPU in one autograd node, numba loops generated from the same definition (the
   calls of a step loop, where there is no time to fuse).
 
-Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`), and ``READS_HALF``:
+Each exposes ``forward`` and ``backward`` with the same arguments (see :mod:`.reference`): the neuron with its
+settings (:class:`~spikefuse.neurons.NeuronSpec`) and one call's tensors (:class:`NeuronInputs`); and ``READS_HALF``:
 whether it takes float16 / bfloat16 ``[T, N]`` streams (the input, the spikes' gradient) as they are, converting
 each value as it reads it, or needs them in float32 first (:func:`stream`). The generated backends are imported on
 first use: numba and Triton load only when a call needs them.
@@ -15,16 +16,28 @@ first use: numba and Triton load only when a call needs them.
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 import torch
 
 from ..numerics import compute_dtype
 
-__all__ = ["DTYPES", "module", "stream", "stream_dtype"]
+__all__ = ["DTYPES", "NeuronInputs", "module", "stream", "stream_dtype"]
 
 #: The input dtypes the engine takes: float32 and float64 compute in their own dtype, float16 and bfloat16 in float32
 #: (parameters and states in float32; the input converted for a backend that does not read half precision).
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+class NeuronInputs(NamedTuple):
+    """One call's tensors, as every backend takes them: ``x`` the input stream ``[T, N]`` (:func:`stream`);
+    ``params`` one tensor per parameter of the model (its order), ``[1]`` or ``[C]`` with ``inner`` neurons per
+    channel run; ``init`` one tensor per state, ``[N]``, or ``[1]``: one value shared by every neuron."""
+
+    x: torch.Tensor
+    params: list
+    init: list
+    inner: int = 1
 
 
 def module(backend: str):

@@ -40,8 +40,8 @@ bfloat16 spikes (half-precision inputs, which compute in float32) the bit patter
 
 The step's expressions are emitted as written, with every number cast to the compute dtype, so the spikes and
 states equal the reference's bit for bit; the derivatives are emitted from sympy after common-subexpression
-elimination. Entry points as :mod:`spikefuse.ops.engine.reference`; :func:`launch_forward` and
-:func:`launch_backward` add the options of this backend alone (the ``_src`` kernels, the forward's spike bits), for
+elimination. Entry points as :mod:`spikefuse.ops.engine.reference`; :func:`forward` and
+:func:`backward` take the options of this backend alone as keywords (the ``_src`` kernels, the forward's spike bits), for
 the fused BatchNorm (:mod:`spikefuse.batchnorm.autograd`), which calls them by name.
 """
 
@@ -951,30 +951,24 @@ def _surrogate_args(surrogate, dtype) -> tuple:
     return tuple(_NP_DTYPES[dtype](v) for v in surrogate.params())
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
-    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`): :func:`launch_forward` with
-    none of this backend's own options."""
-    return launch_forward(model, x2, params, inner, init, surrogate, save=save, spike_dtype=spike_dtype)
-
-
-def launch_forward(
-    model, x2, params, inner, init, surrogate, *, save=False, spike_dtype=None, src=None, spike_bits=False
-):
-    """:func:`forward` with the options of this backend alone, which a caller asks for by calling it by name (the
-    fused BatchNorm, :mod:`spikefuse.batchnorm.autograd`), not through the engine's entry point.
+def forward(neuron, inputs, *, save=False, spike_dtype=None, src=None, spike_bits=False):
+    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`), with the options of this
+    backend alone, which a caller asks for by calling it by name (the fused BatchNorm,
+    :mod:`spikefuse.batchnorm.autograd`), not through the engine's dispatch.
 
     ``src`` (not with ``save``): the ``src`` argument of the ``_src`` kernels, a fused BatchNorm
-    (:func:`spikefuse.batchnorm.cpu.source_args`): ``x2`` is the raw input ``[T*B, C, ...]`` merged, and the
+    (:func:`spikefuse.batchnorm.cpu.source_args`): ``x`` is the raw input ``[T*B, C, ...]`` merged, and the
     neurons' input is its BatchNorm (plus residual), which each block makes a step's row at a time right before
     reading it, bit-identical to ``native_batch_norm``'s.
     ``spike_bits`` (not with ``save``): each block also packs the spike rows it wrote into bits while they are in
     cache, and :func:`spikefuse.ops.bitpack.remember` hands them to whoever packs these spikes next (a spike layer
     saving its input, :mod:`spikefuse.nn.spike_layers`): no pass over the spikes to pack them. Only where every
     step's row starts on a byte (``N`` a multiple of 8); elsewhere the consumer packs them itself."""
+    model, (x2, params, init, inner) = neuron.model, inputs
     t_steps, n = x2.shape
     if save and src is not None:
         raise ValueError("engine cpu backend: src runs the forward that saves nothing (no save)")
-    module = kernels(model, type(surrogate), x2.dtype)
+    module = kernels(model, type(neuron.surrogate), x2.dtype)
     threads = _threads(t_steps * n)
     spike_dtype = spike_dtype or x2.dtype
     spikes = buffers.empty((t_steps, n), spike_dtype)
@@ -1012,50 +1006,10 @@ def launch_forward(
 
 
 def backward(
-    model,
+    neuron,
+    inputs,
     grad_spikes,
     grad_final,
-    x2,
-    params,
-    inner,
-    init,
-    surrogate,
-    detach_reset,
-    need_param_grads,
-    saved=(),
-    overwrite_saved=False,
-    *,
-    overwrite_x=False,
-):
-    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`): :func:`launch_backward` with
-    none of this backend's own options."""
-    return launch_backward(
-        model,
-        grad_spikes,
-        grad_final,
-        x2,
-        params,
-        inner,
-        init,
-        surrogate,
-        detach_reset,
-        need_param_grads,
-        saved=saved,
-        overwrite_saved=overwrite_saved,
-        overwrite_x=overwrite_x,
-    )
-
-
-def launch_backward(
-    model,
-    grad_spikes,
-    grad_final,
-    x2,
-    params,
-    inner,
-    init,
-    surrogate,
-    detach_reset,
     need_param_grads,
     *,
     saved=(),
@@ -1063,10 +1017,12 @@ def launch_backward(
     overwrite_x=False,
     src=None,
 ):
-    """:func:`backward` with the option of this backend alone (see :func:`launch_forward`): ``src`` (states
-    recomputed; ``x2`` is then not written over), the ``src`` argument of the ``_src`` kernels: ``x2`` is the raw input
-    ``[T*B, C, ...]`` merged, and the neurons' input is its BatchNorm (plus residual), which each block computes
-    into a tile in cache, bit-identical to ``native_batch_norm``'s."""
+    """The engine's entry point (arguments as :mod:`spikefuse.ops.engine.reference`), with the option of this
+    backend alone (see :func:`forward`): ``src`` (states recomputed; ``x`` is then not written over), the ``src``
+    argument of the ``_src`` kernels: ``x`` is the raw input ``[T*B, C, ...]`` merged, and the neurons' input is its
+    BatchNorm (plus residual), which each block computes into a tile in cache, bit-identical to
+    ``native_batch_norm``'s."""
+    model, surrogate, (x2, params, init, inner) = neuron.model, neuron.surrogate, inputs
     t_steps, n = x2.shape
     if saved and (src is not None or overwrite_x):
         raise ValueError("engine cpu backend: src and overwrite_x need the states recomputed (no saved)")
@@ -1088,7 +1044,7 @@ def launch_backward(
         *(_np(v) for v in init),
         *(_np(v) for v in saved),
         *_surrogate_args(surrogate, x2.dtype),
-        bool(detach_reset),
+        neuron.detach_reset,
         int(inner),
     )
     outputs = (*(() if over or over_x else (grad_x.numpy(),)), *(g.numpy() for g in grad_init))

@@ -3,20 +3,21 @@ serial loop over time, differentiated by autograd (the spike through :class:`_Fi
 Function). :func:`run` is what ``backend="reference"`` runs: plain ops, so double backward and torch.func transforms
 (grad, vmap, jacrev) work through it.
 
-Entry points shared by the engine's backends (``x2`` is the input viewed as ``[T, N]`` in the compute dtype, or
-in float16 / bfloat16 for a backend with ``READS_HALF``, then also ``grad_spikes``;
-``params`` one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``;
-``init`` one tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
+Entry points shared by the engine's backends, each taking the neuron with its settings (``neuron``, a
+:class:`~spikefuse.neurons.NeuronSpec`: the model, surrogate and ``detach_reset`` are read from it) and one call's
+tensors (``inputs``, a :class:`~spikefuse.ops.engine.NeuronInputs`: ``x`` the input viewed as ``[T, N]`` in the
+compute dtype, or in float16 / bfloat16 for a backend with ``READS_HALF``, then also ``grad_spikes``; ``params``
+one tensor per parameter of ``[1]`` or ``[C]`` values, neuron ``n`` using index ``(n // inner) % C``; ``init`` one
+tensor per state of ``[N]``, or ``[1]``: one value shared by every neuron, which gets no gradient):
 
-- ``forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None) -> (spikes
-  [T, N], final states [N] each, saved)``: ``save`` (memory="potential") asks for every step's states, ``[T, N]``
-  each (``saved``, empty without ``save``), for backward to read instead of recomputing them (this backend's
-  backward recomputes anyway); ``spike_dtype``: the spikes' dtype (default x2's: a half-precision input's);
-- ``backward(model, grad_spikes, grad_final, x2, params, inner, init, surrogate, detach_reset, need_param_grads,
-  saved=(), overwrite_saved=False, *, overwrite_x=False) -> (grad_x, grad_init per state (None for a shared one),
-  grad_params per parameter (None where not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again
-  (a backend may write grad_x over it); ``overwrite_x``: likewise for ``x2`` (a transient of the caller's) when
-  nothing is saved.
+- ``forward(neuron, inputs, *, save=False, spike_dtype=None) -> (spikes [T, N], final states [N] each, saved)``:
+  ``save`` (memory="potential") asks for every step's states, ``[T, N]`` each (``saved``, empty without ``save``),
+  for backward to read instead of recomputing them (this backend's backward recomputes anyway); ``spike_dtype``:
+  the spikes' dtype (default x's: a half-precision input's);
+- ``backward(neuron, inputs, grad_spikes, grad_final, need_param_grads, *, saved=(), overwrite_saved=False,
+  overwrite_x=False) -> (grad_x, grad_init per state (None for a shared one), grad_params per parameter (None where
+  not needed))``; ``overwrite_saved``: the caller will not read ``saved`` again (a backend may write grad_x over
+  it); ``overwrite_x``: likewise for ``x`` (a transient of the caller's) when nothing is saved.
 """
 
 from __future__ import annotations
@@ -162,11 +163,12 @@ def run(
     return torch.stack(spikes), [states[name] for name in model.states]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
+def forward(neuron, inputs, *, save=False, spike_dtype=None):
+    model, (x2, params, init, inner) = neuron.model, inputs
     check_inputs_finite(x2, init)
     history = [] if save else None
     with torch.no_grad():
-        spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset, history)
+        spikes, final = run(model, x2, params, inner, init, neuron.surrogate, neuron.detach_reset, history)
     spikes = spikes.to(spike_dtype or x2.dtype)
     if not save:
         return spikes, final, []
@@ -175,27 +177,15 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 
 
 def backward(
-    model,
-    grad_spikes,
-    grad_final,
-    x2,
-    params,
-    inner,
-    init,
-    surrogate,
-    detach_reset,
-    need_param_grads,
-    saved=(),
-    overwrite_saved=False,
-    *,
-    overwrite_x=False,
+    neuron, inputs, grad_spikes, grad_final, need_param_grads, *, saved=(), overwrite_saved=False, overwrite_x=False
 ):
+    x2, params, init, inner = inputs
     n = x2.shape[1]
     with torch.enable_grad():
         x2 = x2.detach().requires_grad_(True)
         init = [v.detach().requires_grad_(v.numel() == n) for v in init]
         params = [p.detach().requires_grad_(bool(need)) for p, need in zip(params, need_param_grads)]
-        spikes, final = run(model, x2, params, inner, init, surrogate, detach_reset)
+        spikes, final = run(neuron.model, x2, params, inner, init, neuron.surrogate, neuron.detach_reset)
         leaves = [x2] + [v for v in init if v.requires_grad] + [p for p in params if p.requires_grad]
         # a final state may not depend on any leaf (ALIF's adaptation with detach_reset from a shared initial value)
         outputs = [

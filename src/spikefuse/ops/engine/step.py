@@ -305,7 +305,8 @@ class _Step(torch.autograd.Function):
     the graph costs about what the step's kernel does)."""
 
     @staticmethod
-    def forward(ctx, x, x_rec, model, surrogate, detach_reset, inner, n_params, *tensors):
+    def forward(ctx, x, x_rec, neuron, inner, n_params, *tensors):
+        model, surrogate = neuron.model, neuron.surrogate
         cdt = compute_dtype(x.dtype)
         module = kernels(model, type(surrogate), cdt)
         params = [_param_array(p, cdt) for p in tensors[:n_params]]
@@ -340,7 +341,7 @@ class _Step(torch.autograd.Function):
             *(v.view(-1) for v in new),
         )
         ctx.params = params
-        ctx.module, ctx.model, ctx.surrogate, ctx.detach_reset = module, model, surrogate, detach_reset
+        ctx.module, ctx.model, ctx.surrogate, ctx.detach_reset = module, model, surrogate, neuron.detach_reset
         ctx.inner, ctx.channels, ctx.recurrent = inner, channels, bool(xr)
         ctx.shape, ctx.x_dtype, ctx.param_shapes = x.shape, x.dtype, [p.shape for p in tensors[:n_params]]
         ctx.old_dtypes = [v.dtype for v in tensors[n_params:]]
@@ -360,7 +361,7 @@ class _Step(torch.autograd.Function):
         zeros = lambda: torch.zeros(n, dtype=cdt)  # noqa: E731  (a gradient autograd did not give)
         grad_spikes = zeros() if grad_spikes is None else _array(grad_spikes, cdt)
         grad_new = [zeros() if g is None else _array(g, cdt) for g in grad_new]
-        need = ctx.needs_input_grad[7 : 7 + n_params]
+        need = ctx.needs_input_grad[5 : 5 + n_params]
         grads = any(need)
         grad_x = torch.empty(n, dtype=cdt)
         grad_old = [torch.empty(n, dtype=cdt) for _ in old]
@@ -390,14 +391,15 @@ class _Step(torch.autograd.Function):
         shape = ctx.shape
         grad_x = grad_x.view(shape) if ctx.x_dtype == cdt else grad_x.view(shape).to(ctx.x_dtype)
         grad_old = [g.view(shape) if dt == cdt else g.view(shape).to(dt) for g, dt in zip(grad_old, ctx.old_dtypes)]
-        return (grad_x, grad_x if ctx.recurrent else None, None, None, None, None, None, *grad_params, *grad_old)
+        return (grad_x, grad_x if ctx.recurrent else None, None, None, None, *grad_params, *grad_old)
 
 
-def step(model, x, params, states, surrogate, detach_reset: bool, x_rec=None, inner: int = 1) -> list:
-    """One step of ``model`` on the CPU with autograd: ``[spikes, *new states]``, each of ``x``'s shape, the spikes
+def step(neuron, x, params, states, x_rec=None, inner: int = 1) -> list:
+    """One step of the neurons of ``neuron`` (a :class:`~spikefuse.neurons.NeuronSpec`: the model, its surrogate
+    and ``detach_reset``) on the CPU with autograd: ``[spikes, *new states]``, each of ``x``'s shape, the spikes
     in ``x``'s dtype, the states in the compute dtype (float32 for a half-precision ``x``). ``params`` in
     ``model.params`` order, each one value or one per ``inner`` neurons of ``x`` flattened (neuron ``n`` uses value
     ``(n // inner) % C``; one per neuron of a batch row: ``inner=1``, ``C`` the row's size); ``states`` of ``x``'s
     shape; ``x_rec``: a recurrent layer's recurrent current of ``x``'s shape. The caller has checked them (the
     checks of :func:`spikefuse.neuron`)."""
-    return list(_Step.apply(x, x_rec, model, surrogate, bool(detach_reset), int(inner), len(params), *params, *states))
+    return list(_Step.apply(x, x_rec, neuron, int(inner), len(params), *params, *states))

@@ -355,7 +355,8 @@ def _param_args(params: list) -> tuple[bool, list]:
     return all(p.numel() == 1 for p in params), [a for p in params for a in (p, p.numel())]
 
 
-def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False, spike_dtype=None):
+def forward(neuron, inputs, *, save=False, spike_dtype=None):
+    model, (x2, params, init, inner) = neuron.model, inputs
     t_steps, n = x2.shape
     if not x2.is_contiguous():
         raise ValueError("spikefuse engine Triton backend: the input must be contiguous")
@@ -366,7 +367,7 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
     saved = [torch.empty_like(x2, dtype=cdt) for _ in model.states] if save else []
     if n == 0:
         return spikes, final, saved
-    module = kernels(model, type(surrogate), x2.dtype)
+    module = kernels(model, type(neuron.surrogate), x2.dtype)
     scalar, par = _param_args(params)
     block = engine_block(n, len(model.states), cdt)
     flags = torch.empty(ceil_div(n, block), dtype=torch.int32, device=x2.device)
@@ -392,21 +393,9 @@ def forward(model, x2, params, inner, init, surrogate, detach_reset, save=False,
 
 
 def backward(
-    model,
-    grad_spikes,
-    grad_final,
-    x2,
-    params,
-    inner,
-    init,
-    surrogate,
-    detach_reset,
-    need_param_grads,
-    saved=(),
-    overwrite_saved=False,
-    *,
-    overwrite_x=False,
+    neuron, inputs, grad_spikes, grad_final, need_param_grads, *, saved=(), overwrite_saved=False, overwrite_x=False
 ):
+    model, surrogate, (x2, params, init, inner) = neuron.model, neuron.surrogate, inputs
     t_steps, n = x2.shape
     if not (x2.is_contiguous() and grad_spikes.is_contiguous()) or grad_spikes.dtype != x2.dtype:
         raise ValueError(
@@ -447,7 +436,7 @@ def backward(
                 int(inner),
                 SCALAR=scalar,
                 SAVED=bool(saved),
-                DETACH=bool(detach_reset),
+                DETACH=neuron.detach_reset,
                 **{f"NEED_{p}": bool(need) for p, need in zip(model.params, need_param_grads)},
                 **{f"GRAD_INIT_{k}": g.numel() > 0 for k, g in zip(model.states, grad_init)},
                 BLOCK=block,
