@@ -231,6 +231,54 @@ def test_recurrent_cells_match_norse_in_its_loop(name):
     assert sparse[0].layout == sparse[1].layout and torch.equal(sparse[0].to_dense(), sparse[1].to_dense())
 
 
+@pytest.mark.parametrize("name", ["LIFRecurrentCell", "LSNNRecurrentCell"])
+def test_recurrent_cells_step_in_one_node_with_norses_gradients(name):
+    """A recurrent cell's step is one autograd node (the engine's one-step op, fed the recurrent current of the
+    previous spikes) after the input's product: Norse's spikes and states bit for bit in its loop, batched and
+    unbatched (``[I]`` a step: Norse's vector products), and the gradients of the input, both weights and a
+    learnable ``tau_mem_inv`` of Norse's record to 1e-5 over 12 steps (see the module's docstring), from a loss on
+    every step's spikes and the last states; the fused layer (``backend="reference"``) gives the same."""
+    import spikefuse.compat.norse as CN
+
+    params = norse.LSNNParameters if "LSNN" in name else norse.LIFParameters
+    tau = torch.tensor(150.0, requires_grad=True)
+    p = params(tau_mem_inv=tau, v_th=torch.tensor(0.3))
+    g = torch.Generator().manual_seed(7)
+    x = (torch.rand(12, 3, 9, generator=g) < 0.5).float() * (3.0 if "LSNN" in name else 1.0)
+    upstream = torch.randn(12, 3, 8, generator=g)
+    runs = {}
+    for key, lib, kw in (("norse", norse, {}), ("step", CN, {}), ("fused", CN, {"backend": "reference"})):
+        torch.manual_seed(8)
+        cell = getattr(lib, name)(9, 8, p, **kw)
+        xs = x.clone().requires_grad_()
+        state, zs = None, []
+        for x_t in xs:
+            z, state = cell(x_t, state)
+            zs.append(z)
+        if key == "step":
+            assert type(z.grad_fn).__name__ == "_StepBackward"
+        zs = torch.stack(zs)
+        loss = (zs * upstream).sum() + state.v.sum() + state.i.sum()
+        inputs = [xs, cell.input_weights, cell.recurrent_weights, tau]
+        runs[key] = zs, state, torch.autograd.grad(loss, inputs)
+        flat, state = [], None
+        for x_t in x[:, 1]:  # no batch: [I] a step
+            z, state = cell(x_t, state)
+            flat.append(z)
+        runs[key] += (torch.stack(flat), state)
+    (z1, s1, g1, f1, u1) = runs.pop("norse")
+    assert 0.02 < float(z1.detach().mean()) < 0.9 and z1.dtype == torch.float32
+    for key, (z2, s2, g2, f2, u2) in runs.items():
+        assert torch.equal(z2, z1) and type(s2) is type(s1), key
+        assert all(torch.equal(a, b) for a, b in zip(s1, s2)), key
+        assert torch.equal(f2, f1) and all(a.shape == b.shape for a, b in zip(u1, u2)), key
+        if key == "step":
+            assert all(torch.equal(a, b) for a, b in zip(u1, u2))
+        for what, a, b in zip(("input", "input_weights", "recurrent_weights", "tau_mem_inv"), g1, g2):
+            assert float(a.abs().max()) > 0, what
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(a.abs().max())), msg=what)
+
+
 def test_leaky_integrators_match_norse():
     """Norse's ``LI`` (all steps a call) and ``LICell`` (a step a call, in Norse's loop, the state passed back): the
     membranes and ``LIState`` bit for bit, gradients of the input and a learnable ``tau_mem_inv`` to 1e-5; ``[T, F]``

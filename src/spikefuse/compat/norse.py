@@ -172,6 +172,22 @@ LSNNFeedForwardState = _norse_state(
 )
 
 
+def _step_params(module: nn.Module, x: torch.Tensor) -> list:
+    """The parameters of ``module`` (a Norse neuron: its ``params()`` in its ``MODEL``'s order) as ``[1]`` tensors of
+    the compute dtype of ``x``, for :func:`spikefuse.ops.engine.step.step`. Where a tensor of Norse's record
+    requires grad (a learnable ``tau_mem_inv``), formed from it at every call, its gradient flowing back as Norse's
+    does; else made once per dtype (a step loop asks at every step), from the record as it was at the first step."""
+    cdt = compute_dtype(x.dtype)
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in (module.p or ())):
+        values = module.params()
+        return [values[k].reshape(1).to(cdt) for k in module.MODEL.params]
+    made = module.__dict__.setdefault("_step_params_by_dtype", {})
+    if cdt not in made:
+        values = module.params()
+        made[cdt] = [torch.tensor([float(values[k])], dtype=cdt) for k in module.MODEL.params]
+    return made[cdt]
+
+
 class _FeedForward(nn.Module):
     """What Norse's feed-forward neurons share: Norse's parameter record ``p`` and ``dt``, and a call of
     :func:`spikefuse.neuron` over the steps of ``forward``'s input: ``[T, ...]`` for ``LIF``/``LSNN``, one step
@@ -215,7 +231,7 @@ class _FeedForward(nn.Module):
         state = self.initial_state(x) if state is None else state
         init = tuple(getattr(state, k).to(x.device).expand(x.shape[1:]) for k in self.MODEL.states)
         if self.CELL and one_step.takes(self.backend, x):  # one step in one autograd node (spikefuse.ops.engine.step)
-            spikes, *final = one_step.step(neuron_spec(self.MODEL, SUPERSPIKE), x[0], self._step_params(x), init)
+            spikes, *final = one_step.step(neuron_spec(self.MODEL, SUPERSPIKE), x[0], _step_params(self, x), init)
             spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
             return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
         params = {k: v.to(x.device) for k, v in self._params.items()}  # Norse's records stay on the CPU
@@ -232,15 +248,6 @@ class _FeedForward(nn.Module):
         spikes = spikes[0] if self.CELL else spikes
         spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
         return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
-
-    def _step_params(self, x: torch.Tensor) -> list:
-        """The parameters in the model's order as ``[1]`` tensors of the compute dtype of ``x`` (made once per dtype:
-        a step loop asks at every step; the values are fixed at construction)."""
-        cdt = compute_dtype(x.dtype)
-        made = self.__dict__.setdefault("_step_params_by_dtype", {})
-        if cdt not in made:
-            made[cdt] = [torch.tensor([float(self._params[k])], dtype=cdt) for k in self.MODEL.params]
-        return made[cdt]
 
     def extra_repr(self) -> str:
         return f"dt={self.dt}, backend={self.backend!r}, memory={self.memory!r}"
@@ -349,8 +356,36 @@ class _Recurrent(nn.Module):
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
         names = self.MODEL.states
+        if self.CELL and one_step.takes(self.backend, current):
+            spikes, final = self._step(current[0], state)
+        else:
+            spikes, final = self._fused(current, state)
+            spikes = spikes[0] if self.CELL else spikes
+        state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
+        if unbatched:
+            spikes, state = spikes.select(-2, 0), self.STATE(*(v[0] for v in state))
+        return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
+
+    def _step(self, current: torch.Tensor, state) -> tuple:
+        """One step of Norse's recurrent cell in one autograd node (:mod:`spikefuse.ops.engine.step`): the input's
+        current ``current`` ``[B, H]`` and the recurrent current of the previous spikes, ``W_rec z``, join the
+        synaptic current as Norse adds them, ``(i + W_in x) + W_rec z``; the reset detached as in Norse's step, the
+        spikes' gradient flowing on through the next step's recurrent current. ``(spikes, (*states, spikes))``."""
+        z = state.z.to_dense() if state.z.is_sparse else state.z
+        spikes, *final = one_step.step(
+            neuron_spec(self.MODEL, SUPERSPIKE, detach_reset=True),
+            current,
+            _step_params(self, current),
+            [getattr(state, k).to(current.device).expand(current.shape) for k in self.MODEL.states],
+            x_rec=torch.nn.functional.linear(z.to(current.dtype), self.recurrent_weights),
+        )
+        return spikes, (*final, spikes)
+
+    def _fused(self, current: torch.Tensor, state) -> tuple:
+        """All steps of ``current`` ``[T, B, H]`` in the fused recurrent layer: ``(spikes, (*states, spikes))``."""
+        names = self.MODEL.states
         params = {k: v.to(current.device) for k, v in self.params().items()}  # Norse's records stay on the CPU
-        spikes, final = recurrent(
+        return recurrent(
             current,
             self.MODEL,
             self.recurrent_weights,
@@ -366,11 +401,6 @@ class _Recurrent(nn.Module):
             ),
             **params,
         )
-        state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
-        if unbatched:
-            spikes, state = spikes[:, 0], self.STATE(*(v[0] for v in state))
-        spikes = spikes[0] if self.CELL else spikes
-        return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
 
 
 def _filled(shape, value: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
