@@ -279,6 +279,28 @@ def test_recurrent_cells_step_in_one_node_with_norses_gradients(name):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(a.abs().max())), msg=what)
 
 
+@pytest.mark.parametrize("name", ["LIFCell", "LSNNCell"])
+def test_feed_forward_cells_learn_norses_time_constant(name):
+    """A tensor of Norse's record that requires grad (``tau_mem_inv``) gets Norse's gradient from the cells' steps in
+    Norse's loop, to 1e-5 over 12 steps, with Norse's spikes."""
+    import spikefuse.compat.norse as CN
+
+    tau = torch.tensor(150.0, requires_grad=True)
+    p = (norse.LSNNParameters if "LSNN" in name else norse.LIFParameters)(tau_mem_inv=tau, v_th=torch.tensor(0.3))
+    x = torch.rand(12, 3, 7, generator=torch.Generator().manual_seed(9)) * (3.0 if "LSNN" in name else 1.0)
+    runs = []
+    for lib in (norse, CN):
+        cell, state, zs = getattr(lib, name)(p), None, []
+        for x_t in x:
+            z, state = cell(x_t, state)
+            zs.append(z)
+        zs = torch.stack(zs)
+        runs.append((zs, torch.autograd.grad(zs.sum() + state.v.sum(), tau)[0]))
+    (z1, g1), (z2, g2) = runs
+    assert 0.02 < float(z1.detach().mean()) < 0.9 and torch.equal(z1, z2) and float(g1) != 0
+    torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
+
+
 def test_leaky_integrators_match_norse():
     """Norse's ``LI`` (all steps a call) and ``LICell`` (a step a call, in Norse's loop, the state passed back): the
     membranes and ``LIState`` bit for bit, gradients of the input and a learnable ``tau_mem_inv`` to 1e-5; ``[T, F]``
