@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .neurons import NeuronModel
+from .neurons import NeuronModel, neuron_spec
 from .ops.nonfinite import check_inputs_finite
 from .ops.numerics import compute_dtype
 from .ops.engine import reference as engine_reference
@@ -192,11 +192,8 @@ def recurrent(
             spikes0,
             tensors,
             init,
-            model,
-            surrogate,
-            detach_reset,
+            neuron_spec(model, surrogate, detach_reset, backend=backend, memory=memory),
             concrete,
-            memory,
             sparse,
             count_spikes=auto,
         )

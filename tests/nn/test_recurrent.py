@@ -93,9 +93,8 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
     """torch.library.opcheck of the recurrent layer's custom ops: schema, fake kernels against the real ones, the
     autograd registration; both memory modes (what the forward keeps differs), all-to-all and one-to-one weights, and
     the sparse product on the CPU (its bits are words of another shape)."""
-    from spikefuse.neurons import ALIF_MODEL
+    from spikefuse.neurons import ALIF_MODEL, neuron_spec
     from spikefuse.ops.recurrent import autograd as R
-    from spikefuse.registry import register
     from spikefuse.surrogate import ATan
 
     g = torch.Generator().manual_seed(0)
@@ -105,7 +104,6 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
     ]
     init = [torch.zeros(1, dtype=torch.float64), torch.rand(2, 5, generator=g, dtype=torch.float64)]
     spikes0 = torch.zeros(2, 5, dtype=torch.float64)
-    model, surrogate = register(ALIF_MODEL), register(ATan(2.0))
     runs = [
         (torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3, "potential", False),
         (torch.randn(5, generator=g, dtype=torch.float64) * 0.3, "recompute", False),
@@ -115,7 +113,8 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
     for weight, memory, sparse in runs:
         weight.requires_grad_(True)
         bias = torch.zeros(5, dtype=torch.float64, requires_grad=True)
-        args = (x, weight, bias, spikes0, params, init, model, surrogate, False, backend, memory, sparse)
+        neuron = neuron_spec(ALIF_MODEL, ATan(2.0), memory=memory).op_key
+        args = (x, weight, bias, spikes0, params, init, neuron, backend, sparse)
         torch.library.opcheck(R.recurrent_forward, args)
         out = R.recurrent_forward(*args)
         grad_spikes, grad_final = torch.rand_like(x), [torch.rand(2, 5, dtype=torch.float64) for _ in init]
@@ -132,9 +131,7 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
                 init,
                 out[3].detach(),
                 [t.detach() for t in out[4:]],
-                model,
-                surrogate,
-                False,
+                neuron,
                 backend,
                 sparse,
                 [True, True, False, True, False, False, False],

@@ -31,7 +31,7 @@ from .. import bitpack, buffers, sparse_cpu
 from ..bit_layout import packed_numel
 from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
-from ...registry import OBJECTS, key_of
+from ...registry import OBJECTS
 from ..engine.reference import initial_spike
 from . import current, current_backward
 
@@ -52,7 +52,7 @@ def backend_module(backend: str):
     return importlib.import_module(f"{__package__}.{backend}")
 
 
-def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist, record_currents=None, words=None):
+def run_forward(ops, neuron, x, weight, bias, par, init, spikes0, hist, record_currents=None, words=None):
     """Run every step; returns ``(spikes [T, B, H], final states [S, B, H])``. ``hist``: where to keep the states
     the backward reads (None: keep none); ``record_currents``: a ``[T, B, H]`` tensor to keep every step's current
     in (a backward that reads the input needs them). ``words``: the sparse forward (``sparse=True``, CPU), every
@@ -62,7 +62,7 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
     cur = init.clone()
     if words is None:
         r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
-        step, flags = ops.bind_forward(model, surrogate, x, r, cur, spikes, hist, par)
+        step, flags = ops.bind_forward(neuron, x, r, cur, spikes, hist, par)
         previous = spikes0
         for t in range(x.shape[0]):
             current(previous, weight, bias, out=r)
@@ -72,11 +72,11 @@ def run_forward(ops, model, surrogate, x, weight, bias, par, init, spikes0, hist
             previous = spikes[t]
     else:
         flags = ops.forward_sparse(
-            model, surrogate, x, weight.t().contiguous(), bias, words, record_currents, cur, spikes, hist, par
+            neuron, x, weight.t().contiguous(), bias, words, record_currents, cur, spikes, hist, par
         )
     refuse_flagged(flags, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
-    if model.handoff:
-        ops.handoff(model, surrogate, cur, par)
+    if neuron.model.handoff:
+        ops.handoff(neuron, cur, par)
     return spikes, cur
 
 
@@ -124,34 +124,30 @@ def _forward_impl(
     spikes0: Tensor | None,
     params: list[Tensor],
     init: list[Tensor],
-    model: str,
-    surrogate: str,
-    detach_reset: bool,
+    neuron: str,
     backend: str,
-    memory: str,
     sparse: bool,
 ) -> list[Tensor]:
     """``[spikes [T, B, H], *final states [B, H], bits, *kept]``: the spikes as bits and what else the backward reads
     (every step's states, and the currents where the derivatives read the input: memory "potential"; nothing else
-    with "recompute", which keeps the input). ``detach_reset`` is the backward's (an input here for the autograd
-    registration to see). ``sparse``: each step's current from the previous spikes' bits in the step kernel, the
+    with "recompute", which keeps the input; ``neuron``: the :attr:`~spikefuse.neurons.NeuronSpec.op_key` of the
+    neurons, their memory mode included). ``sparse``: each step's current from the previous spikes' bits in the step kernel, the
     bits kept row-padded with the initial spikes' first (:func:`_sparse_words`); else packed by
     :func:`spikefuse.ops.bitpack.pack`."""
-    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
+    spec = OBJECTS[neuron]
+    model, surrogate = spec.model, spec.surrogate
     ops = backend_module(backend)
     t_steps, batch, hidden = x.shape
     par, init_all = _stacked(params, init, batch, hidden, x)
     if spikes0 is None:
         spikes0 = _initial_spikes(model, par, init_all)
     kept = _kept_states(backend, model, surrogate, x.dtype)
-    potential = _keeps_potential(model, kept, memory)
+    potential = _keeps_potential(model, kept, spec.memory)
     hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
     currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
     words = _sparse_words(spikes0, t_steps) if sparse else None
     with torch.no_grad():
-        spikes, final = run_forward(
-            ops, model, surrogate, x, weight, bias, par, init_all, spikes0, hist, currents, words
-        )
+        spikes, final = run_forward(ops, spec, x, weight, bias, par, init_all, spikes0, hist, currents, words)
     if currents is not None:
         currents += x  # the steps' inputs, which the derivatives read
     bits = words if sparse else bitpack.pack(spikes, reuse=False)[0]
@@ -163,12 +159,13 @@ recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", muta
 
 
 @recurrent_forward.register_fake
-def _(x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse):
-    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
+def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse):
+    spec = OBJECTS[neuron]
+    model = spec.model
     t_steps, batch, hidden = x.shape
-    names = _kept_states(backend, model, surrogate, x.dtype)
+    names = _kept_states(backend, model, spec.surrogate, x.dtype)
     kept = []
-    if _keeps_potential(model, names, memory):
+    if _keeps_potential(model, names, spec.memory):
         kept.append(x.new_empty(t_steps, len(names), batch, hidden))
         if model.backward_reads_input:
             kept.append(torch.empty_like(x))
@@ -190,9 +187,7 @@ def _backward_impl(
     init: list[Tensor],
     bits: Tensor,
     kept: list[Tensor],
-    model: str,
-    surrogate: str,
-    detach_reset: bool,
+    neuron: str,
     backend: str,
     sparse: bool,
     need: list[bool],
@@ -203,7 +198,8 @@ def _backward_impl(
     otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states.
     ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
     read the previous spikes (the products of :mod:`spikefuse.ops.sparse_cpu`, the forward's order)."""
-    model, surrogate = OBJECTS[model], OBJECTS[surrogate]
+    spec = OBJECTS[neuron]
+    model, surrogate = spec.model, spec.surrogate
     ops = backend_module(backend)
     shape = t_steps, batch, hidden = grad_spikes.shape
     dtype, device = grad_spikes.dtype, grad_spikes.device
@@ -227,7 +223,7 @@ def _backward_impl(
             for t in range(t_steps):
                 currents[t].copy_(current(previous[t], weight, bias, out=r))
         hist = _empty((t_steps, len(_kept_states(backend, model, surrogate, dtype)), batch, hidden), spikes0)
-        ops.replay(model, surrogate, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
+        ops.replay(spec, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
         xin = x + currents if model.backward_reads_input else None
     gS = torch.stack([g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()
     gs = torch.zeros(batch, hidden, dtype=dtype, device=device)
@@ -236,11 +232,9 @@ def _backward_impl(
     acc = torch.zeros(len(need_params) if any(need_params) else 1, batch, hidden, dtype=dtype, device=device)
     G = _empty(shape, spikes0)
     if model.handoff:
-        ops.handoff_grad(model, surrogate, detach_reset, need_params, gS, gs, hist, par, acc)
+        ops.handoff_grad(spec, need_params, gS, gs, hist, par, acc)
     step = ops.bind_backward(
-        model,
-        surrogate,
-        detach_reset,
+        spec,
         need_params,
         grad_spikes,
         grec,
@@ -257,7 +251,7 @@ def _backward_impl(
         step(t)
         current_backward(G[t], weight, out=grec)
     ginit = torch.empty_like(gS)
-    ops.initial(model, surrogate, need_params, gS, gs, ginit, init_all, par, acc)
+    ops.initial(spec, need_params, gS, gs, ginit, init_all, par, acc)
 
     none = spikes0.new_empty(0)
     flat_g = G.reshape(-1, hidden)
@@ -291,9 +285,7 @@ def _(
     init,
     bits,
     kept,
-    model,
-    surrogate,
-    detach_reset,
+    neuron,
     backend,
     sparse,
     need,
@@ -311,12 +303,10 @@ def _(
     ]
 
 
-def _save(
-    ctx, x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse, out
-) -> None:
+def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, out) -> None:
     n_init = len(init)
     bits, kept = out[1 + n_init], out[2 + n_init :]
-    ctx.args = (model, surrogate, detach_reset, backend, sparse)
+    ctx.args = (neuron, backend, sparse)
     ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
@@ -328,8 +318,8 @@ def _save(
 def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
     None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
-    model, surrogate, detach_reset, backend, sparse = ctx.args
-    name = OBJECTS[model].name
+    neuron, backend, sparse = ctx.args
+    name = OBJECTS[neuron].name
     refuse_double_backward(
         f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
     )
@@ -352,9 +342,7 @@ def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
         list(init),
         bits,
         list(kept),
-        model,
-        surrogate,
-        detach_reset,
+        neuron,
         backend,
         sparse,
         [bool(n) for n in (*need[1:4], *need_params)],
@@ -389,7 +377,7 @@ def _backward(ctx, grads):
     need = ctx.needs_input_grad
     need = (*need[:4], *need[4], *need[5])  # params and init are lists: one flag per tensor
     grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(ctx, grad_spikes, grad_final, need, recurrent_backward)
-    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None, None, None, None
+    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None
 
 
 torch.library.register_autograd("spikefuse::recurrent_forward", _backward, setup_context=_setup_context)
@@ -401,11 +389,9 @@ class _EagerRecurrent(torch.autograd.Function):
     autograd sees them."""
 
     @staticmethod
-    def forward(
-        ctx, x, weight, bias, spikes0, model, surrogate, detach_reset, backend, memory, sparse, n_params, *tensors
-    ):
+    def forward(ctx, x, weight, bias, spikes0, neuron, backend, sparse, n_params, *tensors):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        args = (x, weight, bias, spikes0, params, init, model, surrogate, detach_reset, backend, memory, sparse)
+        args = (x, weight, bias, spikes0, params, init, neuron, backend, sparse)
         out = _forward_impl(*args)
         _save(ctx, *args, out)
         ctx.mark_non_differentiable(*out[1 + len(init) :])
@@ -414,67 +400,28 @@ class _EagerRecurrent(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_spikes, *rest):
         need = ctx.needs_input_grad
-        need = (*need[:4], *need[11:])
+        need = (*need[:4], *need[8:])
         grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(
             ctx, grad_spikes, rest[: ctx.n_init], need, _backward_impl
         )
-        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, None, *grad_params, *grad_init)
+        return (grad_x, gw, gb, gs0, None, None, None, None, *grad_params, *grad_init)
 
 
-def recurrent_layer(
-    x,
-    weight,
-    bias,
-    spikes0,
-    params,
-    init,
-    model,
-    surrogate,
-    detach_reset: bool,
-    backend: str,
-    memory,
-    sparse=False,
-    count_spikes=False,
-):
-    """``[spikes [T, B, H], *final states [B, H]]`` of ``model`` on ``x`` ``[T, B, H]`` (the compute dtype) with
-    autograd: the recurrent ``weight`` (``[H, H]`` or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or
-    ``[H]`` each; ``init`` the initial states (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the
-    first step's current reads (None: those of the initial states); ``sparse``: each step's current and the weight's
-    gradient from the previous spikes' bits (CPU, all to all; the caller checked). The custom op under
-    ``torch.compile``, the plain Function in eager mode. ``count_spikes`` (eager, CPU): also the number of spikes,
-    counted from the bits the forward kept (``sparse="auto"``'s rate), as ``(outputs, count)``."""
-    model_key, surrogate_key = key_of(model), key_of(surrogate)
+def recurrent_layer(x, weight, bias, spikes0, params, init, neuron, backend: str, sparse=False, count_spikes=False):
+    """``[spikes [T, B, H], *final states [B, H]]`` of the neurons of ``neuron`` (a
+    :class:`~spikefuse.neurons.NeuronSpec`: the model, surrogate, ``detach_reset`` and memory mode) on ``x``
+    ``[T, B, H]`` (the compute dtype) with autograd, on the concrete ``backend``: the recurrent ``weight`` (``[H, H]``
+    or ``[H]``) and ``bias`` (``[H]`` or None); ``params`` ``[1]`` or ``[H]`` each; ``init`` the initial states
+    (``[B, H]`` or one value each); ``spikes0`` ``[B, H]`` the spikes the first step's current reads (None: those of
+    the initial states); ``sparse``: each step's current and the weight's gradient from the previous spikes' bits
+    (CPU, all to all; the caller checked). The custom op under ``torch.compile``, the plain Function in eager mode.
+    ``count_spikes`` (eager, CPU): also the number of spikes, counted from the bits the forward kept
+    (``sparse="auto"``'s rate), as ``(outputs, count)``."""
+    key = neuron.op_key
     if torch.compiler.is_compiling():
-        out = recurrent_forward(
-            x,
-            weight,
-            bias,
-            spikes0,
-            list(params),
-            list(init),
-            model_key,
-            surrogate_key,
-            bool(detach_reset),
-            backend,
-            memory,
-            bool(sparse),
-        )
+        out = recurrent_forward(x, weight, bias, spikes0, list(params), list(init), key, backend, bool(sparse))
     else:
-        out = _EagerRecurrent.apply(
-            x,
-            weight,
-            bias,
-            spikes0,
-            model_key,
-            surrogate_key,
-            bool(detach_reset),
-            backend,
-            memory,
-            bool(sparse),
-            len(params),
-            *params,
-            *init,
-        )
+        out = _EagerRecurrent.apply(x, weight, bias, spikes0, key, backend, bool(sparse), len(params), *params, *init)
     outputs = list(out[: 1 + len(init)])
     if not count_spikes:
         return outputs

@@ -259,9 +259,10 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
     return launch
 
 
-def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
+def bind_forward(neuron, x, r, cur, spikes, hist, par):
     """``(step, flags)``: ``step(t)`` the forward of step t; ``flags`` per program, not 0 where a neuron read a NaN or
     an inf (see :func:`spikefuse.ops.nonfinite.refuse_flagged`)."""
+    model, surrogate = neuron.model, neuron.surrogate
     n = x.shape[1] * x.shape[2]
     launch = _launch(model, surrogate, cur.dtype, "forward_step", n, x.shape[2])
     flags = torch.zeros(
@@ -274,7 +275,8 @@ def bind_forward(model, surrogate, x, r, cur, spikes, hist, par):
     return (lambda t: launch(t, x, r, flags, cur, spikes, hist, par, SAVE=save)), flags
 
 
-def replay(model, surrogate, x, r, cur, spikes, hist, par) -> None:
+def replay(neuron, x, r, cur, spikes, hist, par) -> None:
+    model, surrogate = neuron.model, neuron.surrogate
     launch = _launch(model, surrogate, cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
     launch(x, r, cur, spikes, hist, par, x.shape[0])
 
@@ -283,23 +285,27 @@ def _needs(model, need) -> dict:
     return {f"NEED_{p}": bool(n) for p, n in zip(model.params, need)}
 
 
-def bind_backward(model, surrogate, detach, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
+def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
+    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
     launch = _launch(model, surrogate, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
     sgp = surrogate_params(surrogate, G.dtype, G.device)
     flags = dict(DETACH=bool(detach), **_needs(model, need))
     return lambda t: launch(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, **flags)
 
 
-def initial(model, surrogate, need, gS, gs, ginit, init, par, acc) -> None:
+def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:
+    model, surrogate = neuron.model, neuron.surrogate
     sgp = surrogate_params(surrogate, gS.dtype, gS.device)
     launch = _launch(model, surrogate, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
     launch(gS, gs, ginit, init, par, sgp, acc, **_needs(model, need))
 
 
-def handoff(model, surrogate, cur, par) -> None:
+def handoff(neuron, cur, par) -> None:
+    model, surrogate = neuron.model, neuron.surrogate
     _launch(model, surrogate, cur.dtype, "handoff", cur.shape[1] * cur.shape[2], cur.shape[2])(cur, par)
 
 
-def handoff_grad(model, surrogate, detach, need, gS, gs, hist, par, acc) -> None:
+def handoff_grad(neuron, need, gS, gs, hist, par, acc) -> None:
+    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
     launch = _launch(model, surrogate, gS.dtype, "handoff_grad", gS.shape[1] * gS.shape[2], gS.shape[2])
     launch(gS, gs, hist, par, acc, hist.shape[0], DETACH=bool(detach), **_needs(model, need))
