@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spikefuse.data import DataError, load_dataset
-from spikefuse.data.sequences import CHANNELS, DURATION, PERMUTATION_SEED, permutation
+from spikefuse.data.sequences import CHANNELS, DURATION, PERMUTATION_SEED, bernoulli_steps, permutation
 
 from spikefuse.cli import main
 
@@ -265,3 +265,25 @@ def test_time_major_collate_batches_sequences_time_first():
     x, labels = next(iter(DataLoader(ds, batch_size=4, collate_fn=time_major)))
     assert x.shape == (5, 4, 3) and x.is_contiguous() and torch.equal(x, data[:4].transpose(0, 1))
     assert torch.equal(labels, torch.arange(4))
+
+
+def test_bernoulli_steps_draws_each_intensity_as_a_spike_at_every_step():
+    """``bernoulli_steps``: ``[T, B, F]`` spikes in the input's float dtype (float32 from integers), a spike where a
+    uniform draw of ``generator`` lies below the intensity (the draws ``encode``'s "poisson" makes), so 0 never and 1
+    always spikes and the rate follows the intensity; refused for other ranks."""
+    from spikefuse.data import encode
+
+    steps = torch.rand(50, 40, 6, generator=torch.Generator().manual_seed(1))
+    steps[:, :, 0], steps[:, :, 1] = 0.0, 1.0
+    batch_first = steps.transpose(0, 1).contiguous()  # a loader's batch; its time-major view is not contiguous
+    spikes = bernoulli_steps(batch_first.transpose(0, 1), torch.Generator().manual_seed(2))
+    u = torch.rand(steps.shape, generator=torch.Generator().manual_seed(2))
+    assert spikes.dtype == torch.float32 and torch.equal(spikes, (u < steps).float())
+    assert not spikes[:, :, 0].any() and spikes[:, :, 1].all()
+    assert abs(float(spikes.mean()) - float(steps.mean())) < 0.01
+    image = steps[0].reshape(40, 6, 1, 1)  # encode's draws for an image of the same values, T steps
+    again = encode(image, 50, generator=torch.Generator().manual_seed(2)).reshape(50, 40, 6)
+    assert torch.equal(bernoulli_steps(steps[:1].expand(50, 40, 6), torch.Generator().manual_seed(2)), again)
+    assert bernoulli_steps(torch.ones(3, 2, 4, dtype=torch.uint8)).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"bernoulli_steps takes sequences \[T, B, F\], got shape \(2, 4\)"):
+        bernoulli_steps(torch.rand(2, 4))

@@ -1,5 +1,6 @@
 """The recurrent network of ``build_model("srnn")``: shapes, the leaky readout against its loop, the lean form's
-outputs and gradients equal to the fused form's, the reference backend's equal to the fused kernels'."""
+outputs and gradients equal to the fused form's, the reference backend's equal to the fused kernels', ``sparse``
+reaching every layer."""
 
 import pytest
 import torch
@@ -62,3 +63,32 @@ def test_a_step_or_batch_first_input_is_pointed_to_time_major():
         model(torch.rand(3, 28))
     with pytest.raises(ValueError, match=r"got \(20, 3, 27\)\. A DataLoader .* spikefuse.data.time_major"):
         model(torch.rand(20, 3, 27))
+
+
+@pytest.mark.parametrize("cell", ["lif", "cubalif", "alif"])
+@pytest.mark.parametrize("sparse", [True, "auto"])
+def test_sparse_reaches_the_recurrent_layers(cell, sparse):
+    """``sparse`` sets the recurrent layers' (their recurrent products reading only the neurons that spiked) as the
+    linear layers': the same weights give the dense network's outputs and gradients to rounding (spikes may differ
+    only at threshold ties, none here)."""
+    from spikefuse.nn import SpikeLinear
+    from spikefuse.nn.recurrent import Recurrent
+
+    x = (torch.rand(15, 4, 20, generator=torch.Generator().manual_seed(3)) < 0.3).float()
+    y = torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(2)
+    dense = build_model("srnn", 20, 10, hidden=32, layers=2, cell=cell, spike_inputs=True)
+    torch.manual_seed(2)
+    model = build_model("srnn", 20, 10, hidden=32, layers=2, cell=cell, spike_inputs=True, sparse=sparse)
+    recurrent = [m for m in model.modules() if isinstance(m, Recurrent)]
+    linear = [
+        m for m in model.modules() if isinstance(m, torch.nn.Linear) and m not in [r.recurrent for r in recurrent]
+    ]
+    assert len(recurrent) == 2 and all(m.sparse == sparse for m in recurrent)
+    assert len(linear) == 3 and all(type(m) is SpikeLinear and m.sparse == sparse for m in linear)
+    assert not any(m.sparse for m in dense.modules() if isinstance(m, Recurrent))
+    out_d, grads_d = _step(dense, x, y)
+    out_s, grads_s = _step(model, x, y)
+    torch.testing.assert_close(out_s, out_d, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_d, grads_s):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

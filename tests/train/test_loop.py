@@ -326,8 +326,10 @@ def test_progress_bar_names_the_first_batch_compilation_then_leaves_it_out(capsy
             assert "epoch 1/1:  33%" in err  # the fresh bar after the first batch, at 4 of 12 samples
 
 
-def test_recurrent_network_on_sequences_resumes_exactly(tmp_path):
-    """srnn on sequential MNIST (row by row, from small idx files): trains, resumes bit for bit, evaluates."""
+@pytest.mark.parametrize("encoding", ["direct", "poisson"])
+def test_recurrent_network_on_sequences_resumes_exactly(tmp_path, encoding):
+    """srnn on sequential MNIST (row by row, from small idx files), its grey values or (poisson) spikes drawn from
+    them: trains, resumes bit for bit, evaluates."""
     from tests.data.test_mnist import write_mnist
 
     write_mnist(tmp_path / "mnist", n_train=40, n_test=12)
@@ -340,6 +342,7 @@ def test_recurrent_network_on_sequences_resumes_exactly(tmp_path):
         neuron_backend="cpu",
         train_subset=None,
         test_subset=None,
+        encoding=encoding,
     )
     full = fit(tiny_config(tmp_path / "full", epochs=2, **cfg), log=quiet)
     fit(tiny_config(tmp_path / "split", epochs=1, **cfg), log=quiet)
@@ -367,6 +370,34 @@ def test_compiled_recurrent_network_trains_as_the_eager_one(tmp_path, monkeypatc
     traced = fit(tiny_config(tmp_path / "compiled", compile=True, **cfg), log=quiet)
     assert traced[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-6)
     assert traced[0]["test_loss"] == pytest.approx(eager[0]["test_loss"], rel=1e-6)
+
+
+def test_poisson_draws_sequences_of_intensities_as_spikes(tmp_path):
+    """--encoding poisson on smnist/psmnist: each batch ``[B, T, F]`` becomes time-major spikes drawn from its grey
+    values (:func:`spikefuse.data.sequences.bernoulli_steps`), the first layer told its input is spikes; refused for
+    SHD/SSC, whose frames are spike counts, and for event data, with what to do."""
+    from spikefuse.data.sequences import bernoulli_steps
+    from spikefuse.train.loop import _to_time_major, make_model
+
+    batch = torch.rand(5, 28, 28, generator=torch.Generator().manual_seed(1))
+    spikes = _to_time_major(batch, "sequence", 28, "poisson", torch.Generator().manual_seed(2))
+    want = bernoulli_steps(batch.transpose(0, 1), torch.Generator().manual_seed(2))
+    assert spikes.shape == (28, 5, 28) and torch.equal(spikes, want) and 0 < float(spikes.mean()) < 1
+    assert torch.equal(_to_time_major(batch, "sequence", 28, "direct", None), batch.transpose(0, 1))
+    for dataset in ("smnist", "psmnist"):
+        TrainConfig(model="srnn", dataset=dataset, encoding="poisson").check_data_kind("sequence")
+    info = {"name": "smnist", "in_channels": 28, "num_classes": 10, "height": 1, "width": 1, "kind": "sequence"}
+    for encoding, first in (("poisson", "SpikeLinear"), ("direct", "Linear")):
+        cfg = TrainConfig(model="srnn", dataset="smnist", encoding=encoding, memory="lean", hidden=8)
+        assert type(make_model(cfg, info).layers[0]).__name__ == first
+    with pytest.raises(
+        ConfigError,
+        match=r"--encoding poisson encodes static images; shd is a sequence of spike counts already: leave "
+        r"--encoding out \(it draws the intensities of the sequences smnist and psmnist as spikes too\)",
+    ):
+        TrainConfig(model="srnn", dataset="shd", encoding="poisson").check_data_kind("sequence")
+    with pytest.raises(ConfigError, match=r"digits-events is event data \(already spikes per frame\)"):
+        TrainConfig(model="srnn", dataset="digits-events", encoding="poisson").check_data_kind("event")
 
 
 def test_sequences_need_a_recurrent_network(tmp_path):
@@ -430,8 +461,9 @@ def test_lean_recurrent_network_on_event_counts_has_the_fused_gradients():
 @pytest.mark.parametrize("model", ["mlp", "srnn"])
 def test_sparse_reaches_the_linear_layers(model):
     """--sparse sets ``sparse`` of every linear layer of the model (the input layer reading event counts
-    included); false keeps torch's layers."""
+    included) and of srnn's recurrent layer; false keeps torch's layers, and the recurrent layer dense."""
     from spikefuse.nn import SpikeLinear
+    from spikefuse.nn.recurrent import Recurrent
     from spikefuse.train.loop import make_model
 
     info = {"name": "digits-events", "in_channels": 2, "num_classes": 10, "height": 8, "width": 8, "kind": "event"}
@@ -439,6 +471,9 @@ def test_sparse_reaches_the_linear_layers(model):
         built = make_model(TrainConfig(model=model, dataset="digits-events", sparse=sparse, hidden=32), info)
         layers = [m for n, m in built.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("recurrent")]
         assert len(layers) == (3 if model == "mlp" else 2)
+        recurrent = [m for m in built.modules() if isinstance(m, Recurrent)]
+        assert len(recurrent) == (0 if model == "mlp" else 1)
+        assert all(m.sparse == (expected or False) for m in recurrent)
         if expected is None:
             assert not any(isinstance(m, SpikeLinear) for m in layers)
         else:

@@ -4,7 +4,8 @@
 - ``smnist``: sequential MNIST from the MNIST files, row by row (``T=28``, 28 pixels a step) or pixel by pixel
   (``T=784``, one pixel a step), intensities in [0, 1];
 - ``psmnist``: pixel by pixel through one fixed permutation of the 784 pixels (``torch.randperm`` of
-  :data:`PERMUTATION_SEED`, the same for every run and split; :func:`permutation` gives it);
+  :data:`PERMUTATION_SEED`, the same for every run and split; :func:`permutation` gives it); the intensities of
+  both as spikes, drawn anew per batch: :func:`bernoulli_steps` (``spikefuse train --encoding poisson``);
 - ``shd`` / ``ssc``: the Spiking Heidelberg Digits and Spiking Speech Commands (Cramer et al. 2020), read from their
   HDF5 files (``spikes/times`` in seconds, ``spikes/units`` 0..699, ``labels``) and binned into ``T`` frames of 700
   channels: frame ``floor(t / duration * T)`` for a spike at ``t`` seconds (``duration`` 1.4 s, which every sample
@@ -28,12 +29,25 @@ from torch.utils.data import Dataset
 
 from ._common import DataError, DatasetInfo, describe_path, resolve_root
 
-__all__ = ["PERMUTATION_SEED", "permutation", "load_smnist", "load_shd", "SpikeTrainDataset", "CHANNELS", "DURATION"]
+__all__ = [
+    "PERMUTATION_SEED",
+    "permutation",
+    "load_smnist",
+    "load_shd",
+    "SpikeTrainDataset",
+    "CHANNELS",
+    "DURATION",
+    "INTENSITIES",
+    "bernoulli_steps",
+]
 
 #: The seed of psMNIST's one permutation of the pixels.
 PERMUTATION_SEED = 0
 #: Input channels of SHD and SSC (the cochlea model's fibres) and the time the binning spans, in seconds.
 CHANNELS, DURATION = 700, 1.4
+#: The sequence data sets of intensities in [0, 1] (grey values), which :func:`bernoulli_steps` turns into spikes;
+#: SHD's and SSC's frames are spike counts already.
+INTENSITIES = ("smnist", "psmnist")
 _CLASSES = {"shd": 20, "ssc": 35}
 _SPLITS = {"shd": {True: "shd_train.h5", False: "shd_test.h5"}, "ssc": {True: "ssc_train.h5", False: "ssc_test.h5"}}
 
@@ -64,6 +78,20 @@ def load_smnist(root, *, train: bool, T: int, permuted: bool = False):
     return TensorDataset(data.contiguous(), images.targets), DatasetInfo(
         name=name, in_channels=shapes[T][1], num_classes=info.num_classes, height=1, width=1, kind="sequence"
     )
+
+
+def bernoulli_steps(steps: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Spikes of a batch of intensity sequences ``steps`` ``[T, B, F]`` in [0, 1] (sequential MNIST's pixels, time
+    first): at every step each value spikes (1.0) with its intensity as probability, independently, as
+    :func:`spikefuse.data.encode`'s ``"poisson"`` draws an image's pixels at every step; the same ``[T, B, F]``, the
+    steps the sequence's own. Draws from ``generator`` if given (on ``steps``' device); an integer ``steps`` gives
+    float32 spikes."""
+    if steps.ndim != 3:
+        raise ValueError(f"bernoulli_steps takes sequences [T, B, F], got shape {tuple(steps.shape)}")
+    if not steps.is_floating_point():
+        steps = steps.float()
+    u = torch.rand(steps.shape, generator=generator, device=steps.device, dtype=steps.dtype)
+    return (u < steps).to(steps.dtype)
 
 
 def _described(dtype) -> str:

@@ -58,7 +58,9 @@ class SRNN(nn.Module):
     only 0 and 1, so the first layer may keep it as bits too (framed events, SHD's and N-MNIST's, are counts per
     bin: not spikes). ``sparse`` (``True`` or ``"auto"``): every linear layer, the readout and the input layer
     included, is a :class:`spikefuse.nn.SpikeLinear` with that ``sparse``, its products reading only the nonzero
-    inputs (the input layer's counts by their values); ``False`` keeps the layers above."""
+    inputs (the input layer's counts by their values), and the recurrent layers take it too, each step's recurrent
+    current reading only the neurons that spiked (:func:`spikefuse.recurrent`'s ``sparse``); ``False`` keeps the
+    layers above, dense."""
 
     def __init__(
         self,
@@ -109,15 +111,27 @@ class SRNN(nn.Module):
                         detach_reset=neuron.detach_reset,
                         backend=neuron.backend,
                         memory=mode,
+                        sparse=sparse,
                     )
                 )
             elif cell == "cubalif":
                 blocks.append(
-                    RecurrentCubaLIF(hidden, alpha=0.8, beta=0.9, threshold=1.0, backend=neuron.backend, memory=mode)
+                    RecurrentCubaLIF(
+                        hidden, alpha=0.8, beta=0.9, threshold=1.0, backend=neuron.backend, memory=mode, sparse=sparse
+                    )
                 )
             else:
                 blocks.append(
-                    RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, backend=neuron.backend, memory=mode)
+                    RecurrentALIF(
+                        hidden,
+                        decay=0.95,
+                        rho=0.99,
+                        b0=0.5,
+                        beta=0.2,
+                        backend=neuron.backend,
+                        memory=mode,
+                        sparse=sparse,
+                    )
                 )
         self.layers = nn.Sequential(*blocks)
         self.readout = linear(hidden, num_classes, fed_spikes=True)

@@ -85,7 +85,8 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         "--encoding",
         choices=("direct", "poisson"),
         default=d.get("encoding", "direct"),
-        help="input coding of static images: the analog image every step, or Bernoulli rate coding (default: %(default)s)",
+        help="input coding of static images and of smnist/psmnist's pixels: the analog values every step, or "
+        "Bernoulli rate coding, each value a spike with its intensity as probability at every step (default: %(default)s)",
     )
     p.add_argument(
         "--neuron-backend",
@@ -122,8 +123,8 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
         choices=list(CELLS),
         default=d.get("cell", "lif"),
         help="the neurons of every layer: lif (the model's LIF), cubalif (current-based LIF: synaptic and membrane "
-        "decay 0.5, threshold 1, ATan(2) surrogate), alif (adaptive threshold: decay 0.5, baseline 1 raised 0.2 "
-        "per spike, the raise decaying by 0.9 a step, Sigmoid(4) surrogate); srnn's recurrent layers: cubalif "
+        "decay 0.5, threshold 1), alif (adaptive threshold: decay 0.5, baseline 1 raised 0.2 "
+        "per spike, the raise decaying by 0.9 a step), each with the paper's Sigmoid(4) surrogate; srnn's recurrent layers: cubalif "
         "decays 0.8 and 0.9, alif Bellec et al.'s (decay 0.95, 0.99, baseline 0.5, raise 0.2) (default: %(default)s)",
     )
     p.add_argument(

@@ -106,7 +106,7 @@ class TrainConfig:
     threads: int | None = 2
     seed: int = 0
     out: str = "runs/spikefuse"
-    encoding: str = "direct"  # static data sets: "direct" (analog image every step) or "poisson"
+    encoding: str = "direct"  # static data sets: "direct" (analog image every step) or "poisson"; smnist/psmnist too
     neuron_backend: str = "auto"
     neurons: str = "spikefuse"  # or "spikingjelly" (SpikingJelly 2.0 LIFNode in every neuron slot)
     stem: str = "auto"  # ResNets: "auto" = cifar stem for images up to 64 px, else imagenet
@@ -239,14 +239,17 @@ class TrainConfig:
             _check_neuron_options(self.neuron)
 
     def check_data_kind(self, kind: str) -> None:
-        """Settings that depend on the data set: Poisson coding applies to images, not to event frames or sequences;
-        sequences need a recurrent network, which takes any data set."""
+        """Settings that depend on the data set: Poisson coding applies to images and to sequences of intensities
+        (each step's values drawn as spikes), not to event frames or SHD/SSC's spike counts; sequences need a
+        recurrent network, which takes any data set."""
+        from ..data.sequences import INTENSITIES
         from ..models import RECURRENT_MODELS
 
-        if kind != "static" and self.encoding != "direct":
-            what = "event data (already spikes per frame)" if kind == "event" else "a sequence (its own steps)"
+        if self.encoding != "direct" and not (kind == "static" or kind == "sequence" and self.dataset in INTENSITIES):
+            what = "event data (already spikes per frame)" if kind == "event" else "a sequence of spike counts already"
             raise ConfigError(
-                f"--encoding {self.encoding} encodes static images; {self.dataset} is {what}: leave --encoding out"
+                f"--encoding {self.encoding} encodes static images; {self.dataset} is {what}: leave --encoding out "
+                f"(it draws the intensities of the sequences {' and '.join(INTENSITIES)} as spikes too)"
             )
         if kind == "sequence" and self.model not in RECURRENT_MODELS:
             raise ConfigError(

@@ -91,12 +91,18 @@ def _subset(ds, n: int | None, seed: int):
 def _to_time_major(
     x: torch.Tensor, kind: str, T: int, encoding: str, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """A batch from the loader -> ``[T, B, C, H, W]`` (sequences: ``[T, B, F]``)."""
+    """A batch from the loader -> ``[T, B, C, H, W]`` (sequences: ``[T, B, F]``, their intensities drawn as spikes
+    with ``encoding="poisson"``)."""
     if kind in ("event", "sequence"):
         if x.ndim != (5 if kind == "event" else 3):
             form = "[B, T, C, H, W]" if kind == "event" else "[B, T, F]"
             raise ConfigError(f"{kind} batches must be {form}, got {tuple(x.shape)}")
-        return x.transpose(0, 1).contiguous()
+        x = x.transpose(0, 1)
+        if kind == "sequence" and encoding == "poisson":
+            from ..data.sequences import bernoulli_steps
+
+            return bernoulli_steps(x, generator)
+        return x.contiguous()
     from ..data import encode
 
     return encode(x, T, method=encoding, generator=generator).contiguous()
@@ -119,8 +125,9 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
     """Build ``cfg.model`` for the data set described by ``info`` (seed the RNGs first for a reproducible init)."""
     if cfg.model in RECURRENT_MODELS:  # the features of a step: a sequence's, or an event frame's flattened
         # Framed events are counts per bin, not spikes: the first layer keeps its input as it is (a spike layer
-        # would keep bits and refuse them), in the lean form too.
+        # would keep bits and refuse them), in the lean form too; Bernoulli-coded inputs are spikes.
         kw: dict = {"hidden": cfg.hidden, "layers": cfg.layers, "cell": cfg.cell, "sparse": SPARSE_CHOICES[cfg.sparse]}
+        kw["spike_inputs"] = cfg.encoding == "poisson"
         in_features = info["in_channels"] * info["height"] * info["width"]
         return build_model(
             cfg.model, in_features, info["num_classes"], neuron_backend=cfg.neuron_backend, memory=cfg.memory, **kw
