@@ -344,42 +344,46 @@ class _Recurrent(nn.Module):
         rounding of the vector products Norse computes there."""
         sparse = input_tensor.is_sparse
         input_tensor = input_tensor.to_dense() if sparse else input_tensor
-        input_tensor = input_tensor.unsqueeze(0) if self.CELL else input_tensor
-        if input_tensor.ndim not in (2, 3) or input_tensor.shape[-1] != self.input_size:
+        if input_tensor.ndim + self.CELL not in (2, 3) or input_tensor.shape[-1] != self.input_size:
             steps = "" if self.CELL else "T, "
             raise ValueError(
                 f"{type(self).__name__} takes [{steps}B, {self.input_size}] or [{steps}{self.input_size}] inputs, "
-                f"got {tuple(input_tensor.shape[self.CELL :])}"
+                f"got {tuple(input_tensor.shape)}"
             )
+        if self.CELL and one_step.takes(self.backend, input_tensor):
+            state = self.initial_state(input_tensor.unsqueeze(0)) if state is None else state
+            spikes, state = self._step(input_tensor, state)
+            return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
+        input_tensor = input_tensor.unsqueeze(0) if self.CELL else input_tensor
         unbatched = input_tensor.ndim == 2
         input_tensor = input_tensor.unsqueeze(1) if unbatched else input_tensor
         state = self.initial_state(input_tensor) if state is None else state
         current = torch.nn.functional.linear(input_tensor, self.input_weights)
-        names = self.MODEL.states
-        if self.CELL and one_step.takes(self.backend, current):
-            spikes, final = self._step(current[0], state)
-        else:
-            spikes, final = self._fused(current, state)
-            spikes = spikes[0] if self.CELL else spikes
-        state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(names, final)))
+        spikes, final = self._fused(current, state)
+        spikes = spikes[0] if self.CELL else spikes
+        state = self.STATE(z=final[-1].to(state.z.dtype), **dict(zip(self.MODEL.states, final)))
         if unbatched:
             spikes, state = spikes.select(-2, 0), self.STATE(*(v[0] for v in state))
         return (spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes), state
 
-    def _step(self, current: torch.Tensor, state) -> tuple:
-        """One step of Norse's recurrent cell in one autograd node (:mod:`spikefuse.ops.engine.step`): the input's
-        current ``current`` ``[B, H]`` and the recurrent current of the previous spikes, ``W_rec z``, join the
-        synaptic current as Norse adds them, ``(i + W_in x) + W_rec z``; the reset detached as in Norse's step, the
-        spikes' gradient flowing on through the next step's recurrent current. ``(spikes, (*states, spikes))``."""
+    def _step(self, x: torch.Tensor, state) -> tuple:
+        """One step of Norse's recurrent cell, ``x`` ``[B, I]`` or ``[I]`` (Norse's vector products then), in one
+        autograd node after the two products (:mod:`spikefuse.ops.engine.step`): the input's current and the
+        recurrent current of the previous spikes join the synaptic current as Norse adds them, ``(i + W_in x) +
+        W_rec z``; the reset detached as in Norse's step, the spikes' gradient flowing on through the next step's
+        recurrent current. ``(spikes, state)``; no view of a state in the graph where it has the step's shape."""
+        current = torch.nn.functional.linear(x, self.input_weights)
         z = state.z.to_dense() if state.z.is_sparse else state.z
+        shape, device = current.shape, current.device
+        states = [getattr(state, k) for k in self.MODEL.states]
         spikes, *final = one_step.step(
             neuron_spec(self.MODEL, SUPERSPIKE, detach_reset=True),
             current,
             _step_params(self, current),
-            [getattr(state, k).to(current.device).expand(current.shape) for k in self.MODEL.states],
+            [v if v.shape == shape and v.device == device else v.to(device).expand(shape) for v in states],
             x_rec=torch.nn.functional.linear(z.to(current.dtype), self.recurrent_weights),
         )
-        return spikes, (*final, spikes)
+        return spikes, self.STATE(z=spikes.to(state.z.dtype), **dict(zip(self.MODEL.states, final)))
 
     def _fused(self, current: torch.Tensor, state) -> tuple:
         """All steps of ``current`` ``[T, B, H]`` in the fused recurrent layer: ``(spikes, (*states, spikes))``."""
