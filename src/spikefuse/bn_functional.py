@@ -22,10 +22,10 @@ from .validation import (
     resolve_neuron,
 )
 from .neurons import NeuronModel
-from .neurons.lif import paper_lif
+from .neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
 from .neurons.spec import neuron_spec
 from .batchnorm import autograd as _bn_autograd
-from .surrogate import Sigmoid
+from .surrogate import DEFAULT as DEFAULT_SURROGATE
 
 __all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif", "conv_batchnorm_neuron"]
 
@@ -121,10 +121,10 @@ def batchnorm_lif(
     momentum: float = 0.1,
     eps: float = 1e-5,
     *,
-    decay,
-    threshold: float,
+    decay=DEFAULT_DECAY,
+    threshold: float = DEFAULT_THRESHOLD,
     v_reset: float | None = 0.0,
-    surrogate=Sigmoid(4.0),
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     v_init: torch.Tensor | None = None,
     return_state: bool = False,
@@ -201,7 +201,7 @@ def batchnorm_neuron(
     eps: float = 1e-5,
     *,
     model: NeuronModel,
-    surrogate="atan",
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     state=None,
     return_state: bool = False,
@@ -412,7 +412,7 @@ def conv_batchnorm_neuron(
     eps: float = 1e-5,
     *,
     model: NeuronModel,
-    surrogate="atan",
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     return_state: bool = False,
     backend: str = "auto",
@@ -460,10 +460,10 @@ def conv_batchnorm_lif(
     momentum: float = 0.1,
     eps: float = 1e-5,
     *,
-    decay,
-    threshold: float,
+    decay=DEFAULT_DECAY,
+    threshold: float = DEFAULT_THRESHOLD,
     v_reset: float | None = 0.0,
-    surrogate=Sigmoid(4.0),
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     return_state: bool = False,
     backend: str = "auto",

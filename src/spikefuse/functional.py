@@ -9,10 +9,10 @@ import math
 import torch
 
 from . import ops
-from .neurons.lif import lif_initial, lif_params, paper_lif
+from .neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, lif_initial, lif_params, paper_lif
 from .neurons.spec import NeuronSpec
 from .ops.engine import autograd as _engine_autograd
-from .surrogate import Sigmoid
+from .surrogate import DEFAULT as DEFAULT_SURROGATE
 from .validation import (
     channel_layout,
     check_decay,
@@ -53,10 +53,10 @@ def run_lif(x, decay, neuron: NeuronSpec, *, v_init=None):
 def lif(
     x: torch.Tensor,
     *,
-    decay,
-    threshold: float,
+    decay=DEFAULT_DECAY,
+    threshold: float = DEFAULT_THRESHOLD,
     v_reset: float | None = 0.0,
-    surrogate=Sigmoid(4.0),
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     v_init: torch.Tensor | None = None,
     return_state: bool = False,

@@ -10,7 +10,7 @@ import torch
 from .neurons import NeuronModel
 from .neurons.spec import neuron_spec
 from .ops.engine import autograd as engine_autograd
-from .surrogate import Surrogate
+from .surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
 __all__ = ["neuron"]
@@ -20,7 +20,7 @@ def neuron(
     x: torch.Tensor,
     model: NeuronModel,
     *,
-    surrogate: Surrogate | str = "atan",
+    surrogate: Surrogate | str = DEFAULT_SURROGATE,
     detach_reset: bool = False,
     state=None,
     return_state: bool = False,

@@ -13,7 +13,7 @@ from .ops import sparse_cpu
 from .ops import recurrent as recurrent_ops
 from .ops.recurrent import SparseCurrent, current, last_spike_rate, record_spike_rate
 from .ops.recurrent.autograd import RECURRENT_NON_FINITE, recurrent_layer
-from .surrogate import Surrogate
+from .surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
 __all__ = ["recurrent"]
@@ -106,7 +106,7 @@ def recurrent(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    surrogate: Surrogate | str = "atan",
+    surrogate: Surrogate | str = DEFAULT_SURROGATE,
     detach_reset: bool = False,
     state=None,
     return_state: bool = False,

@@ -29,6 +29,7 @@ __all__ = [
     "FastSigmoid",
     "Windowed",
     "resolve",
+    "DEFAULT",
     "SURROGATES",
 ]
 
@@ -230,6 +231,10 @@ def _windowed_type(base: type[Surrogate]) -> type[Windowed]:
         },
     )
 
+
+#: The surrogate of every native entry point given none (the LIF family, the engine's neurons, the recurrent layers,
+#: the fused BatchNorm, the time split): the temporal-fusion paper's, Eq. (6). The drop-ins keep their peer's.
+DEFAULT = Sigmoid(4.0)
 
 SURROGATES = {
     "sigmoid": Sigmoid,

@@ -36,8 +36,10 @@ def _inputs(t_steps, batch, hidden, dtype, seed=0, drive=0.3):
 
 
 def _run(model, params, x, weight, bias, upstream, **kw):
-    """Spikes, final state and the gradients of x, the weight and the bias."""
+    """Spikes, final state and the gradients of x, the weight and the bias (snnTorch's surrogate, ATan(2), unless
+    ``kw`` names one)."""
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    kw = {"surrogate": "atan", **kw}
     spikes, final = spikefuse.recurrent(*leaves[:1], model, *leaves[1:], return_state=True, **params, **kw)
     loss = (spikes * upstream).sum() + sum((v * (i + 1.5)).sum() for i, v in enumerate(final[:-1]))
     return spikes, final, torch.autograd.grad(loss, leaves)

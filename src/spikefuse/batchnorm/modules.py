@@ -19,7 +19,8 @@ from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif,
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIFModuleOptions
 from ..nn.spike_layers import check_binary, debug_enabled
-from ..surrogate import Sigmoid
+from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE
 
 __all__ = [
     "BatchNormLIFBase",
@@ -78,10 +79,10 @@ class BatchNormLIFBase(LIFModuleOptions, _NormBase):
         affine: bool = True,
         track_running_stats: bool = True,
         *,
-        decay: float = 0.5,
-        threshold: float = 1.0,
+        decay: float = DEFAULT_DECAY,
+        threshold: float = DEFAULT_THRESHOLD,
         v_reset: float | None = 0.0,
-        surrogate=Sigmoid(4.0),
+        surrogate=DEFAULT_SURROGATE,
         detach_reset: bool = False,
         learnable_decay: bool = False,
         channels: int | None = None,

@@ -41,7 +41,10 @@ def _layer_cases():
     alpha, beta = 0.8, 0.9
     cases = {
         "spikefuse CubaLIF (cpu)": (
-            lambda x: spikefuse.neuron(x, CUBA_LIF, alpha=alpha, beta=beta, detach_reset=True, memory="recompute"),
+            # snnTorch Synaptic's surrogate, ATan(2)
+            lambda x: spikefuse.neuron(
+                x, CUBA_LIF, alpha=alpha, beta=beta, surrogate="atan", detach_reset=True, memory="recompute"
+            ),
             "cuba",
         ),
     }

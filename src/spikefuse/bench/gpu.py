@@ -109,7 +109,8 @@ def cases(include_compile: bool) -> tuple[list[Case], list[str]]:
     found.append(Case("PyTorch eager (unbind loop)", "paper-lif", _eager_lif))
     if include_compile:
         found.append(Case("PyTorch torch.compile (unbind loop)", "paper-lif", torch.compile(_eager_lif, dynamic=False)))
-    cuba = CubaLIF(0.8, 0.9, detach_reset=True, memory="recompute").cuda()  # snnTorch detaches the reset
+    # snnTorch detaches the reset; its surrogate ATan(2)
+    cuba = CubaLIF(0.8, 0.9, surrogate="atan", detach_reset=True, memory="recompute").cuda()
     found.append(Case("spikefuse CubaLIF", "cuba", cuba, "recompute"))
     alif = ALIF(0.9, 0.95, detach_reset=True, memory="recompute").cuda()
     found.append(Case("spikefuse ALIF", "alif", alif, "recompute"))

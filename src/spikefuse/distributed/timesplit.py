@@ -65,12 +65,13 @@ from ..batchnorm.modules import (
 )
 from ..neuron_functional import neuron
 from ..neurons import NeuronModel
+from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD
 from ..nn.containers import SeqToBatch
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIF
 from ..nn.recurrent import Recurrent
 from ..ops.numerics import compute_dtype
-from ..surrogate import Sigmoid, Surrogate
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from ..validation import check_input, check_memory_mode, check_v_init, resolve_neuron
 
 __all__ = [
@@ -471,7 +472,7 @@ def timesplit_neuron(
     x_local: torch.Tensor,
     model: NeuronModel,
     *,
-    surrogate: Surrogate | str = "atan",
+    surrogate: Surrogate | str = DEFAULT_SURROGATE,
     detach_reset: bool = False,
     state=None,
     return_state: bool = False,
@@ -523,10 +524,10 @@ def timesplit_neuron(
 def timesplit_lif(
     x_local: torch.Tensor,
     *,
-    decay,
-    threshold: float,
+    decay=DEFAULT_DECAY,
+    threshold: float = DEFAULT_THRESHOLD,
     v_reset: float | None = 0.0,
-    surrogate=Sigmoid(4.0),
+    surrogate=DEFAULT_SURROGATE,
     detach_reset: bool = False,
     v_init: torch.Tensor | None = None,
     return_state: bool = False,

@@ -86,10 +86,11 @@ class NeuronFactory:
 
 
 #: ``--cell cubalif`` of the feed-forward models: synaptic and membrane decays of 0.5 (time constants of about 1.4
-#: steps, for the few steps of image classification), threshold 1 (BatchNorm's unit scale), CubaLIF's ATan(2).
+#: steps, for the few steps of image classification), threshold 1 (BatchNorm's unit scale), the default surrogate.
 CUBA_LIF_NEURON = NeuronFactory(CubaLIF, {"alpha": 0.5, "beta": 0.5, "threshold": 1.0})
 #: ``--cell alif`` of the feed-forward models: membrane decay 0.5, baseline threshold 1 (BatchNorm's unit scale),
-#: each spike raising it by 0.2, the raise decaying by 0.9 a step (it outlasts the few steps of an image), Sigmoid(4).
+#: each spike raising it by 0.2, the raise decaying by 0.9 a step (it outlasts the few steps of an image), the default
+#: surrogate (:data:`spikefuse.surrogate.DEFAULT`, the paper's Sigmoid(4), as every native neuron's).
 ALIF_NEURON = NeuronFactory(ALIF, {"decay": 0.5, "rho": 0.9, "b0": 1.0, "beta": 0.2})
 #: The neurons ``spikefuse train --cell`` names: the model's LIF, :data:`CUBA_LIF_NEURON`, :data:`ALIF_NEURON`
 #: (the srnn model's recurrent layers of those neurons: :data:`spikefuse.models.srnn.CELLS`).

@@ -51,7 +51,7 @@ class LeakyReadout(nn.Module):
 
 class SRNN(nn.Module):
     """See the module docstring. ``cell``: "lif" (``neuron``'s decay, threshold, reset and surrogate), "cubalif"
-    (current-based LIF: synaptic decay 0.8, membrane decay 0.9 as the LIF's, threshold 1, ATan(2)) or "alif"
+    (current-based LIF: synaptic decay 0.8, membrane decay 0.9 as the LIF's, threshold 1) or "alif"
     (Bellec et al.'s adaptive threshold: decay 0.95, adaptation decay 0.99, b0 0.5, beta 0.2). ``memory``:
     "fused" (the recurrent layers keep their states for backward) or "lean" (they recompute them, and every layer
     fed by spikes keeps its input as bits: :class:`spikefuse.nn.SpikeLinear`). ``spike_inputs``: the input holds

@@ -41,6 +41,8 @@ from .model import NeuronModel
 from .spec import NeuronSpec, neuron_spec
 
 __all__ = [
+    "DEFAULT_DECAY",
+    "DEFAULT_THRESHOLD",
     "LAPICQUE_MODELS",
     "LIF_MODELS",
     "RLEAKY_ZERO",
@@ -52,6 +54,12 @@ __all__ = [
     "lif_spec",
     "paper_lif",
 ]
+
+#: The LIF settings of every native entry point given none (:func:`spikefuse.lif`, ``nn.LIF`` / ``IF``, the fused
+#: BatchNorm+LIF functions and modules, ``nn.RecurrentLIF``, the time split, the models' ``LIFOptions``): the
+#: temporal-fusion paper's Table 1 -- decay ``k = 0.2``, threshold 0.3, a hard reset to ``V_rest = 0`` -- with its
+#: surrogate, :data:`spikefuse.surrogate.DEFAULT`.
+DEFAULT_DECAY, DEFAULT_THRESHOLD = 0.2, 0.3
 
 _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))

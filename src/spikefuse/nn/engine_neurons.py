@@ -13,7 +13,7 @@ from ..validation import check_decay, check_memory_mode
 from ..neuron_functional import neuron
 from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
 from ..ops import check_backend_name
-from ..surrogate import ATan, Sigmoid, resolve
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, resolve
 
 __all__ = ["EngineNeuron", "CubaLIF", "ALIF"]
 
@@ -24,7 +24,8 @@ class EngineNeuron(nn.Module):
 
     Args:
         model: the :class:`~spikefuse.neurons.NeuronModel`.
-        surrogate: the spike's derivative in backward (a :mod:`spikefuse.surrogate` instance or name).
+        surrogate: the spike's derivative in backward (a :mod:`spikefuse.surrogate` instance or name; default
+            :data:`spikefuse.surrogate.DEFAULT`, the paper's sigmoid, as every native neuron's).
         detach_reset: no gradient through the previous step's spike in the step.
         learnable: names of parameters to learn (``nn.Parameter``), one value each, or one per channel (dim 2 of
             ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
@@ -43,7 +44,7 @@ class EngineNeuron(nn.Module):
         self,
         model: NeuronModel,
         *,
-        surrogate="atan",
+        surrogate=DEFAULT_SURROGATE,
         detach_reset: bool = False,
         learnable=(),
         channels: int | None = None,
@@ -151,8 +152,10 @@ class CubaLIF(EngineNeuron):
     """Current-based LIF neurons (:mod:`spikefuse.neurons.cuba_lif`): synaptic current decay ``alpha``, membrane
     decay ``beta`` (both in [0, 1]), spikes where ``v > threshold``; ``reset`` "subtract" (the threshold, at the
     next step), "zero" (the membrane of the next step is 0) or "hard" (the membrane is 0 right after the spike,
-    NIR's reset). ``learnable`` may name "alpha", "beta" and "threshold". Defaults as snnTorch's ``Synaptic``
-    (surrogate ``ATan(2)``)."""
+    NIR's reset). ``options``: :class:`EngineNeuron`'s (surrogate, learnable, stateful, backend, memory, ...);
+    ``learnable`` may name "alpha", "beta" and "threshold". Threshold and reset default to snnTorch's
+    ``Synaptic``'s; the surrogate to every native neuron's, :data:`spikefuse.surrogate.DEFAULT` (snnTorch's is
+    ``ATan(2)``, which :mod:`spikefuse.compat.snntorch`'s ``Synaptic`` keeps)."""
 
     unit_interval = ("alpha", "beta")
 
@@ -162,38 +165,20 @@ class CubaLIF(EngineNeuron):
         beta: float,
         threshold: float = 1.0,
         reset: str = "subtract",
-        surrogate=ATan(2.0),
-        detach_reset: bool = False,
-        learnable=(),
-        channels: int | None = None,
-        stateful: bool = False,
-        backend: str = "auto",
-        memory: str = "potential",
+        **options,
     ):
         if reset not in CUBA_LIF_MODELS:
             raise ValueError(f"unknown reset {reset!r}: use one of {', '.join(CUBA_LIF_MODELS)}")
         if not (isinstance(threshold, numbers.Real) and threshold > 0):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         self.reset = reset
-        super().__init__(
-            CUBA_LIF_MODELS[reset],
-            surrogate=surrogate,
-            detach_reset=detach_reset,
-            learnable=learnable,
-            channels=channels,
-            stateful=stateful,
-            backend=backend,
-            memory=memory,
-            alpha=alpha,
-            beta=beta,
-            threshold=threshold,
-        )
+        super().__init__(CUBA_LIF_MODELS[reset], alpha=alpha, beta=beta, threshold=threshold, **options)
 
 
 class ALIF(EngineNeuron):
     """Adaptive-threshold LIF neurons (Bellec et al. 2018; :mod:`spikefuse.neurons.alif`): membrane decay
     ``decay``, threshold ``b0 + beta * a`` where ``a`` decays by ``rho`` and jumps by one on each spike (``decay``
-    and ``rho`` in [0, 1]); a spike subtracts the threshold it crossed."""
+    and ``rho`` in [0, 1]); a spike subtracts the threshold it crossed. ``options``: :class:`EngineNeuron`'s."""
 
     unit_interval = ("decay", "rho")
 
@@ -203,27 +188,8 @@ class ALIF(EngineNeuron):
         rho: float,
         b0: float = 1.0,
         beta: float = 1.8,
-        surrogate=Sigmoid(4.0),
-        detach_reset: bool = False,
-        learnable=(),
-        channels: int | None = None,
-        stateful: bool = False,
-        backend: str = "auto",
-        memory: str = "potential",
+        **options,
     ):
         if not (isinstance(b0, numbers.Real) and b0 > 0):
             raise ValueError(f"b0 (the baseline threshold) must be a positive number, got {b0!r}")
-        super().__init__(
-            ALIF_MODEL,
-            surrogate=surrogate,
-            detach_reset=detach_reset,
-            learnable=learnable,
-            channels=channels,
-            stateful=stateful,
-            backend=backend,
-            memory=memory,
-            decay=decay,
-            rho=rho,
-            b0=b0,
-            beta=beta,
-        )
+        super().__init__(ALIF_MODEL, decay=decay, rho=rho, b0=b0, beta=beta, **options)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -12,8 +12,8 @@ from torch import nn
 from .. import functional as F
 from ..ops import check_backend_name
 from ..registry import arguments
-from ..surrogate import Sigmoid, Surrogate
-from ..neurons.lif import paper_lif
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
+from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
 from ..validation import check_decay, check_memory_mode
 
 __all__ = ["LIF", "IF", "LIFOptions", "LIFModuleOptions"]
@@ -29,10 +29,10 @@ class LIFOptions:
     sigmoid surrogate with alpha 4.
     """
 
-    decay: float = 0.2
-    threshold: float = 0.3
+    decay: float = DEFAULT_DECAY
+    threshold: float = DEFAULT_THRESHOLD
     v_reset: float | None = 0.0
-    surrogate: Surrogate = field(default_factory=lambda: Sigmoid(4.0))
+    surrogate: Surrogate = DEFAULT_SURROGATE
     detach_reset: bool = False
     backend: str = "auto"
     memory: str = "potential"
@@ -149,6 +149,12 @@ class LIFModuleOptions:
 class LIF(LIFModuleOptions, nn.Module):
     """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
 
+    A bare ``LIF()`` has the paper's settings (Table 1): decay 0.2, threshold 0.3, a hard reset to 0 and the sigmoid
+    surrogate with alpha 4 (:data:`spikefuse.neurons.lif.DEFAULT_DECAY`, ``DEFAULT_THRESHOLD``,
+    :data:`spikefuse.surrogate.DEFAULT`): the one set of defaults of every native LIF (:func:`spikefuse.lif`, the
+    fused BatchNorm+LIF, ``RecurrentLIF``, the time split, the models), so that a layer swapped for another form
+    keeps its dynamics.
+
     Args:
         decay: the paper's ``k_tau`` (``1 - 1/tau``); ``decay=1`` integrates without leak.
         threshold: as in :func:`spikefuse.lif`.
@@ -166,10 +172,10 @@ class LIF(LIFModuleOptions, nn.Module):
 
     def __init__(
         self,
-        decay: float = 0.5,
-        threshold: float = 1.0,
+        decay: float = DEFAULT_DECAY,
+        threshold: float = DEFAULT_THRESHOLD,
         v_reset: float | None = 0.0,
-        surrogate=Sigmoid(4.0),
+        surrogate=DEFAULT_SURROGATE,
         detach_reset: bool = False,
         learnable_decay: bool = False,
         channels: int | None = None,
@@ -205,7 +211,7 @@ class LIF(LIFModuleOptions, nn.Module):
 class IF(LIF):
     """Integrate-and-fire neurons: :class:`LIF` without leak (``decay=1``)."""
 
-    def __init__(self, threshold: float = 1.0, v_reset: float | None = 0.0, **kwargs):
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, v_reset: float | None = 0.0, **kwargs):
         if "decay" in kwargs or kwargs.get("learnable_decay"):
             raise ValueError("IF has no decay; use LIF for a leaky or learnable decay")
         super().__init__(decay=1.0, threshold=threshold, v_reset=v_reset, **kwargs)

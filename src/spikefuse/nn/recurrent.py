@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, LIF_MODELS, NeuronModel
+from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD
 from ..recurrent_functional import recurrent
-from ..surrogate import ATan, Sigmoid
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
 
 __all__ = ["Recurrent", "RecurrentLIF", "RecurrentCubaLIF", "RecurrentALIF"]
@@ -47,31 +47,14 @@ class Recurrent(EngineNeuron):
         *,
         all_to_all: bool = True,
         bias: bool = True,
-        surrogate="atan",
-        detach_reset: bool = False,
-        learnable=(),
-        channels: int | None = None,
-        stateful: bool = False,
-        backend: str = "auto",
-        memory: str = "potential",
         sparse: bool | str = False,
-        **params,
+        **options,
     ):
         if not (isinstance(sparse, bool) or sparse == "auto"):
             raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
-        super().__init__(
-            model,
-            surrogate=surrogate,
-            detach_reset=detach_reset,
-            learnable=learnable,
-            channels=channels,
-            stateful=stateful,
-            backend=backend,
-            memory=memory,
-            **params,
-        )
+        super().__init__(model, **options)
         self.hidden_size = int(hidden_size)
         self.all_to_all = bool(all_to_all)
         self.sparse = sparse
@@ -115,18 +98,16 @@ class RecurrentLIF(Recurrent):
     def __init__(
         self,
         hidden_size: int,
-        decay: float,
-        threshold: float = 1.0,
+        decay: float = DEFAULT_DECAY,
+        threshold: float = DEFAULT_THRESHOLD,
         v_reset: float | None = 0.0,
-        *,
-        surrogate=Sigmoid(4.0),
         **options,
     ):
         if not (isinstance(threshold, numbers.Real) and threshold > 0):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         model = LIF_MODELS[("paper", "soft" if v_reset is None else "hard")]
         params = dict(decay=decay, threshold=threshold, **({} if v_reset is None else {"v_reset": v_reset}))
-        super().__init__(model, hidden_size, surrogate=surrogate, **options, **params)
+        super().__init__(model, hidden_size, **options, **params)
 
     def extra_repr(self) -> str:
         soft = "v_reset" not in self.model.params_read  # the constructor's v_reset=None, a parameter no more
@@ -146,8 +127,6 @@ class RecurrentCubaLIF(Recurrent):
         beta: float,
         threshold: float = 1.0,
         reset: str = "subtract",
-        *,
-        surrogate=ATan(2.0),
         **options,
     ):
         if reset not in CUBA_LIF_MODELS:
@@ -156,7 +135,6 @@ class RecurrentCubaLIF(Recurrent):
         super().__init__(
             CUBA_LIF_MODELS[reset],
             hidden_size,
-            surrogate=surrogate,
             alpha=alpha,
             beta=beta,
             threshold=threshold,
@@ -177,10 +155,6 @@ class RecurrentALIF(Recurrent):
         rho: float,
         b0: float = 1.0,
         beta: float = 1.8,
-        *,
-        surrogate=Sigmoid(4.0),
         **options,
     ):
-        super().__init__(
-            ALIF_MODEL, hidden_size, surrogate=surrogate, decay=decay, rho=rho, b0=b0, beta=beta, **options
-        )
+        super().__init__(ALIF_MODEL, hidden_size, decay=decay, rho=rho, b0=b0, beta=beta, **options)
