@@ -9,7 +9,6 @@ the input.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ def check_memory_mode(memory: str) -> None:
         raise ValueError(f"unknown memory mode {memory!r}: use one of {sorted(MEMORY_MODES)}")
 
 
-@functools.lru_cache(maxsize=1024)  # a layer checks the same values at every call
 def _check_constants(constants: tuple, name: str, dtype: torch.dtype) -> None:
     for param, value in constants:
         if not math.isfinite(in_compute_dtype(value, dtype)):
@@ -95,6 +93,11 @@ class NeuronSpec:
         check_backend_name(self.backend)
         check_memory_mode(self.memory)
         object.__setattr__(self, "detach_reset", bool(self.detach_reset))
+        # what every call reads, worked out once (not fields: no part of the record's equality)
+        start = dict(self.initial)
+        object.__setattr__(self, "_values", dict(self.constants))
+        object.__setattr__(self, "_start", tuple(start.get(k, self.model.initial_value(k)) for k in self.model.states))
+        object.__setattr__(self, "_checked", set())  # the dtypes its constants were checked in
 
     @property
     def name(self) -> str:
@@ -103,12 +106,15 @@ class NeuronSpec:
     @property
     def op_key(self) -> str:
         """The key of this record's kernel part (constants, initial values and backend left out) for a custom op."""
-        parts = (key_of(self.model), key_of(self.surrogate), self.detach_reset, self.memory)
         if torch.compiler.is_compiling():
-            return _op_key(*parts)
-        key = _OP_KEYS.get(parts)
+            return _op_key(key_of(self.model), key_of(self.surrogate), self.detach_reset, self.memory)
+        key = self.__dict__.get("_op_key")
         if key is None:
-            key = _OP_KEYS[parts] = _op_key(*parts)
+            parts = (key_of(self.model), key_of(self.surrogate), self.detach_reset, self.memory)
+            key = _OP_KEYS.get(parts)
+            if key is None:
+                key = _OP_KEYS[parts] = _op_key(*parts)
+            self.__dict__["_op_key"] = key
         return key
 
     @property
@@ -117,26 +123,25 @@ class NeuronSpec:
         return self.memory == "potential"
 
     def constant(self, name: str) -> float:
-        return dict(self.constants)[name]
+        return self._values[name]
 
     def params(self, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Every parameter of the model in its order, as the backends take them: ``tensors`` (``[1]`` or per channel,
         in the compute dtype) and the constants as ``[1]`` tensors of their dtype and device, checked in that dtype
         (a threshold of 1e40 is inf in float32)."""
         like = next(iter(tensors.values()))
-        if self.constants and not torch.compiler.is_compiling():  # (symbolic while torch.compile traces)
+        # (symbolic while torch.compile traces)
+        if self.constants and like.dtype not in self._checked and not torch.compiler.is_compiling():
             _check_constants(self.constants, self.model.name, like.dtype)
-        values = dict(self.constants)
+            self._checked.add(like.dtype)
+        values = self._values
         return [tensors[p] if p in tensors else like.new_full((1,), values[p]) for p in self.model.params]
 
     def initial_states(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The states to start from for the input ``x [T, ...]``, one value shared by every neuron (``[1]`` each, in
         the compute dtype), as every backend takes them: nothing of size N is read."""
-        cdt, start = compute_dtype(x.dtype), dict(self.initial)
-        return [
-            torch.full((1,), start.get(k, self.model.initial_value(k)), dtype=cdt, device=x.device)
-            for k in self.model.states
-        ]
+        cdt = compute_dtype(x.dtype)
+        return [torch.full((1,), v, dtype=cdt, device=x.device) for v in self._start]
 
 
 def neuron_spec(

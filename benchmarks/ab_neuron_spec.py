@@ -1,0 +1,97 @@
+"""Two checkouts of spikefuse side by side on the calls whose arguments the neuron record (``NeuronSpec``, issue 59)
+changed: the functional LIF and CubaLIF at a small size (where per-call costs show) and at `spikefuse bench
+neuron`'s, an ``nn.LIF`` module, snnTorch's ``Leaky`` and ``RLeaky`` drop-ins called step by step (the one-step
+kernels; each call now looks its record up), the recurrent layer at the SHD size, and a lean ResNet18 training step
+(the fused BatchNorm). Every call names its surrogate, so both checkouts run the same kernels whatever their
+defaults. Run as `ab_hot_paths.py` runs its cases: one fresh process per checkout and round, alternating, after an
+untimed round; each case's median over rounds.
+
+    python benchmarks/ab_neuron_spec.py OLD_SRC NEW_SRC [--rounds 5] [--out FILE.md]
+"""
+
+from ab_hot_paths import LEAN_RESNET_STEP, PRELUDE, main
+
+CASES = (
+    PRELUDE
+    + LEAN_RESNET_STEP
+    + r"""
+import spikefuse.nn
+from spikefuse.compat import snntorch as sf_snntorch
+from spikefuse.neurons import CUBA_LIF, LIF_MODELS
+from spikefuse.surrogate import ATan, Sigmoid
+
+
+def layer(T, n, repeats, cuba=False):
+    x = torch.rand(T, n, requires_grad=True)
+    g = torch.rand(T, n)
+
+    def step():
+        if cuba:
+            spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, surrogate=ATan(2.0)).backward(g)
+        else:
+            spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Sigmoid(4.0)).backward(g)
+        x.grad = None
+
+    return median_time(step, repeats)
+
+
+def module(T, n, repeats):
+    lif = spikefuse.nn.LIF(decay=0.8, threshold=0.5, surrogate=Sigmoid(4.0))
+    x = torch.rand(T, n, requires_grad=True)
+
+    def step():
+        lif(x).sum().backward()
+        x.grad = None
+
+    return median_time(step, repeats)
+
+
+def step_loop(recurrent, repeats, T=100, B=32, n=256):
+    neuron = sf_snntorch.RLeaky(beta=0.9, linear_features=n) if recurrent else sf_snntorch.Leaky(beta=0.9)
+    x = torch.rand(T, B, n, requires_grad=True)
+
+    def run():
+        if recurrent:
+            spk, mem = neuron.init_rleaky()
+        else:
+            mem = neuron.init_leaky()
+        out = []
+        for t in range(T):
+            if recurrent:
+                spk, mem = neuron(x[t], spk, mem)
+            else:
+                spk, mem = neuron(x[t], mem)
+            out.append(spk)
+        torch.stack(out).sum().backward()
+        x.grad = None
+
+    return median_time(run, repeats)
+
+
+def recurrent_layer(repeats, T=250, B=32, H=256):
+    x = (torch.rand(T, B, H) * 0.6).requires_grad_()
+    w = (torch.randn(H, H) * 0.05).requires_grad_()
+
+    def run():
+        model = LIF_MODELS[("snntorch", "soft")]
+        spikefuse.recurrent(x, model, w, decay=0.9, threshold=1.0, surrogate=ATan(2.0)).sum().backward()
+        x.grad = w.grad = None
+
+    return median_time(run, repeats)
+
+
+print(json.dumps({
+    "spikefuse.lif T=8 N=4096 fwd+bwd (us)": 1e6 * layer(8, 4096, 400),
+    "spikefuse.neuron CubaLIF T=16 N=512 fwd+bwd (us)": 1e6 * layer(16, 512, 400, cuba=True),
+    "nn.LIF T=8 N=4096 fwd+bwd (us)": 1e6 * module(8, 4096, 400),
+    "compat.snntorch.Leaky step loop T=100 B=32 N=256 (ms)": 1e3 * step_loop(False, 15),
+    "compat.snntorch.RLeaky step loop T=100 B=32 N=256 (ms)": 1e3 * step_loop(True, 10),
+    "spikefuse.recurrent T=250 B=32 H=256 fwd+bwd (ms)": 1e3 * recurrent_layer(7),
+    "spikefuse.lif T=32 N=1M fwd+bwd (ms)": 1e3 * layer(32, 1_000_000, 15),
+    "lean ResNet18 train step T=4 B=8 32x32 (ms)": 1e3 * median_time(train_step, 5),
+}))
+"""
+)
+
+if __name__ == "__main__":
+    main(CASES, "The neuron record (NeuronSpec) against the loose arguments before", "ab_neuron_spec.py", rounds=5)
