@@ -475,7 +475,10 @@ def test_bad_graphs():
     "model, message",
     [
         (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(v_reset=None)), r"1 \(LIF\): soft reset .*has no NIR node"),
-        (nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(decay=0.5, threshold=1.0, v_reset=0.5)), r"v_reset=0.5 with a leak"),
+        (
+            nn.Sequential(SeqToBatch(nn.Linear(3, 3)), LIF(decay=0.5, threshold=1.0, v_reset=0.5)),
+            r"v_reset=0.5 with a leak",
+        ),
         (nn.Sequential(LIF(), SeqToBatch(nn.MaxPool1d(1))), r"1 \(SeqToBatch\): MaxPool1d has no NIR node"),
         (
             nn.Sequential(SeqToBatch(nn.Linear(3, 3)), SeqToBatch(nn.BatchNorm1d(3)), LIF()),
