@@ -301,6 +301,32 @@ def test_feed_forward_cells_learn_norses_time_constant(name):
     torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("name", ["LIF", "LSNN"])
+def test_feed_forward_layers_learn_norses_time_constant(name):
+    """Norse's all-steps ``LIF`` / ``LSNN`` with a learnable ``tau_mem_inv`` in its record, trained three steps (the
+    optimizer changes the tensor in place): each step's spikes Norse's bit for bit, its gradient Norse's to 1e-5 (the
+    values made at construction would keep the first value and a freed graph)."""
+    import spikefuse.compat.norse as CN
+
+    x = torch.rand(12, 3, 7, generator=torch.Generator().manual_seed(9)) * (3.0 if name == "LSNN" else 1.0)
+    runs = []
+    for lib in (norse, CN):
+        tau = torch.tensor(150.0, requires_grad=True)
+        p = (norse.LSNNParameters if name == "LSNN" else norse.LIFParameters)(tau_mem_inv=tau, v_th=torch.tensor(0.3))
+        layer, opt, steps = getattr(lib, name)(p), torch.optim.SGD([tau], lr=50.0), []
+        for _ in range(3):
+            z, state = layer(x)
+            loss = z.sum() + state.v.sum()
+            opt.zero_grad()
+            loss.backward()
+            steps.append((z.detach(), tau.grad.clone()))
+            opt.step()
+        runs.append(steps)
+    for (z1, g1), (z2, g2) in zip(*runs):
+        assert 0.02 < float(z1.mean()) < 0.9 and torch.equal(z1, z2) and float(g1) != 0
+        torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
+
+
 def test_leaky_integrators_match_norse():
     """Norse's ``LI`` (all steps a call) and ``LICell`` (a step a call, in Norse's loop, the state passed back): the
     membranes and ``LIState`` bit for bit, gradients of the input and a learnable ``tau_mem_inv`` to 1e-5; ``[T, F]``

@@ -234,7 +234,10 @@ class _FeedForward(nn.Module):
             spikes, *final = one_step.step(neuron_spec(self.MODEL, SUPERSPIKE), x[0], _step_params(self, x), init)
             spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
             return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
-        params = {k: v.to(x.device) for k, v in self._params.items()}  # Norse's records stay on the CPU
+        # a tensor of Norse's record that requires grad (a learnable tau_mem_inv) is read at every call, as Norse
+        # does: the values made at construction would hold its first value and a graph a backward already freed
+        learnable = any(isinstance(v, torch.Tensor) and v.requires_grad for v in (self.p or ()))
+        params = {k: v.to(x.device) for k, v in (self.params() if learnable else self._params).items()}
         spikes, final = neuron(
             x,
             self.MODEL,
