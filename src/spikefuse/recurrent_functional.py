@@ -12,7 +12,7 @@ from .ops.engine import reference as engine_reference
 from .ops import sparse_cpu
 from .ops import recurrent as recurrent_ops
 from .ops.recurrent import SparseCurrent, current, last_spike_rate, record_spike_rate
-from .ops.recurrent.autograd import RECURRENT_NON_FINITE, recurrent_layer
+from .ops.recurrent.autograd import NOT_BINARY, RECURRENT_NON_FINITE, binary, recurrent_layer
 from .surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
@@ -46,8 +46,9 @@ def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor, spikes0, backend:
         return f"the backend is {backend!r}"
     if compute_dtype(x.dtype) not in sparse_cpu.SUPPORTED_DTYPES:
         return f"x is {x.dtype}"
-    if spikes0 is not None and not ((spikes0 == 0) | (spikes0 == 1)).all():
-        return "the initial spikes of state hold a value other than 0 and 1"
+    # (while torch.compile traces, the values are not there: the op checks them, spikefuse.ops.recurrent.autograd)
+    if spikes0 is not None and not torch.compiler.is_compiling() and not binary(spikes0):
+        return NOT_BINARY
     return None
 
 

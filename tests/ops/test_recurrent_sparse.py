@@ -15,7 +15,7 @@ import spikefuse
 import spikefuse.nn as snn
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS, SPIKINGJELLY_MODELS
 from spikefuse.ops import sparse_cpu
-from spikefuse.surrogate import Rectangle
+from spikefuse.surrogate import ATan, Rectangle
 from spikefuse.threads import set_threads
 
 MODELS = {
@@ -195,3 +195,24 @@ def test_refusals_say_why():
         spikefuse.recurrent(x, model, weight, state=state, sparse=True, **params)
     with pytest.raises(ValueError, match="one to one"):
         snn.RecurrentLIF(4, decay=0.9, all_to_all=False, sparse=True)(x)
+
+
+def test_compiles_with_a_state_and_checks_its_spikes_in_the_op():
+    """``sparse=True`` with a ``state`` under ``torch.compile(fullgraph=True)``: no graph break (the initial spikes'
+    check, which reads values, runs inside the op), the eager spikes; spikes other than 0 and 1 refused there too."""
+    model, params = MODELS["leaky"]
+    x, weight, bias = _inputs(5, 2, 9, torch.float32)
+    spikes0 = (torch.rand(2, 9, generator=torch.Generator().manual_seed(4)) > 0.5).float()
+    surrogate = ATan(2.0)  # (an instance: a name makes one while dynamo traces, a graph break of its own)
+
+    def run(x, spikes0):
+        state = (torch.zeros(2, 9), spikes0)
+        return spikefuse.recurrent(x, model, weight, bias, state=state, sparse=True, surrogate=surrogate, **params)
+
+    compiled = torch.compile(run, fullgraph=True, dynamic=False)
+    assert torch._dynamo.explain(run)(x, spikes0).graph_break_count == 0
+    assert torch.equal(compiled(x, spikes0), run(x, spikes0))
+    with pytest.raises(
+        ValueError, match="sparse=True reads the initial spikes as bits, but the initial spikes of state"
+    ):
+        compiled(x, spikes0 * 0.5)

@@ -38,6 +38,12 @@ from . import current, current_backward
 
 #: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
 RECURRENT_NON_FINITE = "the recurrent current (the recurrent weight, its bias or the initial spikes) holds NaN or inf"
+#: Why the sparse product refuses initial spikes: it reads them as bits.
+NOT_BINARY = "the initial spikes of state hold a value other than 0 and 1"
+
+
+def binary(spikes: Tensor) -> bool:
+    return bool(((spikes == 0) | (spikes == 1)).all())
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
@@ -136,6 +142,11 @@ def _forward_impl(
     :func:`spikefuse.ops.bitpack.pack`."""
     spec = OBJECTS[neuron]
     model, surrogate = spec.model, spec.surrogate
+    if sparse and spikes0 is not None and not binary(spikes0):  # (the caller's check, where a compiled graph has none)
+        raise ValueError(
+            f"recurrent {model.name}: sparse=True reads the initial spikes as bits, but {NOT_BINARY}; pass the spikes "
+            "a layer made, or sparse=False"
+        )
     ops = backend_module(backend)
     t_steps, batch, hidden = x.shape
     par, init_all = _stacked(params, init, batch, hidden, x)
