@@ -3,7 +3,7 @@ output gradient, building it included) against ``sparse_grad=False`` (torch's de
 nonzero output gradients: the input gradient and the weight and bias gradients of a layer of the SHD input size
 and of N-MNIST's, and a small hidden layer, fed by 5% spikes (``sparse=False``: the weight gradient unpacks the input's bits in both forms).
 The forward is not timed; the two forms alternate in one process; medians. Behind
-``spikefuse.ops.sparse_cpu.CROSSOVER_GRAD``.
+``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD``.
 
     python benchmarks/sparse_gradients.py --threads 2 --repeats 9
 """

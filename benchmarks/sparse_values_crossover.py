@@ -5,7 +5,7 @@ binary check of the packing, the count, the CSR, the weight's transpose) and ``s
 the CSR below ``CROSSOVER_VALUES`` nonzero and torch's product above) against ``nn.Linear``, alternating, medians;
 the ratios are the medians of each round's ratios (the three calls of a round run back to back, so a shared
 machine's load moves them together), and the ratio of the fastest calls (the ones least slowed by other jobs).
-Behind ``spikefuse.ops.sparse_cpu.CROSSOVER_VALUES``; the ``auto / dense`` columns are the issue's sweep (0-60%:
+Behind ``spikefuse.ops.spike_layers.cpu.CROSSOVER_VALUES``; the ``auto / dense`` columns are the issue's sweep (0-60%:
 ``auto`` at most 5% slower than dense at any rate).
 
     python benchmarks/sparse_values_crossover.py --threads 1 --repeats 31

@@ -9,7 +9,7 @@ from .neurons import NeuronModel, neuron_spec
 from .ops.nonfinite import check_inputs_finite
 from .ops.numerics import compute_dtype
 from .ops.engine import reference as engine_reference
-from .ops import sparse_cpu
+from .ops.spike_layers import cpu as sparse_cpu
 from .ops import recurrent as recurrent_ops
 from .ops.recurrent import SparseCurrent, current, last_spike_rate, record_spike_rate
 from .ops.recurrent.autograd import NOT_BINARY, RECURRENT_NON_FINITE, binary, recurrent_layer

@@ -31,7 +31,7 @@ def test_crossover_interpolates_the_first_crossing():
 
 
 def test_bench_sparse_stops_where_the_sparse_product_differs(monkeypatch, tmp_path):
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import cpu as sparse_cpu
 
     linear = sparse_cpu.linear
     monkeypatch.setattr(sparse_cpu, "linear", lambda *a: linear(*a) + 1)

@@ -85,7 +85,7 @@ def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse
     ``sparse=False`` the input layer, fed counts, stays torch's), the readout dense; the gradients of torch's layers
     behind the same windowed neurons to rounding, with the gradients' CSR taken wherever ``auto`` may."""
     from spikefuse.nn import LIFOptions
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import cpu as sparse_cpu
     from spikefuse.surrogate import Sigmoid, Windowed
 
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_GRAD", 1.0)

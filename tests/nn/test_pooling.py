@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from spikefuse.nn import MaxPool2d
-from spikefuse.ops import maxpool_cpu
+from spikefuse.ops.maxpool import cpu as maxpool_cpu
 
 
 def _inputs():

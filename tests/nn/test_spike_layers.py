@@ -329,7 +329,8 @@ def test_max_pool_of_a_neurons_spikes_pools_their_bits(mine_cls, ref_cls, kw, sh
     """Input whose bits a neuron kernel made (remembered as spikes): the pooling reads those bits, not the values,
     gives torch's output and gradient, and hands its output's bits (where each plane fills whole bytes) to the next
     layer; the values are not read."""
-    from spikefuse.ops import bitpack, maxpool_cpu
+    from spikefuse.ops import bitpack
+    from spikefuse.ops.maxpool import cpu as maxpool_cpu
 
     x = spikes(shape, seed=7, p=0.4)
     bitpack.remember(x, bitpack.pack_torch(x), spikes=True)
@@ -449,14 +450,14 @@ def run_sparse(sparse, x, in_features, out_features, bias=True, dtype=torch.floa
 def test_sparse_linear_is_the_dense_product_to_rounding(sparse, shape, bias):
     """T=1, B=1, K=1, extra dims: the output and weight gradient equal torch's to rounding and (sparse=True) their
     same-order references bit for bit; the input and bias gradients are torch's own ops (the dense G @ W, G.sum(0))."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import reference
 
     x = spikes(shape, seed=sum(shape), p=0.2)
     ref, mine, a, b = run_sparse(sparse, x, shape[-1], 7, bias)
     x2, g2 = x.reshape(-1, shape[-1]), torch.randn(a[0].shape, generator=torch.Generator().manual_seed(1))
     if sparse is True:  # auto may take either path at this rate
-        assert torch.equal(b[0].reshape(-1, 7), sparse_cpu.linear_reference(x2, mine.weight, mine.bias))
-        assert torch.equal(mine.weight.grad, sparse_cpu.weight_grad_reference(g2.reshape(-1, 7), x2))
+        assert torch.equal(b[0].reshape(-1, 7), reference.linear_reference(x2, mine.weight, mine.bias))
+        assert torch.equal(mine.weight.grad, reference.weight_grad_reference(g2.reshape(-1, 7), x2))
     for name, u, v in zip(("output", "grad_input", "grad_weight", "grad_bias"), a, b):
         if u is not None:
             torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
@@ -476,11 +477,13 @@ def test_sparse_linear_empty_and_all_active_rows():
 def test_sparse_linear_gradcheck_float64():
     """gradcheck of the sparse kernels themselves (they run float64) in the weight and bias; the input stays
     binary, as the layer requires (a perturbed input is no longer spikes)."""
+    from spikefuse.ops.spike_layers.autograd import _SpikeLinearFn
+
     x = spikes((2, 3, 11), seed=6, p=0.3, dtype=torch.float64)
     layer = SpikeLinear(11, 4, sparse=True).double()
 
     def f(weight, bias):
-        return sl._SpikeLinearFn.apply(x, weight, bias, sl.bitpack.pack(x.reshape(-1, 11))[0], True, True)
+        return _SpikeLinearFn.apply(x, weight, bias, sl.bitpack.pack(x.reshape(-1, 11))[0], True, True)
 
     w, b = layer.weight.detach().clone().requires_grad_(), layer.bias.detach().clone().requires_grad_()
     assert torch.autograd.gradcheck(f, (w, b))
@@ -489,7 +492,7 @@ def test_sparse_linear_gradcheck_float64():
 def test_sparse_auto_picks_by_the_spike_rate(monkeypatch):
     """``auto``: sparse below the crossover rates, torch's product (bit-identical to nn.Linear) above; the forward
     and the weight gradient each by its own crossover; below the crossover rows the dense path without a count."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import cpu as sparse_cpu
 
     calls = []
     for name in ("linear", "weight_grad"):
@@ -539,7 +542,7 @@ def test_sparse_reads_a_neurons_bits_without_packing(monkeypatch):
 def test_sparse_under_no_grad():
     """sparse=True packs the input itself (checking it) where no neuron made its bits; ``auto`` does not pack only
     to count, and gives torch's output there."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import reference
 
     torch.manual_seed(0)
     layer, ref = SpikeLinear(30, 6, sparse=True), nn.Linear(30, 6)
@@ -547,7 +550,7 @@ def test_sparse_under_no_grad():
     x = spikes((2, 3, 30), seed=9, p=0.1)
     with torch.no_grad():
         y = layer(x)
-        assert torch.equal(y.reshape(-1, 6), sparse_cpu.linear_reference(x.reshape(-1, 30), layer.weight, layer.bias))
+        assert torch.equal(y.reshape(-1, 6), reference.linear_reference(x.reshape(-1, 30), layer.weight, layer.bias))
         layer.sparse = "auto"
         assert torch.equal(layer(spikes((2, 3, 30), seed=10, p=0.1)), ref(spikes((2, 3, 30), seed=10, p=0.1)))
 
@@ -564,14 +567,14 @@ def counts(shape, seed=0, p=0.3, dtype=torch.float32):
 def test_sparse_true_takes_counts_by_their_values(shape):
     """A non-binary input (found so by the packing's check) takes the CSR with values: the output and weight gradient
     are the same-order references' bits and torch's to rounding; the input and bias gradients torch's."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import reference
 
     x = counts(shape, seed=sum(shape), p=0.4)
     x.view(-1)[0] = 2.0  # not binary, whatever the draw
     ref, mine, a, b = run_sparse(True, x, shape[-1], 7)
     x2, g2 = x.reshape(-1, shape[-1]), torch.randn(a[0].shape, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(b[0].reshape(-1, 7), sparse_cpu.linear_reference(x2, mine.weight, mine.bias))
-    assert torch.equal(mine.weight.grad, sparse_cpu.weight_grad_reference(g2.reshape(-1, 7), x2))
+    assert torch.equal(b[0].reshape(-1, 7), reference.linear_reference(x2, mine.weight, mine.bias))
+    assert torch.equal(mine.weight.grad, reference.weight_grad_reference(g2.reshape(-1, 7), x2))
     for name, u, v in zip(("output", "grad_input", "grad_weight", "grad_bias"), a, b):
         torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
     with torch.no_grad():
@@ -599,11 +602,14 @@ def test_sparse_auto_picks_for_counts_by_their_nonzero_share(monkeypatch):
     """``auto`` on counts: the CSR below ``CROSSOVER_VALUES``, torch's product (``nn.Linear``'s bits, the input kept
     for backward) from it on and for fewer rows than ``CROSSOVER_ROWS`` (without checking the input then, spikes or
     counts); under no_grad torch's product without a count (nothing to keep for backward)."""
-    from spikefuse.ops import bitpack, sparse_cpu
+    from spikefuse.ops import bitpack
+    from spikefuse.ops.spike_layers import autograd as spike_autograd, cpu as sparse_cpu
 
     calls = []
     monkeypatch.setattr(
-        sparse_cpu.CSRLinearFunction, "apply", lambda *a, f=sparse_cpu.CSRLinearFunction.apply: calls.append(1) or f(*a)
+        spike_autograd.CSRLinearFunction,
+        "apply",
+        lambda *a, f=spike_autograd.CSRLinearFunction.apply: calls.append(1) or f(*a),
     )
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
@@ -642,7 +648,8 @@ def test_sparse_auto_checks_a_layer_fed_values_by_its_count_first(monkeypatch):
     """After a call with values, ``auto`` counts the next input and tells binary from values in that one pass instead
     of failing to pack it first; a binary input then takes the spikes' path (packed) again, the same bits either
     way."""
-    from spikefuse.ops import bitpack, sparse_cpu
+    from spikefuse.ops import bitpack
+    from spikefuse.ops.spike_layers import cpu as sparse_cpu
 
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_ROWS", 12)
     monkeypatch.setattr(sparse_cpu, "CROSSOVER_WORK", 0)
@@ -743,14 +750,14 @@ def test_sparse_grad_reads_the_nonzero_gradients(sparse, values, shape):
     """T=1, B=1, extra dims, spikes and counts, with each ``sparse``: the input gradient and (where not read from the
     input's bits) the weight gradient are the same-order references' bit for bit, every gradient torch's to
     rounding."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import reference
 
     x = (counts if values else spikes)(shape, seed=sum(shape), p=0.3)
     mine, g2, ref_grads, grads = run_sparse_grad(sparse, True, x, 7, p_grad=0.2)
     x2, w = x.reshape(-1, shape[-1]), mine.weight.detach()
-    assert torch.equal(grads[0].reshape(x2.shape), sparse_cpu.linear_reference(g2, w.t()))
+    assert torch.equal(grads[0].reshape(x2.shape), reference.linear_reference(g2, w.t()))
     if sparse is False:  # the weight gradient from the gradient's CSR (with sparse, from the input's own sparsity)
-        assert torch.equal(grads[1], sparse_cpu.weight_grad_reference(x2, g2).t())
+        assert torch.equal(grads[1], reference.weight_grad_reference(x2, g2).t())
     assert torch.equal(grads[2], g2.sum(0))
     for name, u, v in zip(("grad_input", "grad_weight", "grad_bias"), ref_grads, grads):
         torch.testing.assert_close(v, u, rtol=1e-5, atol=1e-5, msg=name)
@@ -759,7 +766,8 @@ def test_sparse_grad_reads_the_nonzero_gradients(sparse, values, shape):
 def test_sparse_grad_auto_counts_and_picks(monkeypatch):
     """``auto``: the gradient's CSR below ``CROSSOVER_GRAD`` nonzero, torch's products (bit-identical to nn.Linear)
     from it on; also behind ``sparse='auto'``'s torch product for dense counts."""
-    from spikefuse.ops import sparse_cpu
+    from spikefuse.ops.spike_layers import cpu as sparse_cpu
+    from spikefuse.ops.spike_layers import reference
 
     made = []
     monkeypatch.setattr(sparse_cpu, "to_csr", lambda x, c=None, f=sparse_cpu.to_csr: made.append(x.shape) or f(x, c))
@@ -778,7 +786,7 @@ def test_sparse_grad_auto_counts_and_picks(monkeypatch):
     made.clear()
     mine, g2, ref_grads, grads = run_sparse_grad("auto", "auto", dense_counts, 6, p_grad=0.2)
     assert made == [(12, 6)]
-    assert torch.equal(grads[1], sparse_cpu.weight_grad_reference(dense_counts.reshape(12, 50), g2).t())
+    assert torch.equal(grads[1], reference.weight_grad_reference(dense_counts.reshape(12, 50), g2).t())
 
 
 def test_sparse_grad_behind_a_windowed_neuron():

@@ -1,4 +1,4 @@
-"""``spikefuse.ops.maxpool_cpu`` against torch's max-pooling: the forward bit for bit on any input (ties, signed
+"""``spikefuse.ops.maxpool.cpu`` against torch's max-pooling: the forward bit for bit on any input (ties, signed
 zeros, NaN, -inf), the backward from bits bit for bit on binary input, over kernel, stride, padding, dilation and
 ceil_mode in 1, 2 and 3 dimensions.
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spikefuse.ops import maxpool_cpu
+from spikefuse.ops.maxpool import cpu as maxpool_cpu
 from spikefuse.ops.bitpack import pack, pack_torch
 
 POOLS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -72,7 +72,7 @@ def test_rows_as_words_up_to_57_elements_and_bit_tests_beyond(width):
     grad_x = maxpool_cpu.backward(grad_y, bits, x.shape, (2, 3), (1, 2), (1, 1), (1, 1))
     assert torch.equal(grad_x, xr.grad)
     if width > 57:
-        with pytest.raises(ValueError, match=f"forward_from_bits: rows of {width} elements, at most 57"):
+        with pytest.raises(ValueError, match=f"maxpool.cpu.forward_from_bits: rows of {width} elements, at most 57"):
             maxpool_cpu.forward_from_bits(bits, x.shape, y.shape, (2, 3), (1, 2), (1, 1), (1, 1), torch.float32)
     else:
         out, _ = maxpool_cpu.forward_from_bits(bits, x.shape, y.shape, (2, 3), (1, 2), (1, 1), (1, 1), torch.float32)

@@ -3,9 +3,9 @@ numba step kernel from the bits of the previous step's spikes, the weight's grad
 
 Its oracle is the reference backend with ``sparse=True`` (:class:`~spikefuse.ops.recurrent.SparseCurrent`, the same
 sums in plain torch ops): spikes, states and currents bit for bit, the weight's gradient bit for bit against
-:func:`~spikefuse.ops.sparse_cpu.weight_grad_reference`. Against the dense layer: spikes equal but at threshold
-ties (counted), gradients to 1e-5, gradcheck in float64; odd sizes, T=1, B=1, rows with no spike and with every
-neuron spiking; both memory modes; the refusals.
+:func:`~spikefuse.ops.spike_layers.reference.weight_grad_reference`. Against the dense layer: spikes equal but at
+threshold ties (counted), gradients to 1e-5, gradcheck in float64; odd sizes, T=1, B=1, rows with no spike and with
+every neuron spiking; both memory modes; the refusals.
 """
 
 import pytest
@@ -14,7 +14,7 @@ import torch
 import spikefuse
 import spikefuse.nn as snn
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS, SPIKINGJELLY_MODELS
-from spikefuse.ops import sparse_cpu
+from spikefuse.ops.spike_layers import reference
 from spikefuse.surrogate import ATan, Rectangle
 from spikefuse.threads import set_threads
 
@@ -71,7 +71,7 @@ def test_weight_gradient_sums_in_the_references_order():
     upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     spikes, _, (grad_x, grad_weight, _) = _run(model, params, x, weight, bias, upstream, backend="cpu", sparse=True)
     previous = torch.cat([torch.zeros_like(spikes[:1]), spikes[:-1]]).reshape(-1, 67)
-    assert torch.equal(grad_weight, sparse_cpu.weight_grad_reference(grad_x.reshape(-1, 67), previous))
+    assert torch.equal(grad_weight, reference.weight_grad_reference(grad_x.reshape(-1, 67), previous))
 
 
 @pytest.mark.parametrize("name", ["leaky", "alif"])

@@ -1,11 +1,13 @@
-"""spikefuse.ops.sparse_cpu: the spike-sparse products bit for bit against their same-order references, to rounding
-against torch's dense products; odd shapes, empty and all-active rows, the bits' layouts, errors by message."""
+"""spikefuse.ops.spike_layers.cpu: the spike-sparse products bit for bit against their same-order references, to
+rounding against torch's dense products; odd shapes, empty and all-active rows, the bits' layouts, errors by message."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from spikefuse.ops import sparse_cpu
+from spikefuse.ops.spike_layers import cpu as sparse_cpu
+from spikefuse.ops.spike_layers import reference
+from spikefuse.ops.spike_layers import autograd as spike_autograd
 from spikefuse.ops.bitpack import pack
 
 
@@ -45,7 +47,7 @@ def test_linear_equals_its_reference_bit_for_bit(shape, p):
     for bias in (b, None):
         y = sparse_cpu.linear(bits, m, w.t().contiguous(), bias)
         assert y.shape == (m, n) and y.dtype == torch.float32
-        assert torch.equal(y, sparse_cpu.linear_reference(s, w, bias))
+        assert torch.equal(y, reference.linear_reference(s, w, bias))
         assert_rounding_close(y, F.linear(s, w, bias))
 
 
@@ -58,7 +60,7 @@ def test_weight_grad_equals_its_reference_bit_for_bit(shape, p):
     bits, _ = pack(s)
     dw = sparse_cpu.weight_grad(g, bits, k)
     assert dw.shape == (n, k) and dw.is_contiguous()
-    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, s))
+    assert torch.equal(dw, reference.weight_grad_reference(g, s))
     assert_rounding_close(dw, g.t().mm(s))
 
 
@@ -73,11 +75,11 @@ def test_empty_and_all_active_rows_float64():
     bits, _ = pack(s)
     y = sparse_cpu.linear(bits, 6, w.t().contiguous(), b)
     assert y.dtype == torch.float64
-    assert torch.equal(y, sparse_cpu.linear_reference(s, w, b))
+    assert torch.equal(y, reference.linear_reference(s, w, b))
     assert torch.equal(y[0], b) and torch.equal(y[5], b)
     assert_rounding_close(y[3], w.sum(1) + b)
     dw = sparse_cpu.weight_grad(g, bits, 77)
-    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, s))
+    assert torch.equal(dw, reference.weight_grad_reference(g, s))
     assert_rounding_close(dw, g.t().mm(s))
     silent = s.sum(0) == 0
     assert torch.equal(dw[:, silent], torch.zeros_like(dw[:, silent]))
@@ -108,7 +110,7 @@ def test_bits_of_any_alignment_and_a_neurons_layout():
     bits, _ = pack(s)
     buffer = torch.zeros(bits.numel() + 1, dtype=torch.uint8)
     buffer[1:] = bits
-    expected = sparse_cpu.linear_reference(s, w)
+    expected = reference.linear_reference(s, w)
     assert torch.equal(sparse_cpu.linear(buffer[1:], 7, w.t().contiguous()), expected)
     assert torch.equal(sparse_cpu.linear(bits, 7, w.t().contiguous()), expected)
 
@@ -132,9 +134,9 @@ def test_references_are_differentiable_and_gradcheck_in_float64():
     s = spikes((5, 9), 14, 0.4, torch.float64)
     w = randn((3, 9), 15, torch.float64).requires_grad_()
     b = randn((3,), 16, torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda w, b: sparse_cpu.linear_reference(s, w, b), (w, b))
+    assert torch.autograd.gradcheck(lambda w, b: reference.linear_reference(s, w, b), (w, b))
     g = randn((5, 3), 17, torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda g: sparse_cpu.weight_grad_reference(g, s), (g,))
+    assert torch.autograd.gradcheck(lambda g: reference.weight_grad_reference(g, s), (g,))
 
 
 def test_errors_say_what_is_wrong():
@@ -175,11 +177,11 @@ def test_csr_products_equal_their_references_bit_for_bit(shape, p):
     for bias in (b, None):
         y = sparse_cpu.csr_linear(csr, w.t().contiguous(), bias)
         assert y.shape == (m, n) and y.dtype == torch.float32
-        assert torch.equal(y, sparse_cpu.linear_reference(x, w, bias))
+        assert torch.equal(y, reference.linear_reference(x, w, bias))
         assert_rounding_close(y, F.linear(x, w, bias))
     dw = sparse_cpu.csr_weight_grad(g, csr)
     assert dw.shape == (n, k) and dw.is_contiguous()
-    assert torch.equal(dw, sparse_cpu.weight_grad_reference(g, x))
+    assert torch.equal(dw, reference.weight_grad_reference(g, x))
     assert_rounding_close(dw, g.t().mm(x))
 
 
@@ -203,7 +205,7 @@ def test_csr_empty_and_all_active_rows_float64_and_threads():
         csr.indices[csr.indptr[3] : csr.indptr[4]], torch.arange(77)
     )
     y = sparse_cpu.csr_linear(csr, w.t().contiguous(), b)
-    assert torch.equal(y, sparse_cpu.linear_reference(x, w, b))
+    assert torch.equal(y, reference.linear_reference(x, w, b))
     assert torch.equal(y[0], b) and torch.equal(y[5], b)
     assert_rounding_close(y, F.linear(x, w, b))
     previous = torch.get_num_threads()
@@ -214,7 +216,7 @@ def test_csr_empty_and_all_active_rows_float64_and_threads():
             grads.append(sparse_cpu.csr_weight_grad(g, csr))
     finally:
         torch.set_num_threads(previous)
-    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], sparse_cpu.weight_grad_reference(g, x))
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], reference.weight_grad_reference(g, x))
     assert_rounding_close(grads[0], g.t().mm(x))
 
 
@@ -233,13 +235,13 @@ def test_csr_linear_function_forward_and_backward(shape):
     x = counts(shape, sum(shape), 0.4).requires_grad_()
     w, b = randn((3, shape[-1]), 27).requires_grad_(), randn((3,), 28).requires_grad_()
     x2 = x.detach().reshape(-1, shape[-1])
-    y = sparse_cpu.CSRLinearFunction.apply(x, w, b, sparse_cpu.to_csr(x2))
+    y = spike_autograd.CSRLinearFunction.apply(x, w, b, sparse_cpu.to_csr(x2))
     assert y.shape == (*shape[:-1], 3)
-    assert torch.equal(y.reshape(-1, 3), sparse_cpu.linear_reference(x2, w, b))
+    assert torch.equal(y.reshape(-1, 3), reference.linear_reference(x2, w, b))
     g = randn(y.shape, 29)
     y.backward(g)
     g2 = g.reshape(-1, 3)
-    assert torch.equal(w.grad, sparse_cpu.weight_grad_reference(g2, x2))
+    assert torch.equal(w.grad, reference.weight_grad_reference(g2, x2))
     assert torch.equal(x.grad, g2.mm(w).view(shape)) and torch.equal(b.grad, g2.sum(0))
 
 
@@ -248,8 +250,8 @@ def test_csr_linear_function_gradcheck_float64():
     x = counts((2, 3, 11), 30, 0.4, torch.float64)
     csr = sparse_cpu.to_csr(x.reshape(-1, 11))
     w, b = randn((4, 11), 31, torch.float64).requires_grad_(), randn((4,), 32, torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda w, b: sparse_cpu.CSRLinearFunction.apply(x, w, b, csr), (w, b))
-    y = sparse_cpu.CSRLinearFunction.apply(x, w, b, csr)
+    assert torch.autograd.gradcheck(lambda w, b: spike_autograd.CSRLinearFunction.apply(x, w, b, csr), (w, b))
+    y = spike_autograd.CSRLinearFunction.apply(x, w, b, csr)
     with pytest.raises(RuntimeError, match=r"double backward .* through a sparse linear product"):
         torch.autograd.grad(y.sum(), w, create_graph=True)
 
@@ -270,7 +272,7 @@ def test_csr_errors_say_what_is_wrong():
     with pytest.raises(ValueError, match=r"the gradient has 5 rows, the CSR 4"):
         sparse_cpu.csr_weight_grad(torch.zeros(5, 3), csr)
     with pytest.raises(ValueError, match=r"the CSR is of a \[4, 10\] matrix, the input has 2 rows of 10"):
-        sparse_cpu.CSRLinearFunction.apply(x[:2], w, None, csr)
+        spike_autograd.CSRLinearFunction.apply(x[:2], w, None, csr)
 
 
 # ---------------------------------------------------------------------------------------- sparse output gradients
@@ -292,8 +294,8 @@ def test_products_of_a_sparse_gradient_equal_their_references_bit_for_bit(shape,
     g, w, x = sparse_grad((m, n), seed, p), randn((n, k), seed + 3), spikes((m, k), seed + 4, 0.3)
     csr = sparse_cpu.output_grad_csr(g, True)
     grad_x, grad_w = sparse_cpu.input_grad(g, w, csr), sparse_cpu.csr_t_matmul(csr, x)
-    assert torch.equal(grad_x, sparse_cpu.linear_reference(g, w.t()))
-    assert torch.equal(grad_w, sparse_cpu.weight_grad_reference(x, g).t())
+    assert torch.equal(grad_x, reference.linear_reference(g, w.t()))
+    assert torch.equal(grad_w, reference.weight_grad_reference(x, g).t())
     assert_rounding_close(grad_x, g.mm(w))
     assert_rounding_close(grad_w, g.t().mm(x))
 
@@ -317,13 +319,13 @@ def test_sparse_grad_linear_function(shape):
     *lead, k, n = shape
     x = counts((*lead, k), 41, 0.3).requires_grad_()
     w, b = randn((n, k), 42).requires_grad_(), randn((n,), 43).requires_grad_()
-    y = sparse_cpu.SparseGradLinearFunction.apply(x, w, b, True)
+    y = spike_autograd.SparseGradLinearFunction.apply(x, w, b, True)
     assert torch.equal(y, F.linear(x, w, b))
     g = sparse_grad(y.reshape(-1, n).shape, 44, 0.2).view(y.shape)
     y.backward(g)
     g2, x2 = g.reshape(-1, n), x.detach().reshape(-1, k)
-    assert torch.equal(x.grad, sparse_cpu.linear_reference(g2, w.detach().t()).view(x.shape))
-    assert torch.equal(w.grad, sparse_cpu.weight_grad_reference(x2, g2).t())
+    assert torch.equal(x.grad, reference.linear_reference(g2, w.detach().t()).view(x.shape))
+    assert torch.equal(w.grad, reference.weight_grad_reference(x2, g2).t())
     assert torch.equal(b.grad, g2.sum(0))
 
 
@@ -338,7 +340,7 @@ def test_sparse_grad_linear_function_gradcheck_float64():
     assert 0 < int((window == 0).sum()) < window.numel()
 
     def f(x, w, b):
-        return sparse_cpu.SparseGradLinearFunction.apply(x, w, b, True) * window
+        return spike_autograd.SparseGradLinearFunction.apply(x, w, b, True) * window
 
     assert torch.autograd.gradcheck(f, (x, w, b))
     with pytest.raises(RuntimeError, match=r"double backward .* through a sparse linear product"):

@@ -1,5 +1,5 @@
-"""``spikefuse bench sparse``: the spike-sparse CPU products (:mod:`spikefuse.ops.sparse_cpu`) against torch's dense
-ones, over spike rates.
+"""``spikefuse bench sparse``: the spike-sparse CPU products (:mod:`spikefuse.ops.spike_layers.cpu`) against torch's
+dense ones, over spike rates.
 
 Every product is a binary spike matrix ``S [M, K]`` (each element 1 with the given rate, drawn independently) times
 a weight ``W [N, K]`` in float32: the forward ``S @ W.T`` and the weight gradient ``G.T @ S`` for a random output
@@ -95,7 +95,7 @@ def _measure(rows: int, k_in: int, n_out: int, rate: float, repeats: int, seed: 
     import torch
     import torch.nn.functional as F
 
-    from ..ops import sparse_cpu
+    from ..ops.spike_layers import cpu as sparse_cpu
     from ..ops.bitpack import pack, unpack
 
     g = torch.Generator().manual_seed(seed)
@@ -130,9 +130,9 @@ def _measure(rows: int, k_in: int, n_out: int, rate: float, repeats: int, seed: 
 
 def _auto_ms(ms: dict[str, float], rows: int, rate: float) -> float:
     """The forward and weight gradient of ``SpikeLinear(sparse="auto")`` from the times measured: below
-    ``sparse_cpu.CROSSOVER_ROWS`` rows the dense products; else the rate count, then each product in the way its
+    ``spike_layers.cpu.CROSSOVER_ROWS`` rows the dense products; else the rate count, then each product in the way its
     crossover constant picks at ``rate`` (the sparse forward with its transpose of the weight)."""
-    from ..ops import sparse_cpu
+    from ..ops.spike_layers import cpu as sparse_cpu
 
     if rows < sparse_cpu.CROSSOVER_ROWS:
         return ms["dense_fwd"] + ms["dense_wgrad"]
@@ -180,7 +180,7 @@ def run(args) -> int:
     import sys
     from pathlib import Path
 
-    from ..ops import sparse_cpu
+    from ..ops.spike_layers import cpu as sparse_cpu
     from ..threads import threads_while
     from .memory import TIMING_MMAP_THRESHOLD, _set_malloc_thresholds
 
@@ -233,12 +233,12 @@ def run(args) -> int:
             + "\n".join(
                 f"- {name}, {rows} rows: forward {pct(f)}, weight gradient {pct(w)}" for name, rows, f, w in crossings
             ),
-            "- dense: `F.linear(S, W)` and `G.t().mm(S)` on the float spikes; sparse: `sparse_cpu.linear` (W.T "
-            "made once) and `sparse_cpu.weight_grad` from the bits of S; auto: what `SpikeLinear(sparse='auto')` "
-            "runs, from these times, against dense forward + weight gradient: the dense products below "
-            f"`sparse_cpu.CROSSOVER_ROWS` = {sparse_cpu.CROSSOVER_ROWS} rows, else count + each product sparse below "
-            f"its crossover (`CROSSOVER_FORWARD` = {sparse_cpu.CROSSOVER_FORWARD:.0%}, with the transpose; "
-            f"`CROSSOVER_WEIGHT_GRAD` = {sparse_cpu.CROSSOVER_WEIGHT_GRAD:.0%}); transpose: "
+            "- dense: `F.linear(S, W)` and `G.t().mm(S)` on the float spikes; sparse: `spike_layers.cpu.linear` "
+            "(W.T made once) and `spike_layers.cpu.weight_grad` from the bits of S; auto: what "
+            "`SpikeLinear(sparse='auto')` runs, from these times, against dense forward + weight gradient: the dense "
+            f"products below `spike_layers.cpu.CROSSOVER_ROWS` = {sparse_cpu.CROSSOVER_ROWS} rows, else count + each "
+            f"product sparse below its crossover (`CROSSOVER_FORWARD` = {sparse_cpu.CROSSOVER_FORWARD:.0%}, with the "
+            f"transpose; `CROSSOVER_WEIGHT_GRAD` = {sparse_cpu.CROSSOVER_WEIGHT_GRAD:.0%}); transpose: "
             "`W.t().contiguous()`, made by `SpikeLinear(sparse=True)` at every call; count: the rate "
             "`SpikeLinear(sparse='auto')` reads from the bits; pack: the bits from the float spikes (paid by any "
             "`SpikeLinear` keeping its input, unless a neuron kernel made them). The sparse results equal the dense "

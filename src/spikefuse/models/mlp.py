@@ -6,7 +6,7 @@ training loop averages it over T).
 ``sparse`` (``spikefuse train --sparse``): ``False`` builds torch's ``nn.Linear`` layers; ``True`` or ``"auto"``
 :class:`spikefuse.nn.SpikeLinear` layers with that ``sparse``, whose products read only the nonzero inputs: the
 hidden and readout layers the spikes of the neuron before them, the first layer its input, framed events being
-counts (the CSR with values, :mod:`spikefuse.ops.sparse_cpu`).
+counts (the CSR with values, :mod:`spikefuse.ops.spike_layers.cpu`).
 
 ``sparse_grad`` (``spikefuse train --sparse-grad``): a width ``w``, for gradients only through the neurons near the
 threshold: the LIF's surrogate is zero where ``|v - threshold| > w`` (:class:`spikefuse.surrogate.Windowed`), and

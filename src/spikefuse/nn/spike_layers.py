@@ -21,7 +21,7 @@ neuron kernel made and refuses bits that an edit where torch counts nothing (thr
 left stale; edits through torch drop the bits without it.
 
 ``SpikeLinear(..., sparse=True)`` (or ``"auto"``) computes its forward product and weight gradient on the CPU from
-the input's bits, adding only the weights of the active inputs (:mod:`spikefuse.ops.sparse_cpu`): faster below a
+the input's bits, adding only the weights of the active inputs (:mod:`spikefuse.ops.spike_layers.cpu`): faster below a
 spike rate, equal to the dense product up to rounding. On the CPU such a layer also takes an input that is not
 binary (framed events are counts), by its nonzero entries and their values. The default, ``sparse=False``, keeps
 torch's product.
@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import bitpack, maxpool_cpu, sparse_cpu
-from ..ops.autograd_guards import refuse_double_backward
-from ..ops.bitpack import pack, unpack
+from ..ops import bitpack
+from ..ops.maxpool.autograd import _SpikeMaxPoolFn
+from ..ops.spike_layers import cpu as sparse_cpu
+from ..ops.spike_layers.autograd import CSRLinearFunction, SparseGradLinearFunction, _SpikeConvFn, _SpikeLinearFn
 
 __all__ = [
     "SpikeLinear",
@@ -135,100 +136,7 @@ def check_binary(
     )
 
 
-# ----------------------------------------------------------------------------------------- packing with layout
-def _pack_saved(x: torch.Tensor):
-    """Pack ``x`` in its memory order: ``(packed, shape, dtype, perm)``; ``perm`` undoes a channels-last layout."""
-    perm = None
-    if not x.is_contiguous():
-        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-            perm = (0, 2, 3, 1)
-        elif x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
-            perm = (0, 2, 3, 4, 1)
-    src = x.permute(perm) if perm else x
-    packed, shape = pack(src, binary=True)
-    return packed, shape, x.dtype, perm
-
-
-def _unpack_saved(packed, shape, dtype, perm) -> torch.Tensor:
-    x = unpack(packed, shape, dtype)
-    if perm:
-        inverse = [0] * len(perm)
-        for i, p in enumerate(perm):
-            inverse[p] = i
-        x = x.permute(inverse)
-    return x
-
-
-def _shape_like(shape, dtype, device, perm) -> torch.Tensor:
-    """An uninitialized tensor with the saved input's shape and layout (backward reads only its metadata)."""
-    if perm:
-        fmt = torch.channels_last if len(perm) == 4 else torch.channels_last_3d
-        return torch.empty([shape[0], shape[-1], *shape[1:-1]], dtype=dtype, device=device, memory_format=fmt)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 # ---------------------------------------------------------------------------------------------------- linear
-class _SpikeLinearFn(torch.autograd.Function):
-    """``F.linear`` saving its input as bits. ``bits``: the input's bits where the caller has them (else packed here
-    when the weight needs a gradient); ``sparse_forward`` / ``sparse_weight_grad``: the forward product / the weight
-    gradient from the bits by :mod:`spikefuse.ops.sparse_cpu` (the caller checked that they can run) instead of
-    torch's dense product; ``sparse_grad``: the input gradient, and the weight gradient where it is not read from
-    the bits, from the output gradient's CSR (:func:`spikefuse.ops.sparse_cpu.output_grad_csr`)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, bits=None, sparse_forward=False, sparse_weight_grad=False, sparse_grad=False):
-        rows = math.prod(x.shape[:-1])
-        if sparse_forward:
-            y = sparse_cpu.linear(bits, rows, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
-        else:
-            y = F.linear(x, weight, bias)
-        need_x, need_w, _ = ctx.needs_input_grad[:3]
-        ctx.x_shape = x.shape
-        ctx.packed_meta = None
-        ctx.sparse_weight_grad, ctx.sparse_grad = sparse_weight_grad, sparse_grad
-        saved = [None, None]
-        if need_w:
-            if bits is None:
-                bits, shape, dtype, _ = _pack_saved(x.reshape(-1, x.shape[-1]))
-                ctx.packed_meta = (shape, dtype)
-            else:
-                ctx.packed_meta = (torch.Size([rows, x.shape[-1]]), x.dtype)
-            saved[0] = bits
-        if need_x:
-            saved[1] = weight
-        ctx.save_for_backward(*saved)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
-        # silently giving no second-order terms
-        refuse_double_backward(
-            "SpikeLinear",
-            "the layer keeps its input as bits; use torch.nn.Linear where a gradient of the gradient is needed",
-        )
-        packed, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_x = grad_w = grad_b = None
-        reads_grad = need_x or (need_w and not ctx.sparse_weight_grad)
-        grad_csr = sparse_cpu.output_grad_csr(g2, ctx.sparse_grad) if reads_grad else None
-        # Without a CSR, the same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
-        if need_x:
-            grad_x = sparse_cpu.input_grad(g2, weight, grad_csr).view(ctx.x_shape)
-        if need_w:
-            shape, dtype = ctx.packed_meta
-            if ctx.sparse_weight_grad:
-                grad_w = sparse_cpu.weight_grad(g2, packed, shape[1])
-            elif grad_csr is None:
-                grad_w = g2.t().mm(unpack(packed, shape, dtype))
-            else:
-                grad_w = sparse_cpu.csr_t_matmul(grad_csr, unpack(packed, shape, dtype))
-        if need_b:
-            grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b, None, None, None, None
-
-
 def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the sparse CPU products cannot compute ``F.linear(x, weight)``, or None where they can."""
     if x.device.type != "cpu" or weight.device.type != "cpu":
@@ -258,12 +166,12 @@ class SpikeLinear(nn.Linear):
     :mod:`spikefuse.nn.spike_layers`.
 
     ``sparse``: ``True`` computes the forward product and the weight gradient from the input's bits, adding only
-    the weights of the inputs that spiked (:mod:`spikefuse.ops.sparse_cpu`; float32/float64 on the CPU, no
+    the weights of the inputs that spiked (:mod:`spikefuse.ops.spike_layers.cpu`; float32/float64 on the CPU, no
     autocast; anything else is refused, naming why): equal to the dense product up to rounding, each sum taken in
     increasing input (forward) or row (weight gradient) order; the input gradient stays the dense product.
     ``"auto"`` measures the spike rate of every call from the bits and takes the sparse product below the
-    crossover rates measured on this machine (``sparse_cpu.CROSSOVER_FORWARD``, ``CROSSOVER_WEIGHT_GRAD``), the
-    dense one above, for fewer rows (``T*B*...``) than ``sparse_cpu.CROSSOVER_ROWS`` or fewer multiply-adds than
+    crossover rates measured on this machine (``spike_layers.cpu.CROSSOVER_FORWARD``, ``CROSSOVER_WEIGHT_GRAD``), the
+    dense one above, for fewer rows (``T*B*...``) than ``spike_layers.cpu.CROSSOVER_ROWS`` or fewer multiply-adds than
     ``CROSSOVER_WORK`` (keeping for backward an input whose bits no neuron kernel made as it is, as ``nn.Linear``
     does: checking it to keep bits would cost a pass) and wherever the sparse one cannot run; it counts only bits it
     has without a pass over the input (a neuron kernel's, or those the layer packs to keep for backward), so without
@@ -271,17 +179,17 @@ class SpikeLinear(nn.Linear):
     (the default): torch's product, bit-identical to ``nn.Linear``.
 
     Inputs with values: on the CPU, ``True`` and ``"auto"`` take an input the packing finds not binary (framed
-    events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.sparse_cpu.to_csr`, kept for
+    events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.spike_layers.cpu.to_csr`, kept for
     backward instead of the input): each term ``value * weight``, summed in the same orders. ``"auto"`` counts the
-    nonzero entries and takes them below ``sparse_cpu.CROSSOVER_VALUES``, torch's product (keeping the input, as
+    nonzero entries and takes them below ``spike_layers.cpu.CROSSOVER_VALUES``, torch's product (keeping the input, as
     ``nn.Linear``) otherwise, under ``torch.no_grad()`` and wherever the sparse kernels cannot run.
 
     ``sparse_grad``: ``True`` computes the input gradient ``G @ W`` from the nonzero entries of the output gradient
-    ``G`` only (its CSR, :func:`spikefuse.ops.sparse_cpu.output_grad_csr`), and the weight gradient ``G.T @ X`` too
-    where it is not read from the input's own sparsity: faster where most of ``G`` is zero, as behind a neuron
+    ``G`` only (its CSR, :func:`spikefuse.ops.spike_layers.cpu.output_grad_csr`), and the weight gradient ``G.T @ X``
+    too where it is not read from the input's own sparsity: faster where most of ``G`` is zero, as behind a neuron
     whose surrogate is zero away from the threshold (:class:`spikefuse.surrogate.Windowed`); equal to the dense
     products up to rounding, each sum in increasing order of the gradient's index. ``"auto"`` counts the nonzero
-    gradients of every backward and reads them so below ``sparse_cpu.CROSSOVER_GRAD``; ``False`` (the default):
+    gradients of every backward and reads them so below ``spike_layers.cpu.CROSSOVER_GRAD``; ``False`` (the default):
     torch's products. The same kernels as ``sparse``'s: float32/float64 on the CPU, no autocast (``True`` refuses
     anything else by message, ``"auto"`` takes the dense products there).
     """
@@ -359,7 +267,7 @@ class SpikeLinear(nn.Linear):
         ``sparse_grad`` one whose backward reads the output gradient's CSR."""
         if sparse_grad is False:
             return super().forward(x)
-        return sparse_cpu.SparseGradLinearFunction.apply(x, self.weight, self.bias, sparse_grad)
+        return SparseGradLinearFunction.apply(x, self.weight, self.bias, sparse_grad)
 
     def _sparse_forward(self, x: torch.Tensor, sparse_grad: bool | str) -> torch.Tensor | None:
         """The output with the sparse products where ``sparse`` asks for them; None where ``"auto"`` leaves the call
@@ -418,87 +326,19 @@ class SpikeLinear(nn.Linear):
         counts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The output for an input that is not binary (the packing found a value other than 0 and 1: framed events
-        are counts) from its nonzero entries with their values (:func:`spikefuse.ops.sparse_cpu.to_csr`), kept for
+        are counts) from its nonzero entries with their values (:func:`spikefuse.ops.spike_layers.cpu.to_csr`), kept for
         backward instead of ``x``; with ``"auto"`` torch's product where the share of nonzero entries is
-        ``sparse_cpu.CROSSOVER_VALUES`` or more; ``counts``: :func:`spikefuse.ops.sparse_cpu.nonzero_counts` of
-        ``x2`` where counted."""
+        ``spike_layers.cpu.CROSSOVER_VALUES`` or more; ``counts``: :func:`spikefuse.ops.spike_layers.cpu.nonzero_counts`
+        of ``x2`` where counted."""
         if counts is None:
             counts = sparse_cpu.nonzero_counts(x2)
         if auto and int(counts.sum()) >= sparse_cpu.CROSSOVER_VALUES * x2.numel():
             return self._torch_product(x, sparse_grad)
         csr = sparse_cpu.to_csr(x2, counts)
-        return sparse_cpu.CSRLinearFunction.apply(x, self.weight, self.bias, csr, sparse_grad)
+        return CSRLinearFunction.apply(x, self.weight, self.bias, csr, sparse_grad)
 
 
 # ----------------------------------------------------------------------------------------------- convolution
-class _SpikeConvFn(torch.autograd.Function):
-    """Convolution of a batch ``[N, C, ...]``; ``pre_pad``/``pre_mode``: an ``F.pad`` applied first (non-zeros
-    padding modes, asymmetric ``padding='same'``), done here so that the unpadded input is what gets saved."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, pre_pad, pre_mode):
-        xp = F.pad(x, pre_pad, mode=pre_mode) if pre_pad is not None else x
-        zeros = [0] * len(stride)
-        y = torch.convolution(xp, weight, bias, stride, padding, dilation, False, zeros, groups)
-        need_x, need_w = ctx.needs_input_grad[:2]
-        ctx.conv = (stride, padding, dilation, groups, pre_pad, pre_mode, bias is not None)
-        saved = [None, None]
-        if need_w:
-            packed, shape, dtype, perm = _pack_saved(x)
-            saved[0] = packed
-        else:
-            x_cl = (
-                not x.is_contiguous()
-                and x.dim() in (4, 5)
-                and x.is_contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
-            )
-            perm = ((0, 2, 3, 1) if x.dim() == 4 else (0, 2, 3, 4, 1)) if x_cl else None
-            shape = x.permute(perm).shape if perm else x.shape
-            dtype = x.dtype
-        ctx.meta = (shape, dtype, perm)
-        saved[1] = weight  # convolution_backward reads the weight (its shape and layout only, for grad_weight)
-        ctx.save_for_backward(*saved)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
-        # silently giving no second-order terms
-        refuse_double_backward(
-            "SpikeConv1d/2d/3d",
-            "the layer keeps its input as bits; use torch.nn.Conv1d/2d/3d where a gradient of the gradient is needed",
-        )
-        packed, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        stride, padding, dilation, groups, pre_pad, pre_mode, has_bias = ctx.conv
-        shape, dtype, perm = ctx.meta
-        if need_w:
-            x = _unpack_saved(packed, shape, dtype, perm)
-        else:
-            x = _shape_like(shape, dtype, grad_y.device, perm)
-        xp = F.pad(x, pre_pad, mode=pre_mode) if pre_pad is not None else x
-        bias_sizes = [weight.shape[0]] if has_bias else None
-        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad_y,
-            xp,
-            weight,
-            bias_sizes,
-            stride,
-            padding,
-            dilation,
-            False,
-            [0] * len(stride),
-            groups,
-            [need_x, need_w, need_b],
-        )
-        if need_x and pre_pad is not None:
-            # The pad's backward (linear, reads no input values), taken from torch's own autograd of F.pad.
-            with torch.enable_grad():
-                probe = torch.empty(x.shape, dtype=dtype, device=grad_y.device, requires_grad=True)
-                (grad_x,) = torch.autograd.grad(F.pad(probe, pre_pad, mode=pre_mode), probe, grad_x)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
-
-
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 
 
@@ -575,64 +415,6 @@ class SpikeConv3d(_SpikeConvNd, nn.Conv3d):
 
 
 # ----------------------------------------------------------------------------------------------------- max-pooling
-class _SpikeMaxPoolFn(torch.autograd.Function):
-    """``pool(x, *args)`` (``F.max_pool1d/2d/3d``) saving ``x`` as bits. torch's max-pooling saves its input and
-    the argmax indices (int64: twice the bytes of a float32 input). A contiguous float32/float64 CPU input runs
-    :mod:`spikefuse.ops.maxpool_cpu` (torch's output; backward finds torch's indices from the bits): from the
-    input's bits where its neuron kernel made them (:func:`spikefuse.ops.bitpack.spike_bits`: the input is spikes
-    for certain), packing the output too, else from the input's values. Any other input is unpacked in backward and
-    runs torch's own pooling and its backward again, which picks the same indices."""
-
-    @staticmethod
-    def forward(ctx, x, pool, args):
-        packed, *meta = _pack_saved(x)
-        ctx.pool, ctx.args, ctx.meta = pool, args, meta
-        ctx.save_for_backward(packed)
-        ctx.numba = x.device.type == "cpu" and x.dtype in maxpool_cpu.SUPPORTED_DTYPES and x.is_contiguous()
-        if not ctx.numba:
-            return pool(x, *args)
-        # torch's pooling on a meta tensor: torch's checks of the arguments and its output shape, no work
-        out_shape = pool(torch.empty(x.shape, dtype=x.dtype, device="meta"), *args).shape
-        per_dim = _per_dim(x.dim() - 2, args)
-        spikes = bitpack.spike_bits(x)
-        if spikes is None or not maxpool_cpu.reads_rows_as_words(x.shape):
-            return maxpool_cpu.forward(x, out_shape, *per_dim)
-        out, out_bits = maxpool_cpu.forward_from_bits(spikes, x.shape, out_shape, *per_dim, x.dtype)
-        if out_bits is not None:  # spikes too: the next spike layer saves them without packing
-            bitpack.remember(out, out_bits, spikes=True)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        # a backward of bits and kernels, not differentiable ops: refused under create_graph=True rather than
-        # silently giving no second-order terms
-        refuse_double_backward(
-            "SpikeMaxPool1d/2d/3d",
-            "the layer keeps its input as bits; use torch.nn.MaxPool1d/2d/3d where a gradient of the "
-            "gradient is needed",
-        )
-        (packed,) = ctx.saved_tensors
-        if ctx.numba:
-            shape = ctx.meta[0]
-            return maxpool_cpu.backward(grad_y, packed, shape, *_per_dim(len(shape) - 2, ctx.args)), None, None
-        x = _unpack_saved(packed, *ctx.meta).requires_grad_()
-        with torch.enable_grad():
-            y = ctx.pool(x, *ctx.args)
-        (grad_x,) = torch.autograd.grad(y, x, grad_y)
-        return grad_x, None, None
-
-
-def _per_dim(dims: int, args) -> tuple:
-    """``(kernel, stride, padding, dilation)`` of ``F.max_poolNd``'s ``args`` as tuples of ``dims`` entries (a
-    ``None`` or empty stride is the kernel size, as torch has it)."""
-    kernel, stride, padding, dilation, _ = args
-
-    def tup(v):
-        return (int(v),) * dims if isinstance(v, int) else tuple(int(e) for e in v)
-
-    return tup(kernel), tup(stride) if stride not in (None, (), []) else tup(kernel), tup(padding), tup(dilation)
-
-
 class _SpikeMaxPoolNd:
     """Mixin over ``nn.MaxPoolNd``: the same forward through :class:`_SpikeMaxPoolFn`."""
 

@@ -14,7 +14,7 @@ else of a step is one kernel, and the time loop runs once forward and once in re
 
 ``sparse=True`` (CPU, all to all): the step kernel sums each step's current from the weight rows of the previous
 step's spikes only, read from the bits it wrote as it made them (:func:`.cpu.forward_sparse`: the whole time loop in
-one call), and the weight's gradient reads the same bits (:func:`spikefuse.ops.sparse_cpu.row_weight_grad`). The
+one call), and the weight's gradient reads the same bits (:func:`spikefuse.ops.spike_layers.cpu.row_weight_grad`). The
 reference's current is then :class:`SparseCurrent`, the same sums in the same order in plain torch ops.
 
 ``sparse="auto"``: the layer's spike rate is known only after its steps have run, so each call takes the way the
@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from ..sparse_cpu import linear_reference
+from ..spike_layers.reference import linear_reference
 
 __all__ = [
     "ALIGNMENT",
@@ -109,8 +109,8 @@ def current_backward(grad: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
 class SparseCurrent(torch.autograd.Function):
     """The recurrent current ``spikes @ weight.T + bias`` (``weight`` ``[H, H]``) of the sparse layer, summed as its
     step kernel sums it: from zero over the spiking neurons in increasing index, then the bias
-    (:func:`~spikefuse.ops.sparse_cpu.linear_reference`, plain torch ops); the reference backend's current with
-    ``sparse=True``, the oracle of the kernel's bits. Its gradients are the dense products' (autograd cannot
+    (:func:`~spikefuse.ops.spike_layers.reference.linear_reference`, plain torch ops); the reference backend's current
+    with ``sparse=True``, the oracle of the kernel's bits. Its gradients are the dense products' (autograd cannot
     differentiate the list of spikes in the spikes). ``SparseCurrent.apply(spikes, weight, bias)``."""
 
     @staticmethod

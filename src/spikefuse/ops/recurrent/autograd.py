@@ -27,7 +27,8 @@ import torch
 
 from torch import Tensor
 
-from .. import bitpack, buffers, sparse_cpu
+from .. import bitpack, buffers
+from ..spike_layers import cpu as sparse_cpu
 from ..bit_layout import packed_numel
 from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
@@ -114,9 +115,9 @@ def _initial_spikes(model, par: Tensor, init_all: Tensor) -> Tensor:
 
 def _sparse_words(spikes0: Tensor, t_steps: int) -> Tensor:
     """The words ``[T + 1, B, W]`` the sparse forward's kernel writes each step's spike bits into, the initial spikes'
-    packed in ``[0]``: a row per row of spikes from a word boundary (:func:`~spikefuse.ops.sparse_cpu.pack_spike_rows`),
-    so that the threads, which split the rows, write words of their own; ``[:T]`` are the rows that each step's
-    current and the weight's gradient read."""
+    packed in ``[0]``: a row per row of spikes from a word boundary
+    (:func:`~spikefuse.ops.spike_layers.cpu.pack_spike_rows`), so that the threads, which split the rows, write words of
+    their own; ``[:T]`` are the rows that each step's current and the weight's gradient read."""
     batch, hidden = spikes0.shape
     words = torch.empty(t_steps + 1, batch, sparse_cpu.words_per_row(hidden), dtype=torch.int64)
     words[0] = sparse_cpu.pack_spike_rows(spikes0)
@@ -208,7 +209,7 @@ def _backward_impl(
     and each parameter need theirs (an empty tensor where not). ``x``: the input (memory "recompute"; empty
     otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states.
     ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
-    read the previous spikes (the products of :mod:`spikefuse.ops.sparse_cpu`, the forward's order)."""
+    read the previous spikes (the products of :mod:`spikefuse.ops.spike_layers.cpu`, the forward's order)."""
     spec = OBJECTS[neuron]
     model, surrogate = spec.model, spec.surrogate
     ops = backend_module(backend)

@@ -37,7 +37,7 @@ import torch
 from ...threads import match_numba_threads
 from .. import numba_common
 from ..engine import cpu as engine_cpu, emit
-from .. import sparse_cpu
+from ..spike_layers import cpu as sparse_cpu
 from . import source
 from .source import kept_states, step_source
 
@@ -306,7 +306,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.numba_common import exp as vexp, non_finite, rows_apart",
-        "from spikefuse.ops.sparse_cpu import active_inputs, pack_row, summed_weight_rows",
+        "from spikefuse.ops.spike_layers.cpu import active_inputs, pack_row, summed_weight_rows",
         f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
         "",
         *emit.model_facts(model),
@@ -361,7 +361,7 @@ def bind_forward(neuron, x, r, cur, spikes, hist, par):
 def forward_sparse(neuron, x, weight_t, bias, words, record, cur, spikes, hist, par):
     """Every step at once, each step's current summed from the weight rows (``weight_t [H, H]``, the weight
     transposed) of the previous step's spikes, which the kernel reads from ``words`` ``[T + 1, B, W]`` (row-padded
-    bits, :func:`spikefuse.ops.sparse_cpu.pack_spike_rows`): ``words[0]`` the initial spikes', given; the kernel
+    bits, :func:`spikefuse.ops.spike_layers.cpu.pack_spike_rows`): ``words[0]`` the initial spikes', given; the kernel
     writes step t's into ``words[t + 1]`` as it makes them. ``record``: a ``[T, B, H]`` tensor to keep every step's
     current in, or None; ``hist`` None keeps no states. Returns the check of :func:`bind_forward`."""
     model, surrogate = neuron.model, neuron.surrogate

@@ -23,8 +23,8 @@ first form spikes that did not come from a neuron kernel take that pass, not yet
 
 **Exactness.** Each output element is summed in one fixed order: ``linear`` from zero over the active inputs in
 increasing ``k``, then ``+ bias``; ``weight_grad`` from zero over the active rows in increasing ``m``. The plain-
-PyTorch references beside them, :func:`linear_reference` and :func:`weight_grad_reference`, sum in the same order
-and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
+PyTorch references beside them (:mod:`.reference`: ``linear_reference`` and ``weight_grad_reference``) sum in the same
+order and are their oracle, bit for bit; against torch's dense product (its own blocked order) they agree to rounding.
 float32 and float64.
 
 **Spike rows from a word boundary** (:func:`pack_spike_rows`, int64 ``[rows, words_per_row(K)]``): the layout
@@ -41,9 +41,9 @@ writing them), and :func:`csr_linear` / :func:`csr_weight_grad` are the same pro
 The forward reads the rows, the weight gradient splits the inputs ``k`` between threads as above, each thread
 skipping the entries of other threads in every row (the rows' indices are increasing, so a row's scan stops at its
 first index past the thread's: one comparison per entry and thread, where a column-major copy would cost a
-counting sort of the entries at every call). :class:`CSRLinearFunction` is the autograd operation of both, keeping
-the CSR for backward instead of ``X``. The references take any input: for spikes every value is 1 and ``1 * w`` is
-``w``, the same bits as the binary kernels'.
+counting sort of the entries at every call). ``CSRLinearFunction`` (:mod:`.autograd`) is the autograd operation of both,
+keeping the CSR for backward instead of ``X``. The references take any input: for spikes every value is 1 and ``1 * w``
+is ``w``, the same bits as the binary kernels'.
 
 Speed (``spikefuse bench sparse``, ``benchmarks/results/sparse_full.md``, 2 threads): the SHD input product
 ``[8000 x 700] @ [700 x 256]``, forward + weight gradient, in 0.16x torch's dense time at 5% spikes and 0.94x at
@@ -53,22 +53,19 @@ Speed (``spikefuse bench sparse``, ``benchmarks/results/sparse_full.md``, 2 thre
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from numba import njit, prange, types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
-from ..threads import match_numba_threads
-from . import buffers
-from .bit_layout import packed_numel
-from .bitpack import NotBinaryError
-from .autograd_guards import refuse_double_backward
+from ...threads import match_numba_threads
+from .. import buffers
+from ..bit_layout import packed_numel
+from ..bitpack import NotBinaryError
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -92,13 +89,9 @@ __all__ = [
     "csr_linear",
     "csr_weight_grad",
     "csr_t_matmul",
-    "CSRLinearFunction",
     "CROSSOVER_GRAD",
     "output_grad_csr",
     "input_grad",
-    "SparseGradLinearFunction",
-    "linear_reference",
-    "weight_grad_reference",
 ]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
@@ -401,8 +394,8 @@ def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Te
     """``S @ weight_t (+ bias)`` of the spikes ``S [rows, K]`` given as their packed ``bits``
     (:func:`spikefuse.ops.bitpack.pack` of ``S``), ``weight_t [K, N]`` the transposed weight of a linear layer
     (``weight.t().contiguous()``): ``[rows, N]`` in the weight's dtype, each element summed from zero over the active
-    inputs in increasing ``k``, then the bias added (:func:`linear_reference`'s order). Not differentiable: the
-    autograd Function of :class:`spikefuse.nn.SpikeLinear` calls it and :func:`weight_grad`."""
+    inputs in increasing ``k``, then the bias added (:func:`.reference.linear_reference`'s order). Not differentiable:
+    the autograd Function of :class:`spikefuse.nn.SpikeLinear` calls it and :func:`weight_grad`."""
     _check_float("the weight", weight_t)
     if weight_t.dim() != 2:
         raise ValueError(f"weight_t must be [K, N], got shape {tuple(weight_t.shape)}")
@@ -434,7 +427,7 @@ def _linear_words(words: np.ndarray, row_bits: int, rows: int, weight_t: torch.T
 def weight_grad(grad: torch.Tensor, bits: torch.Tensor, k_in: int) -> torch.Tensor:
     """``grad.T @ S`` of the output gradient ``grad [M, N]`` and the spikes ``S [M, k_in]`` given as their packed
     ``bits``: the weight gradient ``[N, k_in]`` of a linear layer, each element summed from zero over the active rows
-    in increasing ``m`` (:func:`weight_grad_reference`'s order)."""
+    in increasing ``m`` (:func:`.reference.weight_grad_reference`'s order)."""
     _check_float("the gradient", grad)
     if grad.dim() != 2:
         raise ValueError(f"grad must be [M, N], got shape {tuple(grad.shape)}")
@@ -586,8 +579,8 @@ def to_csr(x: torch.Tensor, counts: torch.Tensor | None = None) -> CSR:
 def csr_linear(csr: CSR, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``X @ weight_t (+ bias)`` of the input ``X [rows, K]`` given as its :class:`CSR`, ``weight_t [K, N]`` the
     transposed weight: ``[rows, N]``, each element summed from zero over the row's entries in increasing ``k``, each
-    term ``value * weight`` (:func:`linear_reference`'s order), then the bias added. Not differentiable:
-    :class:`CSRLinearFunction` is."""
+    term ``value * weight`` (:func:`.reference.linear_reference`'s order), then the bias added. Not differentiable:
+    :class:`.autograd.CSRLinearFunction` is."""
     _check_float("the weight", weight_t)
     if weight_t.dim() != 2 or weight_t.shape[0] != csr.cols:
         raise ValueError(
@@ -618,8 +611,8 @@ def csr_linear(csr: CSR, weight_t: torch.Tensor, bias: torch.Tensor | None = Non
 def csr_t_matmul(csr: CSR, dense: torch.Tensor, name: str = "the dense operand") -> torch.Tensor:
     """``A.T @ dense`` of a matrix ``A [M, C]`` given as its :class:`CSR` and ``dense [M, N]``: ``[C, N]``, row ``c``
     summed from zero over the entries ``(m, c, value)`` in increasing ``m``, each term ``dense[m] * value``
-    (:func:`weight_grad_reference` ``(dense, A).t()``'s order). The weight gradient ``G.T @ X`` of a linear layer
-    from the CSR of its output gradient ``G`` (``csr_t_matmul(to_csr(G), X)``), and, transposed, from that of its
+    (:func:`.reference.weight_grad_reference` ``(dense, A).t()``'s order). The weight gradient ``G.T @ X`` of a linear
+    layer from the CSR of its output gradient ``G`` (``csr_t_matmul(to_csr(G), X)``), and, transposed, from that of its
     input (:func:`csr_weight_grad`). ``name``: what the errors call ``dense``."""
     _check_matrix(name, dense)
     _check_float("the CSR", csr.values, dense.dtype)
@@ -644,49 +637,8 @@ def csr_t_matmul(csr: CSR, dense: torch.Tensor, name: str = "the dense operand")
 def csr_weight_grad(grad: torch.Tensor, csr: CSR) -> torch.Tensor:
     """``grad.T @ X`` of the output gradient ``grad [M, N]`` and the input ``X [M, K]`` given as its :class:`CSR`:
     the weight gradient ``[N, K]``, each element summed from zero over the rows in increasing ``m``, each term
-    ``gradient * value`` (:func:`weight_grad_reference`'s order)."""
+    ``gradient * value`` (:func:`.reference.weight_grad_reference`'s order)."""
     return csr_t_matmul(csr, grad, "the gradient").t().contiguous()
-
-
-class CSRLinearFunction(torch.autograd.Function):
-    """``F.linear(x, weight, bias)`` for ``x [..., K]`` whose rows ``x.reshape(-1, K)`` the caller gave as their
-    :class:`CSR` ``csr`` (:func:`to_csr`): the output by :func:`csr_linear`, the weight gradient by
-    :func:`csr_weight_grad` from the CSR, kept for backward instead of ``x``; the input gradient the dense
-    ``G @ W`` (or from ``G``'s CSR: :func:`input_grad` with ``sparse_grad``) and the bias gradient ``G.sum(0)``,
-    torch's own ops for ``nn.Linear``. Call it as ``CSRLinearFunction.apply(x, weight, bias, csr, sparse_grad)``
-    (``sparse_grad`` optional, False)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, csr, sparse_grad=False):
-        rows = math.prod(x.shape[:-1])
-        if csr.indptr.numel() != rows + 1 or csr.cols != x.shape[-1]:
-            raise ValueError(
-                f"the CSR is of a [{csr.indptr.numel() - 1}, {csr.cols}] matrix, the input has {rows} rows of "
-                f"{x.shape[-1]}"
-            )
-        y = csr_linear(csr, weight.t().contiguous(), bias).view(*x.shape[:-1], weight.shape[0])
-        need_x, need_w, _ = ctx.needs_input_grad[:3]
-        ctx.x_shape, ctx.cols, ctx.sparse_grad = x.shape, csr.cols, sparse_grad
-        ctx.save_for_backward(
-            weight if need_x else None, *(csr.indptr, csr.indices, csr.values) if need_w else (None, None, None)
-        )
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        refuse_double_backward(
-            "a sparse linear product", "use torch.nn.Linear where a gradient of the gradient is needed"
-        )
-        weight, indptr, indices, values = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        if need_x:
-            grad_x = input_grad(g2, weight, output_grad_csr(g2, ctx.sparse_grad)).view(ctx.x_shape)
-        else:
-            grad_x = None
-        grad_w = csr_weight_grad(g2, CSR(indptr, indices, values, ctx.cols)) if need_w else None
-        grad_b = g2.sum(0) if need_b else None
-        return grad_x, grad_w, grad_b, None, None
 
 
 # ------------------------------------------------------------------------------------------- sparse output gradients
@@ -708,82 +660,6 @@ def output_grad_csr(grad: torch.Tensor, sparse_grad: bool | str) -> CSR | None:
 def input_grad(grad: torch.Tensor, weight: torch.Tensor, grad_csr: CSR | None) -> torch.Tensor:
     """``grad [M, N] @ weight [N, K]``, a linear layer's input gradient: torch's dense product (``nn.Linear``'s), or
     from ``grad``'s :class:`CSR` (:func:`output_grad_csr`) by :func:`csr_linear`, each element summed from zero over
-    the row's nonzero gradients in increasing ``n`` (:func:`linear_reference` ``(grad, weight.t())``'s order)."""
+    the row's nonzero gradients in increasing ``n`` (:func:`.reference.linear_reference` ``(grad, weight.t())``'s
+    order)."""
     return grad.mm(weight) if grad_csr is None else csr_linear(grad_csr, weight)
-
-
-class SparseGradLinearFunction(torch.autograd.Function):
-    """``F.linear(x, weight, bias)`` by torch's product, keeping ``x``, whose backward reads only the nonzero entries
-    of the output gradient ``G``: the input gradient ``G @ W`` by :func:`input_grad`, the weight gradient ``G.T @ X``
-    by :func:`csr_t_matmul`, both from ``G``'s CSR (:func:`output_grad_csr` with ``sparse_grad``, which may leave
-    them to torch's dense products), the bias gradient ``G.sum(0)``. For inputs with no sparsity of their own to
-    read (:class:`spikefuse.nn.SpikeLinear` keeps spikes as bits, counts as a CSR). Call it as
-    ``SparseGradLinearFunction.apply(x, weight, bias, sparse_grad)``."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, sparse_grad):
-        need_x, need_w, _ = ctx.needs_input_grad[:3]
-        ctx.x_shape, ctx.sparse_grad = x.shape, sparse_grad
-        ctx.save_for_backward(x if need_w else None, weight if need_x else None)
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        refuse_double_backward(
-            "a sparse linear product", "use torch.nn.Linear where a gradient of the gradient is needed"
-        )
-        x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_csr = output_grad_csr(g2, ctx.sparse_grad)
-        grad_x = input_grad(g2, weight, grad_csr).view(ctx.x_shape) if need_x else None
-        grad_w = None
-        if need_w:
-            x2 = x.reshape(-1, x.shape[-1])
-            grad_w = g2.t().mm(x2) if grad_csr is None else csr_t_matmul(grad_csr, x2)
-        grad_b = g2.sum(0) if need_b else None
-        return grad_x, grad_w, grad_b, None
-
-
-# ---------------------------------------------------------------------------------------------------- references
-def _entries(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[R, C]`` indices and values: row ``r``'s nonzero columns of ``x [R, C']`` in increasing order and their
-    values, padded with ``C'`` (an index past the last column) and 0 to the longest row's count."""
-    rows, cols = x.shape
-    r, c = x.nonzero(as_tuple=True)  # row-major: columns increasing within a row
-    counts = torch.bincount(r, minlength=rows)
-    width = int(counts.max()) if rows else 0
-    first = torch.cumsum(counts, 0) - counts
-    place = (r, torch.arange(r.numel(), device=x.device) - first[r])
-    lists = torch.full((rows, width), cols, dtype=torch.long, device=x.device)
-    lists[place] = c
-    values = x.new_zeros(rows, width)
-    values[place] = x[r, c]
-    return lists, values
-
-
-def _summed_in_order(lists: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Row ``r``: ``table[lists[r, 0]] * values[r, 0] + table[lists[r, 1]] * values[r, 1] + ...`` from zero, one
-    term at a time, padding reading an appended zero row times 0 (``acc + 0`` is ``acc``: the sum never holds
-    -0.0)."""
-    table = torch.cat([table, table.new_zeros(1, table.shape[1])])
-    acc = table.new_zeros(lists.shape[0], table.shape[1])
-    for j in range(lists.shape[1]):
-        acc = acc + table[lists[:, j]] * values[:, j, None]
-    return acc
-
-
-def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`linear` and :func:`csr_linear` in plain torch ops, their oracle: ``x [M, K] @ weight.T (+ bias)`` for
-    ``weight [N, K]``, summing for each row ``value * weight`` over its nonzero inputs from zero in increasing
-    ``k`` (for spikes every value is 1: the weights themselves), then adding the bias. Any device; differentiable
-    in ``weight`` and ``bias``."""
-    acc = _summed_in_order(*_entries(x), weight.t())
-    return acc if bias is None else acc + bias
-
-
-def weight_grad_reference(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """:func:`weight_grad` and :func:`csr_weight_grad` in plain torch ops, their oracle: ``grad [M, N].T @ x [M,
-    K]``, summing for each input ``k`` ``gradient row * value`` over the rows where it is nonzero, from zero in
-    increasing ``m``."""
-    return _summed_in_order(*_entries(x.t()), grad).t()

@@ -31,8 +31,8 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ..threads import match_numba_threads
-from . import buffers
+from ...threads import match_numba_threads
+from .. import buffers
 
 __all__ = [
     "forward",
@@ -386,7 +386,7 @@ def forward_from_bits(
     (:func:`reads_rows_as_words`): ``(output of dtype, its bits)``, torch's output bit for bit; the bits None where an
     output plane does not fill whole bytes."""
     if not reads_rows_as_words(in_shape):
-        raise ValueError(f"maxpool_cpu.forward_from_bits: rows of {in_shape[-1]} elements, at most {WORD_ROW_MAX}")
+        raise ValueError(f"maxpool.cpu.forward_from_bits: rows of {in_shape[-1]} elements, at most {WORD_ROW_MAX}")
     out = buffers.empty(tuple(out_shape), dtype)
     plane_out = math.prod(out_shape[2:])
     out_bits = torch.empty(out.numel() // 8, dtype=torch.uint8) if plane_out % 8 == 0 else None
