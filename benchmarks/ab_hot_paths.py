@@ -65,21 +65,31 @@ def recurrent():
     xr.grad = w.grad = None
 """
 
-CASES = (
-    PRELUDE
-    + LEAN_RESNET_STEP
-    + r"""
+#: ``layer(T, n, repeats, cuba=False, **options)``: the median time of a LIF layer's (``cuba``: a CubaLIF layer's)
+#: forward+backward on ``[T, n]``; ``options`` go to the call (a surrogate).
+LAYER = r"""
+from spikefuse.neurons import CUBA_LIF
 
 
-def layer(T, n, repeats):
+def layer(T, n, repeats, cuba=False, **options):
     x = torch.rand(T, n, requires_grad=True)
     g = torch.rand(T, n)
 
     def step():
-        spikefuse.lif(x, decay=0.8, threshold=0.5).backward(g)
+        if cuba:
+            spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, **options).backward(g)
+        else:
+            spikefuse.lif(x, decay=0.8, threshold=0.5, **options).backward(g)
         x.grad = None
 
     return median_time(step, repeats)
+"""
+
+CASES = (
+    PRELUDE
+    + LEAN_RESNET_STEP
+    + LAYER
+    + r"""
 
 
 print(json.dumps({

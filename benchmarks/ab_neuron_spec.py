@@ -9,30 +9,17 @@ untimed round; each case's median over rounds.
     python benchmarks/ab_neuron_spec.py OLD_SRC NEW_SRC [--rounds 5] [--out FILE.md]
 """
 
-from ab_hot_paths import LEAN_RESNET_STEP, PRELUDE, main
+from ab_hot_paths import LAYER, LEAN_RESNET_STEP, PRELUDE, main
 
 CASES = (
     PRELUDE
     + LEAN_RESNET_STEP
+    + LAYER
     + r"""
 import spikefuse.nn
 from spikefuse.compat import snntorch as sf_snntorch
-from spikefuse.neurons import CUBA_LIF, LIF_MODELS
+from spikefuse.neurons import LIF_MODELS
 from spikefuse.surrogate import ATan, Sigmoid
-
-
-def layer(T, n, repeats, cuba=False):
-    x = torch.rand(T, n, requires_grad=True)
-    g = torch.rand(T, n)
-
-    def step():
-        if cuba:
-            spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, surrogate=ATan(2.0)).backward(g)
-        else:
-            spikefuse.lif(x, decay=0.8, threshold=0.5, surrogate=Sigmoid(4.0)).backward(g)
-        x.grad = None
-
-    return median_time(step, repeats)
 
 
 def module(T, n, repeats):
@@ -81,13 +68,13 @@ def recurrent_layer(repeats, T=250, B=32, H=256):
 
 
 print(json.dumps({
-    "spikefuse.lif T=8 N=4096 fwd+bwd (us)": 1e6 * layer(8, 4096, 400),
-    "spikefuse.neuron CubaLIF T=16 N=512 fwd+bwd (us)": 1e6 * layer(16, 512, 400, cuba=True),
+    "spikefuse.lif T=8 N=4096 fwd+bwd (us)": 1e6 * layer(8, 4096, 400, surrogate=Sigmoid(4.0)),
+    "spikefuse.neuron CubaLIF T=16 N=512 fwd+bwd (us)": 1e6 * layer(16, 512, 400, cuba=True, surrogate=ATan(2.0)),
     "nn.LIF T=8 N=4096 fwd+bwd (us)": 1e6 * module(8, 4096, 400),
     "compat.snntorch.Leaky step loop T=100 B=32 N=256 (ms)": 1e3 * step_loop(False, 15),
     "compat.snntorch.RLeaky step loop T=100 B=32 N=256 (ms)": 1e3 * step_loop(True, 10),
     "spikefuse.recurrent T=250 B=32 H=256 fwd+bwd (ms)": 1e3 * recurrent_layer(7),
-    "spikefuse.lif T=32 N=1M fwd+bwd (ms)": 1e3 * layer(32, 1_000_000, 15),
+    "spikefuse.lif T=32 N=1M fwd+bwd (ms)": 1e3 * layer(32, 1_000_000, 15, surrogate=Sigmoid(4.0)),
     "lean ResNet18 train step T=4 B=8 32x32 (ms)": 1e3 * median_time(train_step, 5),
 }))
 """

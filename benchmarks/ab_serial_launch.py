@@ -7,27 +7,13 @@ checkout and round, alternating, after an untimed round; each case's median over
     python benchmarks/ab_serial_launch.py OLD_SRC NEW_SRC [--rounds 5] [--out FILE.md]
 """
 
-from ab_hot_paths import LEAN_RESNET_STEP, PRELUDE, main
+from ab_hot_paths import LAYER, LEAN_RESNET_STEP, PRELUDE, main
 
 CASES = (
     PRELUDE
     + LEAN_RESNET_STEP
+    + LAYER
     + r"""
-from spikefuse.neurons import CUBA_LIF
-
-
-def layer(T, n, repeats, cuba=False):
-    x = torch.rand(T, n, requires_grad=True)
-    g = torch.rand(T, n)
-
-    def step():
-        if cuba:
-            spikefuse.neuron(x, CUBA_LIF, alpha=0.8, beta=0.7, backend="cpu").backward(g)
-        else:
-            spikefuse.lif(x, decay=0.8, threshold=0.5).backward(g)
-        x.grad = None
-
-    return median_time(step, repeats)
 
 
 print(json.dumps({
@@ -35,8 +21,8 @@ print(json.dumps({
     "LIF layer T=8 N=1024 fwd+bwd (us)": 1e6 * layer(8, 1024, 400),
     "LIF layer T=8 N=2048 fwd+bwd (us)": 1e6 * layer(8, 2048, 400),
     "LIF layer T=8 N=4096 fwd+bwd (us)": 1e6 * layer(8, 4096, 400),
-    "CubaLIF layer T=16 N=512 fwd+bwd (us)": 1e6 * layer(16, 512, 400, cuba=True),
-    "CubaLIF layer T=16 N=4096 fwd+bwd (us)": 1e6 * layer(16, 4096, 300, cuba=True),
+    "CubaLIF layer T=16 N=512 fwd+bwd (us)": 1e6 * layer(16, 512, 400, cuba=True, surrogate="atan"),
+    "CubaLIF layer T=16 N=4096 fwd+bwd (us)": 1e6 * layer(16, 4096, 300, cuba=True, surrogate="atan"),
     "LIF layer T=32 N=1M fwd+bwd (ms)": 1e3 * layer(32, 1_000_000, 15),
     "lean ResNet18 train step T=4 B=8 32x32 (ms)": 1e3 * median_time(train_step, 5),
 }))
