@@ -190,3 +190,18 @@ def test_compiled_recurrent_layer_without_weight_or_bias_gradients():
     eager = torch.autograd.grad(layer(x).sum(), x)[0]
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(torch.autograd.grad(compiled(x).sum(), x)[0], eager, rtol=1e-6, atol=1e-7)
+
+
+def test_time_first_is_checked_where_the_sizes_tell():
+    """One step ``[B, H]`` and a batch-first ``[B, T, H]`` after a stateful call of batch B: refused, saying what to
+    do; a sequence of another batch after ``reset_state()`` runs."""
+    layer = snn.RecurrentLIF(6, decay=0.9, stateful=True, backend="reference")
+    with pytest.raises(ValueError, match=r"got one step \(4, 6\): pass x.unsqueeze\(0\)"):
+        layer(torch.rand(4, 6))
+    layer(torch.rand(5, 4, 6))  # T=5, B=4: keeps a state of batch 4
+    with pytest.raises(
+        ValueError, match=r"batch-first input\? Use x.transpose\(0, 1\), or collate with spikefuse.data"
+    ):
+        layer(torch.rand(4, 5, 6))
+    layer.reset_state()
+    assert layer(torch.rand(4, 5, 6)).shape == (4, 5, 6)

@@ -71,9 +71,21 @@ class Recurrent(EngineNeuron):
         return self.weight, self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim != 3 or x.shape[2] != self.hidden_size:
+        name = type(self).__name__
+        if x.ndim == 2 and x.shape[1] == self.hidden_size:
             raise ValueError(
-                f"{type(self).__name__} takes input currents [T, B, {self.hidden_size}], got {tuple(x.shape)}"
+                f"{name} takes input currents [T, B, {self.hidden_size}], time first, got one step "
+                f"{tuple(x.shape)}: pass x.unsqueeze(0) for a sequence of one step"
+            )
+        if x.ndim != 3 or x.shape[2] != self.hidden_size:
+            raise ValueError(f"{name} takes input currents [T, B, {self.hidden_size}], got {tuple(x.shape)}")
+        kept = self.state[0] if self.stateful and self.state is not None else None
+        if kept is not None and kept.shape[0] == x.shape[0] != x.shape[1]:
+            # the kept state's batch is x's first dimension: most likely a batch-first [B, T, H] sequence
+            raise ValueError(
+                f"{name} takes input currents time first, [T, B, {self.hidden_size}]; x {tuple(x.shape)} has the "
+                f"kept state's batch of {kept.shape[0]} first: batch-first input? Use x.transpose(0, 1), or collate "
+                "with spikefuse.data.time_major"
             )
         weight, bias = self.recurrent_weights()
         arguments = self.call_arguments(x)
