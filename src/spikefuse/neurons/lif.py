@@ -239,6 +239,16 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset=False, *, backend="aut
     """The paper's LIF (hard reset to ``v_reset``, or soft for None), with its parameter ranges: Eq. (1) leaks toward
     0, so the resting potential is 0 and a threshold <= 0 would fire at rest; a hard reset to ``v_reset >=
     threshold`` would fire forever."""
+    key = None
+    if not torch.compiler.is_compiling():
+        # a layer asks at every call: the record of arguments seen before, by value and type (True is not 1 here)
+        key = (type(threshold), threshold, type(v_reset), v_reset, surrogate, detach_reset, backend, memory)
+        try:
+            made = _PAPER_LIFS.get(key)
+        except TypeError:  # an unhashable argument, refused below
+            made = key = None
+        if made is not None:
+            return made
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"threshold must be a number, got {threshold!r}")
     if v_reset is not None and (isinstance(v_reset, bool) or not isinstance(v_reset, numbers.Real)):
@@ -251,7 +261,7 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset=False, *, backend="aut
             "v_reset would fire again at once"
         )
     hard = v_reset is not None
-    return lif_spec(
+    spec = lif_spec(
         LIF_MODELS[("paper", "hard" if hard else "soft")],
         threshold,
         v_reset if hard else 0.0,
@@ -261,6 +271,14 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset=False, *, backend="aut
         backend=backend,
         memory=memory,
     )
+    if key is not None:
+        if len(_PAPER_LIFS) >= 4096:  # arguments that keep changing start afresh
+            _PAPER_LIFS.clear()
+        _PAPER_LIFS[key] = spec
+    return spec
+
+
+_PAPER_LIFS: dict[tuple, NeuronSpec] = {}
 
 
 def lif_params(neuron: NeuronSpec, decay: torch.Tensor) -> list[torch.Tensor]:
