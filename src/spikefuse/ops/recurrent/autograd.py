@@ -87,10 +87,10 @@ def run_forward(ops, neuron, x, weight, bias, par, init, spikes0, hist, record_c
     return spikes, cur
 
 
-def _kept_states(backend: str, model, surrogate, dtype: torch.dtype) -> tuple[str, ...]:
+def _kept_states(backend: str, neuron, dtype: torch.dtype) -> tuple[str, ...]:
     """The states the backward reads at every step (:func:`.source.kept_states`), as the generated kernels' module
     states them: a warm process does not derive them with sympy again (0.35 s for ALIF)."""
-    return backend_module(backend).kernels(model, type(surrogate), dtype).KEPT_STATES
+    return backend_module(backend).kernels(neuron.model, type(neuron.surrogate), dtype).KEPT_STATES
 
 
 def _keeps_potential(model, kept: tuple[str, ...], memory: str) -> bool:
@@ -142,7 +142,7 @@ def _forward_impl(
     bits kept row-padded with the initial spikes' first (:func:`_sparse_words`); else packed by
     :func:`spikefuse.ops.bitpack.pack`."""
     spec = OBJECTS[neuron]
-    model, surrogate = spec.model, spec.surrogate
+    model = spec.model
     if sparse and spikes0 is not None and not binary(spikes0):  # (the caller's check, where a compiled graph has none)
         raise ValueError(
             f"recurrent {model.name}: sparse=True reads the initial spikes as bits, but {NOT_BINARY}; pass the spikes "
@@ -153,7 +153,7 @@ def _forward_impl(
     par, init_all = _stacked(params, init, batch, hidden, x)
     if spikes0 is None:
         spikes0 = _initial_spikes(model, par, init_all)
-    kept = _kept_states(backend, model, surrogate, x.dtype)
+    kept = _kept_states(backend, spec, x.dtype)
     potential = _keeps_potential(model, kept, spec.memory)
     hist = _empty((t_steps, len(kept), batch, hidden), x) if potential else None
     currents = _empty(x.shape, x) if potential and model.backward_reads_input else None
@@ -175,7 +175,7 @@ def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse):
     spec = OBJECTS[neuron]
     model = spec.model
     t_steps, batch, hidden = x.shape
-    names = _kept_states(backend, model, spec.surrogate, x.dtype)
+    names = _kept_states(backend, spec, x.dtype)
     kept = []
     if _keeps_potential(model, names, spec.memory):
         kept.append(x.new_empty(t_steps, len(names), batch, hidden))
@@ -211,7 +211,7 @@ def _backward_impl(
     ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
     read the previous spikes (the products of :mod:`spikefuse.ops.spike_layers.cpu`, the forward's order)."""
     spec = OBJECTS[neuron]
-    model, surrogate = spec.model, spec.surrogate
+    model = spec.model
     ops = backend_module(backend)
     shape = t_steps, batch, hidden = grad_spikes.shape
     dtype, device = grad_spikes.dtype, grad_spikes.device
@@ -234,7 +234,7 @@ def _backward_impl(
             r = torch.empty_like(spikes0)  # fresh: aligned, as the forward's (see ALIGNMENT)
             for t in range(t_steps):
                 currents[t].copy_(current(previous[t], weight, bias, out=r))
-        hist = _empty((t_steps, len(_kept_states(backend, model, surrogate, dtype)), batch, hidden), spikes0)
+        hist = _empty((t_steps, len(_kept_states(backend, spec, dtype)), batch, hidden), spikes0)
         ops.replay(spec, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
         xin = x + currents if model.backward_reads_input else None
     gS = torch.stack([g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()

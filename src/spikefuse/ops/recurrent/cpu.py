@@ -345,12 +345,16 @@ def _runner(module, name: str, rows: int, neurons: int):
     return lambda *args: parallel(*args, rows, chunk)
 
 
+def _kernels(neuron, dtype: torch.dtype):
+    """The generated module of the record's model and surrogate type."""
+    return kernels(neuron.model, type(neuron.surrogate), dtype)
+
+
 def bind_forward(neuron, x, r, cur, spikes, hist, par):
     """``(step, check)``: ``step(t)`` the forward of step t, the current of step t in ``r``; ``hist`` None keeps no
     states. ``check`` ``[B, H]``: 1 where a neuron's initial states, or the input or current of a step run, held a
     NaN or an inf (:func:`~spikefuse.ops.numba_common.non_finite`, as the engine's forward kernels check), else 0."""
-    model, surrogate = neuron.model, neuron.surrogate
-    module = kernels(model, type(surrogate), x.dtype)
+    module = _kernels(neuron, x.dtype)
     run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
     save = hist is not None
     check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
@@ -364,8 +368,7 @@ def forward_sparse(neuron, x, weight_t, bias, words, record, cur, spikes, hist, 
     bits, :func:`spikefuse.ops.spike_layers.cpu.pack_spike_rows`): ``words[0]`` the initial spikes', given; the kernel
     writes step t's into ``words[t + 1]`` as it makes them. ``record``: a ``[T, B, H]`` tensor to keep every step's
     current in, or None; ``hist`` None keeps no states. Returns the check of :func:`bind_forward`."""
-    model, surrogate = neuron.model, neuron.surrogate
-    module = kernels(model, type(surrogate), x.dtype)
+    module = _kernels(neuron, x.dtype)
     run = _runner(module, "forward_sparse", x.shape[1], x.shape[1] * x.shape[2])
     check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
     save = hist is not None
@@ -385,39 +388,38 @@ def forward_sparse(neuron, x, weight_t, bias, words, record, cur, spikes, hist, 
 
 def replay(neuron, x, r, cur, spikes, hist, par) -> None:
     """Every step from ``x`` and the currents ``r`` ``[T, B, H]``, the states the backward reads into ``hist``."""
-    model, surrogate = neuron.model, neuron.surrogate
-    module = kernels(model, type(surrogate), x.dtype)
+    module = _kernels(neuron, x.dtype)
     _runner(module, "replay", x.shape[1], x.shape[1] * x.shape[2])(*(_np(a) for a in (x, r, cur, spikes, hist, par)))
 
 
 def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
     """``step(t)``: the reverse of step t, the spikes' gradient through the current of step t+1 in ``grec``."""
-    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
-    module = kernels(model, type(surrogate), G.dtype)
+    module = _kernels(neuron, G.dtype)
     run = _runner(module, "backward", G.shape[1], G.shape[1] * G.shape[2])
-    sgp = np.asarray(surrogate.params(), dtype=_np(G).dtype)
+    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(G).dtype)
     need = np.asarray(need, dtype=np.bool_)
     arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
     acc = _np(acc)
-    return lambda t: run(t, *arrays, sgp, acc, bool(detach), need)
+    return lambda t: run(t, *arrays, sgp, acc, neuron.detach_reset, need)
 
 
 def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:
-    model, surrogate = neuron.model, neuron.surrogate
-    module = kernels(model, type(surrogate), gS.dtype)
-    sgp = np.asarray(surrogate.params(), dtype=_np(gS).dtype)
+    module = _kernels(neuron, gS.dtype)
+    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(gS).dtype)
     module.initial_rows(
         *(_np(a) for a in (gS, gs, ginit, init, par)), sgp, _np(acc), np.asarray(need, dtype=np.bool_), 0, gS.shape[1]
     )
 
 
 def handoff(neuron, cur, par) -> None:
-    model, surrogate = neuron.model, neuron.surrogate
-    kernels(model, type(surrogate), cur.dtype).handoff_rows(_np(cur), _np(par), 0, cur.shape[1])
+    _kernels(neuron, cur.dtype).handoff_rows(_np(cur), _np(par), 0, cur.shape[1])
 
 
 def handoff_grad(neuron, need, gS, gs, hist, par, acc) -> None:
-    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
-    kernels(model, type(surrogate), gS.dtype).handoff_grad_rows(
-        *(_np(a) for a in (gS, gs, hist, par, acc)), bool(detach), np.asarray(need, dtype=np.bool_), 0, gS.shape[1]
+    _kernels(neuron, gS.dtype).handoff_grad_rows(
+        *(_np(a) for a in (gS, gs, hist, par, acc)),
+        neuron.detach_reset,
+        np.asarray(need, dtype=np.bool_),
+        0,
+        gS.shape[1],
     )

@@ -246,10 +246,11 @@ def kernels(model, surrogate_type, dtype: torch.dtype):
 
 
 # --------------------------------------------------------------------------------------------------- entry points
-def _launch(model, surrogate, dtype, name: str, n: int, h: int):
-    """``launch(*args, **flags)`` of kernel ``name`` over ``n`` neurons of rows of ``h``."""
-    kernel = getattr(kernels(model, type(surrogate), dtype), name)
-    block = engine_triton.engine_block(n, len(model.states), dtype)
+def _launch(neuron, dtype, name: str, n: int, h: int):
+    """``launch(*args, **flags)`` of kernel ``name`` of the record's model and surrogate over ``n`` neurons of rows
+    of ``h``."""
+    kernel = getattr(kernels(neuron.model, type(neuron.surrogate), dtype), name)
+    block = engine_triton.engine_block(n, len(neuron.model.states), dtype)
     grid = (ceil_div(max(n, 1), block),)
 
     def launch(*args, **flags):
@@ -262,11 +263,10 @@ def _launch(model, surrogate, dtype, name: str, n: int, h: int):
 def bind_forward(neuron, x, r, cur, spikes, hist, par):
     """``(step, flags)``: ``step(t)`` the forward of step t; ``flags`` per program, not 0 where a neuron read a NaN or
     an inf (see :func:`spikefuse.ops.nonfinite.refuse_flagged`)."""
-    model, surrogate = neuron.model, neuron.surrogate
     n = x.shape[1] * x.shape[2]
-    launch = _launch(model, surrogate, cur.dtype, "forward_step", n, x.shape[2])
+    launch = _launch(neuron, cur.dtype, "forward_step", n, x.shape[2])
     flags = torch.zeros(
-        ceil_div(max(n, 1), engine_triton.engine_block(n, len(model.states), cur.dtype)),
+        ceil_div(max(n, 1), engine_triton.engine_block(n, len(neuron.model.states), cur.dtype)),
         dtype=torch.int32,
         device=x.device,
     )
@@ -276,8 +276,7 @@ def bind_forward(neuron, x, r, cur, spikes, hist, par):
 
 
 def replay(neuron, x, r, cur, spikes, hist, par) -> None:
-    model, surrogate = neuron.model, neuron.surrogate
-    launch = _launch(model, surrogate, cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
+    launch = _launch(neuron, cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
     launch(x, r, cur, spikes, hist, par, x.shape[0])
 
 
@@ -286,26 +285,22 @@ def _needs(model, need) -> dict:
 
 
 def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
-    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
-    launch = _launch(model, surrogate, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
-    sgp = surrogate_params(surrogate, G.dtype, G.device)
-    flags = dict(DETACH=bool(detach), **_needs(model, need))
+    launch = _launch(neuron, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
+    sgp = surrogate_params(neuron.surrogate, G.dtype, G.device)
+    flags = dict(DETACH=neuron.detach_reset, **_needs(neuron.model, need))
     return lambda t: launch(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, **flags)
 
 
 def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:
-    model, surrogate = neuron.model, neuron.surrogate
-    sgp = surrogate_params(surrogate, gS.dtype, gS.device)
-    launch = _launch(model, surrogate, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
-    launch(gS, gs, ginit, init, par, sgp, acc, **_needs(model, need))
+    sgp = surrogate_params(neuron.surrogate, gS.dtype, gS.device)
+    launch = _launch(neuron, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
+    launch(gS, gs, ginit, init, par, sgp, acc, **_needs(neuron.model, need))
 
 
 def handoff(neuron, cur, par) -> None:
-    model, surrogate = neuron.model, neuron.surrogate
-    _launch(model, surrogate, cur.dtype, "handoff", cur.shape[1] * cur.shape[2], cur.shape[2])(cur, par)
+    _launch(neuron, cur.dtype, "handoff", cur.shape[1] * cur.shape[2], cur.shape[2])(cur, par)
 
 
 def handoff_grad(neuron, need, gS, gs, hist, par, acc) -> None:
-    model, surrogate, detach = neuron.model, neuron.surrogate, neuron.detach_reset
-    launch = _launch(model, surrogate, gS.dtype, "handoff_grad", gS.shape[1] * gS.shape[2], gS.shape[2])
-    launch(gS, gs, hist, par, acc, hist.shape[0], DETACH=bool(detach), **_needs(model, need))
+    launch = _launch(neuron, gS.dtype, "handoff_grad", gS.shape[1] * gS.shape[2], gS.shape[2])
+    launch(gS, gs, hist, par, acc, hist.shape[0], DETACH=neuron.detach_reset, **_needs(neuron.model, need))
