@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from spikefuse.neurons import CUBA_LIF, LIF_MODELS, NeuronSpec, neuron_spec
+from spikefuse.neurons import lif as lif_module
 from spikefuse.neurons import spec as spec_module
 from spikefuse.neurons.lif import lif_params, paper_lif
 from spikefuse.surrogate import ATan, Sigmoid
@@ -60,7 +61,7 @@ def test_constants_are_checked_in_the_dtype_a_call_computes_in():
 
 
 def test_the_records_of_settings_that_keep_changing_are_not_kept_forever(monkeypatch):
-    monkeypatch.setattr(spec_module, "_MAX_SPECS", 8)
+    monkeypatch.setattr(spec_module, "MAX_KEPT", 8)
     for i in range(20):
         paper_lif(0.5 + i / 100, 0.0, Sigmoid(4.0))
-    assert len(spec_module._SPECS) <= 8
+    assert len(spec_module._SPECS) <= 8 and len(lif_module._PAPER_LIFS) <= 8

@@ -172,13 +172,19 @@ LSNNFeedForwardState = _norse_state(
 )
 
 
+def _learnable(p) -> bool:
+    """Whether a tensor of Norse's parameter record ``p`` requires grad (a learnable ``tau_mem_inv``): then the
+    parameters are formed from it at every call, as Norse does."""
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in (p or ()))
+
+
 def _step_params(module: nn.Module, x: torch.Tensor) -> list:
     """The parameters of ``module`` (a Norse neuron: its ``params()`` in its ``MODEL``'s order) as ``[1]`` tensors of
     the compute dtype of ``x``, for :func:`spikefuse.ops.engine.step.step`. Where a tensor of Norse's record
     requires grad (a learnable ``tau_mem_inv``), formed from it at every call, its gradient flowing back as Norse's
     does; else made once per dtype (a step loop asks at every step), from the record as it was at the first step."""
     cdt = compute_dtype(x.dtype)
-    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in (module.p or ())):
+    if _learnable(module.p):
         values = module.params()
         return [values[k].reshape(1).to(cdt) for k in module.MODEL.params]
     made = module.__dict__.setdefault("_step_params_by_dtype", {})
@@ -234,10 +240,9 @@ class _FeedForward(nn.Module):
             spikes, *final = one_step.step(neuron_spec(self.MODEL, SUPERSPIKE), x[0], _step_params(self, x), init)
             spikes = spikes.to_sparse() if sparse and self.SPARSE_SPIKES else spikes
             return spikes, self.STATE(**dict(zip(self.MODEL.states, final)))
-        # a tensor of Norse's record that requires grad (a learnable tau_mem_inv) is read at every call, as Norse
-        # does: the values made at construction would hold its first value and a graph a backward already freed
-        learnable = any(isinstance(v, torch.Tensor) and v.requires_grad for v in (self.p or ()))
-        params = {k: v.to(x.device) for k, v in (self.params() if learnable else self._params).items()}
+        # (the values made at construction would hold a learnable tensor's first value and a graph a backward freed)
+        values = self.params() if _learnable(self.p) else self._params
+        params = {k: v.to(x.device) for k, v in values.items()}
         spikes, final = neuron(
             x,
             self.MODEL,

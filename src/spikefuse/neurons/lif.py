@@ -38,7 +38,7 @@ import torch
 from ..ops.numerics import compute_dtype, finite, in_compute_dtype
 from ..surrogate import Surrogate, resolve
 from .model import NeuronModel
-from .spec import NeuronSpec, neuron_spec
+from .spec import NeuronSpec, keep, neuron_spec
 
 __all__ = [
     "DEFAULT_DECAY",
@@ -271,11 +271,7 @@ def paper_lif(threshold, v_reset, surrogate, detach_reset=False, *, backend="aut
         backend=backend,
         memory=memory,
     )
-    if key is not None:
-        if len(_PAPER_LIFS) >= 4096:  # arguments that keep changing start afresh
-            _PAPER_LIFS.clear()
-        _PAPER_LIFS[key] = spec
-    return spec
+    return spec if key is None else keep(_PAPER_LIFS, key, spec)
 
 
 _PAPER_LIFS: dict[tuple, NeuronSpec] = {}

@@ -160,10 +160,18 @@ def neuron_spec(
     parts = (key_of(model), key_of(surrogate), bool(detach_reset), tuple(constants), tuple(initial), backend, memory)
     spec = _SPECS.get(parts)
     if spec is None:
-        if len(_SPECS) >= _MAX_SPECS:  # settings that keep changing (a threshold annealed as a number) start afresh
-            _SPECS.clear()
-        spec = _SPECS[parts] = NeuronSpec(model, surrogate, detach_reset, parts[3], parts[4], backend, memory)
+        spec = keep(_SPECS, parts, NeuronSpec(model, surrogate, detach_reset, parts[3], parts[4], backend, memory))
     return spec
+
+
+def keep(cache: dict, key, record: NeuronSpec) -> NeuronSpec:
+    """``record``, kept in ``cache`` under ``key`` (a cache of records by the settings that made them); a cache grown
+    to :data:`MAX_KEPT` starts afresh, so settings that keep changing (a threshold annealed as a number) do not
+    pile up."""
+    if len(cache) >= MAX_KEPT:
+        cache.clear()
+    cache[key] = record
+    return record
 
 
 def _op_key(model: str, surrogate: str, detach_reset: bool, memory: str) -> str:
@@ -173,7 +181,8 @@ def _op_key(model: str, surrogate: str, detach_reset: bool, memory: str) -> str:
 # Eager calls' records and op keys by their parts (the keys of registered objects, which stay registered, and
 # numbers).
 _SPECS: dict[tuple, NeuronSpec] = {}
-_MAX_SPECS = 4096
+#: The most records a cache of them holds (:func:`keep`).
+MAX_KEPT = 4096
 _OP_KEYS: dict[tuple, str] = {}
 
 # torch.compile calls this as Python and takes its result as a constant (its arguments are strings and bools:
