@@ -8,6 +8,7 @@ Exported as :func:`spikefuse.batchnorm_lif` / ``batchnorm_neuron``; the op itsel
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,8 @@ from .neurons import NeuronModel
 from .neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
 from .neurons.spec import neuron_spec
 from .batchnorm import autograd as _bn_autograd
+from .batchnorm.autograd import BatchNormArgs
+from .ops.engine import NeuronInputs
 from .surrogate import DEFAULT as DEFAULT_SURROGATE
 
 __all__ = ["batchnorm_lif", "batchnorm_neuron", "conv_batchnorm_lif", "conv_batchnorm_neuron"]
@@ -171,22 +174,8 @@ def batchnorm_lif(
         residual=residual,
         residual_binary=residual_binary,
     )
-    spikes, state = _bn_autograd.bn_lif(
-        x,
-        running_mean,
-        running_var,
-        weight,
-        bias,
-        bool(training),
-        float(momentum),
-        float(eps),
-        k,
-        neuron,
-        v_init,
-        concrete,
-        residual,
-        bool(residual_binary),
-    )
+    batchnorm = _batchnorm_args(running_mean, running_var, weight, bias, training, momentum, eps)
+    spikes, state = _bn_autograd.bn_lif(x, batchnorm, neuron, k, v_init, concrete, residual, bool(residual_binary))
     return (spikes, state) if return_state else spikes
 
 
@@ -227,18 +216,9 @@ def batchnorm_neuron(
         "the fused BatchNorm+neuron op", "use torch.nn.BatchNorm and spikefuse.neuron(..., backend='reference')"
     )
     spikes, final = _bn_autograd.bn_neuron(
-        x,
-        running_mean,
-        running_var,
-        weight,
-        bias,
-        bool(training),
-        float(momentum),
-        float(eps),
+        NeuronInputs(x, tensors, init, inner),
+        _batchnorm_args(running_mean, running_var, weight, bias, training, momentum, eps),
         neuron_spec(model, surrogate, detach_reset).op_key,
-        tensors,
-        init,
-        inner,
         concrete,
         residual,
         bool(residual_binary),
@@ -252,38 +232,37 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias, conv: tuple) -> torch.Ten
     return torch.ops.aten.convolution(x, weight, bias, stride, padding, dilation, False, zeros, groups)
 
 
+class _ConvCall(NamedTuple):
+    """What :class:`_ConvThenBatchNormNeuron` takes besides the tensors that may need gradients: the convolution's
+    output ``z`` (computed by the caller without autograd), the ``(stride, padding, dilation, groups)`` of
+    :func:`_conv`, the BatchNorm's arguments, and the neurons' ``(key, init, inner, backend)`` of
+    :func:`spikefuse.batchnorm.autograd.bn_neuron`."""
+
+    z: torch.Tensor | None
+    conv: tuple
+    batchnorm: BatchNormArgs
+    neuron: tuple
+
+
 class _ConvThenBatchNormNeuron(torch.autograd.Function):
     """``batchnorm_neuron(conv(x))`` saving ``x`` (which the convolution saves anyway) and the per-channel batch
-    statistics, not the conv output ``z`` (computed by the caller without autograd, and handed in to be
-    normalized): backward recomputes the convolution, runs the fused op's backward on it (which recomputes the
-    normalized input and the states), then the convolution's backward. ``neuron`` is ``(key, init, inner, backend)``
-    of :func:`spikefuse.batchnorm.autograd.bn_neuron`; the neuron's parameters come last, as inputs autograd sees."""
+    statistics, not the conv output ``z`` (handed in by ``call``, a :class:`_ConvCall`, to be normalized): backward
+    recomputes the convolution, runs the fused op's backward on it (which recomputes the normalized input and the
+    states), then the convolution's backward. The tensors that may need gradients come flat after ``call`` (the
+    BatchNorm's weight and bias those of ``call.batchnorm``), the neuron's parameters last, so that autograd sees
+    them."""
 
     @staticmethod
-    def forward(ctx, x, conv_weight, conv_bias, bn_weight, bn_bias, z, conv, bn, neuron, *params):
-        running_mean, running_var, training, momentum, eps = bn
-        key, init, inner, backend = neuron
+    def forward(ctx, call, x, conv_weight, conv_bias, bn_weight, bn_bias, *params):
+        key, init, inner, backend = call.neuron
         spikes, final, (mean, invstd) = _bn_autograd.bn_neuron(
-            z,
-            running_mean,
-            running_var,
-            bn_weight,
-            bn_bias,
-            training,
-            momentum,
-            eps,
-            key,
-            list(params),
-            init,
-            inner,
-            backend,
-            return_stats=True,
+            NeuronInputs(call.z, list(params), init, inner), call.batchnorm, key, backend, return_stats=True
         )
         optional = (conv_bias, bn_weight, bn_bias)
         ctx.present = [t is not None for t in optional]
         empty = x.new_empty(0)
         ctx.save_for_backward(x, conv_weight, *(empty if t is None else t for t in optional), mean, invstd, *params)
-        ctx.conv, ctx.bn, ctx.neuron = conv, bn, neuron
+        ctx.call = call._replace(z=None, batchnorm=call.batchnorm._replace(weight=None, bias=None))
         return (spikes, *final)
 
     @staticmethod
@@ -292,30 +271,20 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
         conv_bias, bn_weight, bn_bias = (
             t if keep else None for t, keep in zip((conv_bias, bn_weight, bn_bias), ctx.present)
         )
-        running_mean, running_var, training, _, eps = ctx.bn
-        key, init, inner, backend = ctx.neuron
+        _, conv, batchnorm, (key, init, inner, backend) = ctx.call
+        # as the inputs: (call, x, conv_weight, conv_bias, bn_weight, bn_bias, *params)
         need = ctx.needs_input_grad
         t_steps = x.shape[0]
         xb = x.flatten(0, 1)
-        z = _conv(xb, conv_weight, conv_bias, ctx.conv).unflatten(0, (t_steps, -1))
+        z = _conv(xb, conv_weight, conv_bias, conv).unflatten(0, (t_steps, -1))
         grad_z, grad_bn_w, grad_bn_b, grad_params = _bn_autograd.bn_neuron_backward_from_stats(
-            grad_spikes,
-            list(grad_final),
-            z,
+            (grad_spikes, list(grad_final)),
+            NeuronInputs(z, params, init, inner),
             (mean, invstd),
-            running_mean,
-            running_var,
-            bn_weight,
-            bn_bias,
-            training,
-            eps,
+            batchnorm._replace(weight=bn_weight, bias=bn_bias),
             key,
-            params,
-            init,
-            inner,
             backend,
-            bool(need[3] or need[4]),
-            need[_PARAMS_INPUT:],
+            (bool(need[4] or need[5]), need[_PARAMS_INPUT:]),
         )
         del z
         has_bias = conv_bias is not None
@@ -324,27 +293,24 @@ class _ConvThenBatchNormNeuron(torch.autograd.Function):
             xb,
             conv_weight,
             list(conv_bias.shape) if has_bias else None,
-            *ctx.conv[:3],
+            *conv[:3],
             False,
             [0] * (conv_weight.ndim - 2),
-            ctx.conv[3],
-            [bool(need[0]), bool(need[1]), bool(need[2]) and has_bias],
+            conv[3],
+            [bool(need[1]), bool(need[2]), bool(need[3]) and has_bias],
         )
         return (
-            grad_x.unflatten(0, (t_steps, -1)) if need[0] else None,
-            grad_w if need[1] else None,
-            grad_b if need[2] and has_bias else None,
-            grad_bn_w if need[3] else None,
-            grad_bn_b if need[4] else None,
             None,
-            None,
-            None,
-            None,
+            grad_x.unflatten(0, (t_steps, -1)) if need[1] else None,
+            grad_w if need[2] else None,
+            grad_b if need[3] and has_bias else None,
+            grad_bn_w if need[4] else None,
+            grad_bn_b if need[5] else None,
             *grad_params,
         )
 
 
-_PARAMS_INPUT = 9  # the position of the first parameter among _ConvThenBatchNormNeuron.forward's inputs
+_PARAMS_INPUT = 6  # the position of the first parameter among _ConvThenBatchNormNeuron.forward's inputs
 
 
 def _checked_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups) -> tuple:
@@ -387,12 +353,15 @@ def _conv_output(x: torch.Tensor, conv_weight: torch.Tensor, conv_bias, conv: tu
         return _conv(x.flatten(0, 1), conv_weight, conv_bias, conv).unflatten(0, x.shape[:2])
 
 
-def _conv_then(x, conv_weight, conv_bias, conv: tuple, z, batchnorm: tuple, neuron: tuple, params: list) -> tuple:
-    """``(spikes, *final states)`` of :class:`_ConvThenBatchNormNeuron` on checked arguments: ``batchnorm`` the
-    ``(running_mean, running_var, weight, bias, training, momentum, eps)`` of the BatchNorm."""
-    running_mean, running_var, weight, bias, training, momentum, eps = batchnorm
-    bn = (running_mean, running_var, bool(training), float(momentum), float(eps))
-    return _ConvThenBatchNormNeuron.apply(x, conv_weight, conv_bias, weight, bias, z, conv, bn, neuron, *params)
+def _conv_then(x, conv_weight, conv_bias, call: _ConvCall, params: list) -> tuple:
+    """``(spikes, *final states)`` of :class:`_ConvThenBatchNormNeuron` on checked arguments."""
+    batchnorm = call.batchnorm
+    return _ConvThenBatchNormNeuron.apply(call, x, conv_weight, conv_bias, batchnorm.weight, batchnorm.bias, *params)
+
+
+def _batchnorm_args(running_mean, running_var, weight, bias, training, momentum, eps) -> BatchNormArgs:
+    """The op's record of a call's BatchNorm arguments (``training`` a bool, ``momentum`` and ``eps`` floats)."""
+    return BatchNormArgs(running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps))
 
 
 def conv_batchnorm_neuron(
@@ -439,8 +408,9 @@ def conv_batchnorm_neuron(
         "use torch.nn.Conv, BatchNorm and spikefuse.neuron(..., backend='reference')",
     )
     key = neuron_spec(model, surrogate, detach_reset).op_key
-    batchnorm = (running_mean, running_var, weight, bias, training, momentum, eps)
-    spikes, *final = _conv_then(x, conv_weight, conv_bias, conv, z, batchnorm, (key, init, inner, concrete), tensors)
+    batchnorm = _batchnorm_args(running_mean, running_var, weight, bias, training, momentum, eps)
+    call = _ConvCall(z, conv, batchnorm, (key, init, inner, concrete))
+    spikes, *final = _conv_then(x, conv_weight, conv_bias, call, tensors)
     return (spikes, tuple(final)) if return_state else spikes
 
 
@@ -489,6 +459,7 @@ def conv_batchnorm_lif(
         backend=backend,
     )
     key, params, init = _bn_autograd.lif_neuron(lif, k, None, z)
-    batchnorm = (running_mean, running_var, weight, bias, training, momentum, eps)
-    spikes, state = _conv_then(x, conv_weight, conv_bias, conv, z, batchnorm, (key, init, inner, concrete), params)
+    batchnorm = _batchnorm_args(running_mean, running_var, weight, bias, training, momentum, eps)
+    call = _ConvCall(z, conv, batchnorm, (key, init, inner, concrete))
+    spikes, state = _conv_then(x, conv_weight, conv_bias, call, params)
     return (spikes, state) if return_state else spikes

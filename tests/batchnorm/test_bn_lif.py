@@ -447,24 +447,10 @@ def test_cpu_forward_packs_its_spikes_for_the_next_layer(monkeypatch, shape, res
     assert torch.equal(bitpack.pack(spikes)[0], bitpack.pack_torch(spikes))
     assert len(packs) == packs_of_residual + (1 if n % 8 else 0)
     neuron, params, init = autograd.lif_neuron(lif_spec.LIFCase(THRESHOLD).neuron(), torch.tensor([0.5]), None, x)
-    op_body = autograd._forward_impl(
-        x.flatten(0, 1),
-        None if res is None else res.flatten(0, 1),
-        residual,
-        None,
-        None,
-        None,
-        None,
-        params,
-        init,
-        True,
-        0.1,
-        1e-5,
-        shape[0],
-        1,
-        neuron,
-        "cpu",
-    )
+    none = torch.empty(0)
+    tensors = [none if res is None else res.flatten(0, 1), none, none, none, none]
+    call = autograd._call_key(neuron, "cpu", True, "bits" if residual else "none")
+    op_body = autograd._forward_impl(x.flatten(0, 1), tensors, params, init, [0.1, 1e-5], [shape[0], 1], call)
     assert torch.equal(op_body[0].reshape(shape), spikes)
     assert bitpack._remembered(op_body[0]) is None
     running = torch.zeros(shape[2]), torch.ones(shape[2])
