@@ -3,6 +3,8 @@ autograd operation. Exported as :func:`spikefuse.recurrent`; the backends are :m
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .neurons import NeuronModel, neuron_spec
@@ -11,12 +13,35 @@ from .ops.numerics import compute_dtype
 from .ops.engine import reference as engine_reference
 from .ops.spike_layers import cpu as sparse_cpu
 from .ops import recurrent as recurrent_ops
-from .ops.recurrent import SparseCurrent, current, last_spike_rate, record_spike_rate
+from .ops.recurrent import (
+    SparseCurrent,
+    SparseGradCurrent,
+    current,
+    last_spike_rate,
+    record_spike_rate,
+    use_sparse_grad,
+)
 from .ops.recurrent.autograd import NOT_BINARY, RECURRENT_NON_FINITE, binary, recurrent_layer
 from .surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
 __all__ = ["recurrent"]
+
+
+class _CountedGrad(torch.autograd.Function):
+    """The identity, whose backward counts the nonzero gradients into ``holder`` as
+    :class:`~spikefuse.ops.recurrent.SparseGradCurrent` does (``sparse_grad="auto"`` on the reference backend taking
+    the dense backward: the gradient passes unchanged)."""
+
+    @staticmethod
+    def forward(ctx, t, holder):
+        ctx.holder = holder
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        SparseGradCurrent.count(ctx.holder, grad)
+        return grad, None
 
 
 def _check_weights(x: torch.Tensor, weight, bias, name: str) -> None:
@@ -76,6 +101,43 @@ def _check_sparse(sparse, x: torch.Tensor, weight: torch.Tensor, spikes0, backen
     return True, False
 
 
+def _check_sparse_grad(sparse_grad, x: torch.Tensor, weight: torch.Tensor, backend: str, name: str):
+    """``(sparse backward, auto)``: whether this call's backward reads ``G`` by its nonzero entries, and whether it
+    counts their share for the next call (``"auto"`` where the sparse backward can run, eagerly, with a backward to
+    run). ``True`` refuses, naming why, where it cannot run; ``"auto"`` takes it where it can and the weight's last
+    share (:func:`spikefuse.ops.recurrent.last_grad_rate`) is below the spike layers' crossover
+    (:func:`spikefuse.ops.recurrent.use_sparse_grad`)."""
+    if not (isinstance(sparse_grad, bool) or sparse_grad == "auto"):
+        raise ValueError(f"{name}: sparse_grad must be True, False or 'auto', got {sparse_grad!r}")
+    if sparse_grad is False or not torch.is_grad_enabled():
+        return False, False
+    why = None
+    if weight.dim() != 2:
+        why = "the weight is one to one (an elementwise product: nothing to skip)"
+    elif backend == "triton":
+        why = (
+            "the triton backend has no kernel that reads the gradient sparsely (its backward runs the dense products "
+            "on the GPU); run the layer with backend='cpu' on CPU tensors for sparse gradients"
+        )
+    elif x.device.type != "cpu":
+        why = f"x is on {x.device}"
+    elif backend not in ("cpu", "reference"):
+        why = f"the backend is {backend!r}"
+    elif compute_dtype(x.dtype) not in sparse_cpu.SUPPORTED_DTYPES:
+        why = f"x is {x.dtype}"
+    if sparse_grad == "auto":
+        if torch.compiler.is_compiling() or why is not None:
+            return False, False
+        return use_sparse_grad(weight, x.shape[0] * x.shape[1]), True
+    if why is not None:
+        raise ValueError(
+            f"{name}: sparse_grad=True runs on the CPU backend (or the reference), for an all-to-all weight, in "
+            f"float32 or float64; {why}. Use sparse_grad='auto' (the dense backward wherever the sparse one cannot "
+            "run) or sparse_grad=False"
+        )
+    return True, False
+
+
 def _split_state(model: NeuronModel, state, x: torch.Tensor):
     """``(neuron states or None, spikes or None)`` of a recurrent layer's ``state``: the model's states then the
     last spikes, as a tuple, or a dict with the states' names and ``"spikes"``."""
@@ -114,6 +176,7 @@ def recurrent(
     backend: str = "auto",
     memory: str = "potential",
     sparse: bool | str = False,
+    sparse_grad: bool | str = False,
     **params,
 ):
     """A recurrent layer of ``model``'s neurons over ``x`` ``[T, B, H]`` (the input current of each step): the
@@ -144,7 +207,19 @@ def recurrent(
     same object: a module's parameter) counted a spike rate below
     :data:`spikefuse.ops.recurrent.CROSSOVER_RECURRENT` in the bits its kernels wrote; the dense one otherwise (the
     first call, above the crossover, where ``True`` would be refused, under ``torch.compile``). Either way the call
-    is that of ``sparse=True`` or ``False``, bit for bit, and it counts its own rate for the next."""
+    is that of ``sparse=True`` or ``False``, bit for bit, and it counts its own rate for the next.
+
+    ``sparse_grad=True`` (CPU or reference backend, all-to-all weight, float32 / float64): the backward reads only the
+    nonzero entries of ``G``, the gradient of every step's input current (mostly zero behind a surrogate of compact
+    support, :class:`~spikefuse.surrogate.Rectangle`, :class:`~spikefuse.surrogate.Triangle` or a
+    :class:`~spikefuse.surrogate.Windowed` one, where the leak does not carry it back over many steps): each step's
+    ``G[t] @ weight`` sums the weight rows of ``G[t]``'s nonzero entries in increasing index, and the weight's gradient
+    over all steps reads ``G``'s nonzero entries (with ``sparse=True``, the spikes' bits as before). The gradients
+    agree with the dense backward's to rounding. ``sparse_grad="auto"``: the sparse backward where it can run and
+    the previous backward with the same ``weight`` tensor had a share of nonzero ``G`` below the spike layers'
+    ``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`` (from ``CROSSOVER_ROWS`` rows ``T*B`` on), the dense one otherwise
+    (the first call, the Triton backend, under ``torch.compile``); either way that of ``True`` or ``False``. ``True``
+    refuses, naming why, where it cannot run (the Triton backend included)."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:
@@ -154,6 +229,7 @@ def recurrent(
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, states, backend, params)
     user_weight = weight  # sparse="auto" keeps this tensor's spike rate
     sparse, auto = _check_sparse(sparse, x, weight, spikes0, concrete, f"recurrent {model.name}")
+    sparse_grad, grad_auto = _check_sparse_grad(sparse_grad, x, weight, concrete, f"recurrent {model.name}")
     t_steps, batch, hidden = x.shape
     cdt = compute_dtype(x.dtype)
     xc, weight, bias = x.to(cdt).contiguous(), weight.to(cdt), None if bias is None else bias.to(cdt)
@@ -168,7 +244,16 @@ def recurrent(
             [t for t in (weight, bias, spikes0) if t is not None],
             otherwise=RECURRENT_NON_FINITE,
         )
-        product = SparseCurrent.apply if sparse else current
+        if sparse_grad or grad_auto:
+            holder = [weakref.ref(user_weight), 0, 0, t_steps] if grad_auto else None
+            if sparse_grad:
+                product = lambda s, w, b: SparseGradCurrent.apply(s, w, b, sparse, holder)  # noqa: E731
+            else:  # "auto" taking the dense backward: the same call as sparse_grad=False, counting G for the next
+                product = lambda s, w, b: _CountedGrad.apply(  # noqa: E731
+                    SparseCurrent.apply(s, w, b) if sparse else current(s, w, b), holder
+                )
+        else:
+            product = SparseCurrent.apply if sparse else current
         flat = lambda s: product(s.reshape(batch, hidden), weight, bias).reshape(-1)  # noqa: E731
         spikes, final = engine_reference.run(
             model,
@@ -197,6 +282,8 @@ def recurrent(
             concrete,
             sparse,
             count_spikes=auto,
+            sparse_grad=sparse_grad,
+            grad_rate_of=user_weight if grad_auto else None,
         )
         if auto:
             outputs, count = outputs

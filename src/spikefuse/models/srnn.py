@@ -60,7 +60,9 @@ class SRNN(nn.Module):
     included, is a :class:`spikefuse.nn.SpikeLinear` with that ``sparse``, its products reading only the nonzero
     inputs (the input layer's counts by their values), and the recurrent layers take it too, each step's recurrent
     current reading only the neurons that spiked (:func:`spikefuse.recurrent`'s ``sparse``); ``False`` keeps the
-    layers above, dense."""
+    layers above, dense. ``sparse_grad`` (``True`` or ``"auto"``): the recurrent layers' backward reads only the
+    nonzero gradients of their input currents (:func:`spikefuse.recurrent`'s ``sparse_grad``; they are mostly zero
+    only with a surrogate of compact support, as ``neuron=LIFOptions(surrogate=Rectangle())``)."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class SRNN(nn.Module):
         spike_inputs: bool = False,
         readout_decay: float = 0.9,
         sparse: bool | str = False,
+        sparse_grad: bool | str = False,
     ):
         super().__init__()
         if cell not in CELLS:
@@ -92,6 +95,8 @@ class SRNN(nn.Module):
         blocks = []
         if not (isinstance(sparse, bool) or sparse == "auto"):
             raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
+        if not (isinstance(sparse_grad, bool) or sparse_grad == "auto"):
+            raise ValueError(f"sparse_grad must be True, False or 'auto', got {sparse_grad!r}")
 
         def linear(n_in: int, n_out: int, fed_spikes: bool) -> nn.Linear:
             if sparse is not False:
@@ -112,12 +117,20 @@ class SRNN(nn.Module):
                         backend=neuron.backend,
                         memory=mode,
                         sparse=sparse,
+                        sparse_grad=sparse_grad,
                     )
                 )
             elif cell == "cubalif":
                 blocks.append(
                     RecurrentCubaLIF(
-                        hidden, alpha=0.8, beta=0.9, threshold=1.0, backend=neuron.backend, memory=mode, sparse=sparse
+                        hidden,
+                        alpha=0.8,
+                        beta=0.9,
+                        threshold=1.0,
+                        backend=neuron.backend,
+                        memory=mode,
+                        sparse=sparse,
+                        sparse_grad=sparse_grad,
                     )
                 )
             else:
@@ -131,6 +144,7 @@ class SRNN(nn.Module):
                         backend=neuron.backend,
                         memory=mode,
                         sparse=sparse,
+                        sparse_grad=sparse_grad,
                     )
                 )
         self.layers = nn.Sequential(*blocks)

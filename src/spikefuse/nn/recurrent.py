@@ -38,6 +38,12 @@ class Recurrent(EngineNeuron):
             at threshold ties. "auto": per call, the sparse product where the previous call's spike rate was below
             ``spikefuse.ops.recurrent.CROSSOVER_RECURRENT`` (the first call, and where the sparse one cannot run,
             dense).
+        sparse_grad: True: the backward reads only the nonzero entries of the gradient of each step's input current
+            (each step's product with the recurrent weight and the weight's gradient; CPU, all to all, a surrogate of
+            compact support such as :class:`~spikefuse.surrogate.Rectangle` to make them zero;
+            :func:`spikefuse.recurrent`); the same gradients as the dense backward to rounding. "auto": per call, the
+            sparse backward where the previous backward's share of nonzero gradients was below
+            ``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`` (the first call, and where it cannot run, dense).
     """
 
     def __init__(
@@ -48,16 +54,19 @@ class Recurrent(EngineNeuron):
         all_to_all: bool = True,
         bias: bool = True,
         sparse: bool | str = False,
+        sparse_grad: bool | str = False,
         **options,
     ):
-        if not (isinstance(sparse, bool) or sparse == "auto"):
-            raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
+        for name, value in (("sparse", sparse), ("sparse_grad", sparse_grad)):
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
         super().__init__(model, **options)
         self.hidden_size = int(hidden_size)
         self.all_to_all = bool(all_to_all)
         self.sparse = sparse
+        self.sparse_grad = sparse_grad
         if self.all_to_all:
             self.recurrent = nn.Linear(self.hidden_size, self.hidden_size, bias=bias)
         else:  # the scale of nn.Linear's default initialization for one input
@@ -90,13 +99,25 @@ class Recurrent(EngineNeuron):
         weight, bias = self.recurrent_weights()
         arguments = self.call_arguments(x)
         spikes, final = recurrent(
-            x, self.model, weight, bias, return_state=True, memory=self.memory, sparse=self.sparse, **arguments
+            x,
+            self.model,
+            weight,
+            bias,
+            return_state=True,
+            memory=self.memory,
+            sparse=self.sparse,
+            sparse_grad=self.sparse_grad,
+            **arguments,
         )
         self.keep_state(final)
         return spikes
 
     def extra_repr(self) -> str:
-        sparse = f", sparse={self.sparse!r}" if self.sparse is not False else ""
+        sparse = "".join(
+            f", {name}={value!r}"
+            for name, value in (("sparse", self.sparse), ("sparse_grad", self.sparse_grad))
+            if value is not False
+        )
         return f"hidden_size={self.hidden_size}, all_to_all={self.all_to_all}{sparse}, {super().extra_repr()}"
 
 

@@ -21,6 +21,18 @@ reference's current is then :class:`SparseCurrent`, the same sums in the same or
 rate of the previous call with the same weight tensor says (:func:`last_spike_rate`: counted from the bits the
 kernels wrote, :func:`record_spike_rate`): the sparse layer below :data:`CROSSOVER_RECURRENT`, the dense one at or
 above it and where no call with that weight ran before.
+
+``sparse_grad=True`` (CPU backend, all to all): the backward reads only the nonzero entries of ``G``, the gradient
+of each step's input current (mostly zero behind a surrogate of compact support, as
+:class:`spikefuse.surrogate.Rectangle`, where the leak does not carry it back): the reverse loop is one kernel call
+whose step product ``G[t] @ W`` sums, row by row, the weight rows of ``G[t]``'s nonzero entries in increasing index
+(:func:`.cpu.backward_sparse`), and the weight's gradient over all steps is ``G``'s CSR times the previous spikes
+(:func:`spikefuse.ops.spike_layers.cpu.csr_t_matmul`; with ``sparse=True`` it reads the spikes' bits as before). The
+reference's current is then :class:`SparseGradCurrent`, whose backward sums the spikes' gradient in that order in
+plain torch ops. ``sparse_grad="auto"``, as ``sparse="auto"``: each call takes the way the share of nonzero ``G`` of
+the previous backward with the same weight tensor says (:func:`last_grad_rate`), the sparse backward below the spike
+layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD` from their
+:data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_ROWS` rows (``T*B``) on.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import weakref
 import torch
 
 from ..spike_layers.reference import linear_reference
+from ..spike_layers import cpu as sparse_cpu
 
 __all__ = [
     "ALIGNMENT",
@@ -40,6 +53,10 @@ __all__ = [
     "CROSSOVER_RECURRENT",
     "last_spike_rate",
     "record_spike_rate",
+    "SparseGradCurrent",
+    "last_grad_rate",
+    "record_grad_rate",
+    "use_sparse_grad",
 ]
 
 #: Where ``spikefuse.recurrent(..., sparse="auto")`` takes the sparse layer: a spike rate, of the previous call with
@@ -52,25 +69,56 @@ CROSSOVER_RECURRENT = 0.30
 
 # id(weight) -> (a weak reference to it, the spike rate of its last call with sparse="auto")
 _RATES: dict[int, tuple[weakref.ref, float]] = {}
+# id(weight) -> (a weak reference to it, the share of nonzero G of its last backward with sparse_grad="auto")
+_GRAD_RATES: dict[int, tuple[weakref.ref, float]] = {}
+
+
+def _last(table: dict, weight: torch.Tensor) -> float | None:
+    entry = table.get(id(weight))
+    return entry[1] if entry is not None and entry[0]() is weight else None
+
+
+def _record(table: dict, weight: torch.Tensor, rate: float) -> None:
+    key = id(weight)
+    table[key] = (weakref.ref(weight, lambda _, key=key: _forget(table, key)), float(rate))
 
 
 def last_spike_rate(weight: torch.Tensor) -> float | None:
     """The spike rate of the last ``sparse="auto"`` call of a recurrent layer with this ``weight`` tensor (the same
     object), counted from the bits its kernels wrote; None where none ran."""
-    entry = _RATES.get(id(weight))
-    return entry[1] if entry is not None and entry[0]() is weight else None
+    return _last(_RATES, weight)
 
 
 def record_spike_rate(weight: torch.Tensor, rate: float) -> None:
     """Keep ``rate`` as ``weight``'s last spike rate (until ``weight`` is freed)."""
-    key = id(weight)
-    _RATES[key] = (weakref.ref(weight, lambda _, key=key: _forget(key)), float(rate))
+    _record(_RATES, weight, rate)
 
 
-def _forget(key: int) -> None:
-    entry = _RATES.get(key)
+def last_grad_rate(weight: torch.Tensor) -> float | None:
+    """The share of nonzero entries of ``G`` (the gradient of every step's input current) in the last backward of a
+    ``sparse_grad="auto"`` recurrent layer with this ``weight`` tensor (the same object); None where none ran."""
+    return _last(_GRAD_RATES, weight)
+
+
+def record_grad_rate(weight: torch.Tensor, rate: float) -> None:
+    """Keep ``rate`` as ``weight``'s last share of nonzero ``G`` (until ``weight`` is freed)."""
+    _record(_GRAD_RATES, weight, rate)
+
+
+def use_sparse_grad(weight: torch.Tensor, rows: int) -> bool:
+    """``sparse_grad="auto"``'s way for a call with ``rows`` (``T*B``) rows: the sparse backward from the spike
+    layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_ROWS` rows on where the previous backward with this
+    ``weight`` had under :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD` of ``G`` nonzero (the spike layers'
+    :func:`~spikefuse.ops.spike_layers.cpu.output_grad_csr` crossover, its count taken one call late: ``G`` exists
+    only as the backward makes it); the dense one otherwise and on the first call."""
+    rate = last_grad_rate(weight)
+    return rows >= sparse_cpu.CROSSOVER_ROWS and rate is not None and rate < sparse_cpu.CROSSOVER_GRAD
+
+
+def _forget(table: dict, key: int) -> None:
+    entry = table.get(key)
     if entry is not None and entry[0]() is None:
-        del _RATES[key]
+        del table[key]
 
 
 #: The address alignment (bytes) of the spikes a product reads, by device type: BLAS libraries pick their kernels by
@@ -123,3 +171,37 @@ class SparseCurrent(torch.autograd.Function):
     def backward(ctx, grad):
         spikes, weight = ctx.saved_tensors
         return grad @ weight, grad.t() @ spikes, grad.sum(0) if ctx.has_bias else None
+
+
+class SparseGradCurrent(torch.autograd.Function):
+    """The recurrent current ``spikes @ weight.T + bias`` (``weight`` ``[H, H]``) of the reference backend with
+    ``sparse_grad``: the forward :func:`current`'s (or, with ``sparse``, :class:`SparseCurrent`'s sums), the
+    spikes' gradient ``grad @ weight`` summed as :func:`.cpu.backward_sparse` sums it, from zero over the nonzero
+    entries of ``grad``'s row in increasing index (:func:`~spikefuse.ops.spike_layers.reference.linear_reference`,
+    plain torch ops), the weight's and the bias's the dense products'. ``holder``: None, or ``[weight, nonzero,
+    elements, steps]`` counting the nonzero gradients of every step for ``sparse_grad="auto"``, which records the
+    share in :func:`record_grad_rate` once all ``steps`` ran. ``SparseGradCurrent.apply(spikes, weight, bias, sparse,
+    holder)``."""
+
+    @staticmethod
+    def forward(ctx, spikes, weight, bias, sparse, holder):
+        ctx.save_for_backward(spikes, weight)
+        ctx.has_bias, ctx.holder = bias is not None, holder
+        return linear_reference(spikes, weight, bias) if sparse else current(spikes, weight, bias)
+
+    @staticmethod
+    def count(holder, grad: torch.Tensor) -> None:
+        """Add ``grad``'s nonzero entries to ``holder`` (None: nothing), recording the share at its last step."""
+        if holder is not None:
+            holder[1] += int(torch.count_nonzero(grad))
+            holder[2] += grad.numel()
+            holder[3] -= 1
+            if holder[3] == 0 and holder[0]() is not None:
+                record_grad_rate(holder[0](), holder[1] / max(1, holder[2]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        spikes, weight = ctx.saved_tensors
+        SparseGradCurrent.count(ctx.holder, grad)
+        grad_bias = grad.sum(0) if ctx.has_bias else None
+        return linear_reference(grad, weight.t()), grad.t() @ spikes, grad_bias, None, None

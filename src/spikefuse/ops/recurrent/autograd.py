@@ -16,12 +16,17 @@ keep it.
 
 Backward: once through time in reverse, one kernel call per step and the product that carries the gradient of a
 step's input back to the previous spikes (``grad @ W``); then the weight's gradient as one product over all
-``T*B`` rows (``G.T @ S_prev``), the bias's as one sum, the parameters' as per-neuron sums reduced once.
+``T*B`` rows (``G.T @ S_prev``), the bias's as one sum, the parameters' as per-neuron sums reduced once. With
+``sparse_grad`` (CPU, all to all): the whole reverse loop one kernel call, each step's ``G[t] @ W`` summed from the
+nonzero entries of ``G[t]`` only (:func:`.cpu.backward_sparse`), and the weight's gradient, where it is not read from
+the spikes' bits (``sparse=True``), from ``G``'s CSR over all steps
+(:func:`~spikefuse.ops.spike_layers.cpu.csr_t_matmul`, the spike layers' ``sparse_grad`` product).
 """
 
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import torch
 
@@ -34,7 +39,7 @@ from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
 from ...registry import OBJECTS
 from ..engine.reference import initial_spike
-from . import current, current_backward
+from . import current, current_backward, record_grad_rate
 
 
 #: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
@@ -134,13 +139,14 @@ def _forward_impl(
     neuron: str,
     backend: str,
     sparse: bool,
+    sparse_grad: bool = False,
 ) -> list[Tensor]:
     """``[spikes [T, B, H], *final states [B, H], bits, *kept]``: the spikes as bits and what else the backward reads
     (every step's states, and the currents where the derivatives read the input: memory "potential"; nothing else
     with "recompute", which keeps the input; ``neuron``: the :attr:`~spikefuse.neurons.NeuronSpec.op_key` of the
     neurons, their memory mode included). ``sparse``: each step's current from the previous spikes' bits in the step kernel, the
     bits kept row-padded with the initial spikes' first (:func:`_sparse_words`); else packed by
-    :func:`spikefuse.ops.bitpack.pack`."""
+    :func:`spikefuse.ops.bitpack.pack`. ``sparse_grad``: the backward's (kept by the autograd context only)."""
     spec = OBJECTS[neuron]
     model = spec.model
     if sparse and spikes0 is not None and not binary(spikes0):  # (the caller's check, where a compiled graph has none)
@@ -171,7 +177,7 @@ recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", muta
 
 
 @recurrent_forward.register_fake
-def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse):
+def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse, sparse_grad=False):
     spec = OBJECTS[neuron]
     model = spec.model
     t_steps, batch, hidden = x.shape
@@ -203,13 +209,17 @@ def _backward_impl(
     backend: str,
     sparse: bool,
     need: list[bool],
+    sparse_grad: bool = False,
 ) -> list[Tensor]:
     """``[grad_x, grad_weight, grad_bias, grad_spikes0, *per-neuron grad per parameter [H], grad_init [S, B, H]]``
     from the gradients of the spikes and the final states; ``need``: whether the weight, the bias, the initial spikes
     and each parameter need theirs (an empty tensor where not). ``x``: the input (memory "recompute"; empty
     otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states.
     ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
-    read the previous spikes (the products of :mod:`spikefuse.ops.spike_layers.cpu`, the forward's order)."""
+    read the previous spikes (the products of :mod:`spikefuse.ops.spike_layers.cpu`, the forward's order).
+    ``sparse_grad`` (CPU backend, all to all): every step's ``G[t] @ W`` from ``G[t]``'s nonzero entries
+    (:func:`.cpu.backward_sparse`, the reverse loop in one call), and the weight's gradient from ``G``'s CSR where
+    ``sparse`` does not read it from the bits."""
     spec = OBJECTS[neuron]
     model = spec.model
     ops = backend_module(backend)
@@ -218,6 +228,12 @@ def _backward_impl(
     par, init_all = _stacked(params, init, batch, hidden, grad_spikes)
     if spikes0 is None:
         spikes0 = _initial_spikes(model, par, init_all)
+    if sparse_grad and (weight.dim() != 2 or not hasattr(ops, "backward_sparse")):  # (the caller's check)
+        raise ValueError(
+            f"recurrent {model.name}: sparse_grad=True runs on the CPU backend for an all-to-all weight, not on the "
+            f"{backend!r} backend with a {'one-to-one' if weight.dim() == 1 else 'all-to-all'} weight; use "
+            "sparse_grad='auto' or False"
+        )
     if sparse:  # the rows of the previous spikes, which each step's current read
         previous_words = bits.reshape(-1, bits.shape[2])[: t_steps * batch]
     else:
@@ -259,9 +275,14 @@ def _backward_impl(
         par,
         acc,
     )
-    for t in range(t_steps - 1, -1, -1):
-        step(t)
-        current_backward(G[t], weight, out=grec)
+    if sparse_grad:
+        ops.backward_sparse(
+            spec, need_params, grad_spikes, grec, G, gS, gs, hist, init_all, G if xin is None else xin, par, acc, weight
+        )
+    else:
+        for t in range(t_steps - 1, -1, -1):
+            step(t)
+            current_backward(G[t], weight, out=grec)
     ginit = torch.empty_like(gS)
     ops.initial(spec, need_params, gS, gs, ginit, init_all, par, acc)
 
@@ -272,6 +293,10 @@ def _backward_impl(
     if need_weight:
         if sparse:
             grad_weight = sparse_cpu.row_weight_grad(flat_g, previous_words, hidden)
+        elif sparse_grad:  # G.T @ S_prev over all T*B rows from G's nonzero entries
+            grad_weight = sparse_cpu.csr_t_matmul(
+                sparse_cpu.output_grad_csr(flat_g, True), previous.reshape(-1, hidden)
+            )
         elif weight.dim() == 2:
             grad_weight = flat_g.t() @ previous.reshape(-1, hidden)
         else:
@@ -301,6 +326,7 @@ def _(
     backend,
     sparse,
     need,
+    sparse_grad=False,
 ):
     layer = grad_spikes.shape[1:]
     need_weight, need_bias, need_spikes0, *need_params = need
@@ -315,10 +341,10 @@ def _(
     ]
 
 
-def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, out) -> None:
+def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, sparse_grad=False, *, out) -> None:
     n_init = len(init)
     bits, kept = out[1 + n_init], out[2 + n_init :]
-    ctx.args = (neuron, backend, sparse)
+    ctx.args = (neuron, backend, sparse, sparse_grad)
     ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
@@ -330,7 +356,7 @@ def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, 
 def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
     None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
-    neuron, backend, sparse = ctx.args
+    neuron, backend, sparse, sparse_grad = ctx.args
     name = OBJECTS[neuron].name
     refuse_double_backward(
         f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
@@ -358,6 +384,7 @@ def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
         backend,
         sparse,
         [bool(n) for n in (*need[1:4], *need_params)],
+        sparse_grad,
     )
     grad_x, grad_weight, grad_bias, grad_spikes0, *rest = out
     per_neuron, ginit = rest[:n_params], rest[n_params]
@@ -389,7 +416,8 @@ def _backward(ctx, grads):
     need = ctx.needs_input_grad
     need = (*need[:4], *need[4], *need[5])  # params and init are lists: one flag per tensor
     grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(ctx, grad_spikes, grad_final, need, recurrent_backward)
-    return grad_x, gw, gb, gs0, grad_params, grad_init, None, None, None
+    # None for the rest: the dispatcher leaves out sparse_grad where it has its default, False
+    return (grad_x, gw, gb, gs0, grad_params, grad_init, *[None] * (len(ctx.needs_input_grad) - 6))
 
 
 torch.library.register_autograd("spikefuse::recurrent_forward", _backward, setup_context=_setup_context)
@@ -401,25 +429,42 @@ class _EagerRecurrent(torch.autograd.Function):
     autograd sees them."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, spikes0, neuron, backend, sparse, n_params, *tensors):
+    def forward(ctx, x, weight, bias, spikes0, neuron, backend, sparse, sparse_grad, rate_key, n_params, *tensors):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
         args = (x, weight, bias, spikes0, params, init, neuron, backend, sparse)
-        out = _forward_impl(*args)
-        _save(ctx, *args, out)
+        out = _forward_impl(*args)  # (the forward does not read sparse_grad)
+        _save(ctx, *args, sparse_grad, out=out)
+        ctx.rate_key = rate_key
         ctx.mark_non_differentiable(*out[1 + len(init) :])
         return tuple(out)
 
     @staticmethod
     def backward(ctx, grad_spikes, *rest):
         need = ctx.needs_input_grad
-        need = (*need[:4], *need[8:])
+        need = (*need[:4], *need[10:])
         grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(
             ctx, grad_spikes, rest[: ctx.n_init], need, _backward_impl
         )
-        return (grad_x, gw, gb, gs0, None, None, None, None, *grad_params, *grad_init)
+        weight = ctx.rate_key() if ctx.rate_key is not None else None
+        if weight is not None:  # sparse_grad="auto": this backward's share of nonzero G, for the next call
+            record_grad_rate(weight, int(torch.count_nonzero(grad_x)) / max(1, grad_x.numel()))
+        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, *grad_params, *grad_init)
 
 
-def recurrent_layer(x, weight, bias, spikes0, params, init, neuron, backend: str, sparse=False, count_spikes=False):
+def recurrent_layer(
+    x,
+    weight,
+    bias,
+    spikes0,
+    params,
+    init,
+    neuron,
+    backend: str,
+    sparse=False,
+    count_spikes=False,
+    sparse_grad=False,
+    grad_rate_of=None,
+):
     """``[spikes [T, B, H], *final states [B, H]]`` of the neurons of ``neuron`` (a
     :class:`~spikefuse.neurons.NeuronSpec`: the model, surrogate, ``detach_reset`` and memory mode) on ``x``
     ``[T, B, H]`` (the compute dtype) with autograd, on the concrete ``backend``: the recurrent ``weight`` (``[H, H]``
@@ -428,12 +473,20 @@ def recurrent_layer(x, weight, bias, spikes0, params, init, neuron, backend: str
     the initial states); ``sparse``: each step's current and the weight's gradient from the previous spikes' bits
     (CPU, all to all; the caller checked). The custom op under ``torch.compile``, the plain Function in eager mode.
     ``count_spikes`` (eager, CPU): also the number of spikes, counted from the bits the forward kept
-    (``sparse="auto"``'s rate), as ``(outputs, count)``."""
+    (``sparse="auto"``'s rate), as ``(outputs, count)``. ``sparse_grad``: the backward's step products and weight
+    gradient from ``G``'s nonzero entries (CPU backend, all to all; the caller checked); ``grad_rate_of`` (eager): a
+    tensor whose :func:`~spikefuse.ops.recurrent.last_grad_rate` the backward sets (``sparse_grad="auto"``)."""
     key = neuron.op_key
+    sparse_grad = bool(sparse_grad)
     if torch.compiler.is_compiling():
-        out = recurrent_forward(x, weight, bias, spikes0, list(params), list(init), key, backend, bool(sparse))
+        out = recurrent_forward(
+            x, weight, bias, spikes0, list(params), list(init), key, backend, bool(sparse), sparse_grad
+        )
     else:
-        out = _EagerRecurrent.apply(x, weight, bias, spikes0, key, backend, bool(sparse), len(params), *params, *init)
+        rate_key = None if grad_rate_of is None else weakref.ref(grad_rate_of)
+        out = _EagerRecurrent.apply(
+            x, weight, bias, spikes0, key, backend, bool(sparse), sparse_grad, rate_key, len(params), *params, *init
+        )
     outputs = list(out[: 1 + len(init)])
     if not count_spikes:
         return outputs

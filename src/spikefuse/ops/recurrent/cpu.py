@@ -15,6 +15,9 @@ between the kernels of this module, which do everything else of a step for all `
   spike of step t (the output's, the recurrent current's of step t+1 in ``grec``, the reset's of step t+1 in
   ``gs``), writing the gradient of the step's input into ``G[t]`` (the input's and the recurrent current's) and
   adding to per-neuron parameter gradients;
+- ``backward_sparse_rows`` (``sparse_grad``): every reverse step of its rows in one call, each followed by the
+  product that carries the gradient back to the previous spikes, ``G[t] @ W``, from the nonzero entries of ``G[t]``
+  only (a compact-support surrogate leaves most of them zero);
 - ``initial_rows`` the initial states' gradients after the reverse loop, ``handoff_rows`` / ``handoff_grad_rows``
   the states handed out by a neuron with a handoff and their gradients.
 
@@ -239,6 +242,22 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         + "t == 0, H)",
     ]
     backward += parallel("backward", bwd_args)
+    # sparse_grad: every reverse step of rows b0..b1 in one call, each step's product G[t] @ W (the gradient of the
+    # previous spikes through the recurrent current) summed from the nonzero entries of G[t]'s rows only: a row's
+    # product reads its own row of G, so the rows need no other row, and no torch product runs between the steps.
+    bwd_sparse_args = "gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, detach, need, weight"
+    backward += [
+        "",
+        "",
+        jit,
+        f"def backward_sparse_rows({bwd_sparse_args}, b0, b1):",
+        "    active = np.empty(G.shape[2], np.int64)",
+        "    for t in range(G.shape[0] - 1, -1, -1):",
+        "        backward_rows(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, detach, need, b0, b1)",
+        "        for b in range(b0, b1):",
+        "            weighted_rows_of_nonzeros(G[t, b], weight, active, grec[b])",
+    ]
+    backward += parallel("backward_sparse", bwd_sparse_args)
 
     # after the reverse loop: the initial states' gradients, through the first step's reset spike (no handoff)
     if model.handoff:
@@ -306,7 +325,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
         "import numpy as np",
         "from numba import njit, prange",
         "from spikefuse.ops.numba_common import exp as vexp, non_finite, rows_apart",
-        "from spikefuse.ops.spike_layers.cpu import active_inputs, pack_row, summed_weight_rows",
+        "from spikefuse.ops.spike_layers.cpu import active_inputs, pack_row, summed_weight_rows, weighted_rows_of_nonzeros",
         f"F = np.{engine_cpu._NP_DTYPES[dtype].__name__}",
         "",
         *emit.model_facts(model),
@@ -401,6 +420,18 @@ def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
     arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
     acc = _np(acc)
     return lambda t: run(t, *arrays, sgp, acc, neuron.detach_reset, need)
+
+
+def backward_sparse(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc, weight) -> None:
+    """Every reverse step at once (``sparse_grad``): :func:`bind_backward`'s steps from T-1 to 0, each followed by
+    the product ``grec = G[t] @ weight`` (``weight [H, H]``) from the nonzero entries of ``G[t]``'s rows, summed in
+    increasing index (:func:`spikefuse.ops.spike_layers.cpu.weighted_rows_of_nonzeros`); ``grec`` holds the initial
+    spikes' gradient after it."""
+    module = _kernels(neuron, G.dtype)
+    run = _runner(module, "backward_sparse", G.shape[1], G.shape[1] * G.shape[2])
+    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(G).dtype)
+    arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
+    run(*arrays, sgp, _np(acc), neuron.detach_reset, np.asarray(need, dtype=np.bool_), _np(weight.contiguous()))
 
 
 def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:

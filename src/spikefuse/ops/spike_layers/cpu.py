@@ -209,6 +209,35 @@ def summed_weight_rows(weight_t, active, count, bias, acc):
 
 
 @njit(inline="always")
+def weighted_rows_of_nonzeros(g, weight, active, acc):
+    """``acc = sum of g[h] * weight[h] over the nonzero g[h], in increasing h``: one row of ``G @ W`` (``g`` a row of
+    ``G [M, K]``, ``weight [K, N]``) from the row's nonzero entries only, listed into ``active`` first, then summed
+    from zero four weight rows per pass, ``(((acc + a * ga) + b * gb) + c * gc) + d * gd``, the order of
+    :func:`_csr_linear_kernel` (and of :func:`.reference.linear_reference` ``(g, weight.t())``). The recurrent layer's
+    step product ``G[t] @ W`` with ``sparse_grad`` (:mod:`spikefuse.ops.recurrent.cpu`)."""
+    count = 0
+    for h in range(g.size):
+        if g[h] != 0:
+            active[count] = h
+            count += 1
+    n = acc.size
+    for i in range(n):
+        acc[i] = 0
+    j = 0
+    while j + 4 <= count:
+        ka, kb, kc, kd = active[j], active[j + 1], active[j + 2], active[j + 3]
+        a, b, c, d = weight[ka], weight[kb], weight[kc], weight[kd]
+        ga, gb, gc, gd = g[ka], g[kb], g[kc], g[kd]
+        for i in range(n):
+            acc[i] = (((acc[i] + a[i] * ga) + b[i] * gb) + c[i] * gc) + d[i] * gd
+        j += 4
+    for jj in range(j, count):
+        a, ga = weight[active[jj]], g[active[jj]]
+        for i in range(n):
+            acc[i] += a[i] * ga
+
+
+@njit(inline="always")
 def pack_row(row, words):
     """The bits of the 0/1 ``row`` into ``words`` (``ceil(row.size / 64)`` words, bit ``i`` of word ``w`` element
     ``64*w + i``, the bits past the row zero): a spike row packed by the kernel that wrote it, while in its cache."""
