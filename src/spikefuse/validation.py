@@ -149,6 +149,21 @@ def _param_tensor(model: NeuronModel, name: str, value, x: torch.Tensor) -> torc
     return tensor
 
 
+def _initial_state(model: NeuronModel, state: str, tensors: list, x: torch.Tensor, dtype) -> torch.Tensor:
+    """``state``'s value before the first step, ``[1]`` (shared by every neuron) or ``[N]``: the model's number, or
+    the value of the parameter it names -- per neuron when that parameter is per channel or requires grad (the
+    gradient of the start then reaches it through autograd)."""
+    value = model.initial_value(state)
+    if not isinstance(value, str):
+        return torch.full((1,), value, dtype=dtype, device=x.device)
+    param = tensors[model.params.index(value)].to(dtype).reshape(-1)
+    if param.numel() == 1 and not param.requires_grad:
+        return param
+    n = math.prod(x.shape[1:])
+    inner = channel_layout(x.shape, param.numel())
+    return param.repeat_interleave(inner).repeat(n // (param.numel() * inner)).contiguous()
+
+
 def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backend: str, params: dict) -> tuple:
     """The checks of :func:`neuron`'s neuron arguments for the input ``x`` (already checked by ``check_input``);
     returns ``(concrete backend, surrogate, parameter tensors, inner, initial states)`` as the engine takes them:
@@ -180,7 +195,7 @@ def resolve_neuron(x: torch.Tensor, model: NeuronModel, surrogate, state, backen
     inner = channel_layout(x.shape, channels.pop()) if channels else 1
     trailing, cdt = x.shape[1:], compute_dtype(x.dtype)
     if state is None:
-        init = [torch.full((1,), model.initial_value(k), dtype=cdt, device=x.device) for k in model.states]
+        init = [_initial_state(model, k, tensors, x, cdt) for k in model.states]
     else:
         if isinstance(state, dict):
             missing = [k for k in model.states if k not in state]

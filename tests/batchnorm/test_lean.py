@@ -326,11 +326,33 @@ def test_user_sequential_of_engine_neurons():
 def test_batchnorm_neuron_errors():
     with pytest.raises(TypeError, match="bn must be an nn.BatchNorm1d or BatchNorm2d, got Linear"):
         BatchNormNeuron(nn.Linear(2, 2), CubaLIF(alpha=0.5, beta=0.5))
-    with pytest.raises(TypeError, match="neuron must be a spikefuse.nn.EngineNeuron .*got LIF"):
-        BatchNormNeuron(nn.BatchNorm2d(2), LIF(decay=0.5, threshold=0.3))
+    with pytest.raises(TypeError, match="neuron must be a spikefuse.nn.EngineNeuron .*got ReLU"):
+        BatchNormNeuron(nn.BatchNorm2d(2), nn.ReLU())
     module = BatchNormNeuron(nn.BatchNorm2d(2), CubaLIF(alpha=0.5, beta=0.5))
     with pytest.raises(ValueError, match="with BatchNorm2d expects multi-step input \\[T, B, C, ...\\] of 5 dims"):
         module(torch.randn(2, 3, 2, 4))
+
+
+@pytest.mark.parametrize("v_reset", [-0.1, None])
+def test_batchnorm_neuron_of_a_lif_equals_batchnorm_lif(v_reset):
+    """A LIF is an engine neuron: BatchNormNeuron(bn, LIF) runs it through the general fused op (its membrane starting
+    at v_reset) and gives BatchNormLIF2d's spikes, gradients and running statistics."""
+    torch.manual_seed(5)
+    x = torch.randn(4, 3, 2, 5, 5) * 2
+    general = BatchNormNeuron(nn.BatchNorm2d(2), LIF(0.6, 0.4, v_reset=v_reset, learnable_decay=True, channels=2))
+    preset = BatchNormLIF2d(2, decay=0.6, threshold=0.4, v_reset=v_reset, learnable_decay=True, channels=2)
+    outs = []
+    for module, decay in ((general, general.neuron.decay), (preset, preset.decay)):
+        xi = x.clone().requires_grad_()
+        spikes = module(xi)
+        (spikes * torch.linspace(-1, 1, spikes.numel()).view_as(spikes)).sum().backward()
+        outs.append((spikes, xi.grad, decay.grad))
+    bn_general, bn_preset = general.bn, preset
+    assert torch.equal(outs[0][0], outs[1][0]) and outs[0][0].sum() > 0
+    for a, b in zip(outs[0][1:], outs[1][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(bn_general.running_mean, bn_preset.running_mean)
+    assert torch.equal(bn_general.running_var, bn_preset.running_var)
 
 
 def test_lean_keeps_device_dtype_and_mode():

@@ -243,6 +243,29 @@ def _check_neuron_module_stateful(group, failures):
     _equal(out, whole, "stateful TimeSplitNeuron", failures)
 
 
+def _check_lif_as_neuron(group, failures):
+    """A LIF is an engine neuron: TimeSplitNeuron.from_neuron of a stateful LIF with a hard reset to -0.2 (its
+    membrane starts there) over two calls equals the LIF over the two sequences back to back, gradients included."""
+    g = torch.Generator().manual_seed(8)
+    a, b = torch.rand(5, 2, 4, generator=g, dtype=torch.float64), torch.rand(6, 2, 4, generator=g, dtype=torch.float64)
+    whole = snn.LIF(0.7, 0.5, v_reset=-0.2, learnable_decay=True, backend=BACKEND).double()
+    xr = torch.cat([a, b]).requires_grad_()
+    ref = whole(xr)
+    ref.sum().backward()
+    m = TimeSplitNeuron.from_neuron(
+        snn.LIF(0.7, 0.5, v_reset=-0.2, learnable_decay=True, backend=BACKEND, stateful=True).double(), group, chunks=2
+    )
+    xa, xb = split_time(a, group).requires_grad_(), split_time(b, group).requires_grad_()
+    out = torch.cat([gather_time(m(xa), group), gather_time(m(xb), group)])
+    _equal(out, ref.detach(), "TimeSplitNeuron of a LIF", failures)
+    m.reset_state()  # a fresh sequence from the start: the decay's gradient
+    m(split_time(a, group)).sum().backward()
+    allreduce_gradients(m, group)
+    whole.decay.grad = None
+    whole(a).sum().backward()
+    _close(m.decay.grad, whole.decay.grad, "TimeSplitNeuron of a LIF: grad decay", failures)
+
+
 # --------------------------------------------------------------------------------------- conv-BN-LIF network
 
 
@@ -363,6 +386,7 @@ def _worker(rank, world):
                 _check_module_stateful(group, failures)
                 _check_any_neuron(group, failures)
                 _check_neuron_module_stateful(group, failures)
+                _check_lif_as_neuron(group, failures)
                 _check_network(group, failures)
                 _check_network(group, failures, lean=True)
                 _check_network(group, failures, engine=True)
@@ -512,7 +536,7 @@ def test_timesplit_neuron_module_shares_the_layer_and_its_names():
             lambda: timesplit_neuron(torch.rand(4, 3), CUBA_LIF, alpha=0.5, beta=0.8, state=(torch.zeros(3),)),
             "state must be a tuple of 2 tensors",
         ),
-        (lambda: TimeSplitNeuron.from_neuron(snn.LIF()), "a spikefuse.nn.LIF becomes a TimeSplitLIF"),
+        (lambda: TimeSplitNeuron.from_neuron(nn.ReLU()), "layer must be a spikefuse.nn.EngineNeuron"),
         (lambda: TimeSplitNeuron(CUBA_LIF, alpha=0.5, beta=0.8, chunks=1.5), "chunks must be an int >= 1"),
         (
             lambda: convert_timesplit(nn.Sequential(snn.RecurrentCubaLIF(3, 0.5, 0.8))),

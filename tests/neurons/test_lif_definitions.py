@@ -152,3 +152,38 @@ def test_lif_layer_gives_the_reference_results():
         spikes, state = P.run(x, layer.decay.detach(), spec, v_init=state)
         assert torch.equal(got, spikes)
     assert torch.equal(layer.state, state)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("v_reset", [-0.2, [-0.2, 0.1, 0.0]], ids=["scalar", "per-channel"])
+def test_hard_reset_membrane_starts_at_v_reset_everywhere(backend, v_reset):
+    """The hard-reset LIF's ``initial`` names ``v_reset``: ``spikefuse.neuron`` of its model starts where
+    ``spikefuse.lif`` does (bit for bit); a ``v_reset`` that requires grad, per channel too, gets the gradient of
+    the start, the fused kernels' against the reference's autograd."""
+    model = LIF_MODELS[("paper", "hard")]
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(6, 2, 3, generator=g, dtype=torch.float64) * 0.8
+    if isinstance(v_reset, float):
+        expected = spikefuse.lif(x, decay=0.5, threshold=0.6, v_reset=v_reset, return_state=True)
+        got = spikefuse.neuron(x, model, decay=0.5, threshold=0.6, v_reset=v_reset, return_state=True, backend=backend)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1][0], expected[1])
+    grads = []
+    for b in (backend, "reference"):
+        v = torch.tensor(v_reset, dtype=torch.float64, requires_grad=True)
+        xi = x.clone().requires_grad_()
+        spikes, (state,) = spikefuse.neuron(
+            xi, model, decay=0.5, threshold=0.6, v_reset=v, return_state=True, backend=b, surrogate="atan"
+        )
+        (spikes.sum() + (state**2).sum()).backward()
+        grads.append((spikes, xi.grad, v.grad))
+    assert grads[0][2].abs().sum() > 0
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_record_without_the_start_parameter_says_so():
+    from spikefuse.neurons import neuron_spec
+
+    spec = neuron_spec(LIF_MODELS[("paper", "hard")], Sigmoid(4.0), False)
+    with pytest.raises(ValueError, match="state v starts at the parameter v_reset, which this record does not fix"):
+        spec.initial_states(torch.zeros(2, 3))

@@ -34,6 +34,7 @@ def _model(**kw):
         (dict(fire="v - x"), r"fire = v - x reads unknown names \['x'\]"),
         (dict(defaults=(("q", 1.0),)), "a default for 'q', which is not a parameter"),
         (dict(initial=(("q", 1.0),)), "an initial value for 'q', which is not a state"),
+        (dict(initial=(("v", "q"),)), "the initial value of 'v' names 'q', which is not a parameter"),
         (dict(handoff=(("w", "v"),)), "handoff assigns 'w', which is not a state"),
         (
             dict(handoff=(("v", "v - x"),)),

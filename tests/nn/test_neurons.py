@@ -97,7 +97,7 @@ def test_torch_compile_of_models_with_different_options_in_one_process():
         (lambda: snn.LIF(decay=-0.1, learnable_decay=True, channels=3), r"decay must lie in \[0, 1\]"),
         (lambda: snn.LIF(threshold=0.0), "threshold must be > 0"),
         (lambda: snn.LIF(threshold=0.5, v_reset=0.7), "v_reset must be below the threshold"),
-        (lambda: snn.LIF(learnable_decay=True, channels=0), "channels must be a positive int"),
+        (lambda: snn.LIF(learnable_decay=True, channels=0), "channels sets the size .* a positive int"),
         (lambda: snn.IF(threshold=-1.0), "threshold must be > 0"),
         (lambda: snn.BatchNormLIF2d(0), r"num_features \(the channels\) must be a positive int, got 0"),
         (lambda: snn.BatchNormLIF2d(4, backend="gpu"), "unknown backend 'gpu'"),
@@ -145,3 +145,27 @@ def test_learnable_decay_out_of_range_is_rejected_at_forward_time():
         m.decay.copy_(torch.tensor([0.5, 0.5, 1.25]))
     with pytest.raises(ValueError, match=r"must lie in \[0, 1\], got channel 2: 1.25.*clamp_\(0, 1\)"):
         m(x)
+
+
+@pytest.mark.parametrize("v_reset", [-0.1, None])
+def test_lif_is_the_engine_neurons_preset(v_reset):
+    """nn.LIF is an EngineNeuron of the paper's LIF model: the general module with that model and the same numbers
+    gives its spikes, gradients and kept state (the membrane starting at v_reset); the soft reset's ``v_reset``
+    reads None and is not shown."""
+    from spikefuse.neurons import LIF_MODELS
+
+    lif = snn.LIF(0.6, 0.5, v_reset=v_reset, learnable_decay=True, channels=3, stateful=True)
+    model = LIF_MODELS[("paper", "soft" if v_reset is None else "hard")]
+    general = snn.EngineNeuron(
+        model, decay=0.6, threshold=0.5, v_reset=v_reset or 0.0, learnable=("decay",), channels=3, stateful=True
+    )
+    assert isinstance(lif, snn.EngineNeuron) and lif.model is model and lif.v_reset == v_reset
+    assert ("v_reset" in repr(lif)) == (v_reset is not None)
+    x = torch.rand(5, 2, 3, generator=torch.Generator().manual_seed(2)) * 0.9
+    for _ in range(2):  # the second call continues from the kept state
+        a, b = lif(x), general(x)
+        assert torch.equal(a, b) and a.sum() > 0
+    assert torch.equal(lif.state, general.state[0])
+    (a * torch.arange(a.numel()).view_as(a)).sum().backward()
+    (b * torch.arange(b.numel()).view_as(b)).sum().backward()
+    torch.testing.assert_close(lif.decay.grad, general.decay.grad, rtol=1e-5, atol=1e-6)

@@ -190,10 +190,12 @@ def fused_batchnorm_from(bn_layer: nn.Module, neuron: nn.Module) -> nn.Module | 
     """``bn_layer`` (``nn.BatchNorm1d/2d``, bare or in ``SeqToBatch``) and the neuron after it in one fused module:
     :func:`batchnorm_lif_from` for a :class:`~spikefuse.nn.LIF`, a :class:`~spikefuse.nn.BatchNormNeuron` holding
     both modules for an :class:`~spikefuse.nn.EngineNeuron` (CubaLIF, ALIF, ...); None for anything else."""
+    if isinstance(neuron, LIF):  # the LIF preset's own fused module, a BatchNorm holding the LIF's settings
+        return batchnorm_lif_from(bn_layer, neuron)
     if isinstance(neuron, EngineNeuron):
         bn = _unwrap(bn_layer)
         return BatchNormNeuron(bn, neuron) if type(bn) in _BN_LIF else None
-    return batchnorm_lif_from(bn_layer, neuron)
+    return None
 
 
 def conv_batchnorm_neuron_from(conv_layer: nn.Module, fused: nn.Module) -> nn.Module | None:

@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif, conv_batchnorm_neuron
 from ..nn.engine_neurons import EngineNeuron
-from ..nn.neurons import LIFModuleOptions
+from ..nn.neurons import LIFSettings
 from ..nn.spike_layers import check_binary, debug_enabled
 from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD
 from ..surrogate import DEFAULT as DEFAULT_SURROGATE
@@ -61,7 +61,7 @@ def batchnorm_call_args(bn: _NormBase) -> tuple:
     )
 
 
-class BatchNormLIFBase(LIFModuleOptions, _NormBase):
+class BatchNormLIFBase(LIFSettings, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
@@ -94,8 +94,17 @@ class BatchNormLIFBase(LIFModuleOptions, _NormBase):
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features (the channels) must be a positive int, got {num_features!r}")
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
-        self._set_neuron_options(
-            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend, device
+        self._set_lif(
+            decay,
+            threshold,
+            v_reset,
+            surrogate,
+            detach_reset,
+            learnable_decay,
+            channels,
+            stateful,
+            backend,
+            device=device,
         )
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
@@ -119,17 +128,16 @@ class BatchNormLIFBase(LIFModuleOptions, _NormBase):
             *self._batchnorm_args(),
             residual=residual,
             residual_binary=residual_binary,
-            **self._neuron_call_kwargs(x),
+            **self.lif_arguments(x),
         )
-        if self.stateful:
-            self.state = state.detach()
+        self.keep_state((state,))
         return spikes
 
     def _batchnorm_args(self) -> tuple:
         return batchnorm_call_args(self)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, {self._neuron_options_repr()}"
+        return f"{_NormBase.extra_repr(self)}, {self._settings_repr()}"
 
 
 class BatchNormLIF1d(BatchNormLIFBase):
@@ -187,7 +195,7 @@ class ConvBatchNormLIF(torch.nn.Module):
         self.training = bn_lif.training
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        neuron = self.bn_lif._neuron_call_kwargs(x)
+        neuron = self.bn_lif.lif_arguments(x)
         for key in ("v_init", "return_state"):
             del neuron[key]
         return conv_batchnorm_lif(x, *_conv_arguments(self.conv), *self.bn_lif._batchnorm_args(), **neuron)
@@ -207,7 +215,7 @@ class BatchNormNeuron(torch.nn.Module):
             raise TypeError(f"bn must be an nn.BatchNorm1d or BatchNorm2d, got {type(bn).__name__}")
         if not isinstance(neuron, EngineNeuron):
             raise TypeError(
-                f"neuron must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got {type(neuron).__name__}"
+                f"neuron must be a spikefuse.nn.EngineNeuron (LIF, CubaLIF, ALIF, ...), got {type(neuron).__name__}"
             )
         self.bn = bn
         self.neuron = neuron

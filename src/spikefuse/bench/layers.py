@@ -89,7 +89,7 @@ def _bn_forms(bn_lif, z_of: Callable, residual) -> dict[str, Callable]:
 
     from ..batchnorm.modules import batchnorm_call_args
 
-    kw = bn_lif._neuron_call_kwargs(torch.empty(0))
+    kw = bn_lif.lif_arguments(torch.empty(0))
     kw.update(v_init=None, return_state=False)
     # the BatchNorm arguments as nn.BatchNorm decides them, once; the running statistics copied, since the lean
     # module updates its own

@@ -609,8 +609,7 @@ class TimeSplitNeuron(EngineNeuron):
         ``state_dict``) and its parameter range checks."""
         if not isinstance(layer, EngineNeuron):
             raise TypeError(
-                f"layer must be a spikefuse.nn.EngineNeuron (CubaLIF, ALIF, ...), got {type(layer).__name__}; "
-                "a spikefuse.nn.LIF becomes a TimeSplitLIF (TimeSplitLIF.from_lif)"
+                f"layer must be a spikefuse.nn.EngineNeuron (LIF, CubaLIF, ALIF, ...), got {type(layer).__name__}"
             )
         if isinstance(layer, Recurrent):
             raise TypeError(
@@ -661,7 +660,7 @@ class TimeSplitLIF(LIF):
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         spikes, state = timesplit_lif(
-            x_local, memory=self.memory, group=self.group, chunks=self.chunks, **self._neuron_call_kwargs(x_local)
+            x_local, memory=self.memory, group=self.group, chunks=self.chunks, **self.lif_arguments(x_local)
         )
         if self.stateful:
             (self.state,) = _from_last_rank((state,), self.group)
@@ -871,7 +870,7 @@ def convert_timesplit(module: nn.Module, group=None, chunks: int = 4) -> nn.Modu
     """
     if isinstance(module, LIF) and not isinstance(module, TimeSplitLIF):
         return TimeSplitLIF.from_lif(module, group, chunks)
-    if isinstance(module, EngineNeuron) and not isinstance(module, TimeSplitNeuron):
+    if isinstance(module, EngineNeuron) and not isinstance(module, (TimeSplitNeuron, TimeSplitLIF)):
         return TimeSplitNeuron.from_neuron(module, group, chunks)
     if isinstance(module, BatchNormLIFBase):
         module = TimeSplitBatchNormLIF(module, group)  # its neuron is converted below

@@ -65,7 +65,7 @@ _PARAMS = ("decay", "threshold", "v_reset")
 _DEFAULTS = (("threshold", 1.0), ("v_reset", 0.0))
 
 
-def _lif(name: str, step: str, strict: bool = False) -> NeuronModel:
+def _lif(name: str, step: str, strict: bool = False, initial: tuple = ()) -> NeuronModel:
     return NeuronModel(
         name=name,
         states=("v",),
@@ -74,14 +74,18 @@ def _lif(name: str, step: str, strict: bool = False) -> NeuronModel:
         fire="v - threshold",
         strict=strict,
         defaults=_DEFAULTS,
+        initial=initial,
         equations=f"v[t] = {step};  s[t] = H(v[t] - threshold)",
     )
 
 
+# The paper's V_rest, SpikingJelly's v_reset: a hard-reset membrane starts where a spike resets it.
+_AT_REST = (("v", "v_reset"),)
+
 #: By (dynamics, reset): dynamics "paper" or "snntorch", reset "hard", "soft" (snnTorch's "zero" and "subtract") or
 #: "none".
 LIF_MODELS = {
-    ("paper", "hard"): _lif("lif_hard", "where(s, v_reset, decay*v) + x"),
+    ("paper", "hard"): _lif("lif_hard", "where(s, v_reset, decay*v) + x", initial=_AT_REST),
     ("paper", "soft"): _lif("lif_soft", "decay*where(s, v - threshold, v) + x"),
     ("paper", "none"): _lif("lif_no_reset", "decay*v + x"),
     ("snntorch", "soft"): _lif("leaky_subtract", "(decay*v + x) - where(s, threshold, 0)", strict=True),
@@ -178,6 +182,7 @@ def _spikingjelly(reset: str, charge: str, post_reset: bool) -> NeuronModel:
         step=(("v", u), ("v", formula)),
         fire="v - threshold",
         defaults=_DEFAULTS,
+        initial=_AT_REST if reset == "hard" else (),
         handoff=(("v", u),) if handoff else (),
         equations=f"v = {u};  v[t] = {formula};  s[t] = H(v[t] - threshold);  handed on: {u if handoff else 'v'}",
     )

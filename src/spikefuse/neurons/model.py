@@ -137,7 +137,8 @@ class Derivatives:
 class NeuronModel(Registered):
     """One neuron's dynamics (see the module docstring). ``defaults``: parameter values used when a call leaves a
     parameter out (a parameter without one must be given); ``initial``: the states' values before the first step
-    (default 0); ``handoff``: the states handed out after the last step (see the module docstring).
+    (default 0), each a number or the name of a parameter (a hard-reset LIF's membrane starts at ``v_reset``);
+    ``handoff``: the states handed out after the last step (see the module docstring).
     ``equations``: the dynamics in the notation of the literature, for documentation."""
 
     name: str
@@ -147,7 +148,7 @@ class NeuronModel(Registered):
     fire: str
     strict: bool = False
     defaults: tuple[tuple[str, float], ...] = ()
-    initial: tuple[tuple[str, float], ...] = ()
+    initial: tuple[tuple[str, float | str], ...] = ()
     handoff: tuple[tuple[str, str], ...] = ()
     equations: str = ""
 
@@ -195,9 +196,13 @@ class NeuronModel(Registered):
         for name, _ in self.defaults:
             if name not in self.params:
                 raise ValueError(f"neuron {self.name!r}: a default for {name!r}, which is not a parameter")
-        for name, _ in self.initial:
+        for name, value in self.initial:
             if name not in self.states:
                 raise ValueError(f"neuron {self.name!r}: an initial value for {name!r}, which is not a state")
+            if isinstance(value, str) and value not in self.params:
+                raise ValueError(
+                    f"neuron {self.name!r}: the initial value of {name!r} names {value!r}, which is not a parameter"
+                )
         super().__post_init__()
 
     @property
@@ -209,7 +214,8 @@ class NeuronModel(Registered):
         )  # the keys of neurons without one stay as they were
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    def initial_value(self, state: str) -> float:
+    def initial_value(self, state: str) -> float | str:
+        """The value ``state`` starts at: a number, or the name of the parameter whose value it takes."""
         return dict(self.initial).get(state, 0.0)
 
     @functools.cached_property

@@ -94,9 +94,12 @@ class NeuronSpec:
         check_memory_mode(self.memory)
         object.__setattr__(self, "detach_reset", bool(self.detach_reset))
         # what every call reads, worked out once (not fields: no part of the record's equality)
-        start = dict(self.initial)
-        object.__setattr__(self, "_values", dict(self.constants))
-        object.__setattr__(self, "_start", tuple(start.get(k, self.model.initial_value(k)) for k in self.model.states))
+        start, values = dict(self.initial), dict(self.constants)
+        for k in self.model.states:
+            value = start.get(k, self.model.initial_value(k))
+            start[k] = values.get(value) if isinstance(value, str) else value  # None: a parameter not fixed here
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_start", tuple(start[k] for k in self.model.states))
         object.__setattr__(self, "_checked", set())  # the dtypes its constants were checked in
 
     @property
@@ -140,6 +143,12 @@ class NeuronSpec:
     def initial_states(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The states to start from for the input ``x [T, ...]``, one value shared by every neuron (``[1]`` each, in
         the compute dtype), as every backend takes them: nothing of size N is read."""
+        if None in self._start:
+            k = self.model.states[self._start.index(None)]
+            raise ValueError(
+                f"{self.model.name}: state {k} starts at the parameter {self.model.initial_value(k)}, which this "
+                "record does not fix: give its value in constants or initial"
+            )
         cdt = compute_dtype(x.dtype)
         return [torch.full((1,), v, dtype=cdt, device=x.device) for v in self._start]
 

@@ -15,32 +15,21 @@ from ..neurons import ALIF_MODEL, CUBA_LIF_MODELS, NeuronModel
 from ..ops import check_backend_name
 from ..surrogate import DEFAULT as DEFAULT_SURROGATE, resolve
 
-__all__ = ["EngineNeuron", "CubaLIF", "ALIF"]
+__all__ = ["NeuronSettings", "EngineNeuron", "CubaLIF", "ALIF"]
 
 
-class EngineNeuron(nn.Module):
-    """A layer of ``model``'s neurons over ``[T, ...]`` inputs, all T steps in one fused call
-    (:func:`spikefuse.neuron`).
-
-    Args:
-        model: the :class:`~spikefuse.neurons.NeuronModel`.
-        surrogate: the spike's derivative in backward (a :mod:`spikefuse.surrogate` instance or name; default
-            :data:`spikefuse.surrogate.DEFAULT`, the paper's sigmoid, as every native neuron's).
-        detach_reset: no gradient through the previous step's spike in the step.
-        learnable: names of parameters to learn (``nn.Parameter``), one value each, or one per channel (dim 2 of
-            ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
-        stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
-        backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
-        memory: "potential" (the default: forward keeps every step's states for backward) or "recompute"
-            (backward recomputes the states from the input: less memory, slower).
-        **params: the model's parameters as numbers, or tensors of one value or one per channel (kept as buffers;
-            those with a default may be left out).
-    """
+class NeuronSettings:
+    """The settings and kept state of a layer of neurons, as attributes, for ``nn.Module`` subclasses: one way to
+    check them, to make a parameter learnable and to keep a state, shared by :class:`EngineNeuron` (and its presets
+    :class:`~spikefuse.nn.LIF`, :class:`CubaLIF`, :class:`ALIF`, the recurrent layers) and the BatchNorm+LIF modules
+    (``BatchNormLIF1d/2d``, which are BatchNorms). Call :meth:`_set_neuron` after ``nn.Module.__init__``."""
 
     #: Parameters that must lie in [0, 1] (decays), checked at construction and, when learnable, at every call.
     unit_interval: tuple[str, ...] = ()
+    #: Keep a one-state model's state as that tensor, not a tuple of one (the LIF family's ``state``, the membrane).
+    state_is_tensor: bool = False
 
-    def __init__(
+    def _set_neuron(
         self,
         model: NeuronModel,
         *,
@@ -51,9 +40,9 @@ class EngineNeuron(nn.Module):
         stateful: bool = False,
         backend: str = "auto",
         memory: str = "potential",
-        **params,
-    ):
-        super().__init__()
+        device=None,
+        params: dict,
+    ) -> None:
         if not isinstance(model, NeuronModel):
             raise TypeError(f"model must be a spikefuse.neurons.NeuronModel, got {type(model).__name__}")
         check_backend_name(backend)
@@ -98,42 +87,52 @@ class EngineNeuron(nn.Module):
                 check_decay(value, name)
             if name in learnable:
                 shape = () if channels is None else (channels,)
-                setattr(self, name, nn.Parameter(torch.full(shape, float(value))))
+                setattr(self, name, nn.Parameter(torch.full(shape, float(value), device=device)))
             else:
                 setattr(self, name, float(value))
-        self.state: tuple[torch.Tensor, ...] | None = None
+        self.state = None
 
     def reset_state(self) -> None:
         self.state = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spikes, final = neuron(x, self.model, return_state=True, memory=self.memory, **self.call_arguments(x))
-        self.keep_state(final)
-        return spikes
-
-    def call_arguments(self, x: torch.Tensor) -> dict:
-        """The neuron's keyword arguments of :func:`spikefuse.neuron` for input ``x`` (parameters checked, the kept
-        state of a stateful layer); what :class:`~spikefuse.nn.BatchNormNeuron` calls the fused op with."""
-        params = {name: getattr(self, name) for name in self.model.params}
-        for name in self.unit_interval:
-            if isinstance(params[name], torch.Tensor):
-                check_decay(params[name], name)
+    def kept_state(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The states a stateful layer continues from on input ``x`` (checked against ``x.shape[1:]``), else None."""
         state = self.state if self.stateful else None
-        if state is not None and state[0].shape != x.shape[1:]:
+        if state is None:
+            return None
+        state = (state,) if self.state_is_tensor else state
+        if state[0].shape != x.shape[1:]:
             raise ValueError(
                 f"stored state has shape {tuple(state[0].shape)} but this input's x.shape[1:] is "
                 f"{tuple(x.shape[1:])}; call reset_state() before feeding inputs of another shape"
             )
+        return state
+
+    def call_arguments(self, x: torch.Tensor) -> dict:
+        """The neuron's keyword arguments of :func:`spikefuse.neuron` for input ``x`` (parameters checked, the kept
+        state of a stateful layer); what :class:`~spikefuse.nn.BatchNormNeuron` calls the fused op with."""
+        params = {}
+        for name in self.model.params:
+            value = getattr(self, name)
+            if value is None:  # a parameter the preset's dynamics ignore (the soft-reset LIF's v_reset)
+                continue
+            if name in self.unit_interval and isinstance(value, torch.Tensor):
+                check_decay(value, name)
+            params[name] = value
         return dict(
-            surrogate=self.surrogate, detach_reset=self.detach_reset, state=state, backend=self.backend, **params
+            surrogate=self.surrogate,
+            detach_reset=self.detach_reset,
+            state=self.kept_state(x),
+            backend=self.backend,
+            **params,
         )
 
     def keep_state(self, final: tuple) -> None:
         """Keep the final states of a call (a stateful layer), detached."""
         if self.stateful:
-            self.state = tuple(v.detach() for v in final)
+            self.state = final[0].detach() if self.state_is_tensor else tuple(v.detach() for v in final)
 
-    def extra_repr(self) -> str:
+    def _settings_repr(self) -> str:
         params = ", ".join(
             f"{p}={getattr(self, p)}"
             if isinstance(getattr(self, p), float)
@@ -144,8 +143,62 @@ class EngineNeuron(nn.Module):
         )
         return (
             f"{params}, surrogate={self.surrogate}, detach_reset={self.detach_reset}, stateful={self.stateful}, "
-            f"backend={self.backend!r}, memory={self.memory!r}"
+            f"backend={self.backend!r}"
         )
+
+
+class EngineNeuron(NeuronSettings, nn.Module):
+    """A layer of ``model``'s neurons over ``[T, ...]`` inputs, all T steps in one fused call
+    (:func:`spikefuse.neuron`).
+
+    Args:
+        model: the :class:`~spikefuse.neurons.NeuronModel`.
+        surrogate: the spike's derivative in backward (a :mod:`spikefuse.surrogate` instance or name; default
+            :data:`spikefuse.surrogate.DEFAULT`, the paper's sigmoid, as every native neuron's).
+        detach_reset: no gradient through the previous step's spike in the step.
+        learnable: names of parameters to learn (``nn.Parameter``), one value each, or one per channel (dim 2 of
+            ``[T, B, C, ...]``, dim 1 of ``[T, C]``) when ``channels`` is given.
+        stateful: keep the final states between calls (streaming); :meth:`reset_state` clears them.
+        backend: "auto" (the generated kernels for the input's device), "cpu", "triton" or "reference".
+        memory: "potential" (the default: forward keeps every step's states for backward) or "recompute"
+            (backward recomputes the states from the input: less memory, slower).
+        **params: the model's parameters as numbers, or tensors of one value or one per channel (kept as buffers;
+            those with a default may be left out).
+    """
+
+    def __init__(
+        self,
+        model: NeuronModel,
+        *,
+        surrogate=DEFAULT_SURROGATE,
+        detach_reset: bool = False,
+        learnable=(),
+        channels: int | None = None,
+        stateful: bool = False,
+        backend: str = "auto",
+        memory: str = "potential",
+        **params,
+    ):
+        super().__init__()
+        self._set_neuron(
+            model,
+            surrogate=surrogate,
+            detach_reset=detach_reset,
+            learnable=learnable,
+            channels=channels,
+            stateful=stateful,
+            backend=backend,
+            memory=memory,
+            params=params,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spikes, final = neuron(x, self.model, return_state=True, memory=self.memory, **self.call_arguments(x))
+        self.keep_state(final)
+        return spikes
+
+    def extra_repr(self) -> str:
+        return f"{self._settings_repr()}, memory={self.memory!r}"
 
 
 class CubaLIF(EngineNeuron):

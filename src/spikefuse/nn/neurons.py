@@ -10,20 +10,19 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops import check_backend_name
 from ..registry import arguments
 from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
 from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
-from ..validation import check_decay, check_memory_mode
+from .engine_neurons import EngineNeuron, NeuronSettings
 
-__all__ = ["LIF", "IF", "LIFOptions", "LIFModuleOptions"]
+__all__ = ["LIF", "IF", "LIFOptions", "LIFSettings"]
 
 
 @dataclass(frozen=True)
 class LIFOptions:
-    """The options of the LIF family, checked once here: :class:`LIF` / :class:`IF`, ``BatchNormLIF1d/2d``,
-    ``ConvBatchNormLIF``, ``TimeSplitLIF`` and every neuron of the :mod:`spikefuse.models` (see :class:`LIF` for
-    the meaning of each field; ``memory`` applies to :class:`LIF`).
+    """A LIF layer's settings as a value, for the :mod:`spikefuse.models` (every neuron of a model made from it)
+    and checkpoints (:meth:`to_dict`); checked as the :class:`LIF` it makes (see there for the meaning of each
+    field).
 
     The defaults are the temporal-fusion paper's (Table 1): decay ``k = 0.2``, threshold 0.3, ``V_rest = 0``,
     sigmoid surrogate with alpha 4.
@@ -38,18 +37,11 @@ class LIFOptions:
     memory: str = "potential"
 
     def __post_init__(self):
-        decay = self.decay
-        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
-            raise ValueError(f"decay must be a finite number, got {decay!r}")
-        check_decay(decay)
-        lif = paper_lif(self.threshold, self.v_reset, self.surrogate, self.detach_reset)
-        check_backend_name(self.backend)
-        check_memory_mode(self.memory)
-        object.__setattr__(self, "decay", float(decay))
-        object.__setattr__(self, "threshold", lif.constant("threshold"))
-        object.__setattr__(self, "v_reset", None if self.v_reset is None else lif.constant("v_reset"))
-        object.__setattr__(self, "surrogate", lif.surrogate)
-        object.__setattr__(self, "detach_reset", lif.detach_reset)
+        # checked, and its numbers normalised, as the layer it makes: one set of checks for the LIF family
+        layer = self.make()
+        object.__setattr__(self, "decay", float(self.decay))
+        for name in ("threshold", "v_reset", "surrogate", "detach_reset"):
+            object.__setattr__(self, name, getattr(layer, name))
 
     def make(self) -> "LIF":
         """A new :class:`LIF` module with these options."""
@@ -74,12 +66,16 @@ class LIFOptions:
         return cls(**d)
 
 
-class LIFModuleOptions:
-    """The :class:`LIFOptions` and the stored state of the modules of the LIF family (:class:`LIF`,
-    ``BatchNormLIF``, ``TimeSplitLIF``), as attributes: a mixin for ``nn.Module`` subclasses; call
-    :meth:`_set_neuron_options` after ``nn.Module.__init__``."""
+class LIFSettings(NeuronSettings):
+    """The LIF preset of :class:`~spikefuse.nn.NeuronSettings`: the paper's LIF model (a hard reset to ``v_reset``,
+    soft for None) with its parameters ``decay``, ``threshold`` and ``v_reset`` as attributes, for :class:`LIF` /
+    :class:`IF` and the BatchNorm+LIF modules. ``v_reset`` reads None for the soft reset (the soft model ignores
+    it); the kept ``state`` is the membrane tensor. Call :meth:`_set_lif` after ``nn.Module.__init__``."""
 
-    def _set_neuron_options(
+    unit_interval = ("decay",)
+    state_is_tensor = True
+
+    def _set_lif(
         self,
         decay,
         threshold,
@@ -90,64 +86,50 @@ class LIFModuleOptions:
         channels,
         stateful,
         backend,
-        device=None,
         memory="potential",
+        device=None,
     ) -> None:
-        # Checked where the options are set, so a bad option fails at construction, not at the first call.
-        options = LIFOptions(decay, threshold, v_reset, surrogate, detach_reset, backend, memory)
-        self.threshold = options.threshold
-        self.v_reset = options.v_reset
-        self.surrogate = options.surrogate
-        self.detach_reset = options.detach_reset
-        self.stateful = bool(stateful)
-        self.backend = options.backend
+        # The LIF's own checks (a threshold above rest, a reset below the threshold), then the general ones.
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not math.isfinite(decay):
+            raise ValueError(f"decay must be a finite number, got {decay!r}")
         if channels is not None and not learnable_decay:
             raise ValueError("channels sets the size of a learnable per-channel decay: pass learnable_decay=True")
-        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
-            raise ValueError(f"channels must be a positive int, got {channels!r}")
-        if learnable_decay:
-            shape = () if channels is None else (int(channels),)
-            self.decay = nn.Parameter(torch.full(shape, options.decay, device=device))
-        else:
-            self.decay = options.decay
-        self.state: torch.Tensor | None = None
+        lif = paper_lif(threshold, v_reset, surrogate, detach_reset)
+        self._set_neuron(
+            lif.model,
+            surrogate=lif.surrogate,
+            detach_reset=lif.detach_reset,
+            learnable=("decay",) if learnable_decay else (),
+            channels=channels,
+            stateful=stateful,
+            backend=backend,
+            memory=memory,
+            device=device,
+            params=dict(decay=float(decay), threshold=lif.constant("threshold"), v_reset=lif.constant("v_reset")),
+        )
+        if v_reset is None:
+            self.v_reset = None
 
-    def reset_state(self) -> None:
-        self.state = None
-
-    def _stored_state(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The state to continue from (stateful mode), checked against the trailing shape of ``x``; else None."""
-        v_init = self.state if self.stateful else None
-        if v_init is not None and v_init.shape != x.shape[1:]:
-            raise ValueError(
-                f"stored state has shape {tuple(v_init.shape)} but this input's x.shape[1:] is {tuple(x.shape[1:])}; "
-                "call reset_state() before feeding inputs of another shape"
-            )
-        return v_init
-
-    def _neuron_call_kwargs(self, x: torch.Tensor) -> dict:
-        """The keyword arguments of :func:`spikefuse.lif` (and its fused variants) for this module on ``x``."""
+    def lif_arguments(self, x: torch.Tensor) -> dict:
+        """The keyword arguments of :func:`spikefuse.lif` (and its fused forms) for this layer on ``x``."""
+        state = self.kept_state(x)
         return dict(
             decay=self.decay,
             threshold=self.threshold,
             v_reset=self.v_reset,
             surrogate=self.surrogate,
             detach_reset=self.detach_reset,
-            v_init=self._stored_state(x),
+            v_init=None if state is None else state[0],
             return_state=True,
             backend=self.backend,
         )
 
-    def _neuron_options_repr(self) -> str:
-        decay = self.decay if isinstance(self.decay, float) else f"learnable{tuple(self.decay.shape)}"
-        return (
-            f"decay={decay}, threshold={self.threshold}, v_reset={self.v_reset}, surrogate={self.surrogate}, "
-            f"detach_reset={self.detach_reset}, stateful={self.stateful}, backend={self.backend!r}"
-        )
 
-
-class LIF(LIFModuleOptions, nn.Module):
-    """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call.
+class LIF(LIFSettings, EngineNeuron):
+    """LIF neurons of the temporal-fusion paper, Eq. (1)-(2), over all T steps in one fused call: the LIF preset of
+    :class:`~spikefuse.nn.EngineNeuron` (its ``model`` the paper's LIF, ``spikefuse.neurons.LIF_MODELS[("paper",
+    "hard" | "soft")]``), so every feature of an engine neuron takes it (:class:`~spikefuse.nn.BatchNormNeuron`,
+    the time split, the lean form).
 
     A bare ``LIF()`` has the paper's settings (Table 1): decay 0.2, threshold 0.3, a hard reset to 0 and the sigmoid
     surrogate with alpha 4 (:data:`spikefuse.neurons.lif.DEFAULT_DECAY`, ``DEFAULT_THRESHOLD``,
@@ -158,13 +140,13 @@ class LIF(LIFModuleOptions, nn.Module):
     Args:
         decay: the paper's ``k_tau`` (``1 - 1/tau``); ``decay=1`` integrates without leak.
         threshold: as in :func:`spikefuse.lif`.
-        v_reset: as in :func:`spikefuse.lif` (``None``: soft reset).
+        v_reset: as in :func:`spikefuse.lif` (``None``: soft reset); the membrane starts there.
         surrogate: as in :func:`spikefuse.lif`.
         detach_reset: as in :func:`spikefuse.lif`.
         learnable_decay: make ``decay`` an ``nn.Parameter`` (PLIF-style), one value, or one per channel when
             ``channels`` is given (channel = dim 2 of ``[T, B, C, ...]``, dim 1 of ``[T, C]``).
-        stateful: keep the final membrane state between calls (streaming, time chunks); clear it with
-            :meth:`reset_state`. The state is detached between calls, like truncated BPTT.
+        stateful: keep the final membrane (``state``, a tensor) between calls (streaming, time chunks); clear it
+            with :meth:`reset_state`. The state is detached between calls, like truncated BPTT.
         backend: ``"auto"`` (cpu for CPU tensors, triton for CUDA), ``"cpu"``, ``"triton"`` or ``"reference"``.
         memory: ``"potential"`` saves the pre-reset potential for backward (fastest); ``"recompute"`` saves only
             the input and recomputes it (least memory). Same results either way.
@@ -183,29 +165,15 @@ class LIF(LIFModuleOptions, nn.Module):
         backend: str = "auto",
         memory: str = "potential",
     ):
-        super().__init__()
-        self._set_neuron_options(
-            decay,
-            threshold,
-            v_reset,
-            surrogate,
-            detach_reset,
-            learnable_decay,
-            channels,
-            stateful,
-            backend,
-            memory=memory,
+        nn.Module.__init__(self)  # EngineNeuron's __init__ is this and _set_neuron, which _set_lif calls
+        self._set_lif(
+            decay, threshold, v_reset, surrogate, detach_reset, learnable_decay, channels, stateful, backend, memory
         )
-        self.memory = memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spikes, state = F.lif(x, memory=self.memory, **self._neuron_call_kwargs(x))
-        if self.stateful:
-            self.state = state.detach()
+        spikes, state = F.lif(x, memory=self.memory, **self.lif_arguments(x))
+        self.keep_state((state,))
         return spikes
-
-    def extra_repr(self) -> str:
-        return f"{self._neuron_options_repr()}, memory={self.memory!r}"
 
 
 class IF(LIF):
