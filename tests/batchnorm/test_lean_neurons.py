@@ -86,7 +86,9 @@ def test_models_take_engine_neurons():
         model = build_model(name, 3, 10, neuron=ALIF_NEURON, **kw)
         neurons = [m for m in model.modules() if isinstance(m, EngineNeuron)]
         assert neurons and all(type(m).__name__ == "ALIF" for m in neurons), name
-    with pytest.raises(TypeError, match="SRNN's neuron= is the LIF cell's LIFOptions, got NeuronFactory"):
+    with pytest.raises(
+        TypeError, match="SRNN's neuron= is the LIF cell's settings, a NeuronFactory of LIF, got CubaLIF"
+    ):
         build_model("srnn", 4, 3, neuron=CUBA_LIF_NEURON)
     with pytest.raises(TypeError, match="no parameter 'tau'"):
         NeuronFactory(EngineNeuron, {"model": USER_MODEL, "alpha": 0.4, "decay": 0.6, "tau": 2.0})

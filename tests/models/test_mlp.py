@@ -84,7 +84,7 @@ def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse
     """``sparse_grad=w``: the LIF's surrogate windowed, the layers before the neurons ``sparse_grad="auto"`` (with
     ``sparse=False`` the input layer, fed counts, stays torch's), the readout dense; the gradients of torch's layers
     behind the same windowed neurons to rounding, with the gradients' CSR taken wherever ``auto`` may."""
-    from spikefuse.nn import LIFOptions
+    from spikefuse.nn import LIF, NeuronFactory
     from spikefuse.ops.spike_layers import cpu as sparse_cpu
     from spikefuse.surrogate import Sigmoid, Windowed
 
@@ -94,11 +94,11 @@ def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse
     monkeypatch.setattr(sparse_cpu, "to_csr", lambda x, c=None, f=sparse_cpu.to_csr: made.append(x.shape) or f(x, c))
     x, y = frames((6, 4, 2, 5, 5), seed=3), torch.randint(0, 10, (4,))
     torch.manual_seed(0)
-    windowed = LIFOptions(surrogate=Windowed(Sigmoid(4.0), 0.1))
+    windowed = NeuronFactory(LIF, {"surrogate": Windowed(Sigmoid(4.0), 0.1)})
     dense = build_model("mlp", 2, 10, image_size=5, hidden=40, neuron=windowed)
     torch.manual_seed(0)
     model = build_model("mlp", 2, 10, image_size=5, hidden=40, sparse=sparse, sparse_grad=0.1)
-    assert [m.surrogate for m in model.layers[1::2]] == [windowed.surrogate] * 2
+    assert [m.surrogate for m in model.layers[1::2]] == [windowed.arguments["surrogate"]] * 2
     layer_types = [SpikeLinear] * 3 if sparse else [nn.Linear, SpikeLinear, nn.Linear]
     assert [type(m) for m in linears(model)] == layer_types
     assert [getattr(m, "sparse_grad", False) for m in linears(model)] == ["auto" if sparse else False, "auto", False]
@@ -111,15 +111,11 @@ def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse
         torch.testing.assert_close(grads_s[key], grads_d[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
-def test_sparse_grad_refuses_a_neuron_without_a_lif_surrogate():
-    class OtherNeuron:
-        def with_backend(self, backend):
-            return self
+def test_sparse_grad_windows_any_neurons_surrogate():
+    """``sparse_grad`` windows the surrogate of the model's neuron, whichever it is (an ALIF's here)."""
+    from spikefuse.models import ALIF_NEURON
+    from spikefuse.surrogate import DEFAULT, Windowed
 
-        def __repr__(self):
-            return "OtherNeuron()"
-
-    with pytest.raises(
-        ValueError, match=r"sparse_grad windows the surrogate of a LIF \(LIFOptions\), not of OtherNeuron"
-    ):
-        build_model("mlp", 2, 10, image_size=5, hidden=8, neuron=OtherNeuron(), sparse_grad=0.1)
+    model = build_model("mlp", 2, 10, image_size=5, hidden=8, neuron=ALIF_NEURON, sparse_grad=0.1)
+    assert [type(m).__name__ for m in model.layers[1::2]] == ["ALIF", "ALIF"]
+    assert all(m.surrogate == Windowed(DEFAULT, 0.1) for m in model.layers[1::2])

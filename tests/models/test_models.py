@@ -10,13 +10,14 @@ from spikefuse.models import (
     LIANG_NEURON,
     MODELS,
     PAPER_NEURON,
-    LIFOptions,
+    NeuronFactory,
     build_model,
     replace_neurons,
     set_neuron_backend,
     neuron_layers,
 )
-from spikefuse.surrogate import Rectangle, Sigmoid
+from spikefuse.nn import LIF
+from spikefuse.surrogate import ATan, Rectangle, Sigmoid
 
 
 BACKENDS = ["reference", "cpu"]
@@ -90,10 +91,12 @@ def test_neuron_defaults_follow_the_papers():
     assert liang.in_features == 512 * 4 * 4  # 32x32 CIFAR after three 2x2 poolings
     assert PAPER_NEURON.backend == LIANG_NEURON.backend == "auto"
     # explicit options and the backend override
-    opts = LIFOptions(decay=0.5, threshold=1.0, surrogate="atan", detach_reset=True)
+    opts = NeuronFactory(LIF, {"decay": 0.5, "threshold": 1.0, "surrogate": ATan(), "detach_reset": True})
     m = build_model("resnet-tiny", 1, 10, neuron=opts, neuron_backend="reference")
     assert all(n.decay == 0.5 and n.detach_reset and n.backend == "reference" for _, n in neuron_layers(m))
-    assert LIFOptions.from_dict(opts.to_dict()) == opts
+    assert NeuronFactory.from_dict(opts.to_dict()) == opts
+    with pytest.raises(TypeError, match="neuron= is a spikefuse.nn.NeuronFactory .*got dict"):
+        build_model("resnet-tiny", 1, 10, neuron={"decay": 0.5})
 
 
 def test_imagenet_stem_and_odd_sizes():

@@ -11,7 +11,7 @@ from spikefuse.models.spikformer import (
     spike_attention_reference,
     spikformer_tiny,
 )
-from spikefuse.nn import LIFOptions, to_lean
+from spikefuse.nn import LIF, NeuronFactory, to_lean
 from spikefuse.surrogate import Sigmoid
 
 ZOO = dict(T=2, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10, embed_dims=64, num_heads=4, depths=1)
@@ -47,7 +47,9 @@ def test_same_neurons_give_the_zoo_models_outputs_and_gradients_bit_for_bit():
 
     neuron = dict(tau=2.0, decay_input=False, v_threshold=1.0, detach_reset=True, surrogate_function=Sigmoid(4.0))
     zoo = _zoo(spiking_neuron=LIFNode, **neuron)
-    ours = _ours_from(zoo, neuron=LIFOptions(decay=0.5, threshold=1.0, surrogate=Sigmoid(4.0), detach_reset=True))
+    ours = _ours_from(
+        zoo, neuron=NeuronFactory(LIF, dict(decay=0.5, threshold=1.0, surrogate=Sigmoid(4.0), detach_reset=True))
+    )
     x = torch.rand(2, 2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     xz, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     yz, yo = zoo(xz), ours(xo)

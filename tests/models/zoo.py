@@ -3,7 +3,7 @@ spikefuse's model and the zoo's can be compared bit for bit, and gradients compa
 
 import torch
 
-from spikefuse.nn import LIFOptions
+from spikefuse.nn import LIF, NeuronFactory
 from spikefuse.surrogate import Sigmoid
 
 
@@ -32,7 +32,9 @@ def assert_same_neurons_give_the_zoo_models_outputs(make_zoo, ours_from, image, 
 
     neuron = dict(tau=2.0, decay_input=False, v_threshold=1.0, detach_reset=True, surrogate_function=Sigmoid(4.0))
     zoo = make_zoo(spiking_neuron=LIFNode, **neuron)
-    ours = ours_from(zoo, neuron=LIFOptions(decay=0.5, threshold=1.0, surrogate=Sigmoid(4.0), detach_reset=True))
+    ours = ours_from(
+        zoo, neuron=NeuronFactory(LIF, dict(decay=0.5, threshold=1.0, surrogate=Sigmoid(4.0), detach_reset=True))
+    )
     zoo_head, ours_head = head_inputs(zoo), head_inputs(ours)
     xz, xo = image().requires_grad_(), image().requires_grad_()
     yz, yo = zoo(xz), ours(xo).mean(0)

@@ -120,17 +120,39 @@ def test_module_options_are_validated_at_construction(make, message):
         (dict(memory="nothing"), "unknown memory mode 'nothing'"),
     ],
 )
-def test_lif_options_record_checks_every_field(options, message):
-    """One record checks the LIF family's options for every module and model (the modules build it)."""
+def test_neuron_record_checks_every_field(options, message):
+    """One record of a model's neuron, checked as the module it makes."""
+    backend = options.pop("backend", "auto")
     with pytest.raises(ValueError, match=message):
-        snn.LIFOptions(**options)
+        snn.NeuronFactory(snn.LIF, options, backend)
 
 
-def test_lif_options_make_and_round_trip():
-    opts = snn.LIFOptions(decay=0.4, threshold=0.6, v_reset=None, surrogate="atan", memory="recompute")
+def test_neuron_record_makes_and_round_trips():
+    from spikefuse.surrogate import ATan, Windowed
+
+    opts = snn.NeuronFactory(
+        snn.LIF, dict(decay=0.4, threshold=0.6, v_reset=None, surrogate=ATan(), memory="recompute")
+    )
     layer = opts.make()
     assert (layer.decay, layer.threshold, layer.v_reset, layer.memory) == (0.4, 0.6, None, "recompute")
-    assert layer.surrogate == opts.surrogate and snn.LIFOptions.from_dict(opts.to_dict()) == opts
+    assert layer.surrogate == ATan() and snn.NeuronFactory.from_dict(opts.to_dict()) == opts
+    cuba = snn.NeuronFactory(snn.CubaLIF, {"alpha": 0.5, "beta": 0.8}, "reference")
+    assert snn.NeuronFactory.from_dict(cuba.to_dict()) == cuba
+    # a config written before the one record: a LIF's arguments
+    old = {"decay": 0.4, "threshold": 0.6, "v_reset": None, "surrogate": {"name": "ATan", "alpha": 2.0}}
+    assert snn.NeuronFactory.from_dict({**old, "backend": "cpu"}) == snn.NeuronFactory(
+        snn.LIF, {**old, "surrogate": ATan(2.0)}, "cpu"
+    )
+    with pytest.raises(ValueError, match="unknown neuron module 'Linear'"):
+        snn.NeuronFactory.from_dict({"module": "Linear", "arguments": {}})
+    with pytest.raises(ValueError, match="unknown surrogate 'os.system'"):
+        snn.NeuronFactory.from_dict({"module": "LIF", "arguments": {"surrogate": {"name": "os.system"}}})
+    with pytest.raises(ValueError, match="cannot be written to a config: only LIF, IF, CubaLIF, ALIF"):
+        snn.NeuronFactory(snn.EngineNeuron, {"model": snn.LIF().model, "decay": 0.5}).to_dict()
+    windowed = snn.NeuronFactory(snn.LIF, {"surrogate": Windowed(ATan(), 0.1)})
+    assert snn.NeuronFactory.from_dict(windowed.to_dict()) == windowed
+    with pytest.raises(ValueError, match="CubaLIF's alpha=tensor.*cannot be written to a config: give it as a number"):
+        snn.NeuronFactory(snn.CubaLIF, {"alpha": torch.tensor([0.5, 0.6]), "beta": 0.5}).to_dict()
 
 
 def test_learnable_decay_out_of_range_is_rejected_at_forward_time():

@@ -232,9 +232,15 @@ def test_modules(cls):
 
 
 def test_srnn_passes_it_to_its_recurrent_layers():
-    from spikefuse.nn import LIFOptions
+    from spikefuse.nn import LIF, NeuronFactory
 
-    net = SRNN(10, 3, hidden=16, sparse_grad="auto", neuron=LIFOptions(decay=0.9, threshold=0.5, surrogate=Rectangle()))
+    net = SRNN(
+        10,
+        3,
+        hidden=16,
+        sparse_grad="auto",
+        neuron=NeuronFactory(LIF, dict(decay=0.9, threshold=0.5, surrogate=Rectangle())),
+    )
     layers = [m for m in net.modules() if isinstance(m, snn.Recurrent)]
     assert layers and all(m.sparse_grad == "auto" for m in layers)
     net(torch.randn(6, 2, 10)).sum().backward()

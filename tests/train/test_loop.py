@@ -17,7 +17,7 @@ from spikefuse.train import (
     load_checkpoint,
     run_epoch,
 )
-from spikefuse.models import LIFOptions
+from spikefuse.models import NeuronFactory
 
 
 BACKENDS = ["reference", "cpu"]
@@ -552,7 +552,7 @@ def test_cell_builds_every_model_of_those_neurons(tmp_path):
 def test_cell_refuses_what_it_cannot_build(tmp_path):
     with pytest.raises(ConfigError, match="--cell alif builds spikefuse's alif neurons; --neurons spikingjelly"):
         fit(tiny_config(tmp_path / "a", cell="alif", neurons="spikingjelly"), log=quiet)
-    with pytest.raises(ConfigError, match="the neuron options are a LIF's; --cell cubalif builds its own neurons"):
-        fit(tiny_config(tmp_path / "b", cell="cubalif", neuron=LIFOptions().to_dict()), log=quiet)
+    with pytest.raises(ConfigError, match="the config's neuron and --cell cubalif both say what the neurons are"):
+        fit(tiny_config(tmp_path / "b", cell="cubalif", neuron=NeuronFactory().to_dict()), log=quiet)
     with pytest.raises(ConfigError, match="--cell must be one of lif, cubalif, alif, got 'gru'"):
         fit(tiny_config(tmp_path / "c", cell="gru"), log=quiet)

@@ -4,9 +4,9 @@ Every model is built from ordinary layers wrapped in :class:`spikefuse.nn.SeqToB
 T*B samples, pooling, linear) and multi-step :class:`spikefuse.nn.LIF` neurons. The last layer is a plain linear
 readout (no neuron), so the output is a real-valued score per time step; the training loop averages it over T.
 
-The neuron of every layer is described by one record, ``neuron=``: a :class:`~spikefuse.nn.LIFOptions` for LIF,
-or a :class:`NeuronFactory` for any engine neuron (:class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, a
-user's model; :func:`cell_neuron` gives ``spikefuse train --cell``'s). ``build_model(..., neuron_backend=
+The neuron of every layer is described by one record, ``neuron=``: a :class:`~spikefuse.nn.NeuronFactory` of any
+engine neuron (:class:`~spikefuse.nn.LIF`, :class:`~spikefuse.nn.CubaLIF`, :class:`~spikefuse.nn.ALIF`, a user's
+model; :func:`cell_neuron` gives ``spikefuse train --cell``'s). ``build_model(..., neuron_backend=
 "reference")`` builds the same network on the serial PyTorch reference (for A/B checks against the fused kernels);
 :func:`set_neuron_backend` switches an existing model, keeping its weights.
 
@@ -27,17 +27,14 @@ spiking MLP for event frames: :mod:`spikefuse.models.mlp`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from torch import nn
 
-from ..nn import ALIF, LIF, CubaLIF, EngineNeuron, LIFOptions, to_lean
-from ..ops import check_backend_name
+from ..nn import ALIF, LIF, CubaLIF, EngineNeuron, NeuronFactory, to_lean
 from ..surrogate import Rectangle
 
 __all__ = [
-    "LIFOptions",
     "NeuronFactory",
     "PAPER_NEURON",
     "LIANG_NEURON",
@@ -55,34 +52,11 @@ __all__ = [
 ]
 
 
-#: The temporal-fusion paper's neuron (Table 1): k = 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4.
-PAPER_NEURON = LIFOptions()
+#: The temporal-fusion paper's neuron (Table 1): k = 0.2, threshold 0.3, V_rest 0, sigmoid surrogate alpha 4 (a bare
+#: :class:`~spikefuse.nn.LIF`).
+PAPER_NEURON = NeuronFactory(LIF)
 #: The memory-lean BPTT paper's neuron (Table I): alpha = 0.25 decay, th_f = 0.25, rectangle window (-0.25, 0.75).
-LIANG_NEURON = LIFOptions(decay=0.25, threshold=0.25, v_reset=0.0, surrogate=Rectangle(width=1.0, height=1.0))
-
-
-@dataclass(frozen=True)
-class NeuronFactory:
-    """The neuron of every layer of a model, as the models' ``neuron=`` takes it (beside :class:`LIFOptions`, the
-    LIF's): ``module(**arguments, backend=backend)``, an engine neuron, e.g. ``NeuronFactory(CubaLIF, {"alpha":
-    0.5, "beta": 0.5})``, or for a user's :class:`~spikefuse.neurons.NeuronModel` ``NeuronFactory(EngineNeuron,
-    {"model": model, ...its parameters})``. The lean form fuses each with its BatchNorm (and the first
-    convolution) as it does LIF."""
-
-    module: Callable[..., EngineNeuron]
-    arguments: dict = field(default_factory=dict)
-    backend: str = "auto"
-
-    def __post_init__(self):
-        check_backend_name(self.backend)
-        self.make()  # a bad argument fails here, not in the middle of building a model
-
-    def make(self) -> EngineNeuron:
-        """A new neuron module."""
-        return self.module(**self.arguments, backend=self.backend)
-
-    def with_backend(self, backend: str | None) -> "NeuronFactory":
-        return self if backend is None else replace(self, backend=backend)
+LIANG_NEURON = NeuronFactory(LIF, {"decay": 0.25, "threshold": 0.25, "surrogate": Rectangle(width=1.0, height=1.0)})
 
 
 #: ``--cell cubalif`` of the feed-forward models: synaptic and membrane decays of 0.5 (time constants of about 1.4
@@ -195,7 +169,7 @@ def build_model(
     name: str,
     in_channels: int,
     num_classes: int,
-    neuron: LIFOptions | NeuronFactory | None = None,
+    neuron: NeuronFactory | None = None,
     neuron_backend: str | None = None,
     memory: str = "fused",
     **kw,
@@ -211,6 +185,11 @@ def build_model(
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(MODELS)}")
     check_memory_form(memory)
+    if neuron is not None and not isinstance(neuron, NeuronFactory):
+        raise TypeError(
+            f"neuron= is a spikefuse.nn.NeuronFactory (the neuron of every layer, e.g. NeuronFactory(LIF, "
+            f'{{"decay": 0.5}})), got {type(neuron).__name__}'
+        )
     if name in RECURRENT_MODELS:
         return MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, memory=memory, **kw)
     model = MODELS[name](in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)

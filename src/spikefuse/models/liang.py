@@ -49,8 +49,7 @@ class LiangNet(nn.Module):
         stages: conv output channels per stage (2x2 average pooling after each stage).
         in_channels: input channels.
         num_classes: classes.
-        neuron: the record every neuron is made from: :class:`spikefuse.nn.LIFOptions` or
-            :class:`spikefuse.models.NeuronFactory`.
+        neuron: the record every neuron is made from: :class:`spikefuse.nn.NeuronFactory`.
         image_size: ``(H, W)`` (or an int) of the input, to size the first FC layer (default 32x32, CIFAR-10).
         hidden: widths of the hidden FC layers (``(1024, 512)`` in the paper).
         bn: BatchNorm after every conv/hidden FC layer (the paper's "with BN" nets).

@@ -18,13 +18,11 @@ the layers before the neurons read only the nonzero entries of their output grad
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-
 import torch
 from torch import nn
 
 from ..batchnorm.lean import spike_layer_from
-from ..nn import LIFOptions, SpikeLinear
+from ..nn import NeuronFactory, SpikeLinear
 from ..surrogate import Windowed
 
 __all__ = ["SpikingMLP", "mlp"]
@@ -39,7 +37,7 @@ class SpikingMLP(nn.Module):
         in_features: int,
         num_classes: int,
         hidden: int = 256,
-        neuron: LIFOptions | None = None,
+        neuron: NeuronFactory | None = None,
         neuron_backend: str | None = None,
         sparse: bool | str = False,
         sparse_grad: float | None = None,
@@ -49,11 +47,9 @@ class SpikingMLP(nn.Module):
             raise ValueError(f"hidden must be >= 1, got {hidden}")
         if not (isinstance(sparse, bool) or sparse == "auto"):
             raise ValueError(f"sparse must be True, False or 'auto', got {sparse!r}")
-        neuron = (neuron or LIFOptions()).with_backend(neuron_backend)
+        neuron = (neuron or NeuronFactory()).with_backend(neuron_backend)
         if sparse_grad is not None:
-            if not isinstance(neuron, LIFOptions):
-                raise ValueError(f"sparse_grad windows the surrogate of a LIF (LIFOptions), not of {neuron!r}")
-            neuron = replace(neuron, surrogate=Windowed(neuron.surrogate, sparse_grad))
+            neuron = neuron.with_arguments(surrogate=Windowed(neuron.make().surrogate, sparse_grad))
         before_neuron = False if sparse_grad is None else "auto"  # the readout's gradient is the loss's: dense
 
         def linear(n_in: int, n_out: int, sparse_grad: bool | str = False, takes_counts: bool = False) -> nn.Linear:
@@ -91,7 +87,7 @@ class SpikingMLP(nn.Module):
 def mlp(
     in_channels: int,
     num_classes: int,
-    neuron: LIFOptions | None = None,
+    neuron: NeuronFactory | None = None,
     neuron_backend: str | None = None,
     image_size: int | tuple[int, int] = 34,
     **kw,

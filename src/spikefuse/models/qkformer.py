@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn import LIFOptions, SeqToBatch
+from ..nn import NeuronFactory, SeqToBatch
 from .spikformer import (
     SpikingSelfAttention,
     _fuse,
@@ -76,7 +76,7 @@ def _conv_bn(in_channels: int, out_channels: int, kernel_size: int, stride: int 
     return [SeqToBatch(conv), SeqToBatch(nn.BatchNorm2d(out_channels))]
 
 
-def _shortcut(in_channels: int, out_channels: int, neuron: LIFOptions) -> nn.Sequential:
+def _shortcut(in_channels: int, out_channels: int, neuron: NeuronFactory) -> nn.Sequential:
     return nn.Sequential(*_conv_bn(in_channels, out_channels, 1, stride=2), neuron.make())
 
 
@@ -84,7 +84,7 @@ class QKFormerPatchEmbedInit(nn.Module):
     """The zoo's ``_PatchEmbedInit``: ``lif1(pool1(bn1(conv1(x))))`` (half the channels), then
     ``lif3(bn3(conv3(lif2(pool2(bn2(conv2(.)))))))`` plus ``shortcut`` of the first neuron's spikes."""
 
-    def __init__(self, in_channels: int, out_channels: int, neuron: LIFOptions):
+    def __init__(self, in_channels: int, out_channels: int, neuron: NeuronFactory):
         super().__init__()
         hidden = out_channels // 2
         self.conv1, self.bn1 = _conv_bn(in_channels, hidden, 3)
@@ -113,7 +113,7 @@ class QKFormerPatchEmbedInit(nn.Module):
 class QKFormerPatchEmbedStage(nn.Module):
     """The zoo's ``_PatchEmbedStage``: ``lif2(bn2(conv2(lif1(pool(bn1(conv1(x)))))))`` plus ``shortcut(x)``."""
 
-    def __init__(self, in_channels: int, out_channels: int, neuron: LIFOptions):
+    def __init__(self, in_channels: int, out_channels: int, neuron: NeuronFactory):
         super().__init__()
         self.conv1, self.bn1 = _conv_bn(in_channels, out_channels, 3)
         self.pool = _max_pool()
@@ -137,7 +137,7 @@ class QKAttention(nn.Module):
     per head, Q summed over its channels (``qka_type="token"``) or its tokens (``"channel"``) through
     ``attn_lif``, masking K; a 1x1 conv1d + BN + neuron projection."""
 
-    def __init__(self, dim: int, num_heads: int, qka_type: str, neuron: LIFOptions, attention_neuron: LIFOptions):
+    def __init__(self, dim: int, num_heads: int, qka_type: str, neuron: NeuronFactory, attention_neuron: NeuronFactory):
         super().__init__()
         if qka_type not in QKA_TYPES:
             raise ValueError(f"qka_type must be one of {QKA_TYPES}, got {qka_type!r}")
@@ -173,7 +173,7 @@ class QKAttention(nn.Module):
 class QKFormerMLP(nn.Module):
     """The zoo's QKFormer ``_MLP``: ``lif2(bn2(fc2(lif1(bn1(fc1(x))))))``, 1x1 conv1d layers."""
 
-    def __init__(self, dim: int, hidden: int, neuron: LIFOptions):
+    def __init__(self, dim: int, hidden: int, neuron: NeuronFactory):
         super().__init__()
         self.fc1 = SeqToBatch(nn.Conv1d(dim, hidden, kernel_size=1))
         self.bn1 = SeqToBatch(nn.BatchNorm1d(hidden))
@@ -216,7 +216,7 @@ class QKFormer(nn.Module):
     Args:
         in_channels: input channels.
         num_classes: classes.
-        neuron: :class:`~spikefuse.nn.LIFOptions` of every neuron (default: the zoo's, see the module docstring).
+        neuron: :class:`~spikefuse.nn.NeuronFactory` of every neuron (default: the zoo's, see the module docstring).
         attention_neuron: the attention neuron's options (default: the zoo's when ``neuron`` is None, else
             ``neuron``).
         neuron_backend: overrides every neuron's backend.
@@ -233,8 +233,8 @@ class QKFormer(nn.Module):
         self,
         in_channels: int = 3,
         num_classes: int = 10,
-        neuron: LIFOptions | None = None,
-        attention_neuron: LIFOptions | None = None,
+        neuron: NeuronFactory | None = None,
+        attention_neuron: NeuronFactory | None = None,
         neuron_backend: str | None = None,
         embed_dims: int = 384,
         num_heads: tuple[int, int, int] = (3, 6, 6),

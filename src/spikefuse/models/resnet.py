@@ -158,8 +158,7 @@ class SpikingResNet(nn.Module):
         layers: number of blocks in each of the four stages.
         in_channels: input channels.
         num_classes: classes.
-        neuron: the record every neuron is made from: :class:`spikefuse.nn.LIFOptions` or
-            :class:`spikefuse.models.NeuronFactory` (CubaLIF, ALIF, a user's neuron).
+        neuron: the record every neuron is made from: :class:`spikefuse.nn.NeuronFactory` (CubaLIF, ALIF, a user's neuron).
         width: channels of the first stage (64 in SpikingJelly; stages use width, 2x, 4x, 8x).
         stem: ``"imagenet"`` (7x7/2 conv + 3x3/2 max-pool, as SpikingJelly) or ``"cifar"`` (3x3/1 conv, no pool).
         zero_init_residual: zero the last BN weight of every residual branch (SpikingJelly's option, off by default).

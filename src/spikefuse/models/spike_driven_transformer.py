@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn import LIFOptions, SeqToBatch
+from ..nn import NeuronFactory, SeqToBatch
 from .spikformer import _fuse, _max_pool, _pair, _replace_spike_layer, _with_seq_to_batch_keys, _zoo_neurons
 
 __all__ = [
@@ -61,7 +61,7 @@ class SDTPatchEmbed(nn.Module):
     """The zoo's ``_PatchEmbed``: ``stages`` (conv-BN-neuron, pooled per ``pooling_stat``), ``final_stage``
     (conv-BN, pooled per its last digit) and the position embedding ``rpe_bn(rpe_conv(final_lif(x))) + x``."""
 
-    def __init__(self, in_channels: int, embed_dims: int, pooling_stat: str, neuron: LIFOptions):
+    def __init__(self, in_channels: int, embed_dims: int, pooling_stat: str, neuron: NeuronFactory):
         super().__init__()
         self.stages = nn.ModuleList()
         previous = in_channels
@@ -96,7 +96,7 @@ class SpikeDrivenSelfAttention(nn.Module):
     conv1x1-BN-neuron on ``s``; per head and channel the tokens where K and V both spike, counted, through
     ``attn_lif``, masking Q; a conv1x1-BN projection added to ``x``."""
 
-    def __init__(self, dim: int, num_heads: int, neuron: LIFOptions, attention_neuron: LIFOptions):
+    def __init__(self, dim: int, num_heads: int, neuron: NeuronFactory, attention_neuron: NeuronFactory):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dims {dim} must be divisible by num_heads {num_heads}")
@@ -136,7 +136,7 @@ class SDTMLP(nn.Module):
     """The zoo's ``_MLP``: ``x + BN(conv1x1(lif2(BN(conv1x1(lif1(x))))))``; where the hidden width equals ``dim``,
     the first branch is a residual too (``x + BN(conv1x1(lif1(x)))``), as in the zoo."""
 
-    def __init__(self, dim: int, hidden: int, neuron: LIFOptions):
+    def __init__(self, dim: int, hidden: int, neuron: NeuronFactory):
         super().__init__()
         self.residual = dim == hidden
         self.fc1, self.bn1 = _conv_bn(dim, hidden, 1)
@@ -178,7 +178,7 @@ class SpikeDrivenTransformer(nn.Module):
     Args:
         in_channels: input channels.
         num_classes: classes.
-        neuron: :class:`~spikefuse.nn.LIFOptions` of every neuron (default: the zoo's, see the module docstring).
+        neuron: :class:`~spikefuse.nn.NeuronFactory` of every neuron (default: the zoo's, see the module docstring).
         attention_neuron: the attention neuron's options (default: the zoo's when ``neuron`` is None, else
             ``neuron``).
         neuron_backend: overrides every neuron's backend.
@@ -195,8 +195,8 @@ class SpikeDrivenTransformer(nn.Module):
         self,
         in_channels: int = 3,
         num_classes: int = 10,
-        neuron: LIFOptions | None = None,
-        attention_neuron: LIFOptions | None = None,
+        neuron: NeuronFactory | None = None,
+        attention_neuron: NeuronFactory | None = None,
         neuron_backend: str | None = None,
         embed_dims: int = 384,
         num_heads: int = 8,

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from ..batchnorm.lean import conv_batchnorm_neuron_from, fused_batchnorm_from, spike_layer_from
-from ..nn import LIFOptions, MaxPool2d, SeqToBatch
+from ..nn import LIF, MaxPool2d, NeuronFactory, SeqToBatch
 from ..surrogate import Sigmoid
 
 __all__ = [
@@ -75,15 +75,15 @@ __all__ = [
 
 #: The zoo's LIFNode(tau=2, decay_input=True, v_threshold=1, detach_reset=True, Sigmoid(alpha=4)), its potential
 #: scaled by tau (see the module docstring).
-SPIKFORMER_NEURON = LIFOptions(decay=0.5, threshold=2.0, v_reset=0.0, surrogate=Sigmoid(2.0), detach_reset=True)
+SPIKFORMER_NEURON = NeuronFactory(LIF, dict(decay=0.5, threshold=2.0, surrogate=Sigmoid(2.0), detach_reset=True))
 #: The zoo's attention neuron (v_threshold=0.5), scaled likewise.
-SPIKFORMER_ATTENTION_NEURON = LIFOptions(
-    decay=0.5, threshold=1.0, v_reset=0.0, surrogate=Sigmoid(2.0), detach_reset=True
+SPIKFORMER_ATTENTION_NEURON = NeuronFactory(
+    LIF, dict(decay=0.5, threshold=1.0, surrogate=Sigmoid(2.0), detach_reset=True)
 )
 
 #: SpikingJelly's ``LIFNode()`` with its own defaults (:data:`SPIKFORMER_NEURON` but ``detach_reset=False``), scaled
 #: likewise: the neurons the zoo's Spike-driven Transformer and QKFormer make outside their attention layers.
-ZOO_LIF_NEURON = LIFOptions(decay=0.5, threshold=2.0, v_reset=0.0, surrogate=Sigmoid(2.0), detach_reset=False)
+ZOO_LIF_NEURON = NeuronFactory(LIF, dict(decay=0.5, threshold=2.0, surrogate=Sigmoid(2.0), detach_reset=False))
 
 #: The patch sizes the stem takes: a 3x3 stride-2 max-pool in each of its last ``log2(patch_size)`` stages.
 PATCH_SIZES = (1, 2, 4, 8, 16)
@@ -107,8 +107,8 @@ def spike_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _zoo_neurons(
-    neuron: LIFOptions | None, attention_neuron: LIFOptions | None, backend: str | None
-) -> tuple[LIFOptions, LIFOptions, LIFOptions]:
+    neuron: NeuronFactory | None, attention_neuron: NeuronFactory | None, backend: str | None
+) -> tuple[NeuronFactory, NeuronFactory, NeuronFactory]:
     """The neurons of a zoo transformer whose layers take SpikingJelly's defaults or the attention's (the
     Spike-driven Transformer, QKFormer): ``(outside the attention, in the attention layers, the attention neuron)``.
     ``neuron=None``: the zoo's, :data:`ZOO_LIF_NEURON`, :data:`SPIKFORMER_NEURON` and
@@ -174,7 +174,7 @@ class SpikformerConv2dBNLIF(nn.Module):
     """One SPS stage: ``neuron(conv_bn(x))`` (conv 3x3, BN, optional max-pool). ``input_spikes``: whether its
     input is spikes (every stage but the first), which the lean form saves as bits."""
 
-    def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: LIFOptions, input_spikes: bool):
+    def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: NeuronFactory, input_spikes: bool):
         super().__init__()
         self.conv_bn = _ConvBN(in_channels, out_channels, pool)
         self.neuron = neuron.make()
@@ -194,7 +194,7 @@ class SpikformerPatchStem(nn.Module):
     """Spiking patch splitting: four conv-BN-neuron stages, the last ``log2(patch_size)`` pooling, and the relative
     position embedding ``x + neuron(BN(conv(x)))`` (the zoo's ``SpikformerPatchStem``)."""
 
-    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, neuron: LIFOptions):
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, neuron: NeuronFactory):
         super().__init__()
         pools = PATCH_SIZES.index(patch_size)
         dims = [embed_dims // 8, embed_dims // 4, embed_dims // 2, embed_dims]
@@ -216,7 +216,7 @@ class SpikingSelfAttention(nn.Module):
     """The zoo's ``SpikingSelfAttention`` over tokens ``[T, B, C, L]``: Q, K, V spikes from one 1x1 conv1d + BN +
     neuron, :func:`spike_attention` per head, ``attn_lif``, and a 1x1 conv1d + BN + neuron projection."""
 
-    def __init__(self, dim: int, num_heads: int, neuron: LIFOptions, attention_neuron: LIFOptions, scale: float):
+    def __init__(self, dim: int, num_heads: int, neuron: NeuronFactory, attention_neuron: NeuronFactory, scale: float):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dims {dim} must be divisible by num_heads {num_heads}")
@@ -250,7 +250,7 @@ class SpikingSelfAttention(nn.Module):
 class SpikformerMLP(nn.Module):
     """The zoo's ``SpikformerMLP``: 1x1 conv1d + BN + neuron, twice."""
 
-    def __init__(self, dim: int, hidden: int, neuron: LIFOptions):
+    def __init__(self, dim: int, hidden: int, neuron: NeuronFactory):
         super().__init__()
         self.fc1 = nn.Sequential(
             SeqToBatch(nn.Conv1d(dim, hidden, kernel_size=1, bias=False)), SeqToBatch(nn.BatchNorm1d(hidden))
@@ -288,7 +288,7 @@ class Spikformer(nn.Module):
     Args:
         in_channels: input channels.
         num_classes: classes.
-        neuron: :class:`~spikefuse.nn.LIFOptions` of every neuron (default :data:`SPIKFORMER_NEURON`).
+        neuron: :class:`~spikefuse.nn.NeuronFactory` of every neuron (default :data:`SPIKFORMER_NEURON`).
         attention_neuron: the attention neuron's options (default: :data:`SPIKFORMER_ATTENTION_NEURON` when
             ``neuron`` is None, else ``neuron``).
         embed_dims: channels of the tokens (a multiple of 8 and of ``num_heads``).
@@ -304,8 +304,8 @@ class Spikformer(nn.Module):
         self,
         in_channels: int = 3,
         num_classes: int = 10,
-        neuron: LIFOptions | None = None,
-        attention_neuron: LIFOptions | None = None,
+        neuron: NeuronFactory | None = None,
+        attention_neuron: NeuronFactory | None = None,
         embed_dims: int = 384,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,

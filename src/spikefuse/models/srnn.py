@@ -15,13 +15,13 @@ import math
 import torch
 from torch import nn
 
-from ..nn import LIFOptions, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF, SpikeLinear
+from ..nn import LIF, NeuronFactory, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF, SpikeLinear
 from ..surrogate import Sigmoid
 
 __all__ = ["SRNN", "LeakyReadout", "SRNN_NEURON", "CELLS", "srnn"]
 
 #: The LIF cell's default neuron: a membrane time constant of ~10 steps, soft reset.
-SRNN_NEURON = LIFOptions(decay=0.9, threshold=0.5, v_reset=None, surrogate=Sigmoid(4.0))
+SRNN_NEURON = NeuronFactory(LIF, dict(decay=0.9, threshold=0.5, v_reset=None, surrogate=Sigmoid(4.0)))
 #: The hidden neurons an SRNN can have (``spikefuse train --cell``).
 CELLS = ("lif", "cubalif", "alif")
 
@@ -62,7 +62,7 @@ class SRNN(nn.Module):
     current reading only the neurons that spiked (:func:`spikefuse.recurrent`'s ``sparse``); ``False`` keeps the
     layers above, dense. ``sparse_grad`` (``True`` or ``"auto"``): the recurrent layers' backward reads only the
     nonzero gradients of their input currents (:func:`spikefuse.recurrent`'s ``sparse_grad``; they are mostly zero
-    only with a surrogate of compact support, as ``neuron=LIFOptions(surrogate=Rectangle())``)."""
+    only with a surrogate of compact support, as ``neuron=NeuronFactory(LIF, {"surrogate": Rectangle()})``)."""
 
     def __init__(
         self,
@@ -71,7 +71,7 @@ class SRNN(nn.Module):
         hidden: int = 256,
         layers: int = 1,
         cell: str = "lif",
-        neuron: LIFOptions | None = None,
+        neuron: NeuronFactory | None = None,
         neuron_backend: str | None = None,
         memory: str = "fused",
         spike_inputs: bool = False,
@@ -82,14 +82,15 @@ class SRNN(nn.Module):
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"unknown cell {cell!r}: use one of {', '.join(CELLS)}")
-        if neuron is not None and not isinstance(neuron, LIFOptions):
+        if neuron is not None and not (isinstance(neuron, NeuronFactory) and neuron.module is LIF):
+            got = neuron.module.__name__ if isinstance(neuron, NeuronFactory) else type(neuron).__name__
             raise TypeError(
-                f"SRNN's neuron= is the LIF cell's LIFOptions, got {type(neuron).__name__}: cell='cubalif' or "
+                f"SRNN's neuron= is the LIF cell's settings, a NeuronFactory of LIF, got {got}: cell='cubalif' or "
                 "'alif' picks the other neurons"
             )
         if hidden < 1 or layers < 1:
             raise ValueError(f"hidden and layers must be >= 1, got {hidden} and {layers}")
-        neuron = (neuron or SRNN_NEURON).with_backend(neuron_backend)
+        neuron = (neuron or SRNN_NEURON).with_backend(neuron_backend).make()  # the LIF cell's settings, checked
         lean = memory == "lean"
         mode = "recompute" if lean else "potential"
         blocks = []
@@ -174,7 +175,7 @@ class SRNN(nn.Module):
 
 
 def srnn(
-    in_channels: int, num_classes: int, neuron: LIFOptions | None = None, neuron_backend: str | None = None, **kw
+    in_channels: int, num_classes: int, neuron: NeuronFactory | None = None, neuron_backend: str | None = None, **kw
 ) -> SRNN:
     """:class:`SRNN` with ``in_channels`` input features a step (the registry's builder)."""
     return SRNN(in_channels, num_classes, neuron=neuron, neuron_backend=neuron_backend, **kw)

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The LIF settings of every native entry point given none (:func:`spikefuse.lif`, ``nn.LIF`` / ``IF``, the fused
-#: BatchNorm+LIF functions and modules, ``nn.RecurrentLIF``, the time split, the models' ``LIFOptions``): the
+#: BatchNorm+LIF functions and modules, ``nn.RecurrentLIF``, the time split, the models' ``PAPER_NEURON``): the
 #: temporal-fusion paper's Table 1 -- decay ``k = 0.2``, threshold 0.3, a hard reset to ``V_rest = 0`` -- with its
 #: surrogate, :data:`spikefuse.surrogate.DEFAULT`.
 DEFAULT_DECAY, DEFAULT_THRESHOLD = 0.2, 0.3

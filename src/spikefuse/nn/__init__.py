@@ -6,7 +6,7 @@ from ..batchnorm.lean import ShapeOnlyAvgPool2d, to_lean
 from ..batchnorm.modules import BatchNormLIF1d, BatchNormLIF2d, BatchNormNeuron, ConvBatchNormLIF, ConvBatchNormNeuron
 from .containers import Flatten, SeqToBatch
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron
-from .neurons import IF, LIF, LIFOptions
+from .neurons import IF, LIF, NeuronFactory
 from .pooling import MaxPool2d
 from .recurrent import Recurrent, RecurrentALIF, RecurrentCubaLIF, RecurrentLIF
 from .states import reset_states
@@ -25,7 +25,7 @@ from .spike_layers import (
 __all__ = [
     "LIF",
     "IF",
-    "LIFOptions",
+    "NeuronFactory",
     "BatchNormLIF1d",
     "BatchNormLIF2d",
     "ConvBatchNormLIF",

@@ -4,66 +4,19 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .. import functional as F
-from ..registry import arguments
-from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
+from ..registry import arguments as arguments_of
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, SURROGATES, Surrogate, Windowed
 from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
-from .engine_neurons import EngineNeuron, NeuronSettings
+from .engine_neurons import ALIF, CubaLIF, EngineNeuron, NeuronSettings
 
-__all__ = ["LIF", "IF", "LIFOptions", "LIFSettings"]
-
-
-@dataclass(frozen=True)
-class LIFOptions:
-    """A LIF layer's settings as a value, for the :mod:`spikefuse.models` (every neuron of a model made from it)
-    and checkpoints (:meth:`to_dict`); checked as the :class:`LIF` it makes (see there for the meaning of each
-    field).
-
-    The defaults are the temporal-fusion paper's (Table 1): decay ``k = 0.2``, threshold 0.3, ``V_rest = 0``,
-    sigmoid surrogate with alpha 4.
-    """
-
-    decay: float = DEFAULT_DECAY
-    threshold: float = DEFAULT_THRESHOLD
-    v_reset: float | None = 0.0
-    surrogate: Surrogate = DEFAULT_SURROGATE
-    detach_reset: bool = False
-    backend: str = "auto"
-    memory: str = "potential"
-
-    def __post_init__(self):
-        # checked, and its numbers normalised, as the layer it makes: one set of checks for the LIF family
-        layer = self.make()
-        object.__setattr__(self, "decay", float(self.decay))
-        for name in ("threshold", "v_reset", "surrogate", "detach_reset"):
-            object.__setattr__(self, name, getattr(layer, name))
-
-    def make(self) -> "LIF":
-        """A new :class:`LIF` module with these options."""
-        return LIF(**arguments(self))
-
-    def with_backend(self, backend: str | None) -> "LIFOptions":
-        return self if backend is None else replace(self, backend=backend)
-
-    def to_dict(self) -> dict:
-        """Plain values (the surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
-        d = arguments(self)
-        d["surrogate"] = {"name": type(self.surrogate).__name__, **arguments(self.surrogate)}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LIFOptions":
-        from .. import surrogate as S
-
-        d = dict(d)
-        sg = dict(d.pop("surrogate"))
-        d["surrogate"] = getattr(S, sg.pop("name"))(**sg)
-        return cls(**d)
+__all__ = ["LIF", "IF", "LIFSettings", "NeuronFactory", "NEURON_MODULES"]
 
 
 class LIFSettings(NeuronSettings):
@@ -183,3 +136,84 @@ class IF(LIF):
         if "decay" in kwargs or kwargs.get("learnable_decay"):
             raise ValueError("IF has no decay; use LIF for a leaky or learnable decay")
         super().__init__(decay=1.0, threshold=threshold, v_reset=v_reset, **kwargs)
+
+
+#: The neuron modules a :class:`NeuronFactory` can write to a config and read back (:meth:`NeuronFactory.to_dict`).
+NEURON_MODULES = {"LIF": LIF, "IF": IF, "CubaLIF": CubaLIF, "ALIF": ALIF}
+
+
+@dataclass(frozen=True)
+class NeuronFactory:
+    """The neuron of every layer of a model as one value: ``module(**arguments, backend=backend)``, an engine neuron
+    (:class:`LIF` is one), e.g. ``NeuronFactory(LIF, {"decay": 0.5})``, ``NeuronFactory(CubaLIF, {"alpha": 0.5,
+    "beta": 0.5})``, or for a user's :class:`~spikefuse.neurons.NeuronModel` ``NeuronFactory(EngineNeuron,
+    {"model": model, ...its parameters})``. Checked as the module it makes; :meth:`to_dict` / :meth:`from_dict`
+    write it to a config (checkpoints, ``spikefuse train``) for the modules of :data:`NEURON_MODULES`."""
+
+    module: Callable[..., EngineNeuron] = LIF
+    arguments: dict = field(default_factory=dict)
+    backend: str = "auto"
+
+    def __post_init__(self):
+        self.make()  # a bad argument fails here, not in the middle of building a model
+
+    def make(self) -> EngineNeuron:
+        """A new neuron module."""
+        return self.module(**self.arguments, backend=self.backend)
+
+    def with_backend(self, backend: str | None) -> "NeuronFactory":
+        return self if backend is None else replace(self, backend=backend)
+
+    def with_arguments(self, **arguments) -> "NeuronFactory":
+        """The same neuron with ``arguments`` given or changed."""
+        return replace(self, arguments={**self.arguments, **arguments})
+
+    def to_dict(self) -> dict:
+        """Plain values (a surrogate as ``{"name": ..., **params}``), for checkpoints and logs."""
+        name = next((n for n, m in NEURON_MODULES.items() if m is self.module), None)
+        if name is None:
+            raise ValueError(
+                f"a neuron of {getattr(self.module, '__name__', self.module)!r} cannot be written to a config: only "
+                f"{', '.join(NEURON_MODULES)} can"
+            )
+        return {"module": name, "arguments": _plain(self.arguments, name), "backend": self.backend}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NeuronFactory":
+        """The factory :meth:`to_dict` wrote; a dict without ``"module"`` is a LIF's arguments (with ``backend``),
+        as configs written before the one record held them."""
+        d = dict(d)
+        if "module" not in d:
+            d = {"module": "LIF", "backend": d.pop("backend", "auto"), "arguments": d}
+        if d["module"] not in NEURON_MODULES:
+            raise ValueError(f"unknown neuron module {d['module']!r}: use one of {', '.join(NEURON_MODULES)}")
+        arguments = {key: _surrogate_of(value) for key, value in dict(d.get("arguments", {})).items()}
+        return cls(NEURON_MODULES[d["module"]], arguments, d.get("backend", "auto"))
+
+
+#: The surrogates a config may name, by class name (none but these is built from a file).
+_SURROGATE_KINDS = {cls.__name__: cls for cls in (*SURROGATES.values(), Windowed)}
+
+
+def _plain(arguments: dict, module: str) -> dict:
+    """``arguments`` as plain values: a surrogate as ``{"name": ..., **its arguments}``, nested ones likewise."""
+    plain = {}
+    for key, value in arguments.items():
+        if isinstance(value, Surrogate):
+            name = "Windowed" if isinstance(value, Windowed) else type(value).__name__  # (a subclass per surrogate)
+            value = {"name": name, **_plain(arguments_of(value), module)}
+        elif value is not None and not isinstance(value, (bool, int, float, str)):
+            raise ValueError(f"{module}'s {key}={value!r} cannot be written to a config: give it as a number")
+        plain[key] = value
+    return plain
+
+
+def _surrogate_of(value):
+    """The surrogate a config's ``{"name": ..., ...}`` describes (other values as they are)."""
+    if not isinstance(value, dict):
+        return value
+    value = dict(value)
+    name = value.pop("name", None)
+    if name not in _SURROGATE_KINDS:
+        raise ValueError(f"unknown surrogate {name!r}: use one of {', '.join(_SURROGATE_KINDS)}")
+    return _SURROGATE_KINDS[name](**{k: _surrogate_of(v) for k, v in value.items()})

@@ -124,7 +124,7 @@ class TrainConfig:
     sparse_grad: float | None = None  # mlp: gradients only through neurons this near the threshold, read sparsely
     compile: bool = False  # torch.compile the model
     progress: bool = True
-    neuron: dict | None = field(default=None)  # LIFOptions.to_dict(); None = the model's paper defaults
+    neuron: dict | None = field(default=None)  # NeuronFactory.to_dict(); None = the model's paper defaults
 
     def validate(self) -> None:
         """Check every setting for a run on this machine: :meth:`check_settings`, then the thread count, the device
@@ -214,7 +214,7 @@ class TrainConfig:
             )
         if self.cell != "lif" and self.neuron is not None:
             raise ConfigError(
-                f"the neuron options are a LIF's; --cell {self.cell} builds its own neurons: leave one of them out"
+                f"the config's neuron and --cell {self.cell} both say what the neurons are: leave one of them out"
             )
         for name in ("train_subset", "test_subset"):
             v = getattr(self, name)
@@ -264,18 +264,12 @@ class TrainConfig:
 
 
 def _check_neuron_options(options: dict) -> None:
-    """``options`` (``LIFOptions.to_dict()``) make LIF options. The surrogate is looked up among the surrogates
-    before ``LIFOptions.from_dict`` runs: that calls whatever the surrogate module holds by the name given."""
-    from ..models import LIFOptions
-    from ..surrogate import SURROGATES
+    """``options`` (``NeuronFactory.to_dict()``, or a LIF's arguments as configs before it wrote) make a neuron;
+    :meth:`~spikefuse.nn.NeuronFactory.from_dict` builds only the neuron modules and surrogates it knows by name."""
+    from ..models import NeuronFactory
 
-    names = [cls.__name__ for cls in SURROGATES.values()]
-    surrogate = options.get("surrogate")
-    name = surrogate.get("name") if isinstance(surrogate, dict) else surrogate
-    if name not in names:
-        raise ConfigError(f"bad neuron options: unknown surrogate {name!r}: use one of {', '.join(names)}")
     try:
-        LIFOptions.from_dict(options)
+        NeuronFactory.from_dict(options)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"bad neuron options: {err}") from None
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data._common import MissingRootError
-from ..models import RECURRENT_MODELS, SPARSE_MODELS, LIFOptions, build_model, cell_neuron
+from ..models import RECURRENT_MODELS, SPARSE_MODELS, NeuronFactory, build_model, cell_neuron
 from ..ops.nonfinite import NonFiniteError
 from ..threads import set_threads
 from .checkpoints import (
@@ -144,7 +144,7 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
         kw["sparse_grad"] = cfg.sparse_grad
     if cfg.model in SPARSE_MODELS:
         kw["sparse"] = SPARSE_CHOICES[cfg.sparse]
-    neuron = cell_neuron(cfg.cell) if cfg.neuron is None else LIFOptions.from_dict(cfg.neuron)
+    neuron = cell_neuron(cfg.cell) if cfg.neuron is None else NeuronFactory.from_dict(cfg.neuron)
     model = build_model(
         cfg.model,
         info["in_channels"],
