@@ -38,6 +38,7 @@ layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD` from their
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 
@@ -45,6 +46,8 @@ from ..spike_layers.reference import linear_reference
 from ..spike_layers import cpu as sparse_cpu
 
 __all__ = [
+    "StepBuffers",
+    "GradBuffers",
     "ALIGNMENT",
     "aligned",
     "current",
@@ -58,6 +61,44 @@ __all__ = [
     "record_grad_rate",
     "use_sparse_grad",
 ]
+
+
+class StepBuffers(NamedTuple):
+    """One call's tensors as every backend's forward entry points take them (``bind_forward``, ``forward_sparse``,
+    ``replay``): the input ``x`` ``[T, B, H]``; ``r`` ``[B, H]``, each step's recurrent current (None where the kernel
+    sums it itself); the states ``cur`` ``[S, B, H]`` (the initial ones, then the last step's); ``spikes`` ``[T, B,
+    H]``, written; ``hist``, where every step's states the backward reads are kept (None: keep none); the parameters
+    ``par`` ``[P, H]``."""
+
+    x: torch.Tensor
+    r: torch.Tensor | None
+    cur: torch.Tensor
+    spikes: torch.Tensor
+    hist: torch.Tensor | None
+    par: torch.Tensor
+
+
+class GradBuffers(NamedTuple):
+    """One call's tensors as every backend's backward entry points take them (``bind_backward``, ``backward_sparse``,
+    ``initial``, ``handoff_grad``): ``need``, whether each parameter needs its gradient; the spikes' gradient ``gy``
+    ``[T, B, H]``; ``grec`` ``[B, H]``, the spikes' gradient through the next step's current; ``G`` ``[T, B, H]``,
+    each step's input gradient, written; the states' gradient ``gS`` ``[S, B, H]`` and the spike's ``gs`` ``[B, H]``
+    carried back a step at a time; the kept states ``hist``; the initial states ``init`` ``[S, B, H]``; the input
+    the backward reads, ``xin`` (``G`` where it reads none); ``par`` ``[P, H]``; ``acc``, the parameters' gradients
+    per neuron."""
+
+    need: list[bool]
+    gy: torch.Tensor
+    grec: torch.Tensor
+    G: torch.Tensor
+    gS: torch.Tensor
+    gs: torch.Tensor
+    hist: torch.Tensor
+    init: torch.Tensor
+    xin: torch.Tensor
+    par: torch.Tensor
+    acc: torch.Tensor
+
 
 #: Where ``spikefuse.recurrent(..., sparse="auto")`` takes the sparse layer: a spike rate, of the previous call with
 #: the same weight, below this. Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_recurrent_crossover.py

@@ -39,7 +39,7 @@ from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
 from ...registry import OBJECTS
 from ..engine.reference import initial_spike
-from . import current, current_backward, record_grad_rate
+from . import GradBuffers, StepBuffers, current, current_backward, record_grad_rate
 
 
 #: What else a recurrent layer's neurons read: the error's words where the input and the states are finite.
@@ -74,7 +74,7 @@ def run_forward(ops, neuron, x, weight, bias, par, init, spikes0, hist, record_c
     cur = init.clone()
     if words is None:
         r = torch.empty_like(spikes0)  # fresh: aligned for the products (see ALIGNMENT)
-        step, flags = ops.bind_forward(neuron, x, r, cur, spikes, hist, par)
+        step, flags = ops.bind_forward(neuron, StepBuffers(x, r, cur, spikes, hist, par))
         previous = spikes0
         for t in range(x.shape[0]):
             current(previous, weight, bias, out=r)
@@ -83,9 +83,8 @@ def run_forward(ops, neuron, x, weight, bias, par, init, spikes0, hist, record_c
             step(t)
             previous = spikes[t]
     else:
-        flags = ops.forward_sparse(
-            neuron, x, weight.t().contiguous(), bias, words, record_currents, cur, spikes, hist, par
-        )
+        buf = StepBuffers(x, None, cur, spikes, hist, par)
+        flags = ops.forward_sparse(neuron, buf, weight.t().contiguous(), bias, words, record_currents)
     refuse_flagged(flags, x, init.unbind(0), otherwise=RECURRENT_NON_FINITE)
     if neuron.model.handoff:
         ops.handoff(neuron, cur, par)
@@ -251,7 +250,7 @@ def _backward_impl(
             for t in range(t_steps):
                 currents[t].copy_(current(previous[t], weight, bias, out=r))
         hist = _empty((t_steps, len(_kept_states(backend, spec, dtype)), batch, hidden), spikes0)
-        ops.replay(spec, x, currents, init_all.clone(), _empty(shape, spikes0), hist, par)
+        ops.replay(spec, StepBuffers(x, currents, init_all.clone(), _empty(shape, spikes0), hist, par))
         xin = x + currents if model.backward_reads_input else None
     gS = torch.stack([g.to(dtype).expand(batch, hidden) for g in grad_final]).contiguous()
     gs = torch.zeros(batch, hidden, dtype=dtype, device=device)
@@ -259,32 +258,18 @@ def _backward_impl(
     need_weight, need_bias, need_spikes0, *need_params = need
     acc = torch.zeros(len(need_params) if any(need_params) else 1, batch, hidden, dtype=dtype, device=device)
     G = _empty(shape, spikes0)
+    grads = GradBuffers(need_params, grad_spikes, grec, G, gS, gs, hist, init_all, G if xin is None else xin, par, acc)
     if model.handoff:
-        ops.handoff_grad(spec, need_params, gS, gs, hist, par, acc)
-    step = ops.bind_backward(
-        spec,
-        need_params,
-        grad_spikes,
-        grec,
-        G,
-        gS,
-        gs,
-        hist,
-        init_all,
-        G if xin is None else xin,
-        par,
-        acc,
-    )
+        ops.handoff_grad(spec, grads)
     if sparse_grad:
-        ops.backward_sparse(
-            spec, need_params, grad_spikes, grec, G, gS, gs, hist, init_all, G if xin is None else xin, par, acc, weight
-        )
+        ops.backward_sparse(spec, grads, weight)
     else:
+        step = ops.bind_backward(spec, grads)
         for t in range(t_steps - 1, -1, -1):
             step(t)
             current_backward(G[t], weight, out=grec)
     ginit = torch.empty_like(gS)
-    ops.initial(spec, need_params, gS, gs, ginit, init_all, par, acc)
+    ops.initial(spec, grads, ginit)
 
     none = spikes0.new_empty(0)
     flat_g = G.reshape(-1, hidden)

@@ -369,10 +369,12 @@ def _kernels(neuron, dtype: torch.dtype):
     return kernels(neuron.model, type(neuron.surrogate), dtype)
 
 
-def bind_forward(neuron, x, r, cur, spikes, hist, par):
-    """``(step, check)``: ``step(t)`` the forward of step t, the current of step t in ``r``; ``hist`` None keeps no
-    states. ``check`` ``[B, H]``: 1 where a neuron's initial states, or the input or current of a step run, held a
-    NaN or an inf (:func:`~spikefuse.ops.numba_common.non_finite`, as the engine's forward kernels check), else 0."""
+def bind_forward(neuron, buf):
+    """``(step, check)``: ``step(t)`` the forward of step t, the current of step t in ``buf.r`` (a
+    :class:`~spikefuse.ops.recurrent.StepBuffers`); ``buf.hist`` None keeps no states. ``check`` ``[B, H]``: 1 where
+    a neuron's initial states, or the input or current of a step run, held a NaN or an inf
+    (:func:`~spikefuse.ops.numba_common.non_finite`, as the engine's forward kernels check), else 0."""
+    x, r, cur, spikes, hist, par = buf
     module = _kernels(neuron, x.dtype)
     run = _runner(module, "forward", x.shape[1], x.shape[1] * x.shape[2])
     save = hist is not None
@@ -381,12 +383,13 @@ def bind_forward(neuron, x, r, cur, spikes, hist, par):
     return (lambda t: run(t, *arrays, save)), check
 
 
-def forward_sparse(neuron, x, weight_t, bias, words, record, cur, spikes, hist, par):
-    """Every step at once, each step's current summed from the weight rows (``weight_t [H, H]``, the weight
-    transposed) of the previous step's spikes, which the kernel reads from ``words`` ``[T + 1, B, W]`` (row-padded
-    bits, :func:`spikefuse.ops.spike_layers.cpu.pack_spike_rows`): ``words[0]`` the initial spikes', given; the kernel
-    writes step t's into ``words[t + 1]`` as it makes them. ``record``: a ``[T, B, H]`` tensor to keep every step's
-    current in, or None; ``hist`` None keeps no states. Returns the check of :func:`bind_forward`."""
+def forward_sparse(neuron, buf, weight_t, bias, words, record):
+    """Every step of ``buf`` (``r`` unused) at once, each step's current summed from the weight rows (``weight_t
+    [H, H]``, the weight transposed) of the previous step's spikes, which the kernel reads from ``words`` ``[T + 1, B,
+    W]`` (row-padded bits, :func:`spikefuse.ops.spike_layers.cpu.pack_spike_rows`): ``words[0]`` the initial spikes',
+    given; the kernel writes step t's into ``words[t + 1]`` as it makes them. ``record``: a ``[T, B, H]`` tensor to
+    keep every step's current in, or None. Returns the check of :func:`bind_forward`."""
+    x, _, cur, spikes, hist, par = buf
     module = _kernels(neuron, x.dtype)
     run = _runner(module, "forward_sparse", x.shape[1], x.shape[1] * x.shape[2])
     check = (~torch.isfinite(cur)).any(0).to(torch.uint8)
@@ -405,40 +408,50 @@ def forward_sparse(neuron, x, weight_t, bias, words, record, cur, spikes, hist, 
     return check
 
 
-def replay(neuron, x, r, cur, spikes, hist, par) -> None:
-    """Every step from ``x`` and the currents ``r`` ``[T, B, H]``, the states the backward reads into ``hist``."""
-    module = _kernels(neuron, x.dtype)
-    _runner(module, "replay", x.shape[1], x.shape[1] * x.shape[2])(*(_np(a) for a in (x, r, cur, spikes, hist, par)))
+def replay(neuron, buf) -> None:
+    """Every step from ``buf.x`` and the currents ``buf.r`` ``[T, B, H]``, the states the backward reads into
+    ``buf.hist``."""
+    module = _kernels(neuron, buf.x.dtype)
+    _runner(module, "replay", buf.x.shape[1], buf.x.shape[1] * buf.x.shape[2])(*(_np(a) for a in buf))
 
 
-def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
-    """``step(t)``: the reverse of step t, the spikes' gradient through the current of step t+1 in ``grec``."""
-    module = _kernels(neuron, G.dtype)
-    run = _runner(module, "backward", G.shape[1], G.shape[1] * G.shape[2])
+def _backward_arrays(neuron, grads) -> tuple:
+    """The arrays of a :class:`~spikefuse.ops.recurrent.GradBuffers` in the order of the step kernels' arguments."""
+    _, gy, grec, G, gS, gs, hist, init, xin, par, acc = grads
     sgp = np.asarray(neuron.surrogate.params(), dtype=_np(G).dtype)
-    need = np.asarray(need, dtype=np.bool_)
-    arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
-    acc = _np(acc)
-    return lambda t: run(t, *arrays, sgp, acc, neuron.detach_reset, need)
+    return (*(_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)), sgp, _np(acc), neuron.detach_reset)
 
 
-def backward_sparse(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc, weight) -> None:
+def bind_backward(neuron, grads):
+    """``step(t)``: the reverse of step t, the spikes' gradient through the current of step t+1 in ``grads.grec``
+    (a :class:`~spikefuse.ops.recurrent.GradBuffers`)."""
+    module = _kernels(neuron, grads.G.dtype)
+    run = _runner(module, "backward", grads.G.shape[1], grads.G.shape[1] * grads.G.shape[2])
+    arrays, need = _backward_arrays(neuron, grads), np.asarray(grads.need, dtype=np.bool_)
+    return lambda t: run(t, *arrays, need)
+
+
+def backward_sparse(neuron, grads, weight) -> None:
     """Every reverse step at once (``sparse_grad``): :func:`bind_backward`'s steps from T-1 to 0, each followed by
     the product ``grec = G[t] @ weight`` (``weight [H, H]``) from the nonzero entries of ``G[t]``'s rows, summed in
-    increasing index (:func:`spikefuse.ops.spike_layers.cpu.weighted_rows_of_nonzeros`); ``grec`` holds the initial
-    spikes' gradient after it."""
-    module = _kernels(neuron, G.dtype)
-    run = _runner(module, "backward_sparse", G.shape[1], G.shape[1] * G.shape[2])
-    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(G).dtype)
-    arrays = [_np(a) for a in (gy, grec, G, gS, gs, hist, init, xin, par)]
-    run(*arrays, sgp, _np(acc), neuron.detach_reset, np.asarray(need, dtype=np.bool_), _np(weight.contiguous()))
+    increasing index (:func:`spikefuse.ops.spike_layers.cpu.weighted_rows_of_nonzeros`); ``grads.grec`` holds the
+    initial spikes' gradient after it."""
+    module = _kernels(neuron, grads.G.dtype)
+    run = _runner(module, "backward_sparse", grads.G.shape[1], grads.G.shape[1] * grads.G.shape[2])
+    run(*_backward_arrays(neuron, grads), np.asarray(grads.need, dtype=np.bool_), _np(weight.contiguous()))
 
 
-def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:
-    module = _kernels(neuron, gS.dtype)
-    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(gS).dtype)
+def initial(neuron, grads, ginit) -> None:
+    """The initial states' gradients into ``ginit`` ``[S, B, H]`` after the reverse loop."""
+    module = _kernels(neuron, grads.gS.dtype)
+    sgp = np.asarray(neuron.surrogate.params(), dtype=_np(grads.gS).dtype)
     module.initial_rows(
-        *(_np(a) for a in (gS, gs, ginit, init, par)), sgp, _np(acc), np.asarray(need, dtype=np.bool_), 0, gS.shape[1]
+        *(_np(a) for a in (grads.gS, grads.gs, ginit, grads.init, grads.par)),
+        sgp,
+        _np(grads.acc),
+        np.asarray(grads.need, dtype=np.bool_),
+        0,
+        grads.gS.shape[1],
     )
 
 
@@ -446,11 +459,11 @@ def handoff(neuron, cur, par) -> None:
     _kernels(neuron, cur.dtype).handoff_rows(_np(cur), _np(par), 0, cur.shape[1])
 
 
-def handoff_grad(neuron, need, gS, gs, hist, par, acc) -> None:
-    _kernels(neuron, gS.dtype).handoff_grad_rows(
-        *(_np(a) for a in (gS, gs, hist, par, acc)),
+def handoff_grad(neuron, grads) -> None:
+    _kernels(neuron, grads.gS.dtype).handoff_grad_rows(
+        *(_np(a) for a in (grads.gS, grads.gs, grads.hist, grads.par, grads.acc)),
         neuron.detach_reset,
-        np.asarray(need, dtype=np.bool_),
+        np.asarray(grads.need, dtype=np.bool_),
         0,
-        gS.shape[1],
+        grads.gS.shape[1],
     )

@@ -260,9 +260,11 @@ def _launch(neuron, dtype, name: str, n: int, h: int):
     return launch
 
 
-def bind_forward(neuron, x, r, cur, spikes, hist, par):
-    """``(step, flags)``: ``step(t)`` the forward of step t; ``flags`` per program, not 0 where a neuron read a NaN or
-    an inf (see :func:`spikefuse.ops.nonfinite.refuse_flagged`)."""
+def bind_forward(neuron, buf):
+    """``(step, flags)``: ``step(t)`` the forward of step t of ``buf`` (a
+    :class:`~spikefuse.ops.recurrent.StepBuffers`); ``flags`` per program, not 0 where a neuron read a NaN or an inf
+    (see :func:`spikefuse.ops.nonfinite.refuse_flagged`)."""
+    x, r, cur, spikes, hist, par = buf
     n = x.shape[1] * x.shape[2]
     launch = _launch(neuron, cur.dtype, "forward_step", n, x.shape[2])
     flags = torch.zeros(
@@ -275,32 +277,45 @@ def bind_forward(neuron, x, r, cur, spikes, hist, par):
     return (lambda t: launch(t, x, r, flags, cur, spikes, hist, par, SAVE=save)), flags
 
 
-def replay(neuron, x, r, cur, spikes, hist, par) -> None:
-    launch = _launch(neuron, cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
-    launch(x, r, cur, spikes, hist, par, x.shape[0])
+def replay(neuron, buf) -> None:
+    x = buf.x
+    launch = _launch(neuron, buf.cur.dtype, "replay", x.shape[1] * x.shape[2], x.shape[2])
+    launch(*buf, x.shape[0])
 
 
 def _needs(model, need) -> dict:
     return {f"NEED_{p}": bool(n) for p, n in zip(model.params, need)}
 
 
-def bind_backward(neuron, need, gy, grec, G, gS, gs, hist, init, xin, par, acc):
+def bind_backward(neuron, grads):
+    need, gy, grec, G, gS, gs, hist, init, xin, par, acc = grads
     launch = _launch(neuron, G.dtype, "backward_step", G.shape[1] * G.shape[2], G.shape[2])
     sgp = surrogate_params(neuron.surrogate, G.dtype, G.device)
     flags = dict(DETACH=neuron.detach_reset, **_needs(neuron.model, need))
     return lambda t: launch(t, gy, grec, G, gS, gs, hist, init, xin, par, sgp, acc, **flags)
 
 
-def initial(neuron, need, gS, gs, ginit, init, par, acc) -> None:
+def initial(neuron, grads, ginit) -> None:
+    gS = grads.gS
     sgp = surrogate_params(neuron.surrogate, gS.dtype, gS.device)
     launch = _launch(neuron, gS.dtype, "initial", gS.shape[1] * gS.shape[2], gS.shape[2])
-    launch(gS, gs, ginit, init, par, sgp, acc, **_needs(neuron.model, need))
+    launch(gS, grads.gs, ginit, grads.init, grads.par, sgp, grads.acc, **_needs(neuron.model, grads.need))
 
 
 def handoff(neuron, cur, par) -> None:
     _launch(neuron, cur.dtype, "handoff", cur.shape[1] * cur.shape[2], cur.shape[2])(cur, par)
 
 
-def handoff_grad(neuron, need, gS, gs, hist, par, acc) -> None:
+def handoff_grad(neuron, grads) -> None:
+    gS, hist = grads.gS, grads.hist
     launch = _launch(neuron, gS.dtype, "handoff_grad", gS.shape[1] * gS.shape[2], gS.shape[2])
-    launch(gS, gs, hist, par, acc, hist.shape[0], DETACH=neuron.detach_reset, **_needs(neuron.model, need))
+    launch(
+        gS,
+        grads.gs,
+        hist,
+        grads.par,
+        grads.acc,
+        hist.shape[0],
+        DETACH=neuron.detach_reset,
+        **_needs(neuron.model, grads.need),
+    )
