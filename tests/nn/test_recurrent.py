@@ -114,7 +114,8 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
         weight.requires_grad_(True)
         bias = torch.zeros(5, dtype=torch.float64, requires_grad=True)
         neuron = neuron_spec(ALIF_MODEL, ATan(2.0), memory=memory).op_key
-        args = (x, weight, bias, spikes0, params, init, neuron, backend, sparse)
+        call = R._call_key(neuron, backend, sparse, False)
+        args = (x, weight, bias, spikes0, params, init, call)
         torch.library.opcheck(R.recurrent_forward, args)
         out = R.recurrent_forward(*args)
         grad_spikes, grad_final = torch.rand_like(x), [torch.rand(2, 5, dtype=torch.float64) for _ in init]
@@ -124,16 +125,11 @@ def test_recurrent_custom_ops_pass_opcheck(backend):
             (
                 grad_spikes,
                 grad_final,
-                x if memory == "recompute" else x.new_empty(0),
-                *detached,
-                spikes0,
+                [x if memory == "recompute" else x.new_empty(0), *detached, spikes0, out[3].detach()],
                 [p.detach() for p in params],
                 init,
-                out[3].detach(),
                 [t.detach() for t in out[4:]],
-                neuron,
-                backend,
-                sparse,
+                call,
                 [True, True, False, True, False, False, False],
             ),
         )

@@ -55,7 +55,7 @@ def sparse_calls(monkeypatch):
     forward = recurrent_autograd._forward_impl
 
     def spy(*args):
-        calls.append(bool(args[-1]))
+        calls.append(recurrent_autograd.OBJECTS[args[-1]].sparse)
         return forward(*args)
 
     monkeypatch.setattr(recurrent_autograd, "_forward_impl", spy)

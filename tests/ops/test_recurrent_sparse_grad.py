@@ -261,13 +261,16 @@ def test_custom_ops_with_sparse_grad_pass_opcheck(memory, sparse):
     weight = torch.randn(5, 5, generator=g, dtype=torch.float64) * 0.3
     bias = torch.zeros(5, dtype=torch.float64)
     neuron = neuron_spec(ALIF_MODEL, Rectangle(0.5), memory=memory).op_key
-    args = (x, weight, bias, spikes0, params, init, neuron, "cpu", sparse, True)
+    call, dense = (R._call_key(neuron, "cpu", sparse, sparse_grad) for sparse_grad in (True, False))
+    args = (x, weight, bias, spikes0, params, init, call)
     torch.library.opcheck(R.recurrent_forward, args)
     out = R.recurrent_forward(*args)
     grads = [torch.rand_like(x), [torch.rand(2, 5, generator=g, dtype=torch.float64) for _ in init]]
-    kept = x if memory == "recompute" else x.new_empty(0)
+    layer = [x if memory == "recompute" else x.new_empty(0), weight, bias, spikes0, out[3]]
     need = [True, True, False, True, False, False, False]
-    backward_args = (*grads, kept, weight, bias, spikes0, params, init, out[3], list(out[4:]), neuron, "cpu", sparse)
-    torch.library.opcheck(R.recurrent_backward, (*backward_args, need, True))
-    for a, b in zip(R.recurrent_backward(*backward_args, need, True), R.recurrent_backward(*backward_args, need)):
+    backward_args = (*grads, layer, params, init, list(out[4:]))
+    torch.library.opcheck(R.recurrent_backward, (*backward_args, call, need))
+    for a, b in zip(
+        R.recurrent_backward(*backward_args, call, need), R.recurrent_backward(*backward_args, dense, need)
+    ):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

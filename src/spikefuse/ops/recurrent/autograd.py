@@ -25,6 +25,7 @@ the spikes' bits (``sparse=True``), from ``G``'s CSR over all steps
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import weakref
 
@@ -37,7 +38,8 @@ from ..spike_layers import cpu as sparse_cpu
 from ..bit_layout import packed_numel
 from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
-from ...registry import OBJECTS
+from ...neurons.spec import keep
+from ...registry import OBJECTS, register
 from ..engine.reference import initial_spike
 from . import GradBuffers, StepBuffers, current, current_backward, record_grad_rate
 
@@ -128,6 +130,35 @@ def _sparse_words(spikes0: Tensor, t_steps: int) -> Tensor:
     return words
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What the custom ops take by key (:data:`spikefuse.registry.OBJECTS`) besides tensors: the neurons (the
+    :attr:`~spikefuse.neurons.NeuronSpec.op_key` of their record, memory mode included), the concrete backend, whether
+    each step's current is summed from the previous spikes' bits (``sparse``) and whether the backward's products read
+    only ``G``'s nonzero entries (``sparse_grad``)."""
+
+    neuron: str
+    backend: str
+    sparse: bool
+    sparse_grad: bool
+
+    def __iter__(self):  # unpacked where read: (neuron, backend, sparse, sparse_grad)
+        return iter((self.neuron, self.backend, self.sparse, self.sparse_grad))
+
+
+def _call_key(neuron: str, backend: str, sparse: bool, sparse_grad: bool) -> str:
+    """The key of the :class:`_Call` of these settings, kept by them (a bounded cache, as the neuron records')."""
+    parts = (neuron, backend, sparse, sparse_grad)
+    key = _CALL_KEYS.get(parts)
+    return key if key is not None else keep(_CALL_KEYS, parts, register(_Call(*parts)))
+
+
+_CALL_KEYS: dict[tuple, str] = {}
+# torch.compile calls this as Python and takes its result as a constant (strings and bools), as it does the neuron
+# record's op key
+_call_key._dynamo_marked_constant = True
+
+
 def _forward_impl(
     x: Tensor,
     weight: Tensor,
@@ -135,17 +166,14 @@ def _forward_impl(
     spikes0: Tensor | None,
     params: list[Tensor],
     init: list[Tensor],
-    neuron: str,
-    backend: str,
-    sparse: bool,
-    sparse_grad: bool = False,
+    call: str,
 ) -> list[Tensor]:
     """``[spikes [T, B, H], *final states [B, H], bits, *kept]``: the spikes as bits and what else the backward reads
     (every step's states, and the currents where the derivatives read the input: memory "potential"; nothing else
-    with "recompute", which keeps the input; ``neuron``: the :attr:`~spikefuse.neurons.NeuronSpec.op_key` of the
-    neurons, their memory mode included). ``sparse``: each step's current from the previous spikes' bits in the step kernel, the
-    bits kept row-padded with the initial spikes' first (:func:`_sparse_words`); else packed by
-    :func:`spikefuse.ops.bitpack.pack`. ``sparse_grad``: the backward's (kept by the autograd context only)."""
+    with "recompute", which keeps the input; ``call``: the key of a :class:`_Call`). ``sparse``: each step's current
+    from the previous spikes' bits in the step kernel, the bits kept row-padded with the initial spikes' first
+    (:func:`_sparse_words`); else packed by :func:`spikefuse.ops.bitpack.pack`."""
+    neuron, backend, sparse, _ = OBJECTS[call]
     spec = OBJECTS[neuron]
     model = spec.model
     if sparse and spikes0 is not None and not binary(spikes0):  # (the caller's check, where a compiled graph has none)
@@ -176,7 +204,8 @@ recurrent_forward = torch.library.custom_op("spikefuse::recurrent_forward", muta
 
 
 @recurrent_forward.register_fake
-def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse, sparse_grad=False):
+def _(x, weight, bias, spikes0, params, init, call):
+    neuron, backend, sparse, _ = OBJECTS[call]
     spec = OBJECTS[neuron]
     model = spec.model
     t_steps, batch, hidden = x.shape
@@ -196,29 +225,26 @@ def _(x, weight, bias, spikes0, params, init, neuron, backend, sparse, sparse_gr
 def _backward_impl(
     grad_spikes: Tensor,
     grad_final: list[Tensor],
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    spikes0: Tensor | None,
+    layer: list[Tensor | None],
     params: list[Tensor],
     init: list[Tensor],
-    bits: Tensor,
     kept: list[Tensor],
-    neuron: str,
-    backend: str,
-    sparse: bool,
+    call: str,
     need: list[bool],
-    sparse_grad: bool = False,
 ) -> list[Tensor]:
     """``[grad_x, grad_weight, grad_bias, grad_spikes0, *per-neuron grad per parameter [H], grad_init [S, B, H]]``
     from the gradients of the spikes and the final states; ``need``: whether the weight, the bias, the initial spikes
-    and each parameter need theirs (an empty tensor where not). ``x``: the input (memory "recompute"; empty
-    otherwise), ``kept``: what the forward kept besides the bits; ``spikes0`` None: those of the initial states.
+    and each parameter need theirs (an empty tensor where not). ``layer``: ``[x, weight, bias, spikes0, bits]``, the
+    input (memory "recompute"; empty otherwise), the recurrent weight and bias (None: none), the initial spikes
+    (None: those of the initial states) and the spikes' bits; ``kept``: what the forward kept besides the bits;
+    ``call``: the key of a :class:`_Call`.
     ``sparse``: ``bits`` are the sparse forward's words, from which the recomputed currents and the weight's gradient
     read the previous spikes (the products of :mod:`spikefuse.ops.spike_layers.cpu`, the forward's order).
     ``sparse_grad`` (CPU backend, all to all): every step's ``G[t] @ W`` from ``G[t]``'s nonzero entries
     (:func:`.cpu.backward_sparse`, the reverse loop in one call), and the weight's gradient from ``G``'s CSR where
     ``sparse`` does not read it from the bits."""
+    x, weight, bias, spikes0, bits = layer
+    neuron, backend, sparse, sparse_grad = OBJECTS[call]
     spec = OBJECTS[neuron]
     model = spec.model
     ops = backend_module(backend)
@@ -296,40 +322,25 @@ recurrent_backward = torch.library.custom_op("spikefuse::recurrent_backward", mu
 
 
 @recurrent_backward.register_fake
-def _(
-    grad_spikes,
-    grad_final,
-    x,
-    weight,
-    bias,
-    spikes0,
-    params,
-    init,
-    bits,
-    kept,
-    neuron,
-    backend,
-    sparse,
-    need,
-    sparse_grad=False,
-):
-    layer = grad_spikes.shape[1:]
+def _(grad_spikes, grad_final, layer, params, init, kept, call, need):
+    weight, bias = layer[1], layer[2]
+    shape = grad_spikes.shape[1:]
     need_weight, need_bias, need_spikes0, *need_params = need
     none = grad_spikes.new_empty(0)
     return [
         torch.empty_like(grad_spikes),
         torch.empty_like(weight) if need_weight else torch.empty_like(none),
         torch.empty_like(bias) if bias is not None and need_bias else torch.empty_like(none),
-        grad_spikes.new_empty(layer) if need_spikes0 else torch.empty_like(none),
-        *(grad_spikes.new_empty(layer[1]) if n else torch.empty_like(none) for n in need_params),
-        grad_spikes.new_empty(len(init), *layer),
+        grad_spikes.new_empty(shape) if need_spikes0 else torch.empty_like(none),
+        *(grad_spikes.new_empty(shape[1]) if n else torch.empty_like(none) for n in need_params),
+        grad_spikes.new_empty(len(init), *shape),
     ]
 
 
-def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, sparse_grad=False, *, out) -> None:
+def _save(ctx, x, weight, bias, spikes0, params, init, call, *, out) -> None:
     n_init = len(init)
     bits, kept = out[1 + n_init], out[2 + n_init :]
-    ctx.args = (neuron, backend, sparse, sparse_grad)
+    ctx.call = call
     ctx.n_params, ctx.n_init, ctx.has_bias = len(params), n_init, bias is not None
     ctx.x_meta = x.shape, x.dtype, x.device
     ctx.shapes = [p.shape for p in params], [v.shape for v in init]
@@ -341,7 +352,8 @@ def _save(ctx, x, weight, bias, spikes0, params, init, neuron, backend, sparse, 
 def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     """``(grad_x, grad_weight, grad_bias, grad_spikes0, grads of the parameters, grads of the initial states)``,
     None where not needed; ``need``: ``needs_input_grad`` of (x, weight, bias, spikes0, *params, *init)."""
-    neuron, backend, sparse, sparse_grad = ctx.args
+    call = ctx.call
+    neuron, backend = OBJECTS[call].neuron, OBJECTS[call].backend
     name = OBJECTS[neuron].name
     refuse_double_backward(
         f"the recurrent {name} layer ({backend!r} backend)", "use backend='reference', which runs plain PyTorch ops"
@@ -357,19 +369,12 @@ def _gradients(ctx, grad_spikes, grad_final, need, backward_op) -> tuple:
     out = backward_op(
         grad_spikes.contiguous(),
         grad_final,
-        x,
-        weight,
-        bias,
-        spikes0,
+        [x, weight, bias, spikes0, bits],
         list(params),
         list(init),
-        bits,
         list(kept),
-        neuron,
-        backend,
-        sparse,
+        call,
         [bool(n) for n in (*need[1:4], *need_params)],
-        sparse_grad,
     )
     grad_x, grad_weight, grad_bias, grad_spikes0, *rest = out
     per_neuron, ginit = rest[:n_params], rest[n_params]
@@ -401,8 +406,7 @@ def _backward(ctx, grads):
     need = ctx.needs_input_grad
     need = (*need[:4], *need[4], *need[5])  # params and init are lists: one flag per tensor
     grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(ctx, grad_spikes, grad_final, need, recurrent_backward)
-    # None for the rest: the dispatcher leaves out sparse_grad where it has its default, False
-    return (grad_x, gw, gb, gs0, grad_params, grad_init, *[None] * (len(ctx.needs_input_grad) - 6))
+    return grad_x, gw, gb, gs0, grad_params, grad_init, None
 
 
 torch.library.register_autograd("spikefuse::recurrent_forward", _backward, setup_context=_setup_context)
@@ -414,11 +418,11 @@ class _EagerRecurrent(torch.autograd.Function):
     autograd sees them."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, spikes0, neuron, backend, sparse, sparse_grad, rate_key, n_params, *tensors):
+    def forward(ctx, x, weight, bias, spikes0, call, rate_key, n_params, *tensors):
         params, init = list(tensors[:n_params]), list(tensors[n_params:])
-        args = (x, weight, bias, spikes0, params, init, neuron, backend, sparse)
-        out = _forward_impl(*args)  # (the forward does not read sparse_grad)
-        _save(ctx, *args, sparse_grad, out=out)
+        args = (x, weight, bias, spikes0, params, init, call)
+        out = _forward_impl(*args)
+        _save(ctx, *args, out=out)
         ctx.rate_key = rate_key
         ctx.mark_non_differentiable(*out[1 + len(init) :])
         return tuple(out)
@@ -426,14 +430,14 @@ class _EagerRecurrent(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_spikes, *rest):
         need = ctx.needs_input_grad
-        need = (*need[:4], *need[10:])
+        need = (*need[:4], *need[7:])
         grad_x, gw, gb, gs0, grad_params, grad_init = _gradients(
             ctx, grad_spikes, rest[: ctx.n_init], need, _backward_impl
         )
         weight = ctx.rate_key() if ctx.rate_key is not None else None
         if weight is not None:  # sparse_grad="auto": this backward's share of nonzero G, for the next call
             record_grad_rate(weight, int(torch.count_nonzero(grad_x)) / max(1, grad_x.numel()))
-        return (grad_x, gw, gb, gs0, None, None, None, None, None, None, *grad_params, *grad_init)
+        return (grad_x, gw, gb, gs0, None, None, None, *grad_params, *grad_init)
 
 
 def recurrent_layer(
@@ -461,17 +465,12 @@ def recurrent_layer(
     (``sparse="auto"``'s rate), as ``(outputs, count)``. ``sparse_grad``: the backward's step products and weight
     gradient from ``G``'s nonzero entries (CPU backend, all to all; the caller checked); ``grad_rate_of`` (eager): a
     tensor whose :func:`~spikefuse.ops.recurrent.last_grad_rate` the backward sets (``sparse_grad="auto"``)."""
-    key = neuron.op_key
-    sparse_grad = bool(sparse_grad)
+    call = _call_key(neuron.op_key, backend, bool(sparse), bool(sparse_grad))
     if torch.compiler.is_compiling():
-        out = recurrent_forward(
-            x, weight, bias, spikes0, list(params), list(init), key, backend, bool(sparse), sparse_grad
-        )
+        out = recurrent_forward(x, weight, bias, spikes0, list(params), list(init), call)
     else:
         rate_key = None if grad_rate_of is None else weakref.ref(grad_rate_of)
-        out = _EagerRecurrent.apply(
-            x, weight, bias, spikes0, key, backend, bool(sparse), sparse_grad, rate_key, len(params), *params, *init
-        )
+        out = _EagerRecurrent.apply(x, weight, bias, spikes0, call, rate_key, len(params), *params, *init)
     outputs = list(out[: 1 + len(init)])
     if not count_spikes:
         return outputs
