@@ -310,7 +310,7 @@ def to_lean(model: nn.Module) -> dict[str, int]:
         if isinstance(m, nn.Sequential):
             _convert_sequential(m, counts)
     for m in model.modules():
-        if isinstance(m, (LIF, EngineNeuron)) and m.memory != "recompute":
+        if isinstance(m, EngineNeuron) and m.memory != "recompute":
             m.memory = "recompute"
             counts["recompute_neurons"] += 1
     return counts

@@ -87,7 +87,7 @@ def set_neuron_backend(model: nn.Module, backend: str) -> nn.Module:
     """Switch every spikefuse neuron of ``model`` (the LIF family's and the engine's, recurrent layers included) to
     ``backend`` in place (weights unchanged); returns ``model``."""
     for m in model.modules():
-        if isinstance(m, (LIF, EngineNeuron)):
+        if isinstance(m, EngineNeuron):
             m.backend = backend
     return model
 

@@ -302,7 +302,7 @@ def export(model: nn.Module, sample_input: torch.Tensor, dt: float = 1e-4, path=
     dt = check_dt(dt)
     if not isinstance(sample_input, torch.Tensor) or sample_input.ndim < 3:
         raise ValueError("sample_input must be a tensor of shape [T, B, *shape] (time and batch first)")
-    stored_states = {m: m.state for m in model.modules() if isinstance(m, (LIF, EngineNeuron))}
+    stored_states = {m: m.state for m in model.modules() if isinstance(m, EngineNeuron)}
     try:
         graph_trace = trace(model, sample_input, _is_layer, lambda m, name, shape: _node(m, name, shape, dt))
     finally:
