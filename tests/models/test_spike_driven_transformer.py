@@ -66,11 +66,14 @@ def test_lean_form_fuses_every_batchnorm_before_a_neuron_and_trains_as_the_defau
     # convs reading spikes: patch stages 2-3, the final stage, the position embedding; per block Q, K, V, the
     # projection, both MLP convs; the head.
     assert counts["spike_layers"] == 4 + 2 * 6 + 1
-    assert counts["pools"] == 1  # the third stage's ("0011"), after its neuron; the final stage's pools BN output
+    # the third stage's max-pool ("0011"), after its neuron, is a spike max-pool in the default form already; the
+    # final stage's pools BN output
+    assert counts["pools"] == 0
     assert counts["recompute_neurons"] == 1 + 2 * 3 + 1  # final_lif; shortcut, attention, lif1 per block; head's
     x = torch.rand(2, 3, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     saved_default, saved_lean = _assert_same_training(default, lean, x, torch.tensor([1, 7, 3]))
-    assert saved_lean < 0.5 * saved_default, f"lean saves {saved_lean} bytes, the default form {saved_default}"
+    # (the default form keeps the spike max-pool's input as bits too)
+    assert saved_lean < 0.55 * saved_default, f"lean saves {saved_lean} bytes, the default form {saved_default}"
 
 
 def test_a_residual_mlp_is_not_fused_across_its_add():

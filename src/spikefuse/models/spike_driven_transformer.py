@@ -4,7 +4,8 @@ structure (``spikingjelly.activation_based.model.spike_driven_transformer``), on
 Same layers in the same order as the zoo's ``SpikeDrivenTransformer``, on ``[T, B, C, H, W]`` throughout:
 
 - the patch embedding: three conv3x3-BN-neuron stages of ``embed_dims`` / 8, / 4 and / 2 channels, each followed
-  by a 3x3 stride-2 max-pool where its digit of ``pooling_stat`` is ``"1"``, a final conv3x3-BN (pooled where the
+  by a 3x3 stride-2 max-pool where its digit of ``pooling_stat`` is ``"1"`` (of spikes:
+  :class:`~spikefuse.nn.SpikeMaxPool2d`, in every form), a final conv3x3-BN (pooled where the
   fourth digit is ``"1"``), and the relative position embedding ``x + BN(conv3x3(neuron(x)))``;
 - ``depths`` blocks on the membrane shortcut (the residual stream stays real-valued; each branch starts with a
   neuron): the spike-driven self-attention ``x + BN(conv1x1(Q * neuron(sum_tokens(K * V))))`` with ``Q``, ``K``,
@@ -34,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn import NeuronFactory, SeqToBatch
+from ..nn import NeuronFactory, SeqToBatch, SpikeMaxPool2d
 from .spikformer import _fuse, _max_pool, _pair, _replace_spike_layer, _with_seq_to_batch_keys, _zoo_neurons
 
 __all__ = [
@@ -48,6 +49,13 @@ __all__ = [
     "sdt_tiny",
     "sdt_8_384",
 ]
+
+
+def _spike_max_pool() -> SeqToBatch:
+    """The zoo's 3x3 stride-2 max-pool where it pools a neuron's spikes: :class:`~spikefuse.nn.SpikeMaxPool2d`,
+    torch's output and gradients on binary input, keeping the input as bits and no indices; in the default form
+    too, where its step is faster than the real-valued max-pool's (``benchmarks/ab_models_step.py``)."""
+    return SeqToBatch(SpikeMaxPool2d(kernel_size=3, stride=2, padding=1))
 
 
 def _conv_bn(in_channels: int, out_channels: int, kernel_size: int, bias: bool = True) -> list[nn.Module]:
@@ -67,8 +75,8 @@ class SDTPatchEmbed(nn.Module):
         previous = in_channels
         for pool, channels in zip(pooling_stat[:3], (embed_dims // 8, embed_dims // 4, embed_dims // 2)):
             layers = [*_conv_bn(previous, channels, 3), neuron.make()]
-            if pool == "1":
-                layers.append(_max_pool())
+            if pool == "1":  # after the neuron: a max-pool of spikes (an OR over each window)
+                layers.append(_spike_max_pool())
             self.stages.append(nn.Sequential(*layers))
             previous = channels
         final = _conv_bn(previous, embed_dims, 3)
