@@ -235,6 +235,7 @@ def config_from_args(args, **overrides):
         sparse=args.sparse,
         sparse_grad=args.sparse_grad,
         compile=args.compile,
+        cache_frames=args.cache_frames,
         hidden=args.hidden,
         layers=args.layers,
         cell=args.cell,

@@ -556,3 +556,74 @@ def test_cell_refuses_what_it_cannot_build(tmp_path):
         fit(tiny_config(tmp_path / "b", cell="cubalif", neuron=NeuronFactory().to_dict()), log=quiet)
     with pytest.raises(ConfigError, match="--cell must be one of lif, cubalif, alif, got 'gru'"):
         fit(tiny_config(tmp_path / "c", cell="gru"), log=quiet)
+
+
+def test_cached_frames_train_as_the_framing_at_every_read(tmp_path, monkeypatch):
+    """--cache-frames (the default): the N-MNIST samples framed once, the first epoch filling the cache (train and
+    test splits), the later epochs reading no file; the run the same, loss for loss and weight for weight, as one
+    that frames every sample at every read. A resume and an evaluation take it as it was given."""
+    pytest.importorskip("tonic")
+    from spikefuse.data import CachedDataset
+    from spikefuse.data.neuromorphic import TonicFramesDataset
+    from spikefuse.train import loop
+    from tests.data.test_neuromorphic import write_nmnist
+
+    write_nmnist(tmp_path / "nmnist", per_class=4, n_events=300)
+    cfg = dict(
+        model="mlp",
+        dataset="nmnist",
+        data_dir=str(tmp_path / "nmnist"),
+        T=3,
+        hidden=16,
+        epochs=3,
+        batch_size=5,
+        train_subset=None,
+        test_subset=None,
+        neuron_backend="cpu",
+    )
+    reads = {"n": 0}
+    events = TonicFramesDataset.events
+
+    def counted(self, index):
+        reads["n"] += 1
+        return events(self, index)
+
+    monkeypatch.setattr(TonicFramesDataset, "events", counted)
+    logs = []
+    cached = fit(tiny_config(tmp_path / "cached", **cfg), log=logs.append)
+    assert reads["n"] == 12 + 12  # every training and test recording once, in the first epoch
+    assert "framed samples cached in memory" in logs[0]
+    plain = fit(tiny_config(tmp_path / "plain", cache_frames=False, **cfg), log=logs.append)
+    assert reads["n"] == 24 + 3 * 24 and "cached" not in logs[-4]
+    keys = ("train_loss", "train_acc", "test_loss", "test_acc")
+    assert [[r[k] for k in keys] for r in cached] == [[r[k] for k in keys] for r in plain]
+    a, b = (load_checkpoint(tmp_path / run / "checkpoint.pt") for run in ("cached", "plain"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["config"]["cache_frames"] is True and b["config"]["cache_frames"] is False
+    train_ds, test_ds, _ = loop._load_data(tiny_config(tmp_path, **cfg))
+    assert isinstance(train_ds, CachedDataset) and isinstance(test_ds, CachedDataset)
+    assert not isinstance(loop._load_data(tiny_config(tmp_path, cache_frames=False, **cfg))[0], CachedDataset)
+    resumed = fit(tiny_config(tmp_path / "cached", cache_frames=False, **{**cfg, "epochs": 4}), resume=True, log=quiet)
+    assert len(resumed) == 4  # a cache changes no sample: a run resumes with or without it
+    before = reads["n"]
+    assert evaluate_checkpoint(tmp_path / "cached", threads=2)["samples"] == 12
+    assert reads["n"] == before + 12  # one pass: read once, nothing cached
+
+
+def test_cache_frames_refuses_what_is_not_a_bool(tmp_path):
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match=r"cache_frames must be True \(--cache-frames\) or False"):
+            fit(tiny_config(tmp_path / "a", cache_frames=bad), log=quiet)
+
+
+def test_cache_frames_flag_reaches_the_config():
+    import argparse
+
+    from spikefuse.cli import config_from_args
+    from spikefuse.train.arguments import add_train_arguments
+
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    assert config_from_args(p.parse_args([])).cache_frames is True
+    assert config_from_args(p.parse_args(["--cache-frames"])).cache_frames is True
+    assert config_from_args(p.parse_args(["--no-cache-frames"])).cache_frames is False

@@ -12,6 +12,9 @@
 * ``info.kind == "sequence"`` (smnist, psmnist, shd, ssc; :mod:`spikefuse.data.sequences`): ``sample`` is
   ``[T, F]``, F features per step, for recurrent networks.
 
+``load_dataset(..., cache="memory")`` keeps the samples that are framed at every read (event and sequence data sets)
+in memory as they are first read (:class:`CachedDataset`): the epochs after the first read no file.
+
 Every data-loading problem raises :class:`DataError` with a message naming the file, what is wrong and, for a
 missing data set, the expected folder layout.
 """
@@ -24,8 +27,20 @@ import torch
 from torch.utils.data import Dataset
 
 from ._common import DataError, DatasetInfo, TensorDataset
+from .cache import CACHES, DEFAULT_CACHE_BYTES, CachedDataset
 
-__all__ = ["DATASETS", "DataError", "DatasetInfo", "TensorDataset", "encode", "load_dataset", "time_major"]
+__all__ = [
+    "CACHES",
+    "DATASETS",
+    "DEFAULT_CACHE_BYTES",
+    "CachedDataset",
+    "DataError",
+    "DatasetInfo",
+    "TensorDataset",
+    "encode",
+    "load_dataset",
+    "time_major",
+]
 
 DATASETS: tuple[str, ...] = (
     "digits",
@@ -61,6 +76,7 @@ def load_dataset(
     seed: int = 0,
     framing: str = "events",
     size: int | None = None,
+    cache: str | None = None,
 ) -> tuple[Dataset, DatasetInfo]:
     """Load data set ``name`` (one of :data:`DATASETS`) from ``root``.
 
@@ -76,6 +92,11 @@ def load_dataset(
         size: optional spatial size: ``digits`` upsampled to ``size x size`` (default 8);
             ``digits-events`` sensor ``size x size`` (default 16); ``dvsgesture`` downsampled from 128 to
             ``size`` (e.g. 32, default 128). Other data sets accept only their native size or ``None``.
+        cache: ``None`` (default): a data set that frames its samples when they are read (``nmnist``,
+            ``dvsgesture``, ``shd``, ``ssc``) frames them at every read; ``"memory"``: it keeps them in memory as
+            they are first read (:class:`CachedDataset`, at most :data:`DEFAULT_CACHE_BYTES`; the same samples bit
+            for bit), so that every epoch after the first reads no file. The other data sets are held in memory
+            already and ignore it.
     """
     if name not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
@@ -83,7 +104,18 @@ def load_dataset(
         raise ValueError(f"T must be >= 1, got {T}")
     if framing not in FRAMINGS:
         raise ValueError(f"unknown framing {framing!r}; choose 'events' (equal event counts) or 'time' (time bins)")
-    T = int(T)
+    if isinstance(cache, bool) or cache not in CACHES:
+        raise ValueError(
+            f"unknown cache {cache!r}; choose 'memory' (keep the framed samples in memory as they are first read) "
+            "or None (frame them at every read)"
+        )
+    dataset, info = _load(name, root, train=train, T=int(T), seed=seed, framing=framing, size=size)
+    if cache == "memory" and not isinstance(dataset, TensorDataset):
+        dataset = CachedDataset(dataset)
+    return dataset, info
+
+
+def _load(name: str, root, *, train: bool, T: int, seed: int, framing: str, size: int | None):
     if name == "digits":
         from .digits import load_digits
 

@@ -182,4 +182,12 @@ def add_train_arguments(p: argparse.ArgumentParser, defaults=None) -> None:
     p.add_argument(
         "--test-subset", type=positive_int, default=None, help="test on a seeded random subset of this many samples"
     )
+    p.add_argument(
+        "--cache-frames",
+        action=argparse.BooleanOptionalAction,
+        default=d.get("cache_frames", True),
+        help="keep the samples of event and sequence data sets (nmnist, dvsgesture, shd, ssc) in memory once framed, "
+        "so that the epochs after the first read no file (the same samples; at most 2 GiB a split, samples past it "
+        "framed at every read) (default: on)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")

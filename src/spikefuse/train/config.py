@@ -123,6 +123,7 @@ class TrainConfig:
     sparse: str = "false"  # "true", "auto": sparse products in the linear layers of mlp and srnn (SPARSE_CHOICES)
     sparse_grad: float | None = None  # mlp: gradients only through neurons this near the threshold, read sparsely
     compile: bool = False  # torch.compile the model
+    cache_frames: bool = True  # event and sequence samples kept in memory after their first framing (data.cache)
     progress: bool = True
     neuron: dict | None = field(default=None)  # NeuronFactory.to_dict(); None = the model's paper defaults
 
@@ -162,6 +163,10 @@ class TrainConfig:
             problem = None if value is None else out_of_bounds(name, value)
             if problem:
                 raise ConfigError(f"--{name.replace('_', '-')} {problem}")
+        if not isinstance(self.cache_frames, bool):
+            raise ConfigError(
+                f"cache_frames must be True (--cache-frames) or False (--no-cache-frames), got {self.cache_frames!r}"
+            )
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr must be a positive number, got {self.lr}")
         if self.encoding not in ("direct", "poisson"):

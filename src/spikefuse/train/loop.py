@@ -59,10 +59,15 @@ def reset_states(model: nn.Module) -> None:
 # Data ------------------------------------------------------------------------------------------------------------
 
 
-def _load_data(cfg: TrainConfig):
+def _load_data(cfg: TrainConfig, cache: bool | None = None):
+    """The training and test splits and the data set's info; ``cache`` (default ``cfg.cache_frames``): the samples
+    framed at every read kept in memory as they are first read (``load_dataset(cache="memory")``), for the epochs after
+    the first."""
     from .. import data
 
     kw = {} if cfg.image_size is None else {"size": cfg.image_size}
+    if cfg.cache_frames if cache is None else cache:
+        kw["cache"] = "memory"
     try:
         train_ds, info = data.load_dataset(cfg.dataset, cfg.data_dir, train=True, T=cfg.T, seed=cfg.seed, **kw)
         test_ds, _ = data.load_dataset(cfg.dataset, cfg.data_dir, train=False, T=cfg.T, seed=cfg.seed, **kw)
@@ -78,6 +83,12 @@ def _load_data(cfg: TrainConfig):
                 f"{cfg.data_dir or 'the data folder'}): nothing to {verb} on; check the files"
             )
     return train_ds, test_ds, info
+
+
+def _cached(ds) -> bool:
+    from ..data import CachedDataset
+
+    return isinstance(ds, CachedDataset) or isinstance(getattr(ds, "dataset", None), CachedDataset)
 
 
 def _subset(ds, n: int | None, seed: int):
@@ -438,7 +449,8 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
     par = f", {world} data-parallel ranks ({cfg.batch_size // world} samples each)" if world > 1 else ""
     log(
         f"spikefuse train: {cfg.model} ({n_params / 1e6:.2f} M params) on {info['name']} ({len(train_ds)} train / "
-        f"{len(test_ds)} test, {info['in_channels']}x{info['height']}x{info['width']}, {info['kind']}), T={cfg.T}, "
+        f"{len(test_ds)} test, {info['in_channels']}x{info['height']}x{info['width']}, {info['kind']}"
+        f"{', framed samples cached in memory' if _cached(train_ds) else ''}), T={cfg.T}, "
         f"batch {cfg.batch_size}{par}, Adam lr {cfg.lr}, neurons {cfg.neurons}/{cfg.neuron_backend}, memory "
         f"{cfg.memory}, precision {cfg.precision}{', compiled' if cfg.compile else ''}, device {device}, "
         f"threads {torch.get_num_threads()}{' per rank' if world > 1 else ''}, seed {cfg.seed}"
@@ -559,7 +571,7 @@ def evaluate_checkpoint(
     if cfg.threads is not None:
         set_threads(cfg.threads)
     dev = torch.device(device)
-    _, test_ds, info = _load_data(cfg)
+    _, test_ds, info = _load_data(cfg, cache=False)  # one pass: a cache would be filled and never read
     info = _info_dict(info)
     model = make_model(cfg, info)
     load_model_state(model, ckpt, path)
