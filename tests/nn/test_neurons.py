@@ -191,3 +191,12 @@ def test_lif_is_the_engine_neurons_preset(v_reset):
     (a * torch.arange(a.numel()).view_as(a)).sum().backward()
     (b * torch.arange(b.numel()).view_as(b)).sum().backward()
     torch.testing.assert_close(lif.decay.grad, general.decay.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_batchnorm_lif_takes_the_lif_arguments_but_memory():
+    bn = snn.BatchNormLIF2d(4, decay=0.5, threshold=0.4, v_reset=None, learnable_decay=True, channels=4)
+    assert (bn.decay.shape, bn.threshold, bn.v_reset) == ((4,), 0.4, None)
+    with pytest.raises(TypeError, match="BatchNormLIF2d keeps only its input for backward .* it takes no memory"):
+        snn.BatchNormLIF2d(4, memory="recompute")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):
+        snn.BatchNormLIF2d(4, tau=2.0)

@@ -19,8 +19,6 @@ from ..bn_functional import batchnorm_lif, batchnorm_neuron, conv_batchnorm_lif,
 from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIFSettings
 from ..nn.spike_layers import check_binary, debug_enabled
-from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD
-from ..surrogate import DEFAULT as DEFAULT_SURROGATE
 
 __all__ = [
     "BatchNormLIFBase",
@@ -65,8 +63,9 @@ class BatchNormLIFBase(LIFSettings, _NormBase):
     """BatchNorm over the T*B samples (and spatial positions) per channel, then LIF neurons, in one fused op.
 
     BatchNorm arguments as :class:`torch.nn.BatchNorm2d` (same parameters, buffers and ``state_dict`` keys, so a
-    BatchNorm's state dict loads; ``momentum=None`` is the cumulative average). LIF arguments as
-    :class:`spikefuse.nn.LIF` (``learnable_decay=True`` with ``channels`` set gives a per-channel decay).
+    BatchNorm's state dict loads; ``momentum=None`` is the cumulative average). ``**lif``: the LIF's arguments as
+    :class:`spikefuse.nn.LIF` takes them, by keyword, with its defaults (``learnable_decay=True`` with ``channels``
+    set gives a per-channel decay), but ``memory``: the module keeps only its input.
     """
 
     _spatial_dims: tuple[int, ...] = ()
@@ -79,33 +78,18 @@ class BatchNormLIFBase(LIFSettings, _NormBase):
         affine: bool = True,
         track_running_stats: bool = True,
         *,
-        decay: float = DEFAULT_DECAY,
-        threshold: float = DEFAULT_THRESHOLD,
-        v_reset: float | None = 0.0,
-        surrogate=DEFAULT_SURROGATE,
-        detach_reset: bool = False,
-        learnable_decay: bool = False,
-        channels: int | None = None,
-        stateful: bool = False,
-        backend: str = "auto",
         device=None,
         dtype=None,
+        **lif,
     ):
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features (the channels) must be a positive int, got {num_features!r}")
+        if "memory" in lif:
+            raise TypeError(
+                f"{type(self).__name__} keeps only its input for backward and recomputes the rest: it takes no memory"
+            )
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
-        self._set_lif(
-            decay,
-            threshold,
-            v_reset,
-            surrogate,
-            detach_reset,
-            learnable_decay,
-            channels,
-            stateful,
-            backend,
-            device=device,
-        )
+        self._set_lif(**lif, device=device)
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() not in self._ndims:
