@@ -22,7 +22,7 @@ from .ops.recurrent import (
     use_sparse_grad,
 )
 from .ops.recurrent.autograd import NOT_BINARY, RECURRENT_NON_FINITE, binary, recurrent_layer
-from .surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
+from .surrogate import DEFAULT as DEFAULT_SURROGATE, Active, Surrogate
 from .validation import check_input, check_memory_mode, resolve_neuron
 
 __all__ = ["recurrent"]
@@ -219,7 +219,13 @@ def recurrent(
     the previous backward with the same ``weight`` tensor had a share of nonzero ``G`` below the spike layers'
     ``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`` (from ``CROSSOVER_ROWS`` rows ``T*B`` on), the dense one otherwise
     (the first call, the Triton backend, under ``torch.compile``); either way that of ``True`` or ``False``. ``True``
-    refuses, naming why, where it cannot run (the Triton backend included)."""
+    refuses, naming why, where it cannot run (the Triton backend included).
+
+    ``surrogate=Active(surrogate, width)`` (:class:`~spikefuse.surrogate.Active`, backends ``cpu`` and
+    ``reference``; the Triton backend refuses it): Perez-Nieves & Goodman's sparse gradient, an approximation: the
+    gradients of a neuron's states after a step are zero wherever the step's fire value is farther than ``width``
+    from 0, so the leak carries no gradient back past an inactive step and ``G`` is as sparse as the activity near
+    the threshold (with ``sparse_grad``, the backward skips the rest). The forward is unchanged."""
     check_input(x)
     check_memory_mode(memory)
     if x.ndim != 3:
@@ -227,6 +233,12 @@ def recurrent(
     _check_weights(x, weight, bias, f"recurrent {getattr(model, 'name', model)}")
     states, spikes0 = _split_state(model, state, x) if isinstance(model, NeuronModel) else (None, None)
     concrete, surrogate, tensors, inner, init = resolve_neuron(x, model, surrogate, states, backend, params)
+    if isinstance(surrogate, Active) and concrete == "triton":
+        raise ValueError(
+            f"recurrent {model.name}: the triton backend does not implement {surrogate!r} (Perez-Nieves & Goodman's "
+            "sparse gradient, spikefuse.surrogate.Active): run the layer with backend='cpu' on CPU tensors (or "
+            "backend='reference')"
+        )
     user_weight = weight  # sparse="auto" keeps this tensor's spike rate
     sparse, auto = _check_sparse(sparse, x, weight, spikes0, concrete, f"recurrent {model.name}")
     sparse_grad, grad_auto = _check_sparse_grad(sparse_grad, x, weight, concrete, f"recurrent {model.name}")

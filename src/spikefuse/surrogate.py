@@ -28,6 +28,8 @@ __all__ = [
     "Triangle",
     "FastSigmoid",
     "Windowed",
+    "Active",
+    "refuse_active",
     "resolve",
     "DEFAULT",
     "SURROGATES",
@@ -189,6 +191,11 @@ class Windowed(Surrogate):
         width = self.width
         if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width < math.inf):
             raise ValueError(f"Windowed: width must be a positive finite number, got {width!r}")
+        if isinstance(surrogate, Active):
+            raise ValueError(
+                f"Windowed: {surrogate!r} is an Active surrogate, windowed already, whose gradient path only "
+                "spikefuse.recurrent implements; give the surrogate it wraps instead"
+            )
         import sympy
 
         if sympy.Symbol("p2") in type(surrogate).sympy_derivative(*sympy.symbols("u p1 p2")).free_symbols:
@@ -230,6 +237,86 @@ def _windowed_type(base: type[Surrogate]) -> type[Windowed]:
             "sympy_derivative": staticmethod(functools.partial(_windowed_sympy_derivative, base)),
         },
     )
+
+
+@dataclass(frozen=True)
+class Active(Surrogate):
+    """Perez-Nieves & Goodman's sparse gradient ("Sparse Spiking Gradient Descent", NeurIPS 2021), an
+    APPROXIMATION of the model's gradient: the gradient passes only through neurons whose fire value ``u`` (``v -
+    threshold`` for a LIF) is within ``width`` of 0 at that step (the "active" ones); at every other step the
+    gradients of the neuron's states after the step are zero, so the leak no longer carries a gradient back in
+    time past an inactive step. The spike's derivative is :class:`Windowed`'s, ``surrogate``'s where ``|u| <=
+    width``; the forward is unchanged. ``Active(Sigmoid(4.0), 0.5)`` or ``Active("atan", 0.3)``, any surrogate
+    whose formula reads one parameter (as :class:`Windowed`).
+
+    Read by :func:`spikefuse.recurrent` (backends ``reference``, the oracle, and ``cpu``, whose step kernels zero
+    the states' gradients of inactive neurons, so ``sparse_grad`` finds ``G`` sparser); every other entry point
+    that takes a surrogate refuses it (:func:`refuse_active`) instead of running the exact gradient. Defined once,
+    as :class:`Windowed`: a subclass per wrapped type (``ActiveSigmoid``), the window the second parameter.
+    """
+
+    surrogate: Surrogate
+    width: float
+
+    def __new__(cls, surrogate, width):
+        if cls is Active:
+            cls = _active_type(type(resolve(surrogate)))
+        return object.__new__(cls)
+
+    def __post_init__(self):
+        surrogate = resolve(self.surrogate)
+        width = self.width
+        if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width < math.inf):
+            raise ValueError(f"Active: width must be a positive finite number, got {width!r}")
+        import sympy
+
+        if sympy.Symbol("p2") in type(surrogate).sympy_derivative(*sympy.symbols("u p1 p2")).free_symbols:
+            raise ValueError(
+                f"Active: {surrogate!r} has two parameters, and the kernels take two in all: the window needs the "
+                "second. Wrap a one-parameter surrogate (Active(Triangle(1/width), width) for a compact one)"
+            )
+        object.__setattr__(self, "surrogate", surrogate)
+        object.__setattr__(self, "width", float(width))
+        super().__post_init__()
+
+    def __reduce__(self):  # the subclass is made at run time: pickled as the call that makes it
+        return Active, (self.surrogate, self.width)
+
+    def params(self):
+        return self.surrogate.params()[0], self.width
+
+    def derivative(self, u):
+        return torch.where(u.abs() <= self.width, self.surrogate.derivative(u), 0.0).to(u.dtype)
+
+    def active(self, u: torch.Tensor) -> torch.Tensor:
+        """Where the neurons of fire values ``u`` are active: ``|u| <= width`` (False for NaN)."""
+        return u.abs() <= self.width
+
+
+@functools.cache
+def _active_type(base: type[Surrogate]) -> type[Active]:
+    """The subclass of :class:`Active` for the surrogate type ``base`` (its derivative :class:`Windowed`'s)."""
+    return type(
+        f"Active{base.__name__}",
+        (Active,),
+        {
+            "__module__": __name__,
+            "__qualname__": "Active",
+            "sympy_derivative": staticmethod(functools.partial(_windowed_sympy_derivative, base)),
+        },
+    )
+
+
+def refuse_active(surrogate, where: str) -> None:
+    """Raise where ``surrogate`` is :class:`Active`, whose masked gradient ``where`` (an entry point that reads a
+    surrogate) does not implement: no silent exact gradient in its place."""
+    if isinstance(surrogate, Active):
+        raise ValueError(
+            f"{where}: {surrogate!r} is Perez-Nieves & Goodman's sparse gradient (spikefuse.surrogate.Active, an "
+            "approximation), which only spikefuse.recurrent implements (backend 'cpu' or 'reference'); use it "
+            f"there, or give {where} a plain surrogate ({surrogate.surrogate!r}, or Windowed(..., width) for the "
+            "exact gradient of the windowed surrogate)"
+        )
 
 
 #: The surrogate of every native entry point given none (the LIF family, the engine's neurons, the recurrent layers,

@@ -76,6 +76,7 @@ from ..ops.bitpack import pack, packed_numel, unpack
 from ..ops.autograd_guards import refuse_double_backward
 from ..ops.numerics import compute_dtype
 from ..registry import OBJECTS, register
+from ..surrogate import refuse_active
 from . import cpu
 
 __all__ = [
@@ -601,6 +602,7 @@ def bn_neuron(
     ``(mean, invstd)`` that :func:`bn_neuron_backward_from_stats` takes (for a caller with its own backward, run
     without autograd).
     """
+    refuse_active(OBJECTS[neuron].surrogate, "the BatchNorm fused with its neurons")
     x = inputs.x
     xb = _merged(x)
     rb = None if residual is None else _merged(residual)

@@ -71,7 +71,7 @@ from ..nn.engine_neurons import EngineNeuron
 from ..nn.neurons import LIF
 from ..nn.recurrent import Recurrent
 from ..ops.numerics import compute_dtype
-from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, Surrogate, refuse_active
 from ..validation import check_input, check_memory_mode, check_v_init, resolve_neuron
 
 __all__ = [
@@ -494,6 +494,7 @@ def timesplit_neuron(
     are :func:`spikefuse.neuron`'s; the gradients of tensor parameters cover this rank's block only (sum them with
     :func:`allreduce_gradients`).
     """
+    refuse_active(surrogate, "the time split (timesplit_neuron)")
     _check_block(x_local, group)
     check_input(x_local)
     check_memory_mode(memory)
@@ -544,6 +545,7 @@ def timesplit_lif(
     before global step 0 (used on rank 0 only). ``chunks`` splits the neurons for pipelining (see the module
     docstring). With ``return_state=True`` also returns the state at the end of this rank's block.
     """
+    refuse_active(surrogate, "the time split (timesplit_lif)")
     _check_block(x_local, group)
     start = None
     if v_init is not None:

@@ -27,7 +27,7 @@ import functools
 import torch
 
 from ...neurons.model import HEAVISIDE, RECURRENT_INPUT, WHERE
-from ...surrogate import Surrogate
+from ...surrogate import Active, Surrogate
 from ..nonfinite import check_inputs_finite
 
 #: Whether ``forward`` and ``backward`` take half-precision streams as they are (see :mod:`spikefuse.ops.engine`).
@@ -74,6 +74,26 @@ class _Where(torch.autograd.Function):
     def backward(ctx, g):
         s, a, b = ctx.saved_tensors
         return g * (a - b), g * s, g * (1 - s)
+
+
+class _Masked(torch.autograd.Function):
+    """The identity forward; backward, the gradient where ``keep``, else 0 (:class:`~spikefuse.surrogate.Active`:
+    the states' gradients of the neurons inactive at a step)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(v, keep):
+        return v.view_as(v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, g, torch.zeros((), dtype=g.dtype, device=g.device)), None
 
 
 def _where(s, a, b):
@@ -136,6 +156,15 @@ def run(
         u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env_params, **states})
         return _Fire.apply(u, surrogate, model.strict)
 
+    def masked(states) -> dict:
+        """``states`` (a step's new ones), their gradients zero where the neuron is not active (Active only)."""
+        with torch.no_grad():
+            u = eval(_compiled(model.fire), {"__builtins__": {}}, {**_TORCH_FUNCTIONS, **env_params, **states})
+            keep = surrogate.active(u).expand(n)
+        return {name: _Masked.apply(v, keep) for name, v in states.items()}
+
+    active = isinstance(surrogate, Active)
+
     def assign(assignments, env) -> dict:
         """Run ``assignments`` (a step or the handoff) in ``env``; the states after them."""
         for target, expression in assignments:
@@ -151,6 +180,8 @@ def run(
         if current is not None:
             env[RECURRENT_INPUT] = current(fed_back)
         states = assign(step, env)
+        if active:
+            states = masked(states)
         if history is not None:
             history.append([states[name] for name in model.states])
         s = fire(states)

@@ -28,6 +28,7 @@ from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_non_finite
 from ..numerics import compute_dtype, reduce_leak_grad
 from . import DTYPES, emit
+from ...surrogate import refuse_active
 
 __all__ = ["step", "takes", "kernels", "MAX_NEURONS"]
 
@@ -402,4 +403,5 @@ def step(neuron, x, params, states, x_rec=None, inner: int = 1) -> list:
     ``(n // inner) % C``; one per neuron of a batch row: ``inner=1``, ``C`` the row's size); ``states`` of ``x``'s
     shape; ``x_rec``: a recurrent layer's recurrent current of ``x``'s shape. The caller has checked them (the
     checks of :func:`spikefuse.neuron`)."""
+    refuse_active(neuron.surrogate, f"the one-step {neuron.name} neurons (a drop-in's step)")
     return list(_Step.apply(x, x_rec, neuron, int(inner), len(params), *params, *states))

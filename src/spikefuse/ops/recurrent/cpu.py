@@ -41,6 +41,7 @@ from ...threads import match_numba_threads
 from .. import numba_common
 from ..engine import cpu as engine_cpu, emit
 from ..spike_layers import cpu as sparse_cpu
+from ...surrogate import Active
 from . import source
 from .source import kept_states, step_source
 
@@ -55,7 +56,11 @@ _GENERATOR = hashlib.sha256(
 
 
 def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
+    """The kernels' source; an :class:`~spikefuse.surrogate.Active` ``surrogate_type`` zeroes the gradients of the
+    states after step t (``g_<state>``) where the step's fire value ``u_`` is outside the window ``|u_| <= sg_p2``,
+    before anything is computed from them."""
     S, P = model.states, model.params
+    active = issubclass(surrogate_type, Active)
     kept = kept_states(model)
     dialect, grad_dialect = engine_cpu.NUMBA, engine_cpu.NUMBA_GRAD
     fire, step, handoff, sym, fire_d, step_d, handoff_d = parts = step_source(model, surrogate_type, dialect)
@@ -198,6 +203,7 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
                 *emit.assignments({**fire_d, **step_d}, sym, "", grad_dialect),
                 "g_s = gyr[h] + grecr[h] + gsr[h]",
                 *[f"g_{k} = " + chain([("g_s * sg_", f"df_{k}")], base=f"gS_{k}[h]") for k in S],
+                *(["if not abs(u_) <= sg_p2:", *[f"    g_{k} = F(0.0)" for k in S]] if active else []),
                 "Gr[h] = " + chain([(f"g_{k}", f"dx_{k}") for k in S]),
                 *[
                     f"if need_{j}:\n    acc_{p}[h] += "

@@ -19,6 +19,7 @@ from ..launch import ceil_div, device_guard, surrogate_params
 
 from ..numerics import compute_dtype
 from ..engine import emit, triton as engine_triton
+from ...surrogate import Active
 from . import source
 from .source import kept_states, step_source
 
@@ -26,6 +27,13 @@ _GENERATOR = hashlib.sha256(
     b"".join(Path(f).read_bytes() for f in (__file__, source.__file__, emit.__file__))
 ).hexdigest()[:12]
 COMPILE_OPTIONS = engine_triton.COMPILE_OPTIONS
+
+
+#: Why the Triton backend refuses :class:`~spikefuse.surrogate.Active`.
+ACTIVE_REFUSED = (
+    "the recurrent layer's triton backend does not implement spikefuse.surrogate.Active (Perez-Nieves & Goodman's "
+    "sparse gradient): run the layer with backend='cpu' on CPU tensors (or backend='reference')"
+)
 
 
 def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
@@ -234,6 +242,8 @@ def kernel_source(model, surrogate_type, dtype: torch.dtype) -> str:
 
 def kernels(model, surrogate_type, dtype: torch.dtype):
     """The imported module of ``model``'s recurrent step kernels for the compute dtype ``dtype``."""
+    if issubclass(surrogate_type, Active):  # (the caller's check, spikefuse.recurrent)
+        raise ValueError(ACTIVE_REFUSED)
     cdt = compute_dtype(dtype)
     return emit.load_generated(
         "triton_recurrent",
