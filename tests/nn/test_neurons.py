@@ -128,7 +128,7 @@ def test_neuron_record_checks_every_field(options, message):
 
 
 def test_neuron_record_makes_and_round_trips():
-    from spikefuse.surrogate import ATan, Windowed
+    from spikefuse.surrogate import Active, ATan, Windowed
 
     opts = snn.NeuronFactory(
         snn.LIF, dict(decay=0.4, threshold=0.6, v_reset=None, surrogate=ATan(), memory="recompute")
@@ -149,8 +149,9 @@ def test_neuron_record_makes_and_round_trips():
         snn.NeuronFactory.from_dict({"module": "LIF", "arguments": {"surrogate": {"name": "os.system"}}})
     with pytest.raises(ValueError, match="cannot be written to a config: only LIF, IF, CubaLIF, ALIF"):
         snn.NeuronFactory(snn.EngineNeuron, {"model": snn.LIF().model, "decay": 0.5}).to_dict()
-    windowed = snn.NeuronFactory(snn.LIF, {"surrogate": Windowed(ATan(), 0.1)})
-    assert snn.NeuronFactory.from_dict(windowed.to_dict()) == windowed
+    for wrapped in (Windowed(ATan(), 0.1), Active(ATan(), 0.2)):
+        record = snn.NeuronFactory(snn.LIF, {"surrogate": wrapped})  # (Active: the srnn cell's settings)
+        assert snn.NeuronFactory.from_dict(record.to_dict()) == record
     with pytest.raises(ValueError, match="CubaLIF's alpha=tensor.*cannot be written to a config: give it as a number"):
         snn.NeuronFactory(snn.CubaLIF, {"alpha": torch.tensor([0.5, 0.6]), "beta": 0.5}).to_dict()
 

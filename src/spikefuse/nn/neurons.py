@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import functional as F
 from ..registry import arguments as arguments_of
-from ..surrogate import DEFAULT as DEFAULT_SURROGATE, SURROGATES, Surrogate, Windowed
+from ..surrogate import DEFAULT as DEFAULT_SURROGATE, SURROGATES, Active, Surrogate, Windowed
 from ..neurons.lif import DEFAULT_DECAY, DEFAULT_THRESHOLD, paper_lif
 from .engine_neurons import ALIF, CubaLIF, EngineNeuron, NeuronSettings
 
@@ -191,8 +191,10 @@ class NeuronFactory:
         return cls(NEURON_MODULES[d["module"]], arguments, d.get("backend", "auto"))
 
 
+# The surrogates that wrap another, each with a subclass per wrapped type (``WindowedSigmoid``): named by their own.
+_WRAPPERS = (Windowed, Active)
 #: The surrogates a config may name, by class name (none but these is built from a file).
-_SURROGATE_KINDS = {cls.__name__: cls for cls in (*SURROGATES.values(), Windowed)}
+_SURROGATE_KINDS = {cls.__name__: cls for cls in (*SURROGATES.values(), *_WRAPPERS)}
 
 
 def _plain(arguments: dict, module: str) -> dict:
@@ -200,7 +202,7 @@ def _plain(arguments: dict, module: str) -> dict:
     plain = {}
     for key, value in arguments.items():
         if isinstance(value, Surrogate):
-            name = "Windowed" if isinstance(value, Windowed) else type(value).__name__  # (a subclass per surrogate)
+            name = next((w.__name__ for w in _WRAPPERS if isinstance(value, w)), type(value).__name__)
             value = {"name": name, **_plain(arguments_of(value), module)}
         elif value is not None and not isinstance(value, (bool, int, float, str)):
             raise ValueError(f"{module}'s {key}={value!r} cannot be written to a config: give it as a number")
