@@ -165,56 +165,97 @@ class FastSigmoid(Surrogate):
 
 
 @dataclass(frozen=True)
-class Windowed(Surrogate):
-    """``surrogate``'s derivative where ``|u| <= width``, 0 outside: the gradient passes only through the neurons
-    near the threshold (Perez-Nieves & Goodman, "Sparse Spiking Gradient Descent", NeurIPS 2021), so the neuron's
-    backward output is zero wherever no step at or after it comes that near (the leak carries a gradient back in
-    time). ``Windowed(Sigmoid(4.0), 0.5)`` or ``Windowed("atan", 0.3)``; any surrogate whose formula reads one
-    parameter (all built-in ones but :class:`Rectangle`, which is zero outside its own ``width/2`` already).
+class _WindowedBase(Surrogate):
+    """``surrogate``'s derivative where ``|u| <= width``, 0 outside: what :class:`Windowed` and :class:`Active` share.
 
     Defined once, as any surrogate: :meth:`derivative` for the references, :meth:`sympy_derivative` for the generated
     kernels, whose second parameter (unused by the wrapped formula) carries ``width``. The kernels are keyed by the
     surrogate's type, so each wrapped type gets a subclass of its own (``type(Windowed(Sigmoid(), w))`` is
-    ``WindowedSigmoid``), made once.
-    """
+    ``WindowedSigmoid``), made once."""
 
     surrogate: Surrogate
     width: float
 
+    #: The wrapped surrogate type of a subclass made for it; None on the classes users call.
+    _wraps = None
+    #: What to do instead where the wrapped surrogate reads two parameters.
+    _two_parameter_hint = ""
+
     def __new__(cls, surrogate, width):
-        if cls is Windowed:
-            cls = _windowed_type(type(resolve(surrogate)))
+        if cls._wraps is None:
+            cls = _windowed_type(cls, type(resolve(surrogate)))
         return object.__new__(cls)
 
     def __post_init__(self):
+        kind = type(self).__qualname__
         surrogate = resolve(self.surrogate)
         width = self.width
         if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width < math.inf):
-            raise ValueError(f"Windowed: width must be a positive finite number, got {width!r}")
-        if isinstance(surrogate, Active):
-            raise ValueError(
-                f"Windowed: {surrogate!r} is an Active surrogate, windowed already, whose gradient path only "
-                "spikefuse.recurrent implements; give the surrogate it wraps instead"
-            )
+            raise ValueError(f"{kind}: width must be a positive finite number, got {width!r}")
+        self._check_wrapped(surrogate)
         import sympy
 
         if sympy.Symbol("p2") in type(surrogate).sympy_derivative(*sympy.symbols("u p1 p2")).free_symbols:
             raise ValueError(
-                f"Windowed: {surrogate!r} has two parameters, and the kernels take two in all: the window needs the "
-                "second. Rectangle is zero outside |u| < width/2 already: narrow its width instead"
+                f"{kind}: {surrogate!r} has two parameters, and the kernels take two in all: the window needs the "
+                f"second. {self._two_parameter_hint}"
             )
         object.__setattr__(self, "surrogate", surrogate)
         object.__setattr__(self, "width", float(width))
         super().__post_init__()
 
+    def _check_wrapped(self, surrogate: Surrogate) -> None:
+        """A subclass's own refusal of the surrogate it is given."""
+
     def __reduce__(self):  # the subclass is made at run time: pickled as the call that makes it
-        return Windowed, (self.surrogate, self.width)
+        return type(self).__bases__[0], (self.surrogate, self.width)
 
     def params(self):
         return self.surrogate.params()[0], self.width
 
     def derivative(self, u):
         return torch.where(u.abs() <= self.width, self.surrogate.derivative(u), 0.0).to(u.dtype)
+
+
+@dataclass(frozen=True)
+class Windowed(_WindowedBase):
+    """``surrogate``'s derivative where ``|u| <= width``, 0 outside: the gradient passes only through the neurons
+    near the threshold (Perez-Nieves & Goodman, "Sparse Spiking Gradient Descent", NeurIPS 2021), so the neuron's
+    backward output is zero wherever no step at or after it comes that near (the leak carries a gradient back in
+    time). ``Windowed(Sigmoid(4.0), 0.5)`` or ``Windowed("atan", 0.3)``; any surrogate whose formula reads one
+    parameter (all built-in ones but :class:`Rectangle`, which is zero outside its own ``width/2`` already); a
+    subclass per wrapped type (``WindowedSigmoid``)."""
+
+    _two_parameter_hint = "Rectangle is zero outside |u| < width/2 already: narrow its width instead"
+
+    def _check_wrapped(self, surrogate: Surrogate) -> None:
+        if isinstance(surrogate, Active):
+            raise ValueError(
+                f"Windowed: {surrogate!r} is an Active surrogate, windowed already, whose gradient path only "
+                "spikefuse.recurrent implements; give the surrogate it wraps instead"
+            )
+
+
+@dataclass(frozen=True)
+class Active(_WindowedBase):
+    """Perez-Nieves & Goodman's sparse gradient ("Sparse Spiking Gradient Descent", NeurIPS 2021), an
+    APPROXIMATION of the model's gradient: the gradient passes only through neurons whose fire value ``u`` (``v -
+    threshold`` for a LIF) is within ``width`` of 0 at that step (the "active" ones); at every other step the
+    gradients of the neuron's states after the step are zero, so the leak no longer carries a gradient back in
+    time past an inactive step. The spike's derivative is :class:`Windowed`'s, ``surrogate``'s where ``|u| <=
+    width``; the forward is unchanged. ``Active(Sigmoid(4.0), 0.5)`` or ``Active("atan", 0.3)``, any surrogate
+    whose formula reads one parameter (as :class:`Windowed`); a subclass per wrapped type (``ActiveSigmoid``).
+
+    Read by :func:`spikefuse.recurrent` (backends ``reference``, the oracle, and ``cpu``, whose step kernels zero
+    the states' gradients of inactive neurons, so ``sparse_grad`` finds ``G`` sparser); every other entry point
+    that takes a surrogate refuses it (:func:`refuse_active`) instead of running the exact gradient.
+    """
+
+    _two_parameter_hint = "Wrap a one-parameter surrogate (Active(Triangle(1/width), width) for a compact one)"
+
+    def active(self, u: torch.Tensor) -> torch.Tensor:
+        """Where the neurons of fire values ``u`` are active: ``|u| <= width`` (False for NaN)."""
+        return u.abs() <= self.width
 
 
 def _windowed_sympy_derivative(base: type[Surrogate], u, p1, p2):
@@ -224,84 +265,17 @@ def _windowed_sympy_derivative(base: type[Surrogate], u, p1, p2):
 
 
 @functools.cache
-def _windowed_type(base: type[Surrogate]) -> type[Windowed]:
-    """The subclass of :class:`Windowed` for the surrogate type ``base``."""
+def _windowed_type(kind: type[_WindowedBase], base: type[Surrogate]) -> type[_WindowedBase]:
+    """The subclass of ``kind`` (:class:`Windowed` or :class:`Active`) for the surrogate type ``base``."""
     return type(
-        f"Windowed{base.__name__}",
-        (Windowed,),
+        f"{kind.__name__}{base.__name__}",
+        (kind,),
         {
             "__module__": __name__,
-            "__qualname__": "Windowed",  # the dataclass repr: Windowed(surrogate=..., width=...)
+            "__qualname__": kind.__name__,  # the dataclass repr: Windowed(surrogate=..., width=...)
+            "_wraps": base,
             # A partial, whose source inspect cannot give: the kernels' cache key is then the formula itself, the
             # wrapped one included, not this module's source (which would not change with a user's formula).
-            "sympy_derivative": staticmethod(functools.partial(_windowed_sympy_derivative, base)),
-        },
-    )
-
-
-@dataclass(frozen=True)
-class Active(Surrogate):
-    """Perez-Nieves & Goodman's sparse gradient ("Sparse Spiking Gradient Descent", NeurIPS 2021), an
-    APPROXIMATION of the model's gradient: the gradient passes only through neurons whose fire value ``u`` (``v -
-    threshold`` for a LIF) is within ``width`` of 0 at that step (the "active" ones); at every other step the
-    gradients of the neuron's states after the step are zero, so the leak no longer carries a gradient back in
-    time past an inactive step. The spike's derivative is :class:`Windowed`'s, ``surrogate``'s where ``|u| <=
-    width``; the forward is unchanged. ``Active(Sigmoid(4.0), 0.5)`` or ``Active("atan", 0.3)``, any surrogate
-    whose formula reads one parameter (as :class:`Windowed`).
-
-    Read by :func:`spikefuse.recurrent` (backends ``reference``, the oracle, and ``cpu``, whose step kernels zero
-    the states' gradients of inactive neurons, so ``sparse_grad`` finds ``G`` sparser); every other entry point
-    that takes a surrogate refuses it (:func:`refuse_active`) instead of running the exact gradient. Defined once,
-    as :class:`Windowed`: a subclass per wrapped type (``ActiveSigmoid``), the window the second parameter.
-    """
-
-    surrogate: Surrogate
-    width: float
-
-    def __new__(cls, surrogate, width):
-        if cls is Active:
-            cls = _active_type(type(resolve(surrogate)))
-        return object.__new__(cls)
-
-    def __post_init__(self):
-        surrogate = resolve(self.surrogate)
-        width = self.width
-        if isinstance(width, bool) or not isinstance(width, (int, float)) or not (0 < width < math.inf):
-            raise ValueError(f"Active: width must be a positive finite number, got {width!r}")
-        import sympy
-
-        if sympy.Symbol("p2") in type(surrogate).sympy_derivative(*sympy.symbols("u p1 p2")).free_symbols:
-            raise ValueError(
-                f"Active: {surrogate!r} has two parameters, and the kernels take two in all: the window needs the "
-                "second. Wrap a one-parameter surrogate (Active(Triangle(1/width), width) for a compact one)"
-            )
-        object.__setattr__(self, "surrogate", surrogate)
-        object.__setattr__(self, "width", float(width))
-        super().__post_init__()
-
-    def __reduce__(self):  # the subclass is made at run time: pickled as the call that makes it
-        return Active, (self.surrogate, self.width)
-
-    def params(self):
-        return self.surrogate.params()[0], self.width
-
-    def derivative(self, u):
-        return torch.where(u.abs() <= self.width, self.surrogate.derivative(u), 0.0).to(u.dtype)
-
-    def active(self, u: torch.Tensor) -> torch.Tensor:
-        """Where the neurons of fire values ``u`` are active: ``|u| <= width`` (False for NaN)."""
-        return u.abs() <= self.width
-
-
-@functools.cache
-def _active_type(base: type[Surrogate]) -> type[Active]:
-    """The subclass of :class:`Active` for the surrogate type ``base`` (its derivative :class:`Windowed`'s)."""
-    return type(
-        f"Active{base.__name__}",
-        (Active,),
-        {
-            "__module__": __name__,
-            "__qualname__": "Active",
             "sympy_derivative": staticmethod(functools.partial(_windowed_sympy_derivative, base)),
         },
     )
