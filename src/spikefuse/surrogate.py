@@ -281,10 +281,12 @@ def _windowed_type(kind: type[_WindowedBase], base: type[Surrogate]) -> type[_Wi
     )
 
 
-def refuse_active(surrogate, where: str) -> None:
+def refuse_active(surrogate, where: str, *names) -> None:
     """Raise where ``surrogate`` is :class:`Active`, whose masked gradient ``where`` (an entry point that reads a
-    surrogate) does not implement: no silent exact gradient in its place."""
+    surrogate; ``where.format(*names)``, formatted only then: a layer's every call checks) does not implement: no
+    silent exact gradient in its place."""
     if isinstance(surrogate, Active):
+        where = where.format(*names)
         raise ValueError(
             f"{where}: {surrogate!r} is Perez-Nieves & Goodman's sparse gradient (spikefuse.surrogate.Active, an "
             "approximation), which only spikefuse.recurrent implements (backend 'cpu' or 'reference'); use it "

@@ -199,7 +199,9 @@ def neuron(x2, params: list, init: list, inner: int, spec, backend: str) -> list
     keeps every step's states for backward) on the concrete ``backend`` with autograd: ``[spikes, *final states]``.
     The custom op under ``torch.compile``, the plain Function in eager mode; the reference (and a layer of no
     neurons) as its differentiable loop."""
-    refuse_active(spec.surrogate, f"the {spec.name} neuron layer (spikefuse.neuron, spikefuse.lif, the neuron modules)")
+    refuse_active(
+        spec.surrogate, "the {} neuron layer (spikefuse.neuron, spikefuse.lif, the neuron modules)", spec.name
+    )
     if backend == "reference" or x2.shape[1] == 0:
         check_inputs_finite(x2, init)
         # the oracle as plain differentiable ops, which autograd differentiates twice and torch.func transforms

@@ -403,5 +403,5 @@ def step(neuron, x, params, states, x_rec=None, inner: int = 1) -> list:
     ``(n // inner) % C``; one per neuron of a batch row: ``inner=1``, ``C`` the row's size); ``states`` of ``x``'s
     shape; ``x_rec``: a recurrent layer's recurrent current of ``x``'s shape. The caller has checked them (the
     checks of :func:`spikefuse.neuron`)."""
-    refuse_active(neuron.surrogate, f"the one-step {neuron.name} neurons (a drop-in's step)")
+    refuse_active(neuron.surrogate, "the one-step {} neurons (a drop-in's step)", neuron.name)
     return list(_Step.apply(x, x_rec, neuron, int(inner), len(params), *params, *states))
