@@ -216,8 +216,8 @@ def recurrent(
     ``G[t] @ weight`` sums the weight rows of ``G[t]``'s nonzero entries in increasing index, and the weight's gradient
     over all steps reads ``G``'s nonzero entries (with ``sparse=True``, the spikes' bits as before). The gradients
     agree with the dense backward's to rounding. ``sparse_grad="auto"``: the sparse backward where it can run and
-    the previous backward with the same ``weight`` tensor had a share of nonzero ``G`` below the spike layers'
-    ``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`` (from ``CROSSOVER_ROWS`` rows ``T*B`` on), the dense one otherwise
+    the previous backward with the same ``weight`` tensor had a share of nonzero ``G`` below
+    ``spikefuse.ops.recurrent.CROSSOVER_GRAD_RECURRENT`` (from ``CROSSOVER_ROWS`` rows ``T*B`` on), the dense one otherwise
     (the first call, the Triton backend, under ``torch.compile``); either way that of ``True`` or ``False``. ``True``
     refuses, naming why, where it cannot run (the Triton backend included).
 

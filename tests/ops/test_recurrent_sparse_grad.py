@@ -21,7 +21,7 @@ from spikefuse.models.srnn import SRNN
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS
 from spikefuse.ops import recurrent as recurrent_ops
 from spikefuse.ops.recurrent import autograd as recurrent_autograd
-from spikefuse.ops.spike_layers import cpu as sparse_cpu, reference
+from spikefuse.ops.spike_layers import reference
 from spikefuse.surrogate import ATan, Rectangle, Triangle
 
 MODELS = {
@@ -157,7 +157,7 @@ def test_gradcheck_fp64(backend):
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_auto_takes_either_way_by_the_last_share(backend):
-    """The first call and a share at or above CROSSOVER_GRAD: the dense backward bit for bit; below it: the sparse
+    """The first call and a share at or above CROSSOVER_GRAD_RECURRENT: the dense backward bit for bit; below it: the sparse
     one bit for bit. Every call records its own share of nonzero G."""
     model, params = MODELS["leaky"]
     x, weight, bias, upstream = _inputs(64, 4, 40, torch.float32, seed=9)  # 256 rows: CROSSOVER_ROWS
@@ -174,9 +174,9 @@ def test_auto_takes_either_way_by_the_last_share(backend):
     assert recurrent_ops.last_grad_rate(w) is None
     assert torch.equal(run(w, "auto")[0], dense_w)
     assert 0 < recurrent_ops.last_grad_rate(w) < 1  # the share of nonzero G it counted
-    recurrent_ops.record_grad_rate(w, sparse_cpu.CROSSOVER_GRAD / 2)
+    recurrent_ops.record_grad_rate(w, recurrent_ops.CROSSOVER_GRAD_RECURRENT / 2)
     assert torch.equal(run(w, "auto")[0], sparse_w)
-    recurrent_ops.record_grad_rate(w, sparse_cpu.CROSSOVER_GRAD)
+    recurrent_ops.record_grad_rate(w, recurrent_ops.CROSSOVER_GRAD_RECURRENT)
     assert torch.equal(run(w, "auto")[0], dense_w)
 
 

@@ -43,7 +43,7 @@ class Recurrent(EngineNeuron):
             compact support such as :class:`~spikefuse.surrogate.Rectangle` to make them zero;
             :func:`spikefuse.recurrent`); the same gradients as the dense backward to rounding. "auto": per call, the
             sparse backward where the previous backward's share of nonzero gradients was below
-            ``spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`` (the first call, and where it cannot run, dense).
+            ``spikefuse.ops.recurrent.CROSSOVER_GRAD_RECURRENT`` (the first call, and where it cannot run, dense).
     """
 
     def __init__(

@@ -30,9 +30,9 @@ whose step product ``G[t] @ W`` sums, row by row, the weight rows of ``G[t]``'s 
 (:func:`spikefuse.ops.spike_layers.cpu.csr_t_matmul`; with ``sparse=True`` it reads the spikes' bits as before). The
 reference's current is then :class:`SparseGradCurrent`, whose backward sums the spikes' gradient in that order in
 plain torch ops. ``sparse_grad="auto"``, as ``sparse="auto"``: each call takes the way the share of nonzero ``G`` of
-the previous backward with the same weight tensor says (:func:`last_grad_rate`), the sparse backward below the spike
-layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD` from their
-:data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_ROWS` rows (``T*B``) on.
+the previous backward with the same weight tensor says (:func:`last_grad_rate`), the sparse backward below
+:data:`CROSSOVER_GRAD_RECURRENT` from the spike layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_ROWS` rows
+(``T*B``) on.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ __all__ = [
     "last_grad_rate",
     "record_grad_rate",
     "use_sparse_grad",
+    "CROSSOVER_GRAD_RECURRENT",
 ]
 
 
@@ -146,14 +147,23 @@ def record_grad_rate(weight: torch.Tensor, rate: float) -> None:
     _record(_GRAD_RATES, weight, rate)
 
 
+#: Where ``sparse_grad="auto"`` takes the recurrent layer's sparse backward: a share of nonzero ``G``, of the previous
+#: backward with the same weight, below this. Measured on the 2-core AMD EPYC at the SHD size (T=250, batch 32, 256,
+#: one thread; ``benchmarks/results/sparse_recurrent_gradients.md`` and ``sparse_recurrent_active.md``): the sparse
+#: backward against the dense one 0.68-0.73x at 4-17% nonzero, 0.89-0.91x at 44%, 0.99-1.00x at 64%, 1.05-1.08x at
+#: 75%; the constant sits below the tie, as :data:`CROSSOVER_RECURRENT` does. (The spike layers' single product pays
+#: only below their :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD`; here each step's product on ``[B, H]``
+#: rows gains more from every zero.)
+CROSSOVER_GRAD_RECURRENT = 0.40
+
+
 def use_sparse_grad(weight: torch.Tensor, rows: int) -> bool:
     """``sparse_grad="auto"``'s way for a call with ``rows`` (``T*B``) rows: the sparse backward from the spike
     layers' :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_ROWS` rows on where the previous backward with this
-    ``weight`` had under :data:`~spikefuse.ops.spike_layers.cpu.CROSSOVER_GRAD` of ``G`` nonzero (the spike layers'
-    :func:`~spikefuse.ops.spike_layers.cpu.output_grad_csr` crossover, its count taken one call late: ``G`` exists
-    only as the backward makes it); the dense one otherwise and on the first call."""
+    ``weight`` had under :data:`CROSSOVER_GRAD_RECURRENT` of ``G`` nonzero (its count taken one call late: ``G``
+    exists only as the backward makes it); the dense one otherwise and on the first call."""
     rate = last_grad_rate(weight)
-    return rows >= sparse_cpu.CROSSOVER_ROWS and rate is not None and rate < sparse_cpu.CROSSOVER_GRAD
+    return rows >= sparse_cpu.CROSSOVER_ROWS and rate is not None and rate < CROSSOVER_GRAD_RECURRENT
 
 
 def _forget(table: dict, key: int) -> None:
