@@ -105,7 +105,7 @@ def _check_sparse_grad(sparse_grad, x: torch.Tensor, weight: torch.Tensor, backe
     """``(sparse backward, auto)``: whether this call's backward reads ``G`` by its nonzero entries, and whether it
     counts their share for the next call (``"auto"`` where the sparse backward can run, eagerly, with a backward to
     run). ``True`` refuses, naming why, where it cannot run; ``"auto"`` takes it where it can and the weight's last
-    share (:func:`spikefuse.ops.recurrent.last_grad_rate`) is below the spike layers' crossover
+    share (:func:`spikefuse.ops.recurrent.last_grad_rate`) is below the recurrent layer's crossover
     (:func:`spikefuse.ops.recurrent.use_sparse_grad`)."""
     if not (isinstance(sparse_grad, bool) or sparse_grad == "auto"):
         raise ValueError(f"{name}: sparse_grad must be True, False or 'auto', got {sparse_grad!r}")
