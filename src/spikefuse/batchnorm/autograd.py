@@ -70,12 +70,12 @@ import torch
 from torch import Tensor
 
 from ..neurons.lif import lif_initial, lif_params
-from ..neurons.spec import NeuronSpec, keep
+from ..neurons.spec import NeuronSpec, registered_key
 from ..ops import engine
 from ..ops.bitpack import pack, packed_numel, unpack
 from ..ops.autograd_guards import refuse_double_backward
 from ..ops.numerics import compute_dtype
-from ..registry import OBJECTS, register
+from ..registry import OBJECTS
 from ..surrogate import refuse_active
 from . import cpu
 
@@ -227,9 +227,7 @@ class _Call:
 
 def _call_key(neuron: str, backend: str, training: bool, residual: str) -> str:
     """The key of the :class:`_Call` of these settings, kept by them (a bounded cache, as the neuron records')."""
-    parts = (neuron, backend, training, residual)
-    key = _CALL_KEYS.get(parts)
-    return key if key is not None else keep(_CALL_KEYS, parts, register(_Call(*parts)))
+    return registered_key(_CALL_KEYS, _Call, (neuron, backend, training, residual))
 
 
 _CALL_KEYS: dict[tuple, str] = {}

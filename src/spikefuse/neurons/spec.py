@@ -173,7 +173,7 @@ def neuron_spec(
     return spec
 
 
-def keep(cache: dict, key, record: NeuronSpec) -> NeuronSpec:
+def keep(cache: dict, key, record):
     """``record``, kept in ``cache`` under ``key`` (a cache of records by the settings that made them); a cache grown
     to :data:`MAX_KEPT` starts afresh, so settings that keep changing (a threshold annealed as a number) do not
     pile up."""
@@ -181,6 +181,13 @@ def keep(cache: dict, key, record: NeuronSpec) -> NeuronSpec:
         cache.clear()
     cache[key] = record
     return record
+
+
+def registered_key(cache: dict, make, parts: tuple) -> str:
+    """The :data:`~spikefuse.registry.OBJECTS` key of ``make(*parts)`` (a frozen dataclass that custom ops take by
+    key: a call's settings), made and registered once per ``parts`` and kept in ``cache`` (:func:`keep`)."""
+    key = cache.get(parts)
+    return key if key is not None else keep(cache, parts, register(make(*parts)))
 
 
 def _op_key(model: str, surrogate: str, detach_reset: bool, memory: str) -> str:

@@ -38,8 +38,8 @@ from ..spike_layers import cpu as sparse_cpu
 from ..bit_layout import packed_numel
 from ..autograd_guards import refuse_double_backward, saved_tensors
 from ..nonfinite import refuse_flagged
-from ...neurons.spec import keep
-from ...registry import OBJECTS, register
+from ...neurons.spec import registered_key
+from ...registry import OBJECTS
 from ..engine.reference import initial_spike
 from . import GradBuffers, StepBuffers, current, current_backward, record_grad_rate
 
@@ -148,9 +148,7 @@ class _Call:
 
 def _call_key(neuron: str, backend: str, sparse: bool, sparse_grad: bool) -> str:
     """The key of the :class:`_Call` of these settings, kept by them (a bounded cache, as the neuron records')."""
-    parts = (neuron, backend, sparse, sparse_grad)
-    key = _CALL_KEYS.get(parts)
-    return key if key is not None else keep(_CALL_KEYS, parts, register(_Call(*parts)))
+    return registered_key(_CALL_KEYS, _Call, (neuron, backend, sparse, sparse_grad))
 
 
 _CALL_KEYS: dict[tuple, str] = {}
