@@ -104,50 +104,24 @@ class SRNN(nn.Module):
                 return SpikeLinear(n_in, n_out, sparse=sparse)
             return SpikeLinear(n_in, n_out) if lean and fed_spikes else nn.Linear(n_in, n_out)
 
+        shared = dict(backend=neuron.backend, memory=mode, sparse=sparse, sparse_grad=sparse_grad)  # every cell's
         for i in range(layers):
             blocks.append(linear(in_features if i == 0 else hidden, hidden, fed_spikes=i > 0 or spike_inputs))
             if cell == "lif":
-                blocks.append(
-                    RecurrentLIF(
-                        hidden,
-                        decay=neuron.decay,
-                        threshold=neuron.threshold,
-                        v_reset=neuron.v_reset,
-                        surrogate=neuron.surrogate,
-                        detach_reset=neuron.detach_reset,
-                        backend=neuron.backend,
-                        memory=mode,
-                        sparse=sparse,
-                        sparse_grad=sparse_grad,
-                    )
+                layer = RecurrentLIF(
+                    hidden,
+                    decay=neuron.decay,
+                    threshold=neuron.threshold,
+                    v_reset=neuron.v_reset,
+                    surrogate=neuron.surrogate,
+                    detach_reset=neuron.detach_reset,
+                    **shared,
                 )
             elif cell == "cubalif":
-                blocks.append(
-                    RecurrentCubaLIF(
-                        hidden,
-                        alpha=0.8,
-                        beta=0.9,
-                        threshold=1.0,
-                        backend=neuron.backend,
-                        memory=mode,
-                        sparse=sparse,
-                        sparse_grad=sparse_grad,
-                    )
-                )
+                layer = RecurrentCubaLIF(hidden, alpha=0.8, beta=0.9, threshold=1.0, **shared)
             else:
-                blocks.append(
-                    RecurrentALIF(
-                        hidden,
-                        decay=0.95,
-                        rho=0.99,
-                        b0=0.5,
-                        beta=0.2,
-                        backend=neuron.backend,
-                        memory=mode,
-                        sparse=sparse,
-                        sparse_grad=sparse_grad,
-                    )
-                )
+                layer = RecurrentALIF(hidden, decay=0.95, rho=0.99, b0=0.5, beta=0.2, **shared)
+            blocks.append(layer)
         self.layers = nn.Sequential(*blocks)
         self.readout = linear(hidden, num_classes, fed_spikes=True)
         self.integrator = LeakyReadout(readout_decay)
