@@ -75,6 +75,13 @@ def test_resume_continues_exactly(tmp_path, memory):
     cfg = dict(encoding="poisson", train_subset=40, test_subset=24, memory=memory)
     full = fit(tiny_config(tmp_path / "full", epochs=2, **cfg), log=quiet)
     fit(tiny_config(tmp_path / "split", epochs=1, **cfg), log=quiet)
+    # As a checkpoint of the multi-tensor Adam step (before the fused one) says: the step's implementation is the
+    # resumed run's, and the same update
+    path = tmp_path / "split" / "checkpoint.pt"
+    ckpt = load_checkpoint(path)
+    assert [g["fused"] for g in ckpt["optimizer"]["param_groups"]] == [True]
+    ckpt["optimizer"]["param_groups"][0]["fused"] = None
+    torch.save(ckpt, path)
     # Disturb the global RNGs in between: the resumed run must not depend on them.
     torch.manual_seed(12345)
     torch.rand(100)
@@ -94,6 +101,7 @@ def test_resume_continues_exactly(tmp_path, memory):
     with open(tmp_path / "split" / "metrics.csv", newline="") as f:
         assert [(r["epoch"], r["memory"]) for r in csv.DictReader(f)] == [("1", memory), ("2", memory)]
     assert b["config"]["memory"] == memory
+    assert [g["fused"] for g in b["optimizer"]["param_groups"]] == [True]
 
 
 def test_lean_training_follows_the_fused_trajectory(tmp_path):

@@ -310,6 +310,11 @@ def _history_problem(history: list, epoch: int) -> str | None:
     return None
 
 
+#: Settings of an optimizer's param group that choose how its step runs, not what it computes: a resumed run takes
+#: its own (a checkpoint of the multi-tensor step resumes with the fused one, where the device has it).
+_IMPLEMENTATION_SETTINGS = ("foreach", "fused", "capturable")
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, ckpt: dict, path) -> None:
     """``optimizer.load_state_dict`` with a one-line error when the state does not fit the model's parameters or
     the optimizer (Adam would fail at its first step, or train on with moments of other shapes)."""
@@ -318,12 +323,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, ckpt: dict, path) -> 
         raise ConfigError(f"the optimizer state in {path} does not fit the model's parameters: {why}")
 
     fresh = optimizer.state_dict()["param_groups"]
+    groups = []
     for saved, group in zip(ckpt["optimizer"]["param_groups"], fresh):
+        # how the step runs (fused, foreach, ...) is this run's; what it computes is the checkpoint's
+        saved = {**saved, **{key: group[key] for key in _IMPLEMENTATION_SETTINGS if key in group}}
         for key, value in group.items():  # each setting as the fresh optimizer's, where both have it
             if key in saved and not _same_kind(saved[key], value):
                 refuse(f"its param group's {key} is {saved[key]!r}")
+        groups.append(saved)
+    groups += ckpt["optimizer"]["param_groups"][len(groups) :]  # more groups than the model's: refused below
     try:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        optimizer.load_state_dict({**ckpt["optimizer"], "param_groups": groups})
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         refuse(f"{'lacks ' if isinstance(err, KeyError) else ''}{_first_line(err)}")
     for group in optimizer.param_groups:
