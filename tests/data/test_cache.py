@@ -3,14 +3,18 @@ the same samples bit for bit, filled by the first pass, no file read after it, b
 
 import os
 import pickle
+import re
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from spikefuse.data import DEFAULT_CACHE_BYTES, CachedDataset, TensorDataset, load_dataset
+from spikefuse.data.cache import CachedBatches, batch_loader
+from spikefuse.ops import buffers
 
 SHARED = Path(os.environ.get("SPIKEFUSE_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 NMNIST = SHARED / "nmnist-small"
@@ -128,6 +132,13 @@ def test_bad_values_are_refused_by_message():
         cached[1]
     with pytest.raises(TypeError):
         cached[0.5]
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError, match=r"stack_dim must be a dimension >= 0, got"):
+            cached.batch([0], stack_dim=bad)
+    with pytest.raises(
+        TypeError, match="CachedBatches reads the batches of a CachedDataset or of a Subset of one, got"
+    ):
+        CachedBatches(Subset(Counting([]), []))
 
 
 def test_data_sets_held_in_memory_already_are_returned_as_they_are():
@@ -192,3 +203,147 @@ def test_real_nmnist_recordings_cached_bit_for_bit():
             assert same_bits(x, want_x) and y == want_y
     assert cached.cached_samples == 100
     assert cached.cached_bytes == 100 * 10 * 2 * 34 * 34  # N-MNIST's counts fit uint8
+
+
+def same(a, b) -> bool:
+    """The same collated batch: types, structure, dtypes, shapes and bits."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or (a.dtype, a.shape) != (b.dtype, b.shape):
+            return False
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def event_samples(n: int, fractions: bool = False):
+    """``n`` samples ``([T=3, C=2, 4, 4] float32 counts, label)``; with ``fractions`` every third holds a 0.5 and a
+    -0.0 (kept as float32 beside the others' uint8)."""
+    g = torch.Generator().manual_seed(n)
+    samples = []
+    for i in range(n):
+        x = torch.randint(0, 256, (3, 2, 4, 4), generator=g).float()
+        if fractions and i % 3 == 0:
+            x[0, 0, 0, :2] = torch.tensor([0.5, -0.0])
+        samples.append((x, i))
+    return samples
+
+
+def test_a_batch_is_the_collated_samples_bit_for_bit_kept_or_not():
+    """What a DataLoader collates, whether the samples are kept (as uint8, as float32), past max_bytes or not kept
+    yet; the cache filled as reading them one by one fills it."""
+    for fractions in (False, True):
+        samples = event_samples(10, fractions)
+        indices = [7, 2, 9, 0, 2, -1]
+        want = default_collate([samples[i] for i in indices])
+        for max_bytes in (DEFAULT_CACHE_BYTES, 4 * 96 + 50, 0):  # all kept, some, none (uint8: 96 bytes a sample)
+            for stack_dim in (0, 1, 3, 4, 9):
+                source = Counting(samples)
+                cached = CachedDataset(source, max_bytes=max_bytes)
+                for _ in range(2):  # read first, then (as far as kept) from the cache
+                    got = cached.batch(indices, stack_dim)
+                    assert same(got, want), (fractions, max_bytes, stack_dim)
+                one_by_one = CachedDataset(Counting(samples), max_bytes=max_bytes)
+                for _ in range(2):
+                    for i in indices:
+                        one_by_one[i]
+                assert one_by_one.dataset.reads == source.reads
+                assert (cached.cached_samples, cached.cached_bytes) == (
+                    one_by_one.cached_samples,
+                    one_by_one.cached_bytes,
+                )
+
+
+def test_a_batch_stacked_along_time_is_a_time_major_buffer_seen_batch_first():
+    cached = CachedDataset(Counting(event_samples(6)))
+    x, y = cached.batch(range(6), stack_dim=1)
+    assert x.shape == (6, 3, 2, 4, 4) and x.transpose(0, 1).is_contiguous() and not x.is_contiguous()
+    assert y.shape == (6,) and y.dtype == torch.int64
+    x, _ = cached.batch(range(6))
+    assert x.is_contiguous()
+
+
+def test_a_batch_held_by_its_caller_is_never_written_over():
+    """The float32 buffers are reused only once their batch is dropped: batch 1 held while batch 2 is built stays
+    as it was; batch 3, built once batch 2 is dropped, takes its memory (1 MiB batches: cached by the buffers)."""
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randint(0, 256, (4, 64, 256), generator=g).float(), i) for i in range(12)]
+    cached = CachedDataset(Counting(samples))
+    if buffers.cpu_cache_limit() < 4 << 20:
+        pytest.skip("the CPU buffer cache is off or too small here")
+    first, _ = cached.batch([0, 1, 2, 3], stack_dim=1)
+    held = first.clone()
+    second, _ = cached.batch([4, 5, 6, 7], stack_dim=1)
+    assert first.data_ptr() != second.data_ptr() and torch.equal(first, held)
+    assert torch.equal(second, torch.stack([samples[i][0] for i in (4, 5, 6, 7)]))
+    memory = second.data_ptr()
+    del second
+    third, _ = cached.batch([8, 9, 10, 11], stack_dim=1)
+    assert third.data_ptr() == memory and torch.equal(first, held)
+    assert torch.equal(third, torch.stack([samples[i][0] for i in (8, 9, 10, 11)]))
+
+
+class Given(Dataset):
+    """Given samples of any form, as they are."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def test_other_fields_and_forms_collate_as_default_collate_does():
+    """Fields that are no tensors, samples that are no tuples, tensors default_collate promotes or refuses: its
+    batch or its error, whether kept or not (a namedtuple kept is given back as a tuple, one as read as itself)."""
+    Pair = namedtuple("Pair", "x y")
+    x = torch.arange(4.0)
+    forms = [
+        [(x + i, (i, 0.5), "s", torch.tensor(i)) for i in range(3)],  # a tuple field, a float, a string, a 0-d tensor
+        [{"x": x + i, "y": i} for i in range(3)],
+        [x + i for i in range(3)],  # single tensors
+        [(x, 1), (x.double(), 2), (x.int(), 3)],  # dtypes torch.stack promotes
+        [(x, 1), (x, 2), (x[:2], 3)],  # shapes it refuses
+        [Pair(x + i, i) for i in range(3)],
+    ]
+    for samples in forms:
+        for max_bytes in (DEFAULT_CACHE_BYTES, 20, 0):  # all kept, the first, none
+            cached = CachedDataset(Given(samples), max_bytes=max_bytes)
+            try:
+                want = default_collate([cached[i] for i in range(3)])
+            except RuntimeError as err:
+                with pytest.raises(RuntimeError, match=re.escape(str(err))):
+                    CachedDataset(Given(samples), max_bytes=max_bytes).batch(range(3), stack_dim=1)
+                continue
+            assert same(CachedDataset(Given(samples), max_bytes=max_bytes).batch(range(3), stack_dim=1), want)
+            assert same(cached.batch(range(3), stack_dim=1), want)
+
+
+def test_the_batch_loader_draws_and_shuffles_as_a_shuffled_dataloader():
+    """The same batches in the same order, the generator (shuffled) or torch's global one (in order) left in the same
+    state, epoch after epoch, for a cache and a Subset of one."""
+    samples = event_samples(10)
+    for subset in (None, [1, 2, 4, 5, 6, 8, 9]):
+        cached = CachedDataset(Counting(samples))
+        data = cached if subset is None else Subset(cached, subset)
+        for shuffle in (True, False):
+            plain_gen, gen = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+            plain = DataLoader(data, batch_size=4, shuffle=shuffle, generator=plain_gen if shuffle else None)
+            batched = batch_loader(data, 4, shuffle=shuffle, generator=gen if shuffle else None, stack_dim=1)
+            assert len(batched) == len(plain) and len(batched.dataset) == len(data)
+            for _ in range(2):
+                torch.manual_seed(0)
+                want = list(plain)
+                want_states = plain_gen.get_state(), torch.get_rng_state()
+                torch.manual_seed(0)
+                assert same(list(batched), want)
+                assert all(torch.equal(a, b) for a, b in zip((gen.get_state(), torch.get_rng_state()), want_states))
+            labels = torch.cat([y for _, y in want]).tolist()
+            assert sorted(labels) == (subset or list(range(10))) and (shuffle or labels == sorted(labels))

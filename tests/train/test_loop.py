@@ -572,6 +572,7 @@ def test_cached_frames_train_as_the_framing_at_every_read(tmp_path, monkeypatch)
     that frames every sample at every read. A resume and an evaluation take it as it was given."""
     pytest.importorskip("tonic")
     from spikefuse.data import CachedDataset
+    from spikefuse.data.cache import CachedBatches
     from spikefuse.data.neuromorphic import TonicFramesDataset
     from spikefuse.train import loop
     from tests.data.test_neuromorphic import write_nmnist
@@ -610,6 +611,10 @@ def test_cached_frames_train_as_the_framing_at_every_read(tmp_path, monkeypatch)
     assert a["config"]["cache_frames"] is True and b["config"]["cache_frames"] is False
     train_ds, test_ds, _ = loop._load_data(tiny_config(tmp_path, **cfg))
     assert isinstance(train_ds, CachedDataset) and isinstance(test_ds, CachedDataset)
+    subset = loop._load_data(tiny_config(tmp_path, **{**cfg, "train_subset": 6}))[0]
+    for ds in (train_ds, test_ds, subset):  # the batches built whole, time-major (what the cached run above trained on)
+        loader = loop._loaders(tiny_config(tmp_path, **cfg), ds, ds, torch.Generator(), "event")[0]
+        assert isinstance(loader.dataset, CachedBatches) and next(iter(loader))[0].transpose(0, 1).is_contiguous()
     assert not isinstance(loop._load_data(tiny_config(tmp_path, cache_frames=False, **cfg))[0], CachedDataset)
     resumed = fit(tiny_config(tmp_path / "cached", cache_frames=False, **{**cfg, "epochs": 4}), resume=True, log=quiet)
     assert len(resumed) == 4  # a cache changes no sample: a run resumes with or without it

@@ -334,12 +334,22 @@ def _test_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed + 1_000_003)
 
 
-def _loaders(cfg: TrainConfig, train_ds, test_ds, data_gen: torch.Generator):
+def _loaders(cfg: TrainConfig, train_ds, test_ds, data_gen: torch.Generator, kind: str):
+    """The training loader (shuffled by ``data_gen``) and the test loader. A cached data set's batches are built
+    whole by :func:`spikefuse.data.cache.batch_loader` (same batches, order and draws), event and sequence ones
+    time-major in memory, as :func:`_to_time_major` turns them, so that it copies nothing."""
     from torch.utils.data import DataLoader
 
-    train_loader = DataLoader(train_ds, batch_size=cfg.batch_size, shuffle=True, generator=data_gen, num_workers=0)
-    test_loader = DataLoader(test_ds, batch_size=cfg.batch_size, shuffle=False, num_workers=0)
-    return train_loader, test_loader
+    from ..data.cache import batch_loader
+
+    stack_dim = 1 if kind in ("event", "sequence") else 0
+
+    def loader(ds, shuffle: bool, generator: torch.Generator | None):
+        if _cached(ds):
+            return batch_loader(ds, cfg.batch_size, shuffle=shuffle, generator=generator, stack_dim=stack_dim)
+        return DataLoader(ds, batch_size=cfg.batch_size, shuffle=shuffle, generator=generator, num_workers=0)
+
+    return loader(train_ds, True, data_gen), loader(test_ds, False, None)
 
 
 # The run ---------------------------------------------------------------------------------------------------------
@@ -464,7 +474,7 @@ def _train(cfg: TrainConfig, resume, log, out: Path, world: int, main: bool, dev
     if world > 1:
         core = ddp.convert_sync_batchnorm(model)
         model = ddp.wrap_model(core)
-    train_loader, test_loader = _loaders(cfg, train_ds, test_ds, data_gen)
+    train_loader, test_loader = _loaders(cfg, train_ds, test_ds, data_gen, info["kind"])
     n_params = sum(p.numel() for p in core.parameters())
     par = f", {world} data-parallel ranks ({cfg.batch_size // world} samples each)" if world > 1 else ""
     log(
