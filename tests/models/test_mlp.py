@@ -38,7 +38,10 @@ def test_sparse_gives_the_dense_outputs_and_gradients_to_rounding(name, sparse):
     dense = build_model(name, in_channels, 10, hidden=40, **kw)
     torch.manual_seed(0)
     sparse_model = build_model(name, in_channels, 10, hidden=40, sparse=sparse, **kw)
-    assert all(type(m) is SpikeLinear and m.sparse == sparse for m in linears(sparse_model))
+    layers = linears(sparse_model)
+    if name == "mlp":  # its readout's product too small for the sparse kernels: torch's layer
+        assert type(layers.pop()) is nn.Linear
+    assert all(type(m) is SpikeLinear and m.sparse == sparse for m in layers)
     assert not any(isinstance(m, SpikeLinear) for m in linears(dense))
     out_d, grads_d = step(dense, x, y)
     out_s, grads_s = step(sparse_model, x, y)
@@ -63,7 +66,7 @@ def test_mlp_shapes_layers_and_errors():
 
 def test_mlp_lean_form_keeps_the_outputs_and_its_sparse_layers():
     """--memory lean: the layers fed by spikes keep their input as bits, the input layer (counts) stays torch's;
-    the same outputs and gradients. A sparse model's layers stay as they are."""
+    the same outputs and gradients. A sparse model's spike layers stay as they are."""
     x, y = frames((5, 3, 2, 4, 4), seed=2), torch.randint(0, 10, (3,))
     torch.manual_seed(0)
     fused = build_model("mlp", 2, 10, image_size=4, hidden=12)
@@ -76,7 +79,8 @@ def test_mlp_lean_form_keeps_the_outputs_and_its_sparse_layers():
     for key in grads_f:
         assert torch.equal(grads_f[key], grads_l[key]), key
     sparse_lean = build_model("mlp", 2, 10, image_size=4, hidden=12, memory="lean", sparse="auto")
-    assert all(type(m) is SpikeLinear and m.sparse == "auto" for m in linears(sparse_lean))
+    expected = [(SpikeLinear, "auto")] * 2 + [(SpikeLinear, False)]  # the readout, torch's, keeps its input as bits
+    assert [(type(m), m.sparse) for m in linears(sparse_lean)] == expected
 
 
 @pytest.mark.parametrize("sparse", [False, True])
@@ -99,7 +103,7 @@ def test_sparse_grad_windows_the_neurons_and_reads_the_gradients_sparsely(sparse
     torch.manual_seed(0)
     model = build_model("mlp", 2, 10, image_size=5, hidden=40, sparse=sparse, sparse_grad=0.1)
     assert [m.surrogate for m in model.layers[1::2]] == [windowed.arguments["surrogate"]] * 2
-    layer_types = [SpikeLinear] * 3 if sparse else [nn.Linear, SpikeLinear, nn.Linear]
+    layer_types = [SpikeLinear if sparse else nn.Linear, SpikeLinear, nn.Linear]
     assert [type(m) for m in linears(model)] == layer_types
     assert [getattr(m, "sparse_grad", False) for m in linears(model)] == ["auto" if sparse else False, "auto", False]
     out_d, grads_d = step(dense, x, y)

@@ -15,6 +15,7 @@ from spikefuse.nn.spike_layers import (
     SpikeMaxPool2d,
     SpikeMaxPool3d,
 )
+from spikefuse.ops.spike_layers.autograd import input_major
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
@@ -29,6 +30,9 @@ def pair(ref: nn.Module, mine: nn.Module, dtype=torch.float32):
     ref = ref.to(dtype)
     mine = mine.to(dtype)
     mine.load_state_dict(ref.state_dict())
+    if isinstance(ref, nn.Linear) and input_major(mine.weight) and not input_major(ref.weight):
+        # a sparse SpikeLinear keeps its weight input-major, and torch's products round by the layout: the same for both
+        ref.weight = nn.Parameter(ref.weight.detach().t().contiguous().t())
     return ref, mine
 
 
@@ -521,6 +525,25 @@ def test_sparse_auto_picks_by_the_spike_rate(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("sparse", [True, "auto"])
+def test_a_sparse_layer_keeps_its_weight_and_gradient_input_major(sparse):
+    """The layout the sparse products read (``W.T``) and write (``dW.T``): the gradient reaches ``weight.grad`` in it
+    as the kernel wrote it, on the dense path too; the values and ``state_dict`` are ``nn.Linear``'s either way."""
+    torch.manual_seed(0)
+    dense = nn.Linear(40, 6)
+    layer = SpikeLinear(40, 6, sparse=sparse)
+    assert input_major(layer.weight) and not input_major(SpikeLinear(40, 6).weight)
+    layer.load_state_dict(dense.state_dict())
+    assert torch.equal(layer.weight, dense.weight) and input_major(layer.weight)
+    for p in (0.05, 0.9):  # auto: the sparse products, then torch's
+        layer.weight.grad = None
+        layer(spikes((3, 4, 40), seed=3, p=p)).sum().backward()
+        assert input_major(layer.weight.grad)
+    plain = nn.Linear(40, 6)
+    plain.load_state_dict(layer.state_dict())
+    assert torch.equal(plain.weight, layer.weight)
+
+
 def test_sparse_reads_a_neurons_bits_without_packing(monkeypatch):
     """Spikes whose bits a neuron kernel made: the sparse products read them; the input is not packed again."""
     from spikefuse.ops import bitpack
@@ -545,8 +568,7 @@ def test_sparse_under_no_grad():
     from spikefuse.ops.spike_layers import reference
 
     torch.manual_seed(0)
-    layer, ref = SpikeLinear(30, 6, sparse=True), nn.Linear(30, 6)
-    ref.load_state_dict(layer.state_dict())
+    ref, layer = pair(nn.Linear(30, 6), SpikeLinear(30, 6, sparse=True))
     x = spikes((2, 3, 30), seed=9, p=0.1)
     with torch.no_grad():
         y = layer(x)

@@ -301,7 +301,7 @@ def _backward_impl(
     grad_weight, grad_bias = none, torch.empty_like(none)
     if need_weight:
         if sparse:
-            grad_weight = sparse_cpu.row_weight_grad(flat_g, previous_words, hidden)
+            grad_weight = sparse_cpu.row_weight_grad(flat_g, previous_words, hidden).contiguous()  # the op's: row-major
         elif sparse_grad:  # G.T @ S_prev over all T*B rows from G's nonzero entries
             grad_weight = sparse_cpu.csr_t_matmul(
                 sparse_cpu.output_grad_csr(flat_g, True), previous.reshape(-1, hidden)

@@ -26,6 +26,7 @@ from ..bitpack import pack, unpack
 from . import cpu
 
 __all__ = [
+    "input_major",
     "pack_saved",
     "unpack_saved",
     "_SpikeLinearFn",
@@ -68,9 +69,20 @@ def _shape_like(shape, dtype, device, perm) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- linear
+def input_major(weight: torch.Tensor) -> bool:
+    """Whether a linear layer's ``weight [N, K]`` lies in memory input by input, a transposed view of a row-major
+    ``[K, N]``: how :class:`spikefuse.nn.SpikeLinear` with ``sparse`` keeps it, as its sparse products read ``W.T``
+    and write ``dW.T``. The dense weight gradients below are computed in the weight's layout, which torch then takes
+    as it is (``param.grad`` keeps its parameter's layout: another one costs a transposing copy)."""
+    return weight.dim() == 2 and weight.stride() == (1, weight.shape[0])
 
 
-# ---------------------------------------------------------------------------------------------------- linear
+def _dense_weight_grad(g2: torch.Tensor, x2: torch.Tensor, input_major_weight: bool) -> torch.Tensor:
+    """``g2.T @ x2`` in the weight's layout, as torch's backward of ``F.linear`` computes it: input-major as ``(x2.T @
+    g2).T``."""
+    return x2.t().mm(g2).t() if input_major_weight else g2.t().mm(x2)
+
+
 class _SpikeLinearFn(torch.autograd.Function):
     """``F.linear`` saving its input as bits. ``bits``: the input's bits where the caller has them (else packed here
     when the weight needs a gradient); ``sparse_forward`` / ``sparse_weight_grad``: the forward product / the weight
@@ -87,6 +99,7 @@ class _SpikeLinearFn(torch.autograd.Function):
             y = F.linear(x, weight, bias)
         need_x, need_w, _ = ctx.needs_input_grad[:3]
         ctx.x_shape = x.shape
+        ctx.input_major = input_major(weight)
         ctx.packed_meta = None
         ctx.sparse_weight_grad, ctx.sparse_grad = sparse_weight_grad, sparse_grad
         saved = [None, None]
@@ -116,7 +129,8 @@ class _SpikeLinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         reads_grad = need_x or (need_w and not ctx.sparse_weight_grad)
         grad_csr = cpu.output_grad_csr(g2, ctx.sparse_grad) if reads_grad else None
-        # Without a CSR, the same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear.
+        # Without a CSR, the same ops, on the same shapes and layouts, as torch's backward of addmm / mm for nn.Linear
+        # (whose weight gradient, too, follows the weight's layout: mm_mat2_backward).
         if need_x:
             grad_x = cpu.input_grad(g2, weight, grad_csr).view(ctx.x_shape)
         if need_w:
@@ -124,7 +138,7 @@ class _SpikeLinearFn(torch.autograd.Function):
             if ctx.sparse_weight_grad:
                 grad_w = cpu.weight_grad(g2, packed, shape[1])
             elif grad_csr is None:
-                grad_w = g2.t().mm(unpack(packed, shape, dtype))
+                grad_w = _dense_weight_grad(g2, unpack(packed, shape, dtype), ctx.input_major)
             else:
                 grad_w = cpu.csr_t_matmul(grad_csr, unpack(packed, shape, dtype))
         if need_b:
@@ -184,7 +198,7 @@ class SparseGradLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, sparse_grad):
         need_x, need_w, _ = ctx.needs_input_grad[:3]
-        ctx.x_shape, ctx.sparse_grad = x.shape, sparse_grad
+        ctx.x_shape, ctx.sparse_grad, ctx.input_major = x.shape, sparse_grad, input_major(weight)
         ctx.save_for_backward(x if need_w else None, weight if need_x else None)
         return F.linear(x, weight, bias)
 
@@ -201,7 +215,10 @@ class SparseGradLinearFunction(torch.autograd.Function):
         grad_w = None
         if need_w:
             x2 = x.reshape(-1, x.shape[-1])
-            grad_w = g2.t().mm(x2) if grad_csr is None else cpu.csr_t_matmul(grad_csr, x2)
+            if grad_csr is None:
+                grad_w = _dense_weight_grad(g2, x2, ctx.input_major)
+            else:
+                grad_w = cpu.csr_t_matmul(grad_csr, x2)
         grad_b = g2.sum(0) if need_b else None
         return grad_x, grad_w, grad_b, None
 

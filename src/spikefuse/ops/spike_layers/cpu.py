@@ -327,15 +327,20 @@ def _nonzero_counts_binary_kernel(x, counts, others):
 
 @njit(parallel=True, cache=True)
 def _csr_fill_kernel(x, indptr, indices, values):
+    """Row ``m``'s nonzero entries into ``indices`` / ``values`` from ``indptr[m]`` on. Without a branch on the
+    value: every element is written at the next free slot, which only a nonzero one then takes (at 10% nonzero a
+    branch on the value mispredicts often: 1.4 against 1.1 ms for [1280 x 2312] in cache); the row's scan stops at its last
+    nonzero entry, so no slot past the row is written (nor, with counts too high, an element past the row read)."""
     rows, cols = x.shape
     for m in prange(rows):
-        j = indptr[m]
-        for k in range(cols):
+        j, end = indptr[m], indptr[m + 1]
+        k = 0
+        while j < end and k < cols:
             v = x[m, k]
-            if v != 0:
-                indices[j] = k
-                values[j] = v
-                j += 1
+            indices[j] = k
+            values[j] = v
+            j += v != 0
+            k += 1
 
 
 @njit(parallel=True, cache=True)
@@ -419,6 +424,11 @@ def _check_float(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -
         raise ValueError(f"{name} is {t.dtype}, the weight {dtype}: give both one dtype")
 
 
+def _bounds(n: int, tasks: int) -> np.ndarray:
+    """``0 = b[0] <= ... <= b[tasks'] = n``: ``n`` items in ``min(n, tasks)`` runs of nearly equal length."""
+    return np.linspace(0, n, max(1, min(n, tasks)) + 1).round().astype(np.int64)
+
+
 def linear(bits: torch.Tensor, rows: int, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``S @ weight_t (+ bias)`` of the spikes ``S [rows, K]`` given as their packed ``bits``
     (:func:`spikefuse.ops.bitpack.pack` of ``S``), ``weight_t [K, N]`` the transposed weight of a linear layer
@@ -456,7 +466,9 @@ def _linear_words(words: np.ndarray, row_bits: int, rows: int, weight_t: torch.T
 def weight_grad(grad: torch.Tensor, bits: torch.Tensor, k_in: int) -> torch.Tensor:
     """``grad.T @ S`` of the output gradient ``grad [M, N]`` and the spikes ``S [M, k_in]`` given as their packed
     ``bits``: the weight gradient ``[N, k_in]`` of a linear layer, each element summed from zero over the active rows
-    in increasing ``m`` (:func:`.reference.weight_grad_reference`'s order)."""
+    in increasing ``m`` (:func:`.reference.weight_grad_reference`'s order). Input-major: a transposed view of the
+    ``[k_in, N]`` the kernel writes, the layout in which :class:`spikefuse.nn.SpikeLinear` with ``sparse`` keeps its
+    weight, so the gradient reaches it without a copy (``.contiguous()`` makes a row-major one)."""
     _check_float("the gradient", grad)
     if grad.dim() != 2:
         raise ValueError(f"grad must be [M, N], got shape {tuple(grad.shape)}")
@@ -468,9 +480,8 @@ def _weight_grad_words(grad: torch.Tensor, words: np.ndarray, row_bits: int, k_i
     out_t = buffers.empty((k_in, n), grad.dtype)
     if out_t.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
-        bounds = np.linspace(0, k_in, min(k_in, threads) + 1).round().astype(np.int64)
-        _weight_grad_kernel(words, row_bits, grad.detach().contiguous().numpy(), bounds, out_t.numpy())
-    return out_t.t().contiguous()
+        _weight_grad_kernel(words, row_bits, grad.detach().contiguous().numpy(), _bounds(k_in, threads), out_t.numpy())
+    return out_t.t()
 
 
 # ------------------------------------------------------------------------------------------- spike rows as words
@@ -522,7 +533,8 @@ def row_linear(words: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor |
 
 
 def row_weight_grad(grad: torch.Tensor, words: torch.Tensor, k_in: int) -> torch.Tensor:
-    """:func:`weight_grad` of spikes given as their row-padded words (:func:`pack_spike_rows`), in the same order."""
+    """:func:`weight_grad` of spikes given as their row-padded words (:func:`pack_spike_rows`), in the same order
+    and layout."""
     _check_matrix("the gradient", grad)
     if words.shape[0] != grad.shape[0]:
         raise ValueError(f"the gradient has {grad.shape[0]} rows, the spikes {words.shape[0]}")
@@ -651,13 +663,12 @@ def csr_t_matmul(csr: CSR, dense: torch.Tensor, name: str = "the dense operand")
     out = buffers.empty((csr.cols, n), dense.dtype)
     if out.numel():
         threads = match_numba_threads(rows * n, _SERIAL_WORK)
-        bounds = np.linspace(0, csr.cols, min(csr.cols, threads) + 1).round().astype(np.int64)
         _csr_weight_grad_kernel(
             csr.indptr.numpy(),
             csr.indices.numpy(),
             csr.values.numpy(),
             dense.detach().contiguous().numpy(),
-            bounds,
+            _bounds(csr.cols, threads),
             out.numpy(),
         )
     return out
@@ -666,8 +677,8 @@ def csr_t_matmul(csr: CSR, dense: torch.Tensor, name: str = "the dense operand")
 def csr_weight_grad(grad: torch.Tensor, csr: CSR) -> torch.Tensor:
     """``grad.T @ X`` of the output gradient ``grad [M, N]`` and the input ``X [M, K]`` given as its :class:`CSR`:
     the weight gradient ``[N, K]``, each element summed from zero over the rows in increasing ``m``, each term
-    ``gradient * value`` (:func:`.reference.weight_grad_reference`'s order)."""
-    return csr_t_matmul(csr, grad, "the gradient").t().contiguous()
+    ``gradient * value`` (:func:`.reference.weight_grad_reference`'s order); input-major, as :func:`weight_grad`'s."""
+    return csr_t_matmul(csr, grad, "the gradient").t()
 
 
 # ------------------------------------------------------------------------------------------- sparse output gradients
