@@ -528,18 +528,21 @@ def test_sparse_auto_picks_by_the_spike_rate(monkeypatch):
 @pytest.mark.parametrize("sparse", [True, "auto"])
 def test_a_sparse_layer_keeps_its_weight_and_gradient_input_major(sparse):
     """The layout the sparse products read (``W.T``) and write (``dW.T``): the gradient reaches ``weight.grad`` in it
-    as the kernel wrote it, on the dense path too; the values and ``state_dict`` are ``nn.Linear``'s either way."""
+    as the kernel wrote it, on the dense path too; the values and ``state_dict`` are ``nn.Linear``'s either way.
+    Layers of fewer outputs than ``INPUT_MAJOR_MIN_OUT``, and dense ones, keep torch's layout."""
     torch.manual_seed(0)
-    dense = nn.Linear(40, 6)
-    layer = SpikeLinear(40, 6, sparse=sparse)
-    assert input_major(layer.weight) and not input_major(SpikeLinear(40, 6).weight)
+    n = sl.INPUT_MAJOR_MIN_OUT
+    dense = nn.Linear(40, n)
+    layer = SpikeLinear(40, n, sparse=sparse)
+    assert input_major(layer.weight) and not input_major(SpikeLinear(40, n).weight)
+    assert not input_major(SpikeLinear(40, n - 1, sparse=sparse).weight)
     layer.load_state_dict(dense.state_dict())
     assert torch.equal(layer.weight, dense.weight) and input_major(layer.weight)
     for p in (0.05, 0.9):  # auto: the sparse products, then torch's
         layer.weight.grad = None
         layer(spikes((3, 4, 40), seed=3, p=p)).sum().backward()
         assert input_major(layer.weight.grad)
-    plain = nn.Linear(40, 6)
+    plain = nn.Linear(40, n)
     plain.load_state_dict(layer.state_dict())
     assert torch.equal(plain.weight, layer.weight)
 

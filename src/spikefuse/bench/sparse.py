@@ -9,9 +9,10 @@ gradient ``G [M, N]``, each timed in four ways, all of one product and rate in t
 - dense: torch's product of the float tensors (``F.linear(S, W)``, ``G.t().mm(S)``: what ``nn.Linear`` runs);
 - sparse: from the bits of ``S`` (as a neuron kernel writes them, or as ``SpikeLinear`` keeps them for backward),
   the forward from ``W.T`` made once (as a layer stepping over time keeps it);
-- the transpose ``W.t().contiguous()`` that ``SpikeLinear(sparse=True)`` makes at every call, the rate count
-  ``SpikeLinear(sparse="auto")`` takes from the bits, and the pack of ``S`` into bits (paid by every ``SpikeLinear``
-  that keeps its input, dense or sparse, unless a neuron kernel made the bits).
+- the transpose ``W.t().contiguous()`` that a row-major weight would cost at every call (``SpikeLinear`` with
+  ``sparse`` keeps its weight input-major, so it makes none), the rate count ``SpikeLinear(sparse="auto")`` takes from
+  the bits, and the pack of ``S`` into bits (paid by every ``SpikeLinear`` that keeps its input, dense or sparse,
+  unless a neuron kernel made the bits).
 
 Before timing, the bits are checked to hold ``S`` exactly and the sparse results to equal the dense ones up to
 float32 rounding. The crossover of a product is the rate where the sparse time equals the dense one, interpolated
@@ -131,12 +132,12 @@ def _measure(rows: int, k_in: int, n_out: int, rate: float, repeats: int, seed: 
 def _auto_ms(ms: dict[str, float], rows: int, rate: float) -> float:
     """The forward and weight gradient of ``SpikeLinear(sparse="auto")`` from the times measured: below
     ``spike_layers.cpu.CROSSOVER_ROWS`` rows the dense products; else the rate count, then each product in the way its
-    crossover constant picks at ``rate`` (the sparse forward with its transpose of the weight)."""
+    crossover constant picks at ``rate`` (the layer keeps its weight input-major, so neither product copies it)."""
     from ..ops.spike_layers import cpu as sparse_cpu
 
     if rows < sparse_cpu.CROSSOVER_ROWS:
         return ms["dense_fwd"] + ms["dense_wgrad"]
-    fwd = ms["transpose"] + ms["sparse_fwd"] if rate < sparse_cpu.CROSSOVER_FORWARD else ms["dense_fwd"]
+    fwd = ms["sparse_fwd"] if rate < sparse_cpu.CROSSOVER_FORWARD else ms["dense_fwd"]
     wgrad = ms["sparse_wgrad"] if rate < sparse_cpu.CROSSOVER_WEIGHT_GRAD else ms["dense_wgrad"]
     return ms["count"] + fwd + wgrad
 
@@ -206,8 +207,7 @@ def run(args) -> int:
                     print(f"bench sparse: {name}, {rows} rows, at {rate:g}%", file=sys.stderr)
                     ms = _measure(rows, k_in, n_out, rate / 100, repeats, args.seed)
                     row = _row(name, rows, k_in, n_out, rate, ms)
-                    # the crossovers of SpikeLinear(sparse="auto"): its forward makes the transpose at every call
-                    fwd_ratios.append((ms["transpose"] + ms["sparse_fwd"]) / ms["dense_fwd"])
+                    fwd_ratios.append(row["fwd_ratio"])
                     wgrad_ratios.append(row["wgrad_ratio"])
                     rows_out.append(row)
                     table.append(list(row.values()))
@@ -229,7 +229,7 @@ def run(args) -> int:
             + "; ".join(f"{k}: [{m} x {i}] @ [{i} x {o}], {what}" for k, (m, i, o, what) in PRODUCTS.items()),
             markdown_table(COLUMNS, table),
             "Crossover of `SpikeLinear(sparse=True)` (sparse time = dense time, interpolated between the measured "
-            "rates; the forward with its transpose of W):\n\n"
+            "rates):\n\n"
             + "\n".join(
                 f"- {name}, {rows} rows: forward {pct(f)}, weight gradient {pct(w)}" for name, rows, f, w in crossings
             ),
@@ -237,9 +237,10 @@ def run(args) -> int:
             "(W.T made once) and `spike_layers.cpu.weight_grad` from the bits of S; auto: what "
             "`SpikeLinear(sparse='auto')` runs, from these times, against dense forward + weight gradient: the dense "
             f"products below `spike_layers.cpu.CROSSOVER_ROWS` = {sparse_cpu.CROSSOVER_ROWS} rows, else count + each "
-            f"product sparse below its crossover (`CROSSOVER_FORWARD` = {sparse_cpu.CROSSOVER_FORWARD:.0%}, with the "
-            f"transpose; `CROSSOVER_WEIGHT_GRAD` = {sparse_cpu.CROSSOVER_WEIGHT_GRAD:.0%}); transpose: "
-            "`W.t().contiguous()`, made by `SpikeLinear(sparse=True)` at every call; count: the rate "
+            f"product sparse below its crossover (`CROSSOVER_FORWARD` = {sparse_cpu.CROSSOVER_FORWARD:.0%}, "
+            f"`CROSSOVER_WEIGHT_GRAD` = {sparse_cpu.CROSSOVER_WEIGHT_GRAD:.0%}); transpose: `W.t().contiguous()`, "
+            "what a row-major weight would cost at every call (`SpikeLinear(sparse=...)` keeps it input-major); "
+            "count: the rate "
             "`SpikeLinear(sparse='auto')` reads from the bits; pack: the bits from the float spikes (paid by any "
             "`SpikeLinear` keeping its input, unless a neuron kernel made them). The sparse results equal the dense "
             "ones to float32 rounding (checked).",

@@ -156,6 +156,13 @@ def _sparse_unavailable(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     return None
 
 
+#: The fewest outputs for which ``SpikeLinear(sparse=True | "auto")`` keeps its weight input-major. Narrower layers
+#: keep torch's row-major weight: torch's dense products of a few outputs with an input-major weight ran up to 4x
+#: slower (``F.linear`` forward and backward of [1280 x 512] spikes -> 2, 10, 33 outputs: 4.4x, 1.19x, 1.13x; from 64
+#: outputs on 0.97-1.04x; AMD EPYC, 2 threads), and their sparse products save little by it.
+INPUT_MAJOR_MIN_OUT = 64
+
+
 class SpikeLinear(nn.Linear):
     """:class:`torch.nn.Linear` on multi-step spikes ``[T, B, ..., in_features] -> [T, B, ..., out_features]``
     that saves its input for backward as bits (32x less memory than float32).
@@ -176,9 +183,10 @@ class SpikeLinear(nn.Linear):
     does: checking it to keep bits would cost a pass) and wherever the sparse one cannot run; it counts only bits it
     has without a pass over the input (a neuron kernel's, or those the layer packs to keep for backward), so without
     a weight gradient to keep it takes the sparse product only for spikes whose bits were made before. ``False``
-    (the default): torch's product, bit-identical to ``nn.Linear``. With ``True`` or ``"auto"`` the layer keeps its
-    weight input-major (``weight.t()`` contiguous), the layout the sparse products read and write, so that neither
-    copies it at every call; its values, shape and ``state_dict`` are ``nn.Linear``'s.
+    (the default): torch's product, bit-identical to ``nn.Linear``. With ``True`` or ``"auto"`` a layer of at least
+    :data:`INPUT_MAJOR_MIN_OUT` outputs keeps its weight input-major (``weight.t()`` contiguous), the layout the sparse
+    products read and write, so that neither copies it at every call; its values, shape and ``state_dict`` are
+    ``nn.Linear``'s.
 
     Inputs with values: on the CPU, ``True`` and ``"auto"`` take an input the packing finds not binary (framed
     events are counts) by its nonzero entries and their values (:func:`spikefuse.ops.spike_layers.cpu.to_csr`, kept for
@@ -212,7 +220,7 @@ class SpikeLinear(nn.Linear):
                 raise ValueError(f"SpikeLinear: {name} must be True, False or 'auto', got {value!r}")
         self.sparse = sparse
         self.sparse_grad = sparse_grad
-        if sparse is not False:
+        if sparse is not False and out_features >= INPUT_MAJOR_MIN_OUT:
             # the sparse products read the weight input by input (a row of W.T per active input) and write its
             # gradient so: kept in that layout, a [out, in] view of a row-major [in, out], neither is copied at every
             # call (a 4.7 MB transpose each for the N-MNIST input layer)

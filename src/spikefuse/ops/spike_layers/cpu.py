@@ -97,16 +97,16 @@ __all__ = [
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 #: Where ``SpikeLinear(sparse="auto")`` takes the sparse products: at least ``CROSSOVER_ROWS`` rows (``T*B*...``), and
-#: a spike rate below ``CROSSOVER_FORWARD`` (the forward, with its transpose of the weight) / ``CROSSOVER_WEIGHT_GRAD``
-#: (the weight gradient). Measured on the 2-core AMD EPYC (Zen 5) of ``benchmarks/results/sparse_crossover.md`` by
-#: ``spikefuse bench sparse --threads 2 --products recurrent shd nmnist --rows 128 256 8000 --rates 5 20 30 40 50
-#: 60 --repeats 9 --tag crossover``: the crossovers fall with the rows, as the per-call costs (the transposes of the
-#: weight and of the gradient, 0.03-0.9 ms) weigh more against a smaller product: at 8000 rows 44-54% (forward) and
-#: 41-56% (weight gradient), at 256 rows down to 30.8% and 28.5% (the N-MNIST layer), at 128 rows down to 22% and
-#: 17%. The constants sit below the lowest from 256 rows on, so that ``auto`` is not slower than dense where it
-#: picks sparse (and leaves some speed at 8000 rows, 30-50%, to the dense product).
-CROSSOVER_FORWARD = 0.30
-CROSSOVER_WEIGHT_GRAD = 0.25
+#: a spike rate below ``CROSSOVER_FORWARD`` (the forward) / ``CROSSOVER_WEIGHT_GRAD`` (the weight gradient). Measured on
+#: the 2-core AMD EPYC (Zen 5) of ``benchmarks/results/sparse_crossover.md`` by ``spikefuse bench sparse --threads 2
+#: --products recurrent shd nmnist --rows 128 256 1280 8000 --rates 5 20 30 40 50 60 --repeats 9 --tag crossover``,
+#: the layer keeping its weight input-major (no transpose at a call): forward 42.4-54.4%, weight gradient 38.9-54.4%
+#: from 128 rows to 8000, the N-MNIST layer's the lowest (two earlier runs of the same command: down to 41.2-41.5%
+#: and 35.8-41.3%). The constants sit below the lowest from 256 rows on, so that ``auto`` is not slower than dense
+#: where it picks sparse; below ``CROSSOVER_ROWS`` (measured down to 128 rows, where the sparse products still paid)
+#: ``auto`` takes the dense products without a count.
+CROSSOVER_FORWARD = 0.40
+CROSSOVER_WEIGHT_GRAD = 0.35
 CROSSOVER_ROWS = 256
 #: ... and at least this many multiply-adds (``rows * in_features * out_features``): the smallest product the sparse one
 #: was measured to pay on, [256 x 256] -> 256 (``sparse_crossover.md``). On sequential MNIST ``spikefuse train --model
@@ -117,10 +117,10 @@ CROSSOVER_WORK = 256**3
 #: Where ``SpikeLinear(sparse="auto")`` takes the products of an input with values (:class:`CSR`): at least
 #: ``CROSSOVER_ROWS`` rows and a share of nonzero entries below this, forward and weight gradient together (the CSR is
 #: built for both). Measured on the 2-core AMD EPYC by ``python benchmarks/sparse_values_crossover.py --threads 2
-#: --repeats 9`` (``benchmarks/results/sparse_values_crossover.md``): one training call of the layer, every per-call
-#: cost included, ties torch's at 20% nonzero for [320 x 2312] -> 256 (the N-MNIST input layer at T=10, batch 32), at
-#: 21-30% for larger products; below the lowest, as the spikes' crossovers are.
-CROSSOVER_VALUES = 0.15
+#: --repeats 31`` (``benchmarks/results/sparse_values_crossover.md``): one training call of the layer, every per-call
+#: cost included, ties torch's at 29-34% nonzero for the N-MNIST input layer at T=10 (batches 32 and 128), 38% for an
+#: SHD-size one; below the lowest, as the spikes' crossovers are.
+CROSSOVER_VALUES = 0.25
 #: Where ``sparse_grad="auto"`` reads a layer's output gradient by its :class:`CSR` (:func:`output_grad_csr`): from
 #: ``CROSSOVER_ROWS`` rows on and a share of nonzero gradients below this. Measured on the 2-core AMD EPYC by ``python
 #: benchmarks/sparse_gradients.py --threads 2 --repeats 7`` (``benchmarks/results/sparse_gradients.md``): the
