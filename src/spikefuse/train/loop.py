@@ -186,15 +186,17 @@ def make_model(cfg: TrainConfig, info: dict) -> nn.Module:
 # Epochs ----------------------------------------------------------------------------------------------------------
 
 
+# The devices this library trains on where torch has a fused Adam step.
+_FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Adam:
     """Adam over ``model``'s parameters, its step one fused kernel where torch has one for every parameter's device
     (the CPU's included): torch's default steps one parameter at a time on the CPU, 1.1 ms for the N-MNIST MLP's
     1.5 M parameters on two cores against the fused kernel's 0.3 ms (``benchmarks/results/fused_adam.md``); the same
     update, to rounding."""
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
     params = list(model.parameters())
-    fused = all(p.device.type in _get_fused_kernels_supported_devices() and p.is_floating_point() for p in params)
+    fused = all(p.device.type in _FUSED_ADAM_DEVICES and p.is_floating_point() for p in params)
     return torch.optim.Adam(params, lr=lr, fused=fused or None)
 
 
