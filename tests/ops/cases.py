@@ -10,6 +10,7 @@ simulation that keeps inputs away from the threshold uses :func:`tests.lif_spec.
   from the discontinuities of the Rectangle surrogate, so tiny rounding differences between backends cannot flip a
   spike or a surrogate window and gradients can be compared with a tight tolerance.
 - :func:`saved_storages` counts what autograd saves for backward.
+- :func:`recurrent_gradcheck` runs ``gradcheck`` of ``spikefuse.recurrent`` (``tests/ops/test_recurrent*.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+import spikefuse
 from spikefuse.validation import channel_layout
 from spikefuse.ops.numerics import compute_dtype
 from tests import lif_spec as P
@@ -252,3 +254,31 @@ def saved_storages(fn):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return storages, out
+
+
+def recurrent_gradcheck(model, params: dict, x, weight, bias, backend: str, **options) -> None:
+    """``gradcheck`` of ``spikefuse.recurrent`` in float64 against finite differences, through the input, the
+    recurrent weight (spikes present), the bias and the model's parameters (``params``, as tensors): with a narrow
+    rectangle surrogate and no membrane near the threshold the spikes are locally constant and their surrogate
+    derivative 0, so the outputs (spikes, final states) are smooth in every input. ``options``: the layer's own
+    (``sparse``, ``sparse_grad``)."""
+    tensors = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in model.params]
+
+    def outputs(x, weight, bias, *tensors):
+        spikes, final = spikefuse.recurrent(
+            x,
+            model,
+            weight,
+            bias,
+            surrogate=Rectangle(width=1e-3),
+            detach_reset=True,
+            return_state=True,
+            backend=backend,
+            **options,
+            **dict(zip(model.params, tensors)),
+        )
+        return (spikes, *final[:-1])
+
+    assert outputs(x, weight, bias, *tensors)[0].sum() > 0
+    inputs = (x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_(), *tensors)
+    assert torch.autograd.gradcheck(outputs, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)

@@ -25,7 +25,7 @@ from spikefuse.neurons import (
     NeuronModel,
 )
 from spikefuse.ops.recurrent import autograd as recurrent_autograd
-from spikefuse.surrogate import Rectangle
+from tests.ops.cases import recurrent_gradcheck
 
 # Only here: a LIF whose input passes a learnable gain, so the derivatives read the input (the step's current).
 GAIN_LIF = NeuronModel(
@@ -152,26 +152,7 @@ def test_gradcheck_fp64(backend):
     through the recurrent weight (spikes present), bias and parameters."""
     model, params = MODELS["cuba_lif"]
     x, weight, bias = _inputs(6, 2, 4, torch.float64, True, seed=11)
-    tensors = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in model.params]
-
-    def outputs(x, weight, bias, *tensors):
-        spikes, final = spikefuse.recurrent(
-            x,
-            model,
-            weight,
-            bias,
-            surrogate=Rectangle(width=1e-3),
-            detach_reset=True,
-            return_state=True,
-            backend=backend,
-            **dict(zip(model.params, tensors)),
-        )
-        return (spikes, *final[:-1])
-
-    spikes = outputs(x, weight, bias, *tensors)[0]
-    assert spikes.sum() > 0
-    inputs = (x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_(), *tensors)
-    assert torch.autograd.gradcheck(outputs, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+    recurrent_gradcheck(model, params, x, weight, bias, backend)
 
 
 @pytest.mark.parametrize("backend", ("reference", *BACKENDS))

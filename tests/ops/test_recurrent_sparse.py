@@ -15,8 +15,9 @@ import spikefuse
 import spikefuse.nn as snn
 from spikefuse.neurons import ALIF_MODEL, CUBA_LIF, LIF_MODELS, SPIKINGJELLY_MODELS
 from spikefuse.ops.spike_layers import reference
-from spikefuse.surrogate import ATan, Rectangle
+from spikefuse.surrogate import ATan
 from spikefuse.threads import set_threads
+from tests.ops.cases import recurrent_gradcheck
 
 MODELS = {
     "leaky": (LIF_MODELS[("snntorch", "soft")], {"decay": 0.9, "threshold": 0.8}),
@@ -123,26 +124,7 @@ def test_gradcheck_fp64(backend):
     outputs smooth in the input, the weight (spikes present), the bias and the parameters."""
     model, params = MODELS["cuba_lif"]
     x, weight, bias = _inputs(6, 2, 4, torch.float64, seed=11)
-    tensors = [torch.tensor(params[p], dtype=torch.float64, requires_grad=True) for p in model.params]
-
-    def outputs(x, weight, bias, *tensors):
-        spikes, final = spikefuse.recurrent(
-            x,
-            model,
-            weight,
-            bias,
-            surrogate=Rectangle(width=1e-3),
-            detach_reset=True,
-            return_state=True,
-            backend=backend,
-            sparse=True,
-            **dict(zip(model.params, tensors)),
-        )
-        return (spikes, *final[:-1])
-
-    assert outputs(x, weight, bias, *tensors)[0].sum() > 0
-    inputs = (x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_(), *tensors)
-    assert torch.autograd.gradcheck(outputs, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+    recurrent_gradcheck(model, params, x, weight, bias, backend, sparse=True)
 
 
 def test_continuation_through_the_state_and_threads():
