@@ -243,7 +243,8 @@ class CachedBatches(Dataset):
             dataset = dataset.dataset
         if not isinstance(dataset, CachedDataset):
             raise TypeError(
-                f"CachedBatches reads the batches of a CachedDataset or of a Subset of one, got {type(dataset).__name__}"
+                "CachedBatches reads the batches of a CachedDataset or of a Subset of one, got "
+                f"{type(dataset).__name__}"
             )
         self.cache = dataset
 
